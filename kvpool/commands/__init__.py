@@ -1,0 +1,1 @@
+"""Subcommands of the kvpool CLI, one module each (see kvpool/cli.py)."""

