@@ -1,0 +1,86 @@
+"""Connector configuration: one frozen, validated record, loadable from YAML/TOML and KVPOOL_* environment variables.
+
+Example (connector.yaml):
+
+    pool: 127.0.0.1:50051      # or "embedded" for an in-process pool (single instance only)
+    block_tokens: 16
+    save_policy: write_through # write_through | after_n_hits | off
+    save_after_hits: 2         # with after_n_hits: save a block once its prefix was requested this many times
+    load_timeout_s: 2.0
+    min_hit_tokens: 32         # shorter pool hits are recomputed
+    load_policy: auto          # auto (load only when faster than recompute) | always
+    tenant: default
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from kvpool.config import load_config
+
+
+class SavePolicy(str, enum.Enum):
+    WRITE_THROUGH = "write_through"
+    AFTER_N_HITS = "after_n_hits"
+    OFF = "off"
+
+
+class LoadPolicy(str, enum.Enum):
+    AUTO = "auto"
+    ALWAYS = "always"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConnectorConfig:
+    pool: str = "embedded"
+    block_tokens: int = 16
+    save_policy: SavePolicy = SavePolicy.WRITE_THROUGH
+    save_after_hits: int = 2
+    load_timeout_s: float = 2.0
+    min_hit_tokens: int = 16
+    load_policy: LoadPolicy = LoadPolicy.AUTO
+    tenant: str = "default"
+    save_queue_blocks: int = 1024
+    transport: str = "auto"
+    embedded_dram_bytes: int = 256 << 20
+    embedded_ssd_path: str | None = None
+    embedded_ssd_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        def fix(name: str, enum_cls: type[enum.Enum]) -> None:
+            value = getattr(self, name)
+            if not isinstance(value, enum_cls):
+                try:
+                    object.__setattr__(self, name, enum_cls(str(value).lower().replace("-", "_")))
+                except ValueError:
+                    choices = ", ".join(m.value for m in enum_cls)
+                    raise ValueError(f"{name} must be one of {choices}, got {value!r}") from None
+
+        fix("save_policy", SavePolicy)
+        fix("load_policy", LoadPolicy)
+        if not isinstance(self.pool, str) or not self.pool:
+            raise ValueError("pool must be 'embedded' or a master address host:port")
+        if self.pool != "embedded":
+            host, _, port = self.pool.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"pool must be 'embedded' or host:port, got {self.pool!r}")
+        for name in ("block_tokens", "save_after_hits", "save_queue_blocks"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("min_hit_tokens", "embedded_dram_bytes", "embedded_ssd_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if not isinstance(self.load_timeout_s, (int, float)) or not self.load_timeout_s > 0:
+            raise ValueError(f"load_timeout_s must be > 0 seconds, got {self.load_timeout_s!r}")
+        if not isinstance(self.tenant, str) or not self.tenant:
+            raise ValueError("tenant must be a non-empty string")
+        if self.transport not in ("auto", "shm", "tcp"):
+            raise ValueError(f"transport must be auto, shm or tcp, got {self.transport!r}")
+
+    @classmethod
+    def load(cls, path: str | None = None, **overrides) -> "ConnectorConfig":
+        """File < KVPOOL_* environment < keyword overrides."""
+        return load_config(cls, path, **overrides)
