@@ -1,0 +1,441 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    HBM: _ClassVar[Tier]
+    DRAM: _ClassVar[Tier]
+    SSD: _ClassVar[Tier]
+
+class PutStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PUT_STATUS_UNSPECIFIED: _ClassVar[PutStatus]
+    STORED: _ClassVar[PutStatus]
+    EXISTS: _ClassVar[PutStatus]
+    NO_SPACE: _ClassVar[PutStatus]
+
+class CommitStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMMIT_STATUS_UNSPECIFIED: _ClassVar[CommitStatus]
+    COMMITTED: _ClassVar[CommitStatus]
+    EXPIRED: _ClassVar[CommitStatus]
+HBM: Tier
+DRAM: Tier
+SSD: Tier
+PUT_STATUS_UNSPECIFIED: PutStatus
+STORED: PutStatus
+EXISTS: PutStatus
+NO_SPACE: PutStatus
+COMMIT_STATUS_UNSPECIFIED: CommitStatus
+COMMITTED: CommitStatus
+EXPIRED: CommitStatus
+
+class TierCapacity(_message.Message):
+    __slots__ = ("tier", "capacity_bytes", "path")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    tier: Tier
+    capacity_bytes: int
+    path: str
+    def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., capacity_bytes: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
+
+class NodeEndpoint(_message.Message):
+    __slots__ = ("node_id", "host_id", "data_address", "control_address", "tiers")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    host_id: str
+    data_address: str
+    control_address: str
+    tiers: _containers.RepeatedCompositeFieldContainer[TierCapacity]
+    def __init__(self, node_id: _Optional[str] = ..., host_id: _Optional[str] = ..., data_address: _Optional[str] = ..., control_address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ...) -> None: ...
+
+class RegisterNodeRequest(_message.Message):
+    __slots__ = ("node",)
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    node: NodeEndpoint
+    def __init__(self, node: _Optional[_Union[NodeEndpoint, _Mapping]] = ...) -> None: ...
+
+class RegisterNodeResponse(_message.Message):
+    __slots__ = ("token_secret", "heartbeat_interval_s", "node_ttl_s", "epoch")
+    TOKEN_SECRET_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    NODE_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    token_secret: bytes
+    heartbeat_interval_s: float
+    node_ttl_s: float
+    epoch: int
+    def __init__(self, token_secret: _Optional[bytes] = ..., heartbeat_interval_s: _Optional[float] = ..., node_ttl_s: _Optional[float] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("node_id", "epoch")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    epoch: int
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("reregister",)
+    REREGISTER_FIELD_NUMBER: _ClassVar[int]
+    reregister: bool
+    def __init__(self, reregister: _Optional[bool] = ...) -> None: ...
+
+class ReportObjectsRequest(_message.Message):
+    __slots__ = ("node_id", "keys", "namespaces", "tiers", "offsets", "sizes", "checksums")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACES_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    namespaces: _containers.RepeatedScalarFieldContainer[bytes]
+    tiers: _containers.RepeatedScalarFieldContainer[Tier]
+    offsets: _containers.RepeatedScalarFieldContainer[int]
+    sizes: _containers.RepeatedScalarFieldContainer[int]
+    checksums: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node_id: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., namespaces: _Optional[_Iterable[bytes]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReportObjectsResponse(_message.Message):
+    __slots__ = ("adopted", "known", "dropped", "dropped_keys")
+    ADOPTED_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    adopted: int
+    known: int
+    dropped: int
+    dropped_keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, adopted: _Optional[int] = ..., known: _Optional[int] = ..., dropped: _Optional[int] = ..., dropped_keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class DrainNodeRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class DrainNodeResponse(_message.Message):
+    __slots__ = ("objects_dropped",)
+    OBJECTS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    objects_dropped: int
+    def __init__(self, objects_dropped: _Optional[int] = ...) -> None: ...
+
+class PutStartRequest(_message.Message):
+    __slots__ = ("namespace", "block_tokens", "keys", "sizes", "client_host_id")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    namespace: bytes
+    block_tokens: int
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    sizes: _containers.RepeatedScalarFieldContainer[int]
+    client_host_id: str
+    def __init__(self, namespace: _Optional[bytes] = ..., block_tokens: _Optional[int] = ..., keys: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., client_host_id: _Optional[str] = ...) -> None: ...
+
+class PutStartResponse(_message.Message):
+    __slots__ = ("statuses", "grant_ids", "node_index", "tiers", "offsets", "sizes", "tokens", "nodes", "expires_unix_ms")
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    GRANT_IDS_FIELD_NUMBER: _ClassVar[int]
+    NODE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    statuses: _containers.RepeatedScalarFieldContainer[PutStatus]
+    grant_ids: _containers.RepeatedScalarFieldContainer[int]
+    node_index: _containers.RepeatedScalarFieldContainer[int]
+    tiers: _containers.RepeatedScalarFieldContainer[Tier]
+    offsets: _containers.RepeatedScalarFieldContainer[int]
+    sizes: _containers.RepeatedScalarFieldContainer[int]
+    tokens: _containers.RepeatedScalarFieldContainer[bytes]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeEndpoint]
+    expires_unix_ms: int
+    def __init__(self, statuses: _Optional[_Iterable[_Union[PutStatus, str]]] = ..., grant_ids: _Optional[_Iterable[int]] = ..., node_index: _Optional[_Iterable[int]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[bytes]] = ..., nodes: _Optional[_Iterable[_Union[NodeEndpoint, _Mapping]]] = ..., expires_unix_ms: _Optional[int] = ...) -> None: ...
+
+class PutCommitRequest(_message.Message):
+    __slots__ = ("grant_ids", "checksums")
+    GRANT_IDS_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    grant_ids: _containers.RepeatedScalarFieldContainer[int]
+    checksums: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, grant_ids: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PutCommitResponse(_message.Message):
+    __slots__ = ("statuses",)
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    statuses: _containers.RepeatedScalarFieldContainer[CommitStatus]
+    def __init__(self, statuses: _Optional[_Iterable[_Union[CommitStatus, str]]] = ...) -> None: ...
+
+class PutAbortRequest(_message.Message):
+    __slots__ = ("grant_ids",)
+    GRANT_IDS_FIELD_NUMBER: _ClassVar[int]
+    grant_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, grant_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PutAbortResponse(_message.Message):
+    __slots__ = ("aborted",)
+    ABORTED_FIELD_NUMBER: _ClassVar[int]
+    aborted: int
+    def __init__(self, aborted: _Optional[int] = ...) -> None: ...
+
+class LookupRequest(_message.Message):
+    __slots__ = ("namespace", "block_tokens", "keys", "lease", "client_host_id")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    namespace: bytes
+    block_tokens: int
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    lease: bool
+    client_host_id: str
+    def __init__(self, namespace: _Optional[bytes] = ..., block_tokens: _Optional[int] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease: _Optional[bool] = ..., client_host_id: _Optional[str] = ...) -> None: ...
+
+class LookupResponse(_message.Message):
+    __slots__ = ("hits", "lease_id", "node_index", "tiers", "offsets", "sizes", "checksums", "tokens", "nodes", "expires_unix_ms")
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    hits: int
+    lease_id: int
+    node_index: _containers.RepeatedScalarFieldContainer[int]
+    tiers: _containers.RepeatedScalarFieldContainer[Tier]
+    offsets: _containers.RepeatedScalarFieldContainer[int]
+    sizes: _containers.RepeatedScalarFieldContainer[int]
+    checksums: _containers.RepeatedScalarFieldContainer[int]
+    tokens: _containers.RepeatedScalarFieldContainer[bytes]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeEndpoint]
+    expires_unix_ms: int
+    def __init__(self, hits: _Optional[int] = ..., lease_id: _Optional[int] = ..., node_index: _Optional[_Iterable[int]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[bytes]] = ..., nodes: _Optional[_Iterable[_Union[NodeEndpoint, _Mapping]]] = ..., expires_unix_ms: _Optional[int] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("lease_ids",)
+    LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    lease_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, lease_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: int
+    def __init__(self, released: _Optional[int] = ...) -> None: ...
+
+class ContainsRequest(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class ContainsResponse(_message.Message):
+    __slots__ = ("present",)
+    PRESENT_FIELD_NUMBER: _ClassVar[int]
+    present: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, present: _Optional[_Iterable[bool]] = ...) -> None: ...
+
+class RemoveRequest(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class RemoveResponse(_message.Message):
+    __slots__ = ("removed",)
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    removed: int
+    def __init__(self, removed: _Optional[int] = ...) -> None: ...
+
+class ObjectInfo(_message.Message):
+    __slots__ = ("key", "namespace", "node_id", "tier", "offset", "size", "checksum", "last_access_unix", "leases")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    LAST_ACCESS_UNIX_FIELD_NUMBER: _ClassVar[int]
+    LEASES_FIELD_NUMBER: _ClassVar[int]
+    key: bytes
+    namespace: bytes
+    node_id: str
+    tier: Tier
+    offset: int
+    size: int
+    checksum: int
+    last_access_unix: float
+    leases: int
+    def __init__(self, key: _Optional[bytes] = ..., namespace: _Optional[bytes] = ..., node_id: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., last_access_unix: _Optional[float] = ..., leases: _Optional[int] = ...) -> None: ...
+
+class ListRequest(_message.Message):
+    __slots__ = ("namespace", "start_after", "limit")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    START_AFTER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    namespace: bytes
+    start_after: bytes
+    limit: int
+    def __init__(self, namespace: _Optional[bytes] = ..., start_after: _Optional[bytes] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListResponse(_message.Message):
+    __slots__ = ("objects", "next_start_after")
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_START_AFTER_FIELD_NUMBER: _ClassVar[int]
+    objects: _containers.RepeatedCompositeFieldContainer[ObjectInfo]
+    next_start_after: bytes
+    def __init__(self, objects: _Optional[_Iterable[_Union[ObjectInfo, _Mapping]]] = ..., next_start_after: _Optional[bytes] = ...) -> None: ...
+
+class InspectRequest(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class InspectResponse(_message.Message):
+    __slots__ = ("found", "objects")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    found: _containers.RepeatedScalarFieldContainer[bool]
+    objects: _containers.RepeatedCompositeFieldContainer[ObjectInfo]
+    def __init__(self, found: _Optional[_Iterable[bool]] = ..., objects: _Optional[_Iterable[_Union[ObjectInfo, _Mapping]]] = ...) -> None: ...
+
+class EvictRequest(_message.Message):
+    __slots__ = ("namespace", "idle_seconds")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    namespace: bytes
+    idle_seconds: float
+    def __init__(self, namespace: _Optional[bytes] = ..., idle_seconds: _Optional[float] = ...) -> None: ...
+
+class EvictResponse(_message.Message):
+    __slots__ = ("evicted",)
+    EVICTED_FIELD_NUMBER: _ClassVar[int]
+    evicted: int
+    def __init__(self, evicted: _Optional[int] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("json",)
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    json: str
+    def __init__(self, json: _Optional[str] = ...) -> None: ...
+
+class WriteChunk(_message.Message):
+    __slots__ = ("grant_id", "tier", "offset", "size", "expires_unix_ms", "token", "data")
+    GRANT_ID_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    grant_id: int
+    tier: Tier
+    offset: int
+    size: int
+    expires_unix_ms: int
+    token: bytes
+    data: bytes
+    def __init__(self, grant_id: _Optional[int] = ..., tier: _Optional[_Union[Tier, str]] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., expires_unix_ms: _Optional[int] = ..., token: _Optional[bytes] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class WriteResponse(_message.Message):
+    __slots__ = ("written",)
+    WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    written: int
+    def __init__(self, written: _Optional[int] = ...) -> None: ...
+
+class ReadRequest(_message.Message):
+    __slots__ = ("lease_id", "tier", "offset", "size", "expires_unix_ms", "token", "chunk_bytes")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    lease_id: int
+    tier: Tier
+    offset: int
+    size: int
+    expires_unix_ms: int
+    token: bytes
+    chunk_bytes: int
+    def __init__(self, lease_id: _Optional[int] = ..., tier: _Optional[_Union[Tier, str]] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., expires_unix_ms: _Optional[int] = ..., token: _Optional[bytes] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+
+class ReadChunk(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+
+class MoveRequest(_message.Message):
+    __slots__ = ("keys", "namespaces", "sizes", "checksums", "src_tiers", "src_offsets", "dst_tiers", "dst_offsets")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACES_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    SRC_TIERS_FIELD_NUMBER: _ClassVar[int]
+    SRC_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    DST_TIERS_FIELD_NUMBER: _ClassVar[int]
+    DST_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    namespaces: _containers.RepeatedScalarFieldContainer[bytes]
+    sizes: _containers.RepeatedScalarFieldContainer[int]
+    checksums: _containers.RepeatedScalarFieldContainer[int]
+    src_tiers: _containers.RepeatedScalarFieldContainer[Tier]
+    src_offsets: _containers.RepeatedScalarFieldContainer[int]
+    dst_tiers: _containers.RepeatedScalarFieldContainer[Tier]
+    dst_offsets: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., namespaces: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., src_tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., src_offsets: _Optional[_Iterable[int]] = ..., dst_tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., dst_offsets: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class MoveResponse(_message.Message):
+    __slots__ = ("ok",)
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ok: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, ok: _Optional[_Iterable[bool]] = ...) -> None: ...
+
+class DropRequest(_message.Message):
+    __slots__ = ("keys", "tiers", "offsets", "sizes")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    tiers: _containers.RepeatedScalarFieldContainer[Tier]
+    offsets: _containers.RepeatedScalarFieldContainer[int]
+    sizes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DropResponse(_message.Message):
+    __slots__ = ("dropped",)
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    dropped: int
+    def __init__(self, dropped: _Optional[int] = ...) -> None: ...
