@@ -1,0 +1,283 @@
+"""The raw TCP data channel between clients and a storage node: bulk bytes without gRPC framing.
+
+bench/data_channel.py measured this against gRPC streaming (README "Distributed pool"): gRPC copies each
+payload into and out of protobuf messages and chunks; here a write is `recv_into` straight into the node's
+arena view and a read is one `sendall` of the arena view into the client's own buffer (`recv_into`).
+
+Frame (little endian), one request header then, for writes, `size` payload bytes:
+
+    offset 0   4s  magic b"KVD1"
+           4   B   op        1 = WRITE, 2 = READ
+           5   B   tier
+           6   2x  pad
+           8   Q   id        grant_id (WRITE) / lease_id (READ)
+          16   Q   offset    within the tier
+          24   Q   size
+          32   Q   expires_unix_ms
+          40  16s  token     store/tokens.py
+    = 56 bytes
+
+Reply: `B status, 3x, I msg_len, Q size` (16 bytes), then msg_len bytes of UTF-8 error text, then for an OK READ
+`size` payload bytes. Requests on one connection are answered in order, so a client pipelines a window of them.
+A rejected WRITE's payload is still consumed (up to `max_object_bytes`, else the connection is closed), so one
+bad grant does not break the stream for the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from kvpool.store.tokens import TokenError
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"KVD1"
+OP_WRITE = 1
+OP_READ = 2
+REQ = struct.Struct("<4sBB2xQQQQ16s")
+REP = struct.Struct("<B3xIQ")
+OK, DENIED, BAD_REQUEST, NOT_FOUND, ERROR = 0, 1, 2, 3, 4
+STATUS_NAMES = {OK: "OK", DENIED: "PERMISSION_DENIED", BAD_REQUEST: "INVALID_ARGUMENT", NOT_FOUND: "NOT_FOUND",
+                ERROR: "INTERNAL"}
+_WINDOW = 32  # requests in flight per connection: 32 headers always fit a socket buffer, so no send/recv deadlock
+_SOCK_BUF = 4 << 20
+
+
+class DataHandler(Protocol):
+    """What the channel asks of a node. Raise TokenError (denied), ValueError (bad request), KeyError (gone)."""
+
+    def write_view(self, grant_id: int, tier: int, offset: int, size: int, expires_ms: int,
+                   token: bytes) -> memoryview: ...
+
+    def write_done(self, grant_id: int, tier: int, offset: int, size: int, view: memoryview) -> None: ...
+
+    def read_view(self, lease_id: int, tier: int, offset: int, size: int, expires_ms: int,
+                  token: bytes) -> memoryview: ...
+
+
+class DataChannelError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(f"{STATUS_NAMES.get(status, status)}: {message}")
+        self.status = status
+        self.message = message
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
+        except OSError:
+            pass
+
+
+def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+    got, n = 0, len(view)
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionError("peer closed the data channel mid-frame")
+        got += k
+
+
+class DataServer:
+    """Threaded server: one thread per connection (connections are few and long-lived: one pool per client)."""
+
+    def __init__(self, handler: DataHandler, host: str = "127.0.0.1", port: int = 0, *,
+                 max_object_bytes: int = 64 << 20):
+        self.handler = handler
+        self.max_object_bytes = max_object_bytes
+        self._sock = socket.create_server((host, port), reuse_port=False)
+        self._sock.listen(128)
+        self.address = f"{host}:{self._sock.getsockname()[1]}"
+        self._stop = threading.Event()
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._accept_loop, name="kvpool-data-accept", daemon=True)
+
+    def start(self) -> "DataServer":
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        with self._lock:
+            for conn in list(self._conns):
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            _tune(conn)
+            with self._lock:
+                self._conns.add(conn)
+            threading.Thread(target=self._serve, args=(conn,), name="kvpool-data-conn", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        head = bytearray(REQ.size)
+        hview = memoryview(head)
+        scratch = bytearray(0)
+        try:
+            while True:
+                try:
+                    _recv_exact(conn, hview)
+                except (ConnectionError, OSError):
+                    return
+                magic, op, tier, ident, offset, size, expires, token = REQ.unpack(head)
+                if magic != MAGIC or op not in (OP_WRITE, OP_READ):
+                    self._reply(conn, BAD_REQUEST, "magic/op: not a kvpool data frame")
+                    return
+                if op == OP_WRITE:
+                    try:
+                        view = self.handler.write_view(ident, tier, offset, size, expires, token)
+                    except Exception as exc:  # noqa: BLE001 - every refusal is reported, the stream continues
+                        if size > self.max_object_bytes:
+                            self._reply(conn, _status_of(exc), str(exc))
+                            return
+                        if len(scratch) < size:
+                            scratch = bytearray(size)
+                        _recv_exact(conn, memoryview(scratch)[:size])
+                        self._reply(conn, _status_of(exc), str(exc))
+                        continue
+                    _recv_exact(conn, view)
+                    try:
+                        self.handler.write_done(ident, tier, offset, size, view)
+                    except Exception as exc:  # noqa: BLE001
+                        self._reply(conn, _status_of(exc), str(exc))
+                        continue
+                    self._reply(conn, OK, "", size)
+                else:
+                    try:
+                        view = self.handler.read_view(ident, tier, offset, size, expires, token)
+                    except Exception as exc:  # noqa: BLE001
+                        self._reply(conn, _status_of(exc), str(exc))
+                        continue
+                    conn.sendall(REP.pack(OK, 0, len(view)))
+                    conn.sendall(view)
+        except (ConnectionError, OSError) as exc:
+            log.debug("data connection ended: %s", exc)
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
+
+    @staticmethod
+    def _reply(conn: socket.socket, status: int, message: str, size: int = 0) -> None:
+        msg = message.encode()
+        conn.sendall(REP.pack(status, len(msg), size) + msg)
+
+
+def _status_of(exc: Exception) -> int:
+    if isinstance(exc, TokenError):
+        return DENIED
+    if isinstance(exc, KeyError):
+        return NOT_FOUND
+    if isinstance(exc, ValueError):
+        return BAD_REQUEST
+    log.exception("data channel handler failed", exc_info=exc)
+    return ERROR
+
+
+@dataclass(slots=True, frozen=True)
+class Extent:
+    """One signed request: a write grant or a read location."""
+
+    ident: int
+    tier: int
+    offset: int
+    size: int
+    expires_ms: int
+    token: bytes
+
+
+class DataClient:
+    """Pipelined requests to one node over a small pool of connections (one per concurrent caller)."""
+
+    def __init__(self, address: str, *, timeout: float = 10.0):
+        host, port = address.rsplit(":", 1)
+        self._addr = (host, int(port))
+        self.timeout = timeout
+        self._idle: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def _take(self) -> socket.socket:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        sock = socket.create_connection(self._addr, timeout=self.timeout)
+        _tune(sock)
+        return sock
+
+    def _give(self, sock: socket.socket) -> None:
+        with self._lock:
+            if not self._closed:
+                self._idle.append(sock)
+                return
+        sock.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for sock in idle:
+            sock.close()
+
+    def write_many(self, extents: Sequence[Extent], payloads: Sequence[memoryview]) -> list[DataChannelError | None]:
+        """Write payloads[i] into extents[i]; one error (or None) per extent. Transport faults raise OSError."""
+        return self._run(OP_WRITE, extents, payloads)
+
+    def read_many_into(self, extents: Sequence[Extent], dests: Sequence[memoryview]) -> list[DataChannelError | None]:
+        """Fill dests[i] (exactly extents[i].size bytes) from the node; one error (or None) per extent."""
+        return self._run(OP_READ, extents, dests)
+
+    def _run(self, op: int, extents: Sequence[Extent], bufs: Sequence[memoryview]) -> list[DataChannelError | None]:
+        results: list[DataChannelError | None] = [None] * len(extents)
+        sock = self._take()
+        try:
+            rep = bytearray(REP.size)
+            rview = memoryview(rep)
+            for start in range(0, len(extents), _WINDOW):
+                stop = min(start + _WINDOW, len(extents))
+                if op == OP_READ:
+                    sock.sendall(b"".join(REQ.pack(MAGIC, op, e.tier, e.ident, e.offset, e.size, e.expires_ms,
+                                                   e.token) for e in extents[start:stop]))
+                else:
+                    for i in range(start, stop):
+                        e = extents[i]
+                        sock.sendall(REQ.pack(MAGIC, op, e.tier, e.ident, e.offset, e.size, e.expires_ms, e.token))
+                        sock.sendall(bufs[i])
+                for i in range(start, stop):
+                    _recv_exact(sock, rview)
+                    status, msg_len, size = REP.unpack(rep)
+                    if msg_len:
+                        msg = bytearray(msg_len)
+                        _recv_exact(sock, memoryview(msg))
+                        results[i] = DataChannelError(status, msg.decode(errors="replace"))
+                    elif status != OK:
+                        results[i] = DataChannelError(status, "")
+                    elif op == OP_READ:
+                        if size != len(bufs[i]):
+                            raise ConnectionError(f"node sent {size} bytes for a {len(bufs[i])}-byte extent")
+                        _recv_exact(sock, bufs[i])
+        except BaseException:
+            sock.close()
+            raise
+        self._give(sock)
+        return results
