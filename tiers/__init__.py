@@ -1,1 +1,16 @@
-"""tiers"""
+"""Tier layer: where object bytes live (HBM, DRAM arena, SSD file), how extents are allocated, and which object
+to evict first. Uses only numpy, xxhash and the standard library: a storage node runs without torch."""
+
+from .allocator import OffsetAllocator
+from .dram import DramArena
+from .gpu import cuda_available
+from .hbm import HbmArena
+from .lru import LRUPolicy
+from .policy import EvictionPolicy, make_policy
+from .ssd import HEADER_BYTES, SsdFile, SsdRecord, checksum_of, record_size
+from .types import Location, Tier
+
+__all__ = [
+    "HEADER_BYTES", "DramArena", "EvictionPolicy", "HbmArena", "LRUPolicy", "Location", "OffsetAllocator",
+    "SsdFile", "SsdRecord", "Tier", "checksum_of", "cuda_available", "make_policy", "record_size",
+]

@@ -1,0 +1,272 @@
+"""OffsetAllocator: hands out aligned extents of one address range [0, capacity).
+
+The master runs one allocator per (node, tier); the tier itself (a DRAM arena, an SSD file) only ever sees the
+offsets it is given. The allocator never touches the bytes.
+
+Choice: best-fit over free extents, coalescing neighbours on free.
+```
+  [0 ............................................................................ capacity)
+  | used A | free 8K | used B | used C |      free 64K       | used D |   free tail    |
+             ^ _free_start[off] = size, _free_end[off + size] = off   (O(1) neighbour lookup)
+  _sizes = [8K, 64K, tail]   sorted distinct free sizes      (bisect -> smallest size that fits)
+  _buckets[size] = heap of offsets                             (lowest offset among equal sizes)
+```
+* allocate(n): n is rounded up to `alignment`; take the smallest free extent that fits (lowest offset on a tie),
+  split off the remainder. Deterministic, so tests can assert exact offsets.
+* free(off): merge with the free extent ending at `off` and the one starting at `off + size` (two dict
+  lookups), so free extents are always maximal: no two free extents touch.
+* Heaps use lazy deletion: an entry is live only if `_free_start[off] == size`; stale entries are dropped when
+  popped and the heap is compacted when stale entries dominate.
+
+Fragmentation: KV objects of one namespace all have the same size, so in the common case every hole left by a
+free is exactly the size of the next allocation (best-fit takes it exactly) and coalescing rebuilds large
+extents as neighbours die: external fragmentation stays near zero. With mixed sizes (several namespaces on one
+tier) best-fit prefers the tightest hole, keeping large extents intact for large objects, but a tier can still
+end up with enough free bytes in total and no single extent large enough (`largest_free` < request). That is
+reported as an ordinary `None`; the master then evicts (eviction frees neighbours, which coalesce) and retries.
+Internal fragmentation is at most `alignment - 1` bytes per object (KV blocks are usually multiples of 4 KiB).
+
+Recovery: `reserve_many(extents)` marks known extents used in one sorted pass (an SSD tier re-adopting its
+records after a restart); `reserve(off, size)` is the single-extent wrapper.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Iterable
+
+
+class OffsetAllocator:
+    """Best-fit, coalescing allocator of `alignment`-aligned extents in [0, capacity). Not thread-safe: the owner
+    (the master, per tier) serialises calls."""
+
+    __slots__ = ("_capacity", "_alignment", "_used", "_used_bytes", "_free_start", "_free_end", "_sizes",
+                 "_buckets", "_size_counts")
+
+    def __init__(self, capacity: int, alignment: int = 4096) -> None:
+        if not isinstance(capacity, int) or capacity < 0:
+            raise ValueError(f"capacity must be an int >= 0, got {capacity!r}")
+        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+            raise ValueError(f"alignment must be a power of two > 0, got {alignment!r}")
+        self._capacity = capacity
+        self._alignment = alignment
+        self._used: dict[int, int] = {}            # offset -> rounded size
+        self._used_bytes = 0
+        self._free_start: dict[int, int] = {}      # offset -> size
+        self._free_end: dict[int, int] = {}        # offset + size -> offset
+        self._sizes: list[int] = []                # sorted distinct sizes of free extents
+        self._buckets: dict[int, list[int]] = {}   # size -> heap of offsets (lazy deletion)
+        self._size_counts: dict[int, int] = {}     # size -> live free extents of that size
+        if capacity:
+            self._add_free(0, capacity)
+
+    # ---------------------------------------------------------------- properties
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def alignment(self) -> int:
+        return self._alignment
+
+    @property
+    def used_bytes(self) -> int:
+        return self._used_bytes
+
+    @property
+    def free_bytes(self) -> int:
+        return self._capacity - self._used_bytes
+
+    @property
+    def largest_free(self) -> int:
+        return self._sizes[-1] if self._sizes else 0
+
+    @property
+    def num_allocations(self) -> int:
+        return len(self._used)
+
+    def rounded(self, size: int) -> int:
+        """The extent size `allocate(size)` would take."""
+        a = self._alignment
+        return (size + a - 1) & ~(a - 1)
+
+    def size_of(self, offset: int) -> int:
+        """Rounded size of the allocation at `offset`; ValueError if there is none."""
+        try:
+            return self._used[offset]
+        except KeyError:
+            raise ValueError(f"offset {offset!r} is not an allocated extent") from None
+
+    def __contains__(self, offset: object) -> bool:
+        return offset in self._used
+
+    # ---------------------------------------------------------------- allocate / free
+    def can_allocate(self, size: int) -> bool:
+        self._check_size(size)
+        return self.largest_free >= self.rounded(size)
+
+    def allocate(self, size: int) -> int | None:
+        """Offset of a new extent of `rounded(size)` bytes, or None when no free extent is large enough."""
+        self._check_size(size)
+        need = self.rounded(size)
+        i = bisect.bisect_left(self._sizes, need)
+        if i == len(self._sizes):
+            return None
+        fsize = self._sizes[i]
+        heap = self._buckets[fsize]
+        while True:                              # drop stale (lazily deleted) entries
+            off = heapq.heappop(heap)
+            if self._free_start.get(off) == fsize:
+                break
+        self._remove_free(off, fsize)
+        if fsize > need:
+            self._add_free(off + need, fsize - need)
+        self._used[off] = need
+        self._used_bytes += need
+        return off
+
+    def free(self, offset: int) -> int:
+        """Release the extent at `offset`; returns its (rounded) size. ValueError if `offset` is not allocated."""
+        size = self._used.pop(offset, None)
+        if size is None:
+            raise ValueError(f"offset {offset!r} is not an allocated extent")
+        self._used_bytes -= size
+        start, end = offset, offset + size
+        prev = self._free_end.get(start)
+        if prev is not None:
+            self._remove_free(prev, start - prev)
+            start = prev
+        nxt = self._free_start.get(end)
+        if nxt is not None:
+            self._remove_free(end, nxt)
+            end += nxt
+        self._add_free(start, end - start)
+        return size
+
+    # ---------------------------------------------------------------- recovery
+    def reserve(self, offset: int, size: int) -> None:
+        """Mark [offset, offset + rounded(size)) used. ValueError if it is not wholly free. For many extents use
+        `reserve_many`, which is one sorted pass instead of one pass per extent."""
+        self.reserve_many([(offset, size)])
+
+    def reserve_many(self, extents: Iterable[tuple[int, int]]) -> None:
+        """Mark every (offset, size) extent used. All-or-nothing: on ValueError nothing changed."""
+        wanted: list[tuple[int, int]] = []
+        for offset, size in extents:
+            if not isinstance(offset, int) or offset < 0 or offset % self._alignment:
+                raise ValueError(f"offset must be an int >= 0 and a multiple of {self._alignment}, got {offset!r}")
+            self._check_size(size)
+            wanted.append((offset, self.rounded(size)))
+        if not wanted:
+            return
+        wanted.sort()
+        free = sorted(self._free_start.items())
+        pieces: list[tuple[int, int]] = []       # new free extents
+        fi = 0
+        cur_start, cur_end = (free[0][0], free[0][0] + free[0][1]) if free else (0, 0)
+        for offset, size in wanted:
+            end = offset + size
+            # advance to the free extent that could contain `offset`
+            while fi < len(free) and cur_end <= offset:
+                if cur_end > cur_start:
+                    pieces.append((cur_start, cur_end - cur_start))
+                fi += 1
+                if fi < len(free):
+                    cur_start, cur_end = free[fi][0], free[fi][0] + free[fi][1]
+            if fi == len(free) or offset < cur_start or end > cur_end:
+                raise ValueError(f"extent at offset {offset} (size {size}) overlaps an allocated extent "
+                                 f"or lies outside [0, {self._capacity})")
+            if offset > cur_start:
+                pieces.append((cur_start, offset - cur_start))
+            cur_start = end
+        while fi < len(free):
+            if cur_end > cur_start:
+                pieces.append((cur_start, cur_end - cur_start))
+            fi += 1
+            if fi < len(free):
+                cur_start, cur_end = free[fi][0], free[fi][0] + free[fi][1]
+        # commit: nothing above mutated state
+        for offset, size in wanted:
+            self._used[offset] = size
+            self._used_bytes += size
+        self._rebuild_free(pieces)
+
+    # ---------------------------------------------------------------- invariants
+    def check_invariants(self) -> None:
+        """Raise AssertionError naming the first broken invariant."""
+        free = sorted(self._free_start.items())
+        used = sorted(self._used.items())
+        free_total = 0
+        for i, (off, size) in enumerate(free):
+            assert size > 0, f"free extent at {off} has size {size}"
+            assert self._free_end.get(off + size) == off, f"free extent at {off} missing from the end index"
+            if i:
+                p_off, p_size = free[i - 1]
+                assert p_off + p_size <= off, f"free extents at {p_off} and {off} overlap"
+                assert p_off + p_size != off, f"free extents at {p_off} and {off} touch but were not coalesced"
+            free_total += size
+        assert len(self._free_end) == len(free), "free end index has stale entries"
+        counts: dict[int, int] = {}
+        for _, size in free:
+            counts[size] = counts.get(size, 0) + 1
+        assert counts == self._size_counts, f"free size counts {self._size_counts} != actual {counts}"
+        assert self._sizes == sorted(counts), f"sorted size list {self._sizes} != actual {sorted(counts)}"
+        for size in counts:
+            live = {o for o in self._buckets.get(size, ()) if self._free_start.get(o) == size}
+            assert live == {o for o, s in free if s == size}, f"bucket of size {size} misses free extents"
+        used_total = sum(s for _, s in used)
+        assert used_total == self._used_bytes, f"used_bytes {self._used_bytes} != sum of extents {used_total}"
+        assert used_total + free_total == self._capacity, (
+            f"used {used_total} + free {free_total} != capacity {self._capacity}")
+        pos = 0
+        for off, size in sorted(free + used):   # extents tile [0, capacity) exactly
+            assert off == pos, f"gap or overlap at offset {pos} (next extent starts at {off})"
+            pos = off + size
+        assert pos == self._capacity, f"extents end at {pos}, capacity is {self._capacity}"
+
+    # ---------------------------------------------------------------- internals
+    def _check_size(self, size: int) -> None:
+        if not isinstance(size, int) or size <= 0:
+            raise ValueError(f"size must be an int > 0, got {size!r}")
+
+    def _add_free(self, off: int, size: int) -> None:
+        self._free_start[off] = size
+        self._free_end[off + size] = off
+        n = self._size_counts.get(size, 0)
+        self._size_counts[size] = n + 1
+        heap = self._buckets.get(size)
+        if heap is None:
+            heap = self._buckets[size] = []
+        heapq.heappush(heap, off)
+        if n == 0:
+            bisect.insort(self._sizes, size)
+        elif len(heap) > 4 * (n + 1) + 64:       # stale entries dominate: compact
+            live = {o for o in heap if self._free_start.get(o) == size}
+            heap[:] = sorted(live)
+
+    def _remove_free(self, off: int, size: int) -> None:
+        # The heap entry stays behind (lazy deletion) unless the caller already popped it.
+        del self._free_start[off]
+        del self._free_end[off + size]
+        n = self._size_counts[size] - 1
+        if n:
+            self._size_counts[size] = n
+        else:
+            del self._size_counts[size]
+            del self._buckets[size]
+            del self._sizes[bisect.bisect_left(self._sizes, size)]
+
+    def _rebuild_free(self, pieces: list[tuple[int, int]]) -> None:
+        self._free_start = dict(pieces)
+        self._free_end = {o + s: o for o, s in pieces}
+        self._buckets = {}
+        self._size_counts = {}
+        for off, size in pieces:                 # pieces are sorted by offset, so each bucket is a valid heap
+            self._buckets.setdefault(size, []).append(off)
+            self._size_counts[size] = self._size_counts.get(size, 0) + 1
+        self._sizes = sorted(self._size_counts)
+
+    def __repr__(self) -> str:
+        return (f"OffsetAllocator(capacity={self._capacity}, used={self._used_bytes}, "
+                f"allocations={len(self._used)}, largest_free={self.largest_free})")

@@ -1,0 +1,249 @@
+"""DramArena: the DRAM tier's bytes, one shared-memory file reserved once at start.
+
+```
+ /dev/shm/kvpool-<name>   (posix_fallocate'd, so running out of RAM shows at start, not as SIGBUS mid-write)
+ [0 ........................................................................... capacity)
+   |<- object A ->|      |<---- object B ---->|        offsets come from the master's OffsetAllocator
+ node process:   mmap(MAP_SHARED) ──┐
+ same-host client: DramArena.attach(path) maps the same pages; a put/get is one memcpy into/out of them
+```
+Invariants: the mapping lives as long as the arena; `view`/`array` return views of it (never copies) and are
+bounds-checked; `write`/`read_into` are exactly one memcpy (measured: memoryview slice assignment and
+numpy.copyto run at the same speed for 2 MiB, ~14-15 GB/s here, equal to a plain numpy memcpy; we use the
+memoryview form so any buffer-protocol object works without numpy conversions).
+
+The arena knows nothing about which extents are in use; that is the allocator's job (in the master).
+`pin()` registers the mapping with CUDA (cudaHostRegister) where a GPU exists so device copies are direct DMA.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import mmap
+import operator
+import os
+import re
+import secrets
+from typing import Any
+
+import numpy as np
+
+from . import gpu
+
+log = logging.getLogger(__name__)
+
+PREFIX = "kvpool-"
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+
+
+def as_byte_view(data: Any, argname: str = "data") -> memoryview:
+    """A flat unsigned-byte memoryview over `data` (bytes, bytearray, memoryview, numpy array, mmap, ...) without
+    copying. ValueError naming `argname` for objects without the buffer protocol or non-contiguous memory."""
+    try:
+        m = memoryview(data)
+    except TypeError:
+        raise ValueError(f"{argname} must support the buffer protocol (bytes, bytearray, memoryview, numpy "
+                         f"array; for a torch CPU tensor pass tensor.numpy()), got {type(data).__name__}") from None
+    if not m.c_contiguous:
+        raise ValueError(f"{argname} must be C-contiguous")
+    if m.format != "B" or m.ndim != 1:
+        m = m.cast("B")
+    return m
+
+
+class DramArena:
+    """One shared-memory file of `capacity` bytes, mapped read-write. Use `create` (owner) or `attach` (peer)."""
+
+    def __init__(self, path: str, fd: int, mm: mmap.mmap, capacity: int, owner: bool) -> None:
+        self._path = path
+        self._fd = fd
+        self._mm: mmap.mmap | None = mm
+        self._mv: memoryview | None = memoryview(mm)
+        self._np: np.ndarray | None = np.frombuffer(mm, dtype=np.uint8)
+        self._capacity = capacity
+        self._owner = owner
+        self._pinned = False
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def create(cls, capacity: int, name: str | None = None, directory: str = "/dev/shm") -> DramArena:
+        """Create and map `<directory>/kvpool-<name>`; fails if it exists (two nodes must not share an arena)."""
+        if not isinstance(capacity, int) or capacity <= 0:
+            raise ValueError(f"capacity must be an int > 0, got {capacity!r}")
+        if name is None:
+            name = secrets.token_hex(8)
+        elif not isinstance(name, str) or not _NAME_RE.match(name):
+            raise ValueError(f"name must be 1-200 characters of [A-Za-z0-9_.-], got {name!r}")
+        if not os.path.isdir(directory):
+            raise ValueError(f"directory {directory!r} does not exist")
+        path = os.path.join(directory, PREFIX + name)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            try:
+                os.posix_fallocate(fd, 0, capacity)    # reserve the pages now (tmpfs honours this)
+            except OSError as e:
+                if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                    raise
+                os.ftruncate(fd, capacity)
+            mm = mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        log.info("created DRAM arena %s (%d bytes)", path, capacity)
+        return cls(path, fd, mm, capacity, owner=True)
+
+    @classmethod
+    def attach(cls, path: str, capacity: int | None = None) -> DramArena:
+        """Map an existing arena (a same-host client). `capacity` defaults to the file size; a larger one is an
+        error. Closing an attached arena never unlinks it."""
+        if capacity is not None and (not isinstance(capacity, int) or capacity <= 0):
+            raise ValueError(f"capacity must be an int > 0 or None, got {capacity!r}")
+        fd = os.open(path, os.O_RDWR)
+        try:
+            size = os.fstat(fd).st_size
+            if capacity is None:
+                capacity = size
+            if capacity > size or capacity == 0:
+                raise ValueError(f"capacity {capacity} does not fit the arena file {path!r} of {size} bytes")
+            mm = mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(path, fd, mm, capacity, owner=False)
+
+    # ---------------------------------------------------------------- properties
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def closed(self) -> bool:
+        return self._mm is None
+
+    @property
+    def pinned(self) -> bool:
+        return self._pinned
+
+    @property
+    def address(self) -> int:
+        """Virtual address of byte 0 of this process's mapping (for DMA registration / ctypes copies)."""
+        return int(self._array().__array_interface__["data"][0])
+
+    # ---------------------------------------------------------------- data path
+    def view(self, offset: int, size: int) -> memoryview:
+        """Writable memoryview of [offset, offset + size): no copy."""
+        offset, size = self._check(offset, size)
+        assert self._mv is not None
+        return self._mv[offset:offset + size]
+
+    def array(self, offset: int, size: int) -> np.ndarray:
+        """Writable numpy uint8 view of [offset, offset + size): no copy."""
+        offset, size = self._check(offset, size)
+        return self._array()[offset:offset + size]
+
+    def write(self, offset: int, data: Any) -> int:
+        """Copy `data` (any C-contiguous buffer) to `offset` in one memcpy; returns the byte count."""
+        src = as_byte_view(data)
+        offset, n = self._check(offset, src.nbytes)
+        assert self._mv is not None
+        self._mv[offset:offset + n] = src
+        return n
+
+    def read_into(self, offset: int, out: Any) -> int:
+        """Copy `len(out)` bytes starting at `offset` into the writable buffer `out`; returns the byte count."""
+        dst = as_byte_view(out, "out")
+        if dst.readonly:
+            raise ValueError("out must be a writable buffer")
+        offset, n = self._check(offset, dst.nbytes)
+        assert self._mv is not None
+        dst[:] = self._mv[offset:offset + n]
+        return n
+
+    # ---------------------------------------------------------------- pinning
+    def pin(self) -> bool:
+        """Register the mapping as CUDA pinned host memory. False (and nothing done) when no CUDA device exists."""
+        if self._pinned:
+            return True
+        if not gpu.cuda_available():
+            return False
+        gpu.host_register(self.address, self._capacity)
+        self._pinned = True
+        return True
+
+    def unpin(self) -> None:
+        if self._pinned:
+            gpu.host_unregister(self.address)
+            self._pinned = False
+
+    # ---------------------------------------------------------------- lifetime
+    def close(self) -> None:
+        """Unmap and close. Views handed out keep the pages alive until they are dropped (mmap refuses to unmap
+        exported memory); the arena itself is unusable after close. Idempotent."""
+        if self._mm is None:
+            return
+        try:
+            self.unpin()
+        except RuntimeError:
+            log.warning("cudaHostUnregister failed for %s", self._path, exc_info=True)
+        mm, self._mm = self._mm, None
+        self._np = None
+        if self._mv is not None:
+            self._mv.release()
+            self._mv = None
+        try:
+            mm.close()
+        except BufferError:
+            # A caller still holds a view: the mapping is released with the last view (refcounting).
+            log.debug("arena %s closed with views outstanding; unmapped when they are dropped", self._path)
+        os.close(self._fd)
+        self._fd = -1
+
+    def unlink(self) -> None:
+        """Remove the shared-memory file (pages are freed once every process has unmapped). Idempotent."""
+        try:
+            os.unlink(self._path)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> DramArena:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+        if self._owner:
+            self.unlink()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._mm is None else ("pinned" if self._pinned else "mapped")
+        return f"DramArena({self._path!r}, capacity={self._capacity}, {state})"
+
+    # ---------------------------------------------------------------- internals
+    def _array(self) -> np.ndarray:
+        if self._np is None:
+            raise ValueError("arena is closed")
+        return self._np
+
+    def _check(self, offset: Any, size: Any) -> tuple[int, int]:
+        """Validated (offset, size) as Python ints (numpy integers from an offsets array are accepted)."""
+        if self._mm is None:
+            raise ValueError("arena is closed")
+        offset, size = _index(offset, "offset"), _index(size, "size")
+        if offset + size > self._capacity:
+            raise ValueError(f"offset + size ({offset} + {size}) exceeds the arena capacity {self._capacity}")
+        return offset, size
+
+
+def _index(value: Any, argname: str) -> int:
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{argname} must be an int >= 0, got {value!r}") from None
+    if v < 0:
+        raise ValueError(f"{argname} must be an int >= 0, got {value!r}")
+    return v

@@ -1,0 +1,340 @@
+"""SsdFile: the SSD tier, one preallocated data file of self-describing records that survives a restart.
+
+The master's OffsetAllocator chooses each record's offset (aligned to ALIGN = 4096); this file only writes,
+reads, erases and scans records. A record is a fixed header page followed by the payload:
+```
+ offset ─▶ +0   magic      4B  b"KVPR"
+           +4   version    2B  u16 LE (FORMAT_VERSION)
+           +6   flags      2B  u16 LE (0; reserved)
+           +8   key       16B  block key
+           +24  ns_digest 16B  namespace digest
+           +40  size       8B  u64 LE payload bytes
+           +48  checksum   8B  u64 LE xxh3_64(payload)
+           +56  hdr_sum    8B  u64 LE xxh3_64(bytes +0..+56)
+           +64  (unused up to HEADER_BYTES = 4096)
+ offset + 4096 ─▶ payload (size bytes)         record_size(size) = 4096 + size
+```
+Why a whole 4 KiB page for a 64-byte header: KV blocks are multiples of 4 KiB, so with the allocator's 4 KiB
+alignment a 64-byte header would cost a full extra page anyway; a page-sized header keeps every payload
+page-aligned (O_DIRECT / io_uring later, whole-page reads now) at no extra space in the common case.
+
+Crash rules (the file is the only state that survives a kill):
+* `write` invalidates any old header at the offset, writes the payload, and only then the header. A process
+  killed at any point leaves either no valid header or a complete record. (Across a power loss the kernel may
+  reorder the page writes; the payload checksum then turns a torn record into a miss.)
+* `erase` zeroes the header, so a removed object is not resurrected by the next `scan`. The owner must erase a
+  record before its extent is reused: `scan` skips over a valid record's whole extent, so a stale, un-erased
+  header would hide newer records inside its extent (only `scan(verify=True)` detects that case).
+* `read_into` verifies magic, version, header checksum, key, size and payload checksum; any mismatch, short
+  read (truncated file) or I/O error is a miss (`False`) and counts in `corrupt_reads`. The payload has then
+  already been read into the caller's buffer (no staging copy); callers treat False as "contents undefined".
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import struct
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from .dram import as_byte_view
+
+log = logging.getLogger(__name__)
+
+DATA_FILE = "kvpool.data"
+MAGIC = b"KVPR"
+FORMAT_VERSION = 1
+HEADER_BYTES = 4096
+ALIGN = 4096
+KEY_BYTES = 16
+_HDR = struct.Struct("<4sHH16s16sQQ")        # everything the header checksum covers (56 bytes)
+_HDR_LEN = _HDR.size + 8                     # + header checksum
+_ERASED = bytes(_HDR_LEN)
+_SCAN_CHUNK = 256 * 1024                     # pages inspected per read while looking for headers
+
+
+@dataclass(slots=True)
+class SsdRecord:
+    """A record found by `scan`."""
+
+    key: bytes
+    ns_digest: bytes
+    offset: int
+    size: int               # payload bytes
+    checksum: int           # xxh3_64 of the payload
+
+    @property
+    def record_size(self) -> int:
+        return HEADER_BYTES + self.size
+
+
+def record_size(payload_size: int) -> int:
+    """Bytes the caller must allocate for a payload of `payload_size` bytes (header + payload)."""
+    if not isinstance(payload_size, int) or payload_size < 0:
+        raise ValueError(f"payload_size must be an int >= 0, got {payload_size!r}")
+    return HEADER_BYTES + payload_size
+
+
+def checksum_of(payload: Any) -> int:
+    """xxh3_64 of a buffer, the checksum records carry."""
+    return xxhash.xxh3_64_intdigest(as_byte_view(payload, "payload"))
+
+
+def _pack_header(key: bytes, ns_digest: bytes, size: int, checksum: int) -> bytes:
+    body = _HDR.pack(MAGIC, FORMAT_VERSION, 0, key, ns_digest, size, checksum)
+    return body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little")
+
+
+def _unpack_header(buf: Any) -> tuple[bytes, bytes, int, int] | None:
+    """(key, ns_digest, size, checksum) of a valid header, else None."""
+    if len(buf) < _HDR_LEN:
+        return None
+    body = bytes(buf[:_HDR.size])
+    if body[:4] != MAGIC:
+        return None
+    if xxhash.xxh3_64_intdigest(body) != int.from_bytes(buf[_HDR.size:_HDR_LEN], "little"):
+        return None
+    magic, version, _flags, key, ns_digest, size, checksum = _HDR.unpack(body)
+    if version != FORMAT_VERSION:
+        return None
+    return key, ns_digest, size, checksum
+
+
+class SsdFile:
+    """One preallocated data file under `directory`. Thread-safe: positional I/O only (pread/pwrite/preadv)."""
+
+    def __init__(self, directory: str, path: str, fd: int, capacity: int, valid_end: int) -> None:
+        self._directory = directory
+        self._path = path
+        self._fd = fd
+        self._capacity = capacity
+        self._valid_end = valid_end         # bytes that existed before open: records past it were truncated
+        self._corrupt_reads = 0
+        self._lock = threading.Lock()       # counters only
+
+    @classmethod
+    def open(cls, directory: str, capacity: int | None, *, create: bool = True) -> SsdFile:
+        """Open (or create and preallocate) `<directory>/kvpool.data` of `capacity` bytes. An existing smaller
+        file is grown (records beyond its old end are lost, a truncated record stays a miss); a larger one is a
+        ValueError. `capacity=None` with create=False adopts the file's size. The file is locked (flock) so two
+        SsdFile objects, in any process, never share it; the kernel drops the lock when its owner dies."""
+        if capacity is not None and (not isinstance(capacity, int) or capacity <= 0):
+            raise ValueError(f"capacity must be an int > 0, got {capacity!r}")
+        if capacity is None and create:
+            raise ValueError("capacity is required when create=True")
+        if create:
+            os.makedirs(directory, exist_ok=True)
+        elif not os.path.isdir(directory):
+            raise ValueError(f"directory {directory!r} does not exist")
+        path = os.path.join(directory, DATA_FILE)
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise RuntimeError(f"{path} is in use by another SsdFile (close it first)") from None
+            existing = os.fstat(fd).st_size
+            if capacity is None:
+                capacity = existing
+                if capacity <= 0:
+                    raise ValueError(f"capacity: {path} is empty; pass a capacity")
+            if existing > capacity:
+                raise ValueError(f"capacity {capacity} is smaller than the existing data file {path} "
+                                 f"({existing} bytes); use a larger capacity or a new directory")
+            if existing < capacity:
+                _preallocate(fd, existing, capacity)
+        except BaseException:
+            os.close(fd)
+            raise
+        log.info("opened SSD tier %s (%d bytes, %d pre-existing)", path, capacity, existing)
+        return cls(directory, path, fd, capacity, min(existing, capacity))
+
+    # ---------------------------------------------------------------- properties
+    @property
+    def directory(self) -> str:
+        return self._directory
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def corrupt_reads(self) -> int:
+        return self._corrupt_reads
+
+    @property
+    def closed(self) -> bool:
+        return self._fd < 0
+
+    # ---------------------------------------------------------------- write / read / erase
+    def write(self, offset: int, key: bytes, ns_digest: bytes, payload: Any, checksum: int | None = None) -> int:
+        """Write one record at `offset` (allocated with `record_size(len(payload))` bytes); returns the payload
+        checksum (computed unless the caller passes the one it already has for the same bytes)."""
+        src = as_byte_view(payload, "payload")
+        self._check_key(key, "key")
+        self._check_key(ns_digest, "ns_digest")
+        offset = self._check_extent(offset, record_size(src.nbytes))
+        if checksum is None:
+            checksum = xxhash.xxh3_64_intdigest(src)
+        elif not isinstance(checksum, int) or not 0 <= checksum < 1 << 64:
+            raise ValueError(f"checksum must be an unsigned 64-bit int, got {checksum!r}")
+        _pwrite_all(self._fd, _ERASED, offset)               # an old header never vouches for new bytes
+        _pwrite_all(self._fd, src, offset + HEADER_BYTES)
+        _pwrite_all(self._fd, _pack_header(key, ns_digest, src.nbytes, checksum), offset)
+        return checksum
+
+    def read_into(self, offset: int, key: bytes, size: int, out: Any, *, ns_digest: bytes | None = None) -> bool:
+        """Read the record at `offset` into `out[:size]` (one preadv, no staging copy) and verify it. False (a
+        miss, counted in `corrupt_reads`) on any mismatch, short read or I/O error; `out` is then undefined."""
+        dst = as_byte_view(out, "out")
+        if dst.readonly:
+            raise ValueError("out must be a writable buffer")
+        if not isinstance(size, int) or size < 0 or size > dst.nbytes:
+            raise ValueError(f"size must be an int in [0, {dst.nbytes}] (the size of out), got {size!r}")
+        self._check_key(key, "key")
+        offset = self._check_extent(offset, record_size(size))
+        head = bytearray(HEADER_BYTES)
+        payload = dst[:size]
+        try:
+            n = os.preadv(self._fd, [head, payload], offset)
+        except OSError:
+            log.warning("SSD read failed at offset %d", offset, exc_info=True)
+            return self._corrupt()
+        if n != HEADER_BYTES + size:
+            return self._corrupt()                           # truncated file
+        parsed = _unpack_header(head)
+        if parsed is None:
+            return self._corrupt()
+        h_key, h_ns, h_size, h_sum = parsed
+        if h_key != key or h_size != size or (ns_digest is not None and h_ns != ns_digest):
+            return self._corrupt()
+        if xxhash.xxh3_64_intdigest(payload) != h_sum:
+            return self._corrupt()
+        return True
+
+    def erase(self, offset: int) -> None:
+        """Invalidate the record at `offset` so `scan` never finds it again."""
+        offset = self._check_extent(offset, HEADER_BYTES)
+        _pwrite_all(self._fd, _ERASED, offset)
+
+    def erase_many(self, offsets: Any) -> None:
+        for offset in offsets:
+            self.erase(int(offset))
+
+    # ---------------------------------------------------------------- recovery
+    def scan(self, *, verify: bool = False) -> Iterator[SsdRecord]:
+        """Valid records in offset order. Each aligned page whose header parses is a record; the scan then
+        skips its extent. Records that ran past the file's end before `open` (truncation) are dropped. With
+        verify=True each payload is re-checksummed and a bad one is dropped (the scan then resumes at the next
+        page, not past the bad extent); without it, corrupt payloads are found lazily by `read_into`."""
+        end = self._valid_end
+        magic = np.frombuffer(MAGIC, dtype=np.uint8)
+        pos = 0                                              # always page-aligned
+        while pos + _HDR_LEN <= end:
+            chunk = os.pread(self._fd, min(_SCAN_CHUNK, end - pos), pos)
+            if len(chunk) < _HDR_LEN:
+                return
+            n_pages = (len(chunk) - _HDR_LEN) // ALIGN + 1  # pages whose header lies wholly in this chunk
+            heads = np.frombuffer(chunk, dtype=np.uint8)[np.arange(n_pages)[:, None] * ALIGN + np.arange(4)]
+            skip_to = pos                                    # the next offset a record may start at
+            for page in np.flatnonzero((heads == magic).all(axis=1)).tolist():
+                off = pos + page * ALIGN
+                if off < skip_to:
+                    continue                                 # inside the previous record's payload
+                parsed = _unpack_header(memoryview(chunk)[page * ALIGN:page * ALIGN + _HDR_LEN])
+                if parsed is None:
+                    continue
+                rec = SsdRecord(parsed[0], parsed[1], off, parsed[2], parsed[3])
+                if off + rec.record_size > end:
+                    log.info("SSD record at %d runs past the end of the file (truncated): dropped", off)
+                    continue
+                if verify and not self.verify(rec):
+                    log.info("SSD record at %d fails its checksum: dropped", off)
+                    continue
+                yield rec
+                skip_to = off + _round_up(rec.record_size, ALIGN)
+            pos = max(pos + n_pages * ALIGN, skip_to)
+
+    def verify(self, record: SsdRecord) -> bool:
+        """Re-read and re-checksum a record's payload (streaming, 4 MiB at a time)."""
+        h = xxhash.xxh3_64()
+        pos, left = record.offset + HEADER_BYTES, record.size
+        while left:
+            data = os.pread(self._fd, min(left, 4 << 20), pos)
+            if not data:
+                return False
+            h.update(data)
+            pos += len(data)
+            left -= len(data)
+        return h.intdigest() == record.checksum
+
+    # ---------------------------------------------------------------- lifetime
+    def sync(self) -> None:
+        os.fdatasync(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)             # also drops the flock
+
+    def __enter__(self) -> SsdFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SsdFile({self._path!r}, capacity={self._capacity}, corrupt_reads={self._corrupt_reads})"
+
+    # ---------------------------------------------------------------- internals
+    def _corrupt(self) -> bool:
+        with self._lock:
+            self._corrupt_reads += 1
+        return False
+
+    def _check_key(self, key: Any, argname: str) -> None:
+        if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_BYTES:
+            raise ValueError(f"{argname} must be {KEY_BYTES} bytes, got {key!r:.60}")
+
+    def _check_extent(self, offset: Any, size: int) -> int:
+        if self._fd < 0:
+            raise ValueError("SSD file is closed")
+        if not isinstance(offset, (int, np.integer)) or offset < 0 or offset % ALIGN:
+            raise ValueError(f"offset must be an int >= 0 and a multiple of {ALIGN}, got {offset!r}")
+        if offset + size > self._capacity:
+            raise ValueError(f"offset + record size ({offset} + {size}) exceeds the SSD capacity {self._capacity}")
+        return int(offset)
+
+
+def _round_up(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+def _preallocate(fd: int, start: int, end: int) -> None:
+    try:
+        os.posix_fallocate(fd, start, end - start)
+    except OSError as e:                      # e.g. a filesystem without fallocate: sparse file instead
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise
+        os.ftruncate(fd, end)
+
+
+def _pwrite_all(fd: int, data: Any, offset: int) -> None:
+    view = memoryview(data)
+    while view.nbytes:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n
