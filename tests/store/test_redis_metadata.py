@@ -1,0 +1,58 @@
+"""RedisMetadata against a real redis-server: what one master writes, a fresh backend (a restarted master) reads."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpool.store.records import NodeInfo, ObjectRecord
+from kvpool.store.redis_metadata import RedisMetadata
+from kvpool.tiers.types import Tier
+from tests.store.cluster import redis_server  # noqa: F401 - fixture
+
+
+def _rec(i: int, node: str = "n1", tier: Tier = Tier.DRAM) -> ObjectRecord:
+    return ObjectRecord(key=i.to_bytes(16, "big"), ns_digest=b"N" * 16, node_id=node, tier=tier, offset=4096 * i,
+                        size=1000 + i, checksum=(1 << 63) + i)
+
+
+def test_objects_and_nodes_survive_a_new_backend(redis_server):
+    a = RedisMetadata(redis_server.url, prefix="t")
+    a.put_node(NodeInfo(node_id="n1", address="127.0.0.1:1", dram_bytes=1 << 20, dram_path="/dev/shm/x"))
+    a.put_node(NodeInfo(node_id="n2", dram_bytes=2 << 20, ssd_bytes=4 << 20, ssd_record_overhead=64))
+    a.put_objects([_rec(i) for i in range(5)] + [_rec(i, "n2", Tier.SSD) for i in range(5, 8)])
+    a.put_objects([_rec(2, "n1", Tier.SSD)])  # a tier move is an upsert
+    a.delete_objects([_rec(0).key, _rec(6).key])
+    a.put_node_endpoint("n1", b"\x00\x01endpoint")
+    secret = a.shared_secret()
+    a.close()
+
+    b = RedisMetadata(redis_server.url, prefix="t")
+    got = sorted(b.load_objects(), key=lambda r: r.key)
+    want = [_rec(1), _rec(2, "n1", Tier.SSD), _rec(3), _rec(4), _rec(5, "n2", Tier.SSD), _rec(7, "n2", Tier.SSD)]
+    assert got == want
+    assert [n.node_id for n in b.load_nodes()] == ["n1", "n2"]
+    assert b.load_nodes()[0] == NodeInfo(node_id="n1", address="127.0.0.1:1", dram_bytes=1 << 20,
+                                         dram_path="/dev/shm/x")
+    assert b.load_node_endpoints() == {"n1": b"\x00\x01endpoint"}
+    assert b.shared_secret() == secret and len(secret) == 32
+    assert b.count_objects() == 6
+
+    b.delete_node("n2")
+    assert sorted(r.key for r in b.load_objects()) == [_rec(i).key for i in (1, 2, 3, 4)]
+    assert [n.node_id for n in b.load_nodes()] == ["n1"]
+    assert RedisMetadata(redis_server.url, prefix="other").load_objects() == []
+
+
+def test_a_thousand_key_commit_is_batched(redis_server):
+    m = RedisMetadata(redis_server.url)
+    m.put_objects(_rec(i) for i in range(10_000))
+    assert m.count_objects() == 10_000
+    m.delete_objects([_rec(i).key for i in range(0, 10_000, 2)])
+    assert sorted(r.key for r in m.load_objects()) == [_rec(i).key for i in range(1, 10_000, 2)]
+
+
+def test_bad_url_and_prefix_name_the_argument(redis_server):
+    with pytest.raises(ValueError, match="redis_url"):
+        RedisMetadata("127.0.0.1:6379")
+    with pytest.raises(ValueError, match="prefix"):
+        RedisMetadata(redis_server.url, prefix="a:b")
