@@ -1,0 +1,159 @@
+"""DramArena: byte-exact round trips, views not copies, a second process sees the same bytes, bounds errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from kvpool.tiers.dram import DramArena
+from kvpool.tiers.hbm import cuda_available
+
+CAP = 1 << 20
+
+
+@pytest.fixture
+def arena(tmp_path):
+    # /dev/shm in production; a tmp dir keeps parallel test runs apart and is removed by pytest.
+    a = DramArena.create(CAP, name="test", directory=str(tmp_path))
+    yield a
+    a.close()
+    a.unlink()
+
+
+def test_create_reserves_a_named_file(tmp_path):
+    a = DramArena.create(3 * 4096, name="n1", directory=str(tmp_path))
+    assert a.path == str(tmp_path / "kvpool-n1")
+    assert os.path.getsize(a.path) == 3 * 4096 and a.capacity == 3 * 4096
+    with pytest.raises(FileExistsError):
+        DramArena.create(4096, name="n1", directory=str(tmp_path))
+    a.close()
+    a.unlink()
+    assert not os.path.exists(a.path)
+
+
+def test_default_directory_is_dev_shm_with_random_name():
+    with DramArena.create(4096) as a:
+        assert os.path.dirname(a.path) == "/dev/shm"
+        assert os.path.basename(a.path).startswith("kvpool-")
+        path = a.path
+    assert not os.path.exists(path)               # the owner's context manager unlinks
+
+
+def test_round_trip_is_byte_exact_for_every_buffer_kind(arena):
+    rng = np.random.default_rng(7)
+    payload = rng.integers(0, 256, 64 * 1024, dtype=np.uint8)
+    assert arena.write(4096, payload) == 64 * 1024
+    out = np.zeros(64 * 1024, dtype=np.uint8)
+    assert arena.read_into(4096, out) == 64 * 1024
+    assert np.array_equal(out, payload)
+
+    floats = rng.standard_normal((2, 16, 8), dtype=np.float32)  # a KV-shaped block, written as its bytes
+    arena.write(0, floats)
+    back = np.empty_like(floats)
+    arena.read_into(0, back)
+    assert np.array_equal(back, floats)
+
+    arena.write(CAP - 5, b"hello")
+    buf = bytearray(5)
+    arena.read_into(CAP - 5, memoryview(buf))
+    assert bytes(buf) == b"hello"
+
+
+def test_view_and_array_are_views_not_copies(arena):
+    v = arena.view(100, 4)
+    v[:] = b"abcd"
+    arr = arena.array(100, 4)
+    assert bytes(arr) == b"abcd"
+    arr[0] = ord("z")
+    assert bytes(arena.view(100, 4)) == b"zbcd"
+    assert not v.readonly and arr.flags.writeable
+    assert np.shares_memory(arr, arena.array(0, CAP))
+
+
+def test_numpy_integer_offsets_are_accepted(arena):
+    offsets = np.array([0, 4096], dtype=np.int64)
+    arena.write(offsets[1], b"xy")
+    assert bytes(arena.view(offsets[1], np.int64(2))) == b"xy"
+
+
+def test_bounds_errors_name_the_argument_and_change_nothing(arena):
+    arena.write(0, b"keep")
+    with pytest.raises(ValueError, match="offset must be an int >= 0"):
+        arena.view(-1, 4)
+    with pytest.raises(ValueError, match="size must be an int >= 0"):
+        arena.view(0, -4)
+    with pytest.raises(ValueError, match=r"offset \+ size \(1048573 \+ 4\) exceeds the arena capacity 1048576"):
+        arena.write(CAP - 3, b"more")
+    with pytest.raises(ValueError, match="offset"):
+        arena.read_into(CAP, bytearray(1))
+    with pytest.raises(ValueError, match="data must support the buffer protocol"):
+        arena.write(0, "a str")
+    with pytest.raises(ValueError, match="data must be C-contiguous"):
+        arena.write(0, np.zeros((4, 4), np.uint8)[:, 1])
+    with pytest.raises(ValueError, match="out must be a writable buffer"):
+        arena.read_into(0, b"ro")
+    with pytest.raises(ValueError, match="capacity"):
+        DramArena.create(0)
+    with pytest.raises(ValueError, match="name"):
+        DramArena.create(4096, name="../escape")
+    assert bytes(arena.view(0, 4)) == b"keep"
+    assert bytes(arena.view(CAP - 3, 3)) == b"\0\0\0"
+
+
+def test_attach_from_a_second_process_sees_the_same_bytes(arena):
+    payload = bytes(range(256)) * 16
+    arena.write(8192, payload)
+    child = textwrap.dedent(f"""
+        import sys
+        from kvpool.tiers.dram import DramArena
+        a = DramArena.attach({arena.path!r})
+        assert a.capacity == {CAP}
+        got = bytes(a.view(8192, {len(payload)}))
+        a.write(0, b"from child")          # and writes land in the owner's mapping
+        a.close()
+        sys.stdout.write(got.hex())
+    """)
+    res = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert bytes.fromhex(res.stdout) == payload
+    assert bytes(arena.view(0, 10)) == b"from child"
+    assert os.path.exists(arena.path)             # an attached peer never unlinks
+
+
+def test_attach_capacity_checks(arena):
+    with pytest.raises(ValueError, match="capacity"):
+        DramArena.attach(arena.path, capacity=CAP + 1)
+    with DramArena.attach(arena.path, capacity=4096) as peer:
+        assert peer.capacity == 4096
+    assert os.path.exists(arena.path)
+
+
+def test_close_is_idempotent_and_blocks_further_use(arena):
+    kept = arena.view(0, 8)                       # a caller still holding a view must not crash close()
+    arena.close()
+    arena.close()
+    assert arena.closed
+    assert len(kept) == 8
+    with pytest.raises(ValueError, match="closed"):
+        arena.view(0, 1)
+
+
+def test_pin_without_cuda_is_a_no_op(arena):
+    if cuda_available():
+        pytest.skip("CUDA present: covered by the gpu test")
+    assert arena.pin() is False
+    assert not arena.pinned
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_available(), reason="needs a CUDA device")
+def test_pin_registers_with_cuda(arena):
+    assert arena.pin() is True
+    assert arena.pinned
+    arena.unpin()
+    assert not arena.pinned
