@@ -41,14 +41,14 @@ class ArenaHandler:
             raise ValueError("offset/size: outside the arena")
         return self.view[offset:offset + size]
 
-    def write_view(self, ident, tier, offset, size, expires, token):
-        return self._check(tokens.WRITE, ident, tier, offset, size, expires, token)
+    def write_view(self, e):
+        return self._check(tokens.WRITE, e.ident, e.tier, e.offset, e.size, e.expires_ms, e.token)
 
-    def write_done(self, *args):
+    def write_done(self, e, view):
         pass
 
-    def read_view(self, ident, tier, offset, size, expires, token):
-        return self._check(tokens.READ, ident, tier, offset, size, expires, token)
+    def read_view(self, e):
+        return self._check(tokens.READ, e.ident, e.tier, e.offset, e.size, e.expires_ms, e.token)
 
 
 class GrpcNode(pbg.NodeServiceServicer):
@@ -59,16 +59,16 @@ class GrpcNode(pbg.NodeServiceServicer):
         view, pos = None, 0
         for chunk in request_iterator:
             if view is None:
-                view = self.h.write_view(chunk.grant_id, chunk.tier, chunk.offset, chunk.size,
-                                         chunk.expires_unix_ms, chunk.token)
+                view = self.h._check(tokens.WRITE, chunk.grant_id, chunk.tier, chunk.offset, chunk.size,
+                                     chunk.expires_unix_ms, chunk.token)
             n = len(chunk.data)
             view[pos:pos + n] = chunk.data
             pos += n
         return pb.WriteResponse(written=pos)
 
     def Read(self, request, context):
-        view = self.h.read_view(request.lease_id, request.tier, request.offset, request.size,
-                                request.expires_unix_ms, request.token)
+        view = self.h._check(tokens.READ, request.lease_id, request.tier, request.offset, request.size,
+                             request.expires_unix_ms, request.token)
         step = request.chunk_bytes or CHUNK
         for pos in range(0, len(view), step):
             yield pb.ReadChunk(data=bytes(view[pos:pos + step]))

@@ -15,7 +15,9 @@ Frame (little endian), one request header then, for writes, `size` payload bytes
           24   Q   size
           32   Q   expires_unix_ms
           40  16s  token     store/tokens.py
-    = 56 bytes
+          56  16s  key       block key (SSD records carry it in their header; a read checks it)
+          72  16s  ns        namespace digest (written into an SSD record header)
+    = 88 bytes
 
 Reply: `B status, 3x, I msg_len, Q size` (16 bytes), then msg_len bytes of UTF-8 error text, then for an OK READ
 `size` payload bytes. Requests on one connection are answered in order, so a client pipelines a window of them.
@@ -39,7 +41,7 @@ log = logging.getLogger(__name__)
 MAGIC = b"KVD1"
 OP_WRITE = 1
 OP_READ = 2
-REQ = struct.Struct("<4sBB2xQQQQ16s")
+REQ = struct.Struct("<4sBB2xQQQQ16s16s16s")
 REP = struct.Struct("<B3xIQ")
 OK, DENIED, BAD_REQUEST, NOT_FOUND, ERROR = 0, 1, 2, 3, 4
 STATUS_NAMES = {OK: "OK", DENIED: "PERMISSION_DENIED", BAD_REQUEST: "INVALID_ARGUMENT", NOT_FOUND: "NOT_FOUND",
@@ -51,13 +53,11 @@ _SOCK_BUF = 4 << 20
 class DataHandler(Protocol):
     """What the channel asks of a node. Raise TokenError (denied), ValueError (bad request), KeyError (gone)."""
 
-    def write_view(self, grant_id: int, tier: int, offset: int, size: int, expires_ms: int,
-                   token: bytes) -> memoryview: ...
+    def write_view(self, e: "Extent") -> memoryview: ...
 
-    def write_done(self, grant_id: int, tier: int, offset: int, size: int, view: memoryview) -> None: ...
+    def write_done(self, e: "Extent", view: memoryview) -> None: ...
 
-    def read_view(self, lease_id: int, tier: int, offset: int, size: int, expires_ms: int,
-                  token: bytes) -> memoryview: ...
+    def read_view(self, e: "Extent") -> memoryview: ...
 
 
 class DataChannelError(Exception):
@@ -139,13 +139,14 @@ class DataServer:
                     _recv_exact(conn, hview)
                 except (ConnectionError, OSError):
                     return
-                magic, op, tier, ident, offset, size, expires, token = REQ.unpack(head)
+                magic, op, tier, ident, offset, size, expires, token, key, ns = REQ.unpack(head)
+                e = Extent(ident, tier, offset, size, expires, token, key, ns)
                 if magic != MAGIC or op not in (OP_WRITE, OP_READ):
                     self._reply(conn, BAD_REQUEST, "magic/op: not a kvpool data frame")
                     return
                 if op == OP_WRITE:
                     try:
-                        view = self.handler.write_view(ident, tier, offset, size, expires, token)
+                        view = self.handler.write_view(e)
                     except Exception as exc:  # noqa: BLE001 - every refusal is reported, the stream continues
                         if size > self.max_object_bytes:
                             self._reply(conn, _status_of(exc), str(exc))
@@ -157,14 +158,14 @@ class DataServer:
                         continue
                     _recv_exact(conn, view)
                     try:
-                        self.handler.write_done(ident, tier, offset, size, view)
+                        self.handler.write_done(e, view)
                     except Exception as exc:  # noqa: BLE001
                         self._reply(conn, _status_of(exc), str(exc))
                         continue
                     self._reply(conn, OK, "", size)
                 else:
                     try:
-                        view = self.handler.read_view(ident, tier, offset, size, expires, token)
+                        view = self.handler.read_view(e)
                     except Exception as exc:  # noqa: BLE001
                         self._reply(conn, _status_of(exc), str(exc))
                         continue
@@ -204,6 +205,12 @@ class Extent:
     size: int
     expires_ms: int
     token: bytes
+    key: bytes = bytes(16)
+    ns: bytes = bytes(16)
+
+    def header(self, op: int) -> bytes:
+        return REQ.pack(MAGIC, op, self.tier, self.ident, self.offset, self.size, self.expires_ms, self.token,
+                        self.key, self.ns)
 
 
 class DataClient:
@@ -256,12 +263,10 @@ class DataClient:
             for start in range(0, len(extents), _WINDOW):
                 stop = min(start + _WINDOW, len(extents))
                 if op == OP_READ:
-                    sock.sendall(b"".join(REQ.pack(MAGIC, op, e.tier, e.ident, e.offset, e.size, e.expires_ms,
-                                                   e.token) for e in extents[start:stop]))
+                    sock.sendall(b"".join(e.header(op) for e in extents[start:stop]))
                 else:
                     for i in range(start, stop):
-                        e = extents[i]
-                        sock.sendall(REQ.pack(MAGIC, op, e.tier, e.ident, e.offset, e.size, e.expires_ms, e.token))
+                        sock.sendall(extents[i].header(op))
                         sock.sendall(bufs[i])
                 for i in range(start, stop):
                     _recv_exact(sock, rview)
