@@ -1,0 +1,56 @@
+"""Caller buffers -> flat uint8 memoryviews, without copying and without importing torch.
+
+Accepted: bytes, bytearray, memoryview, numpy arrays, anything with the buffer protocol, and torch CPU tensors
+(recognised by duck typing: `.numpy()` and `__dlpack__`; torch is taken from sys.modules, so it is never imported
+here). Every mistake is a ValueError naming the argument (e.g. "buffers[3] ..."), raised before any pool state moves.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+
+def _is_torch_tensor(obj: Any) -> bool:
+    return hasattr(obj, "__dlpack__") and hasattr(obj, "numpy") and hasattr(obj, "is_contiguous") \
+        and not isinstance(obj, np.ndarray)
+
+
+def _torch_bytes(obj: Any, arg: str) -> memoryview:
+    device = getattr(obj, "device", None)
+    if getattr(device, "type", "cpu") != "cpu":
+        raise ValueError(f"{arg} is a tensor on {device}; pass a CPU tensor (the pool copies host memory)")
+    if not obj.is_contiguous():
+        raise ValueError(f"{arg} must be a contiguous tensor (call .contiguous() first)")
+    torch = sys.modules["torch"]  # present: the caller made a tensor
+    flat = obj.detach().reshape(-1)
+    if flat.dtype != torch.uint8:
+        flat = flat.view(torch.uint8)  # reinterpret, no copy (works for bfloat16, which numpy lacks)
+    return memoryview(flat.numpy())
+
+
+def as_bytes(obj: Any, arg: str) -> memoryview:
+    """Flat, C-contiguous uint8 view of `obj` (may be read-only)."""
+    if _is_torch_tensor(obj):
+        view = _torch_bytes(obj, arg)
+    else:
+        try:
+            view = memoryview(obj)
+        except TypeError:
+            raise ValueError(f"{arg} must be bytes-like, a numpy array or a CPU torch tensor, got "
+                             f"{type(obj).__name__}") from None
+    if not view.c_contiguous:
+        raise ValueError(f"{arg} must be C-contiguous")
+    if view.ndim != 1 or view.format != "B":
+        view = view.cast("B") if view.nbytes else memoryview(b"")
+    return view
+
+
+def as_writable_bytes(obj: Any, arg: str) -> memoryview:
+    """Like `as_bytes`, but the pool will write into it: read-only buffers are refused."""
+    view = as_bytes(obj, arg)
+    if view.readonly:
+        raise ValueError(f"{arg} is read-only ({type(obj).__name__}); pass a bytearray, numpy array or tensor")
+    return view

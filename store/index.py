@@ -1,0 +1,153 @@
+"""The master's object index: key -> where the object lives and what state it is in. Compact by construction.
+
+Goal: <= 200 bytes per indexed object at 1M objects (measured in tests/store/test_index.py and bench/pool_local.py).
+A dataclass per object costs ~150 B on its own, so fields live in parallel numpy columns addressed by a slot number:
+
+    _slot_of: dict[bytes(16) -> int]   key -> slot         (~56 B key object + ~32 B int + ~40 B dict entry)
+    _keys:    list[bytes | None]       slot -> key          (8 B pointer, shares the dict's key object)
+    columns:  node u16 | tier u8 | state u8 | ns u32 | leases u32 | offset i64 | size i64 | checksum u64  (36 B)
+
+Invariants: a slot is FREE iff it is on the free list and its `_keys` entry is None; every key in `_slot_of` maps to
+a non-FREE slot whose `_keys` entry is that key. Namespace digests and node ids are interned into small tables.
+Not thread-safe: the master serialises access under its lock.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvpool.tiers.types import Tier
+
+
+class State(enum.IntEnum):
+    FREE = 0
+    PENDING = 1    # granted, bytes being written: invisible to readers, never evicted
+    COMMITTED = 2  # visible
+    DOOMED = 3     # removed while leased: invisible, space freed when the last lease ends
+
+
+@dataclass(slots=True)
+class ObjectMeta:
+    """A readable copy of one index row (for listing, persistence, tests); the index itself stores columns."""
+
+    key: bytes
+    slot: int
+    node: int
+    tier: Tier
+    state: State
+    ns: int
+    leases: int
+    offset: int
+    size: int
+    checksum: int
+
+
+_COLUMNS = {"node": np.uint16, "tier": np.uint8, "state": np.uint8, "ns": np.uint32, "leases": np.uint32,
+            "offset": np.int64, "size": np.int64, "checksum": np.uint64}
+
+
+class Index:
+    def __init__(self, initial_slots: int = 1024) -> None:
+        self._slot_of: dict[bytes, int] = {}
+        self._keys: list[bytes | None] = []
+        self._free: list[int] = []
+        self._capacity = 0
+        self.node = self.tier = self.state = self.ns = self.leases = self.offset = self.size = self.checksum = None
+        self._grow(max(1, initial_slots))
+        self._ns_digests: list[bytes] = []
+        self._ns_ids: dict[bytes, int] = {}
+
+    def _grow(self, capacity: int) -> None:
+        for name, dtype in _COLUMNS.items():
+            column = np.zeros(capacity, dtype=dtype)
+            old = getattr(self, name)
+            if old is not None:
+                column[: self._capacity] = old
+            setattr(self, name, column)
+        self._keys.extend([None] * (capacity - self._capacity))
+        # Pop order: lowest slot first, so a fresh index fills slots 0, 1, 2, ...
+        self._free.extend(range(capacity - 1, self._capacity - 1, -1))
+        self._capacity = capacity
+
+    def __len__(self) -> int:
+        return len(self._slot_of)
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._slot_of
+
+    def slot_of(self, key: bytes) -> int:
+        """Slot of `key`, or -1."""
+        return self._slot_of.get(key, -1)
+
+    def key_at(self, slot: int) -> bytes:
+        key = self._keys[slot]
+        assert key is not None, f"slot {slot} is free"
+        return key
+
+    def intern_ns(self, digest: bytes) -> int:
+        ns_id = self._ns_ids.get(digest)
+        if ns_id is None:
+            ns_id = self._ns_ids[digest] = len(self._ns_digests)
+            self._ns_digests.append(bytes(digest))
+        return ns_id
+
+    def ns_digest(self, ns_id: int) -> bytes:
+        return self._ns_digests[ns_id]
+
+    def add(self, key: bytes, *, node: int, tier: Tier, state: State, offset: int, size: int, ns: int,
+            checksum: int = 0) -> int:
+        """Index a new object; the key must not be present."""
+        if key in self._slot_of:
+            raise KeyError(f"key {key.hex()} already indexed")
+        if not self._free:
+            self._grow(self._capacity * 2)
+        slot = self._free.pop()
+        key = bytes(key)
+        self._slot_of[key] = slot
+        self._keys[slot] = key
+        self.node[slot] = node
+        self.tier[slot] = tier
+        self.state[slot] = state
+        self.ns[slot] = ns
+        self.leases[slot] = 0
+        self.offset[slot] = offset
+        self.size[slot] = size
+        self.checksum[slot] = checksum
+        return slot
+
+    def unlink_key(self, slot: int) -> None:
+        """Make the key unfindable while the slot stays reserved (DOOMED objects still leased)."""
+        key = self.key_at(slot)
+        del self._slot_of[key]
+
+    def free(self, slot: int) -> None:
+        """Release the slot; the key (if still linked) disappears."""
+        key = self.key_at(slot)
+        if self._slot_of.get(key) == slot:
+            del self._slot_of[key]
+        self._keys[slot] = None
+        self.state[slot] = State.FREE
+        self._free.append(slot)
+
+    def meta(self, slot: int) -> ObjectMeta:
+        return ObjectMeta(key=self.key_at(slot), slot=slot, node=int(self.node[slot]), tier=Tier(int(self.tier[slot])),
+                          state=State(int(self.state[slot])), ns=int(self.ns[slot]), leases=int(self.leases[slot]),
+                          offset=int(self.offset[slot]), size=int(self.size[slot]),
+                          checksum=int(self.checksum[slot]))
+
+    def slots(self) -> np.ndarray:
+        """Every non-free slot (including DOOMED ones whose key is unlinked)."""
+        return np.flatnonzero(self.state[: self._capacity] != State.FREE)
+
+    def check_invariants(self) -> None:
+        for key, slot in self._slot_of.items():
+            assert self._keys[slot] == key, f"slot {slot} holds {self._keys[slot]!r}, dict says {key.hex()}"
+            assert self.state[slot] != State.FREE, f"linked key {key.hex()} on a free slot"
+        free = set(self._free)
+        assert len(free) == len(self._free), "slot on the free list twice"
+        for slot in range(self._capacity):
+            assert (slot in free) == (self._keys[slot] is None), f"slot {slot}: free list and key table disagree"
+            assert (slot in free) == (self.state[slot] == State.FREE), f"slot {slot}: free list and state disagree"

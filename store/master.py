@@ -1,0 +1,493 @@
+"""Master: the pool's metadata authority. Index, placement over nodes and tiers, write grants, read leases, stats.
+
+Every public method is one batched call that maps 1:1 onto a MasterService RPC (proto/kvpool.proto): plain records
+in and out (store/records.py), no callables, caller mistakes raise ValueError naming the argument before anything
+changes. One lock serialises them; node byte moves (NodeOps) run under it, so the master never races itself.
+
+Object life:   put_start ──▶ PENDING ──put_commit──▶ COMMITTED ──remove/evict──▶ gone
+                              │ put_abort / grant expiry      │ remove while leased ──▶ DOOMED ──last release──▶ gone
+                              ▼                               └ demote / promote: same key, new tier+offset
+                             gone
+Removing a leased object is accepted (counted) and makes it invisible at once; its extent is freed when the last
+lease on it ends, so a reader mid-copy never sees its bytes reused. Time comes from an injectable clock; `reap(now)`
+reclaims expired grants, leases and silent nodes (tests drive it with a fake clock, nothing sleeps).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable, Sequence
+
+from kvpool.store import stats as stats_mod
+from kvpool.store import tokens
+from kvpool.store.config import MasterConfig
+from kvpool.store.index import Index, State
+from kvpool.store.metadata import MemoryMetadata, MetadataBackend
+from kvpool.store.node import NodeOps
+from kvpool.store.placement import NodeState, Placement
+from kvpool.store.records import (NO_NS, Grant, Location, LookupResult, NodeInfo, NsRef, ObjectRecord, PutStartResult,
+                                  PutStatus, ReportResult, Tier)
+
+log = logging.getLogger(__name__)
+
+KEY_BYTES = 16
+
+
+class SizeMismatch(ValueError):
+    """lookup(expect_sizes=...) found an object whose size differs from what the caller expects."""
+
+    def __init__(self, position: int, expected: int, actual: int) -> None:
+        super().__init__(f"expect_sizes[{position}] is {expected} bytes, object has {actual}")
+        self.position, self.expected, self.actual = position, expected, actual
+
+
+class BatchTooLarge(ValueError):
+    """More keys in one call than max_batch_keys (RESOURCE_EXHAUSTED on the wire)."""
+
+
+class _Disconnected:
+    """NodeOps of a node known from the metadata backend that has not re-registered yet: every move fails."""
+
+    def demote(self, moves):
+        return [False] * len(moves)
+
+    def promote(self, moves):
+        return [False] * len(moves)
+
+    def drop(self, drops):
+        return 0
+
+
+class Master:
+    def __init__(self, config: MasterConfig | None = None, metadata: MetadataBackend | None = None, *,
+                 clock: Callable[[], float] = time.time, token_secret: bytes | None = None) -> None:
+        self.config = config or MasterConfig()
+        self.metadata = metadata if metadata is not None else MemoryMetadata()
+        self.clock = clock
+        # None: grants/leases carry no tokens (in-process pool, where there is no one to check them).
+        self.token_secret = token_secret
+        self._lock = threading.Lock()
+        self.index = Index()
+        self.placement = Placement(self.index, self.config.policy)
+        self.stats_counters = stats_mod.LookupStats()
+        self._grants: dict[int, tuple[int, float]] = {}         # grant_id -> (slot, expires_at)
+        self._leases: dict[int, tuple[list[int], float]] = {}   # lease_id -> (slots, expires_at)
+        self._next_id = 1
+        self._next_reap = 0.0
+        self._load()
+
+    # ------------------------------------------------------------------ nodes
+
+    def register_node(self, info: NodeInfo, ops: NodeOps, *, expires: bool = True) -> int:
+        """Add (or re-attach) a node; returns its epoch. A node re-registering with the same `incarnation` kept its
+        memory (the master restarted): its objects stay. A new incarnation means the node restarted: everything it
+        held is dropped, and it re-adopts its SSD objects with `report_objects`."""
+        if not isinstance(info.node_id, str) or not info.node_id:
+            raise ValueError(f"node_id must be a non-empty string, got {info.node_id!r}")
+        for name in ("dram_bytes", "ssd_bytes", "ssd_record_overhead"):
+            if getattr(info, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(info, name)}")
+        with self._lock:
+            now = self.clock()
+            old = self.placement.nodes.get(info.node_id)
+            if old is not None and old.info.incarnation == info.incarnation and old.info.dram_bytes == info.dram_bytes \
+                    and old.info.ssd_bytes == info.ssd_bytes:
+                old.ops, old.info, old.expires, old.last_heartbeat = ops, info, expires, now
+                old.epoch += 1
+                return old.epoch
+            epoch = 1
+            if old is not None:
+                epoch = old.epoch + 1
+                self.placement.remove_node(info.node_id)
+            state = self.placement.add_node(info, ops, expires=expires, now=now)
+            state.epoch = epoch
+            if self.metadata.persistent:
+                self.metadata.put_node(info)
+            self._flush()
+            return epoch
+
+    def heartbeat(self, node_id: str, epoch: int = 0) -> bool:
+        """Returns True when the node must register again (unknown to this master, or a stale epoch)."""
+        with self._lock:
+            node = self.placement.nodes.get(node_id)
+            if node is None or isinstance(node.ops, _Disconnected) or (epoch and epoch != node.epoch):
+                return True
+            node.last_heartbeat = self.clock()
+            return False
+
+    def report_objects(self, node_id: str, records: Sequence[ObjectRecord]) -> ReportResult:
+        """Index objects a node found on its own tiers (SSD scan after a restart) as committed."""
+        with self._lock:
+            node = self._node(node_id)
+            result = ReportResult()
+            fresh: list[ObjectRecord] = []
+            seen: set[bytes] = set()
+            for r in records:
+                slot = self.index.slot_of(r.key)
+                if slot >= 0 and self._same_place(slot, node, r):
+                    result.known += 1
+                elif slot >= 0 or r.key in seen or r.tier not in node.spaces or len(r.key) != KEY_BYTES:
+                    result.dropped_keys.append(r.key)
+                else:
+                    seen.add(r.key)
+                    fresh.append(r)
+            for r in self._reserve(node, fresh, result.dropped_keys):
+                self._index_committed(node, r)
+                result.adopted += 1
+            self._flush()
+            return result
+
+    def drain_node(self, node_id: str) -> int:
+        """Forget a node and its objects (they become misses). Returns the number of committed objects dropped."""
+        with self._lock:
+            self._node(node_id)
+            n = self.placement.remove_node(node_id)
+            if self.metadata.persistent:
+                self.metadata.delete_node(node_id)
+            self._flush()
+            return n
+
+    # ------------------------------------------------------------------ put
+
+    def put_start(self, keys: Sequence[bytes], sizes: Sequence[int], ns: NsRef = NO_NS, *,
+                  prefer_node: str | None = None) -> list[PutStartResult]:
+        self._check_batch(keys)
+        if len(sizes) != len(keys):
+            raise ValueError(f"sizes has {len(sizes)} entries, keys has {len(keys)}")
+        limit = self.config.max_object_bytes
+        for i, size in enumerate(sizes):
+            if not isinstance(size, int) or isinstance(size, bool) or size <= 0 or size > limit:
+                raise ValueError(f"sizes[{i}] must be an int in [1, max_object_bytes={limit}], got {size!r}")
+        with self._lock:
+            now = self._tick()
+            expires_at = now + self.config.grant_ttl_s
+            ns_id = self.index.intern_ns(ns.digest)
+            out: list[PutStartResult] = []
+            for key, size in zip(keys, sizes):
+                if self.index.slot_of(key) >= 0:
+                    out.append(PutStartResult(PutStatus.EXISTS))
+                    continue
+                placed = self._place(size, prefer_node)
+                if placed is None:
+                    out.append(PutStartResult(PutStatus.NO_SPACE))
+                    continue
+                node, tier, offset = placed
+                slot = self.index.add(key, node=node.number, tier=tier, state=State.PENDING, offset=offset, size=size,
+                                      ns=ns_id)
+                grant_id = self._new_id()
+                self._grants[grant_id] = (slot, expires_at)
+                token = b""
+                if self.token_secret is not None:
+                    token = tokens.sign(self.token_secret, tokens.WRITE, grant_id, tier, offset, size,
+                                        int(expires_at * 1000))
+                out.append(PutStartResult(PutStatus.STORED, Grant(grant_id, bytes(key),
+                                                                   Location(node.node_id, tier, offset, size),
+                                                                   expires_at, token)))
+            self._flush()
+            return out
+
+    def put_commit(self, grant_ids: Sequence[int], checksums: Sequence[int]) -> list[bool]:
+        """Make granted objects visible. False for a grant that is unknown or expired (the key is not stored)."""
+        if len(checksums) != len(grant_ids):
+            raise ValueError(f"checksums has {len(checksums)} entries, grant_ids has {len(grant_ids)}")
+        with self._lock:
+            self._tick()
+            index = self.index
+            ok: list[bool] = []
+            chains: dict[tuple[int, int], list[bytes]] = {}
+            for grant_id, checksum in zip(grant_ids, checksums):
+                entry = self._grants.pop(grant_id, None)
+                if entry is None:
+                    ok.append(False)
+                    continue
+                slot = entry[0]
+                index.state[slot] = State.COMMITTED
+                index.checksum[slot] = checksum
+                chains.setdefault((int(index.node[slot]), int(index.tier[slot])), []).append(index.key_at(slot))
+                self.placement.touched.add(slot)
+                ok.append(True)
+            for (number, tier), keys in chains.items():
+                self.placement.by_number[number].spaces[Tier(tier)].policy.insert_chain(keys)
+            self._flush()
+            return ok
+
+    def put_abort(self, grant_ids: Sequence[int]) -> int:
+        with self._lock:
+            n = 0
+            for grant_id in grant_ids:
+                entry = self._grants.pop(grant_id, None)
+                if entry is not None:
+                    self.placement.forget(entry[0])
+                    n += 1
+            self._flush()
+            return n
+
+    # ------------------------------------------------------------------ get
+
+    def lookup(self, keys: Sequence[bytes], ns: NsRef = NO_NS, *, lease: bool = True,
+               expect_sizes: Sequence[int] | None = None) -> LookupResult:
+        """Leading committed hits of a chain. With `lease`, pins them until `release` (or lease expiry) and returns
+        their locations; an SSD hit nobody else is reading moves to DRAM first when `promote_on_hit`. A hit whose
+        SSD copy fails verification during that move is dropped and ends the prefix. `expect_sizes` (one per key)
+        makes a size disagreement a `SizeMismatch` raised before anything changes."""
+        self._check_batch(keys)
+        if expect_sizes is not None and len(expect_sizes) != len(keys):
+            raise ValueError(f"expect_sizes has {len(expect_sizes)} entries, keys has {len(keys)}")
+        with self._lock:
+            now = self._tick()
+            index = self.index
+            slots: list[int] = []
+            for i, key in enumerate(keys):
+                slot = index.slot_of(key)
+                if slot < 0 or index.state[slot] != State.COMMITTED:
+                    break
+                if expect_sizes is not None and int(index.size[slot]) != expect_sizes[i]:
+                    raise SizeMismatch(i, int(expect_sizes[i]), int(index.size[slot]))
+                slots.append(slot)
+            if not lease:
+                self.stats_counters.count(ns, len(keys), [int(index.tier[s]) for s in slots])
+                return LookupResult(hits=len(slots))
+            for slot in slots:
+                index.leases[slot] += 1
+            if self.config.promote_on_hit:
+                slots = self._promote_hits(slots)
+            self.stats_counters.count(ns, len(keys), [int(index.tier[s]) for s in slots])
+            self._touch(slots)
+            result = LookupResult(hits=len(slots))
+            if slots:
+                lease_id = self._new_id()
+                expires_at = now + self.config.lease_ttl_s
+                self._leases[lease_id] = (slots, expires_at)
+                result.lease_id, result.expires_at = lease_id, expires_at
+                for slot in slots:
+                    loc = Location(self.placement.by_number[int(index.node[slot])].node_id, Tier(int(index.tier[slot])),
+                                   int(index.offset[slot]), int(index.size[slot]))
+                    result.locations.append(loc)
+                    result.checksums.append(int(index.checksum[slot]))
+                    if self.token_secret is not None:
+                        result.tokens.append(tokens.sign(self.token_secret, tokens.READ, lease_id, loc.tier,
+                                                         loc.offset, loc.size, int(expires_at * 1000)))
+            self._flush()
+            return result
+
+    def release(self, lease_ids: Sequence[int]) -> int:
+        with self._lock:
+            n = sum(self._release(lease_id) for lease_id in lease_ids)
+            self._flush()
+            return n
+
+    def report_corrupt(self, lease_id: int, keys: Sequence[bytes]) -> int:
+        """A reader found these leased objects' bytes bad (SSD checksum): forget them and count it."""
+        with self._lock:
+            slots = set(self._leases.get(lease_id, ((), 0))[0])
+            n = 0
+            for key in keys:
+                slot = self.index.slot_of(key)
+                if slot in slots and self.index.state[slot] == State.COMMITTED:
+                    self.placement.forget(slot)
+                    n += 1
+            self.placement.counters.ssd_corrupt += n
+            self._flush()
+            return n
+
+    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+        self._check_batch(keys)
+        with self._lock:
+            index = self.index
+            return [(s := index.slot_of(k)) >= 0 and index.state[s] == State.COMMITTED for k in keys]
+
+    def remove(self, keys: Sequence[bytes]) -> int:
+        """Remove committed objects; returns how many. Leased ones vanish now and free their space on release."""
+        self._check_batch(keys)
+        with self._lock:
+            n = 0
+            for key in keys:
+                slot = self.index.slot_of(key)
+                if slot >= 0 and self.index.state[slot] == State.COMMITTED:
+                    self.placement.forget(slot)
+                    n += 1
+            self._flush()
+            return n
+
+    def inspect(self, keys: Sequence[bytes]) -> list[ObjectRecord | None]:
+        self._check_batch(keys)
+        with self._lock:
+            return [self._record(s) if (s := self.index.slot_of(k)) >= 0 and self.index.state[s] == State.COMMITTED
+                    else None for k in keys]
+
+    def stats(self) -> dict:
+        with self._lock:
+            return stats_mod.snapshot(self)
+
+    # ------------------------------------------------------------------ time
+
+    def reap(self, now: float | None = None) -> dict[str, int]:
+        """Reclaim expired grants and leases and drop nodes silent past node_ttl_s."""
+        with self._lock:
+            out = self._reap(self.clock() if now is None else now)
+            self._flush()
+            return out
+
+    # ------------------------------------------------------------------ internals (lock held)
+
+    def _tick(self) -> float:
+        now = self.clock()
+        if now >= self._next_reap:
+            self._reap(now)
+        return now
+
+    def _reap(self, now: float) -> dict[str, int]:
+        cfg = self.config
+        self._next_reap = now + min(cfg.lease_ttl_s, cfg.grant_ttl_s, cfg.node_ttl_s) / 4
+        grants = [g for g, (_, exp) in self._grants.items() if exp <= now]
+        for grant_id in grants:
+            self.placement.forget(self._grants.pop(grant_id)[0])
+        leases = [lease for lease, (_, exp) in self._leases.items() if exp <= now]
+        for lease_id in leases:
+            self._release(lease_id)
+        silent = [n.node_id for n in self.placement.nodes.values()
+                  if n.expires and n.last_heartbeat + cfg.node_ttl_s <= now]
+        for node_id in silent:
+            log.warning("node %s silent for %.1fs: dropping it and its objects", node_id, cfg.node_ttl_s)
+            self.placement.remove_node(node_id)
+        return {"grants": len(grants), "leases": len(leases), "nodes": len(silent)}
+
+    def _release(self, lease_id: int) -> int:
+        entry = self._leases.pop(lease_id, None)
+        if entry is None:
+            return 0
+        index = self.index
+        for slot in entry[0]:
+            index.leases[slot] -= 1
+            if index.leases[slot] == 0 and index.state[slot] == State.DOOMED:
+                self.placement.forget(slot)
+        return 1
+
+    def _promote_hits(self, slots: list[int]) -> list[int]:
+        index = self.index
+        for i, slot in enumerate(slots):
+            # Only an object nobody else is reading may move (leases == 1: ours).
+            if index.tier[slot] != Tier.SSD or index.leases[slot] != 1:
+                continue
+            if self.placement.promote(slot) is False:
+                for s in slots[i:]:
+                    index.leases[s] -= 1
+                self.placement.forget(slot)
+                return slots[:i]
+        return slots
+
+    def _touch(self, slots: list[int]) -> None:
+        chains: dict[tuple[int, int], list[bytes]] = {}
+        index = self.index
+        for slot in slots:
+            chains.setdefault((int(index.node[slot]), int(index.tier[slot])), []).append(index.key_at(slot))
+        for (number, tier), keys in chains.items():
+            self.placement.by_number[number].spaces[Tier(tier)].policy.touch_chain(keys)
+
+    def _place(self, size: int, prefer_node: str | None) -> tuple[NodeState, Tier, int] | None:
+        nodes = sorted(self.placement.nodes.values(), key=lambda n: (n.node_id != prefer_node, -self._free(n)))
+        for tier in (Tier.DRAM, Tier.SSD):
+            for node in nodes:
+                if isinstance(node.ops, _Disconnected):
+                    continue
+                offset = self.placement.allocate(node, tier, size)
+                if offset is not None:
+                    return node, tier, offset
+        return None
+
+    @staticmethod
+    def _free(node: NodeState) -> int:
+        space = node.spaces.get(Tier.DRAM)
+        return space.allocator.free_bytes if space is not None else 0
+
+    def _node(self, node_id: str) -> NodeState:
+        node = self.placement.nodes.get(node_id)
+        if node is None:
+            raise KeyError(f"node_id {node_id!r} is not registered")
+        return node
+
+    def _same_place(self, slot: int, node: NodeState, r: ObjectRecord) -> bool:
+        i = self.index
+        return (int(i.node[slot]) == node.number and int(i.tier[slot]) == r.tier and int(i.offset[slot]) == r.offset
+                and int(i.size[slot]) == r.size)
+
+    def _reserve(self, node: NodeState, records: list[ObjectRecord], dropped: list[bytes]) -> list[ObjectRecord]:
+        """Reserve the records' extents; those that overlap anything already allocated are dropped."""
+        by_tier: dict[Tier, list[ObjectRecord]] = {}
+        for r in records:
+            by_tier.setdefault(Tier(r.tier), []).append(r)
+        kept: list[ObjectRecord] = []
+        for tier, group in by_tier.items():
+            space = node.spaces[tier]
+            try:
+                space.allocator.reserve_many([(r.offset, space.extent_size(r.size)) for r in group])
+                kept.extend(group)
+            except ValueError:
+                for r in group:  # slow path: someone overlaps; find out who, one by one
+                    try:
+                        space.allocator.reserve(r.offset, space.extent_size(r.size))
+                        kept.append(r)
+                    except ValueError:
+                        dropped.append(r.key)
+        return kept
+
+    def _index_committed(self, node: NodeState, r: ObjectRecord) -> None:
+        slot = self.index.add(r.key, node=node.number, tier=Tier(r.tier), state=State.COMMITTED, offset=r.offset,
+                              size=r.size, ns=self.index.intern_ns(r.ns_digest), checksum=r.checksum)
+        node.spaces[Tier(r.tier)].policy.insert_chain([r.key])
+        self.placement.touched.add(slot)
+
+    def _record(self, slot: int) -> ObjectRecord:
+        i = self.index
+        return ObjectRecord(key=i.key_at(slot), ns_digest=i.ns_digest(int(i.ns[slot])),
+                            node_id=self.placement.by_number[int(i.node[slot])].node_id, tier=Tier(int(i.tier[slot])),
+                            offset=int(i.offset[slot]), size=int(i.size[slot]), checksum=int(i.checksum[slot]))
+
+    def _flush(self) -> None:
+        """Write this call's index changes through to a persistent metadata backend, deletions first."""
+        p = self.placement
+        if self.metadata.persistent:
+            if p.gone:
+                self.metadata.delete_objects(p.gone)
+            live = [s for s in p.touched if self.index.state[s] == State.COMMITTED]
+            if live:
+                self.metadata.put_objects([self._record(s) for s in live])
+        p.gone.clear()
+        p.touched.clear()
+
+    def _load(self) -> None:
+        """A master starting on a persistent backend re-indexes what it persisted; nodes stay disconnected until
+        they register again with the same incarnation."""
+        if not self.metadata.persistent:
+            return
+        now = self.clock()
+        for info in self.metadata.load_nodes():
+            self.placement.add_node(info, _Disconnected(), expires=True, now=now)
+        by_node: dict[str, list[ObjectRecord]] = {}
+        for r in self.metadata.load_objects():
+            by_node.setdefault(r.node_id, []).append(r)
+        for node_id, records in by_node.items():
+            node = self.placement.nodes.get(node_id)
+            if node is None:
+                continue
+            dropped: list[bytes] = []
+            for r in self._reserve(node, [r for r in records if Tier(r.tier) in node.spaces], dropped):
+                self._index_committed(node, r)
+        self.placement.touched.clear()
+
+    def _check_batch(self, keys: Sequence[bytes]) -> None:
+        if len(keys) > self.config.max_batch_keys:
+            raise BatchTooLarge(f"keys: batch of {len(keys)} exceeds max_batch_keys={self.config.max_batch_keys}")
+        for i, key in enumerate(keys):
+            if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_BYTES:
+                got = len(key) if isinstance(key, (bytes, bytearray)) else type(key).__name__
+                raise ValueError(f"keys[{i}] must be a {KEY_BYTES}-byte key, got {got}")
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id - 1
+
+
+__all__ = ["Master", "SizeMismatch", "BatchTooLarge"]

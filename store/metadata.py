@@ -1,0 +1,71 @@
+"""Metadata backends: where the master persists committed objects and node registrations so a restarted (or standby)
+master can reload them. The master's `Index` stays the working copy; a backend is a write-through journal.
+
+Contract (batched, plain records, called under the master lock in the order the master changes its index):
+    put_objects(records)   upsert committed objects (also on every tier move: the location changed)
+    delete_objects(keys)   objects gone (removed, evicted, dropped with their node)
+    put_node(info) / delete_node(node_id)
+    load_objects() / load_nodes()   everything persisted, for a master starting up
+`persistent` False means "nothing survives this process anyway": the master then skips the journal entirely, which
+is what the embedded pool wants (a second in-memory copy of every object would double master memory for nothing).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Protocol, runtime_checkable
+
+from kvpool.store.records import NodeInfo, ObjectRecord
+
+
+@runtime_checkable
+class MetadataBackend(Protocol):
+    persistent: bool
+
+    def put_objects(self, records: Iterable[ObjectRecord]) -> None: ...
+
+    def delete_objects(self, keys: Iterable[bytes]) -> None: ...
+
+    def load_objects(self) -> list[ObjectRecord]: ...
+
+    def put_node(self, info: NodeInfo) -> None: ...
+
+    def delete_node(self, node_id: str) -> None: ...
+
+    def load_nodes(self) -> list[NodeInfo]: ...
+
+    def close(self) -> None: ...
+
+
+class MemoryMetadata:
+    """In-process backend. Default `persistent=False`: the master's index is the only copy. With `persistent=True` it
+    keeps every record, which lets tests hand one instance to a second `Master` to exercise the reload path that
+    `RedisMetadata` relies on."""
+
+    def __init__(self, persistent: bool = False) -> None:
+        self.persistent = persistent
+        self._objects: dict[bytes, ObjectRecord] = {}
+        self._nodes: dict[str, NodeInfo] = {}
+
+    def put_objects(self, records: Iterable[ObjectRecord]) -> None:
+        for record in records:
+            self._objects[record.key] = record
+
+    def delete_objects(self, keys: Iterable[bytes]) -> None:
+        for key in keys:
+            self._objects.pop(key, None)
+
+    def load_objects(self) -> list[ObjectRecord]:
+        return list(self._objects.values())
+
+    def put_node(self, info: NodeInfo) -> None:
+        self._nodes[info.node_id] = info
+
+    def delete_node(self, node_id: str) -> None:
+        self._nodes.pop(node_id, None)
+        self._objects = {k: r for k, r in self._objects.items() if r.node_id != node_id}
+
+    def load_nodes(self) -> list[NodeInfo]:
+        return list(self._nodes.values())
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,156 @@
+"""A storage node holds bytes; the master decides where. `NodeOps` is everything the master ever asks a node to do.
+
+    master ── demote(moves) ──▶ node: copy DRAM extent -> SSD record (header + payload + checksum)
+           ── promote(moves) ─▶ node: SSD record -> DRAM extent, verifying the checksum (False = lost, a miss)
+           ── drop(drops) ────▶ node: forget an extent (SSD: erase the header so a restart does not re-adopt it)
+
+Calls are batched and take plain records, so a gRPC proxy (issue 3, NodeService Demote/Promote/Drop) implements the
+same protocol. `StorageNode` is the in-process implementation over one `DramArena` and an optional `SsdFile`; it also
+serves client reads/writes at granted locations (`write`, `read_into`) and `scan_ssd()` for re-registration.
+It does no bounds bookkeeping of its own: extents come from the master's allocators.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from kvpool.store.config import NodeConfig
+from kvpool.store.records import NodeInfo, ObjectRecord
+from kvpool.tiers.ssd import record_size
+from kvpool.tiers.types import Tier
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True, frozen=True)
+class Move:
+    """Copy one object between tiers of one node (MoveRequest columns)."""
+
+    key: bytes
+    ns_digest: bytes
+    size: int
+    checksum: int
+    src_tier: Tier
+    src_offset: int
+    dst_tier: Tier
+    dst_offset: int
+
+
+@dataclass(slots=True, frozen=True)
+class Drop:
+    key: bytes
+    tier: Tier
+    offset: int
+    size: int
+
+
+@runtime_checkable
+class NodeOps(Protocol):
+    def demote(self, moves: list[Move]) -> list[bool]: ...
+
+    def promote(self, moves: list[Move]) -> list[bool]: ...
+
+    def drop(self, drops: list[Drop]) -> int: ...
+
+
+class StorageNode:
+    """One node's tiers in this process. Thread-safety: distinct extents may be read/written concurrently; the
+    master guarantees an extent is never moved or reused while granted or leased."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        from kvpool.tiers.dram import DramArena
+        from kvpool.tiers.ssd import SsdFile
+
+        self.config = config
+        self.node_id = config.node_id
+        self.incarnation = os.urandom(8).hex()
+        self.dram = None
+        self.ssd = None
+        if config.dram_bytes > 0:
+            self.dram = DramArena.create(config.dram_bytes, directory=config.shm_dir)
+            if not config.share_dram:
+                # Nobody else maps it: unlink now so a killed process leaves nothing behind in /dev/shm.
+                self.dram.unlink()
+        if config.ssd_path is not None:
+            self.ssd = SsdFile.open(config.ssd_path, config.ssd_bytes, create=True)
+
+    def info(self) -> NodeInfo:
+        overhead = record_size(0) if self.ssd is not None else 0
+        return NodeInfo(node_id=self.node_id, dram_bytes=self.config.dram_bytes, incarnation=self.incarnation,
+                        ssd_bytes=self.config.ssd_bytes if self.ssd is not None else 0,
+                        ssd_record_overhead=overhead,
+                        dram_path=str(self.dram.path) if self.dram is not None and self.config.share_dram else "")
+
+    # ---- client data path (same process) ----
+
+    def dram_array(self, offset: int, size: int) -> np.ndarray:
+        """uint8 view of a DRAM extent: the caller copies into / out of it (that copy is the transfer)."""
+        return self.dram.array(offset, size)
+
+    def write(self, tier: Tier, offset: int, key: bytes, ns_digest: bytes, payload, checksum: int) -> None:
+        if tier == Tier.DRAM:
+            np.copyto(self.dram.array(offset, len(payload)), np.frombuffer(payload, dtype=np.uint8))
+        elif tier == Tier.SSD:
+            self.ssd.write(offset, key, ns_digest, payload, checksum)
+        else:
+            raise ValueError(f"tier {tier!r} is not on this node")
+
+    def read_into(self, tier: Tier, offset: int, key: bytes, size: int, out) -> bool:
+        """Fill `out` (writable, `size` bytes). False = SSD record missing or corrupt (counted by the SsdFile)."""
+        if tier == Tier.DRAM:
+            np.copyto(np.frombuffer(out, dtype=np.uint8), self.dram.array(offset, size))
+            return True
+        if tier == Tier.SSD:
+            return bool(self.ssd.read_into(offset, key, size, out))
+        raise ValueError(f"tier {tier!r} is not on this node")
+
+    # ---- NodeOps ----
+
+    def demote(self, moves: list[Move]) -> list[bool]:
+        ok = []
+        for m in moves:
+            try:
+                self.ssd.write(m.dst_offset, m.key, m.ns_digest, self.dram.view(m.src_offset, m.size), m.checksum)
+                ok.append(True)
+            except OSError:
+                log.exception("demote of %s failed", m.key.hex())
+                ok.append(False)
+        return ok
+
+    def promote(self, moves: list[Move]) -> list[bool]:
+        return [bool(self.ssd.read_into(m.src_offset, m.key, m.size, self.dram.view(m.dst_offset, m.size)))
+                for m in moves]
+
+    def drop(self, drops: list[Drop]) -> int:
+        n = 0
+        for d in drops:
+            if d.tier == Tier.SSD and self.ssd is not None:
+                self.ssd.erase(d.offset)
+            n += 1
+        return n
+
+    def scan_ssd(self) -> list[ObjectRecord]:
+        """Every intact-looking record on the SSD file, for (re-)registration with a master."""
+        if self.ssd is None:
+            return []
+        return [ObjectRecord(key=r.key, ns_digest=r.ns_digest, node_id=self.node_id, tier=Tier.SSD, offset=r.offset,
+                             size=r.size, checksum=r.checksum) for r in self.ssd.scan()]
+
+    @property
+    def ssd_corrupt_reads(self) -> int:
+        return int(getattr(self.ssd, "corrupt_reads", 0)) if self.ssd is not None else 0
+
+    def close(self) -> None:
+        if self.ssd is not None:
+            self.ssd.close()
+            self.ssd = None
+        if self.dram is not None:
+            if self.config.share_dram:
+                self.dram.unlink()
+            self.dram.close()
+            self.dram = None

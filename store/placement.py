@@ -1,0 +1,238 @@
+"""Placement: the master's view of every node's tiers, and the one place that moves objects between them.
+
+    NodeState (one per registered node)
+      ├─ spaces[DRAM] = TierSpace(OffsetAllocator, EvictionPolicy)   DRAM extents hold the payload
+      └─ spaces[SSD]  = TierSpace(OffsetAllocator, EvictionPolicy)   SSD extents hold header + payload
+
+`allocate(node, tier, size)` makes room by the rules of docs/internals.md: take victims coldest-first from the
+tier's policy, skipping leased objects (uncommitted ones are never in a policy: objects enter it on commit);
+a DRAM victim is demoted to SSD when the node has an SSD tier and room can be made there (SSD victims are evicted
+to make it), else evicted. Victims are taken in rounds of "just enough bytes", so with equal-sized objects the
+order of eviction is exactly the policy order. Every byte move goes through the node's `NodeOps`, batched per round.
+Drops are sent before the writes that may reuse their extents (an SSD erase must never land on a new record).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from kvpool.store.index import Index, State
+from kvpool.store.node import Drop, Move, NodeOps
+from kvpool.store.records import NodeInfo
+from kvpool.tiers.allocator import OffsetAllocator
+from kvpool.tiers.policy import make_policy
+from kvpool.tiers.types import Tier
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class TierSpace:
+    tier: Tier
+    allocator: OffsetAllocator
+    policy: object
+    overhead: int = 0  # bytes an extent needs beyond the payload (SSD record header)
+
+    def extent_size(self, size: int) -> int:
+        return size + self.overhead
+
+
+@dataclass(slots=True)
+class NodeState:
+    node_id: str
+    number: int                     # the u16 stored in the index
+    info: NodeInfo
+    ops: NodeOps
+    spaces: dict[Tier, TierSpace]
+    expires: bool = True            # False: never dropped for silence (the embedded pool's own node)
+    last_heartbeat: float = 0.0
+    epoch: int = 0
+
+
+@dataclass(slots=True)
+class Counters:
+    evictions: dict[str, int] = field(default_factory=lambda: {"dram": 0, "ssd": 0})
+    demotions: int = 0
+    promotions: int = 0
+    ssd_corrupt: int = 0
+
+
+class Placement:
+    """Not thread-safe: called under the master lock. `touched` / `gone` collect index changes for the journal."""
+
+    def __init__(self, index: Index, policy_name: str) -> None:
+        self.index = index
+        self.policy_name = policy_name
+        self.nodes: dict[str, NodeState] = {}
+        self.by_number: list[NodeState | None] = []
+        self.counters = Counters()
+        self.touched: set[int] = set()  # slots whose location changed
+        self.gone: list[bytes] = []     # keys that left the index
+
+    # ---- nodes ----
+
+    def add_node(self, info: NodeInfo, ops: NodeOps, *, expires: bool, now: float) -> NodeState:
+        spaces = {}
+        if info.dram_bytes > 0:
+            spaces[Tier.DRAM] = TierSpace(Tier.DRAM, OffsetAllocator(info.dram_bytes, info.alignment),
+                                          make_policy(self.policy_name))
+        if info.ssd_bytes > 0:
+            spaces[Tier.SSD] = TierSpace(Tier.SSD, OffsetAllocator(info.ssd_bytes, info.alignment),
+                                         make_policy(self.policy_name), overhead=info.ssd_record_overhead)
+        # Numbers are never reused: a DOOMED slot of a dropped node must not free an extent of its successor.
+        number = len(self.by_number)
+        if number > 0xFFFF:
+            raise ValueError("node_id: more than 65536 node registrations in one master lifetime")
+        state = NodeState(info.node_id, number, info, ops, spaces, expires=expires, last_heartbeat=now)
+        self.by_number.append(state)
+        self.nodes[info.node_id] = state
+        return state
+
+    def remove_node(self, node_id: str) -> int:
+        """Forget a node and every object on it (they become misses). Returns the number of objects dropped."""
+        state = self.nodes.pop(node_id)
+        n = 0
+        for slot in self.index.slots():
+            if self.index.node[slot] == state.number:
+                n += self.index.state[slot] == State.COMMITTED
+                self.forget(int(slot), free_extent=False)
+        self.by_number[state.number] = None
+        return n
+
+    def node_of(self, slot: int) -> NodeState | None:
+        return self.by_number[int(self.index.node[slot])]
+
+    # ---- object lifecycle ----
+
+    def forget(self, slot: int, *, free_extent: bool = True, drops: list[Drop] | None = None) -> None:
+        """Remove an object from the index, its policy and (optionally) its allocator. A leased object is only
+        unlinked (DOOMED); `release` frees it when the last lease ends. Freeing an SSD extent tells the node to
+        erase the record: appended to `drops` (the caller sends them before reusing space) or sent now."""
+        index = self.index
+        key = index.key_at(slot)
+        node = self.node_of(slot)
+        space = node.spaces.get(Tier(int(index.tier[slot]))) if node is not None else None
+        state = index.state[slot]
+        if state in (State.COMMITTED, State.PENDING):
+            if state == State.COMMITTED:
+                self.gone.append(key)
+                self.touched.discard(slot)
+                if space is not None:
+                    space.policy.remove(key)
+            if index.leases[slot] > 0:
+                index.unlink_key(slot)
+                index.state[slot] = State.DOOMED
+                return
+        if free_extent and space is not None:
+            offset = int(index.offset[slot])
+            space.allocator.free(offset)
+            if space.tier == Tier.SSD:
+                drop = Drop(key, Tier.SSD, offset, int(index.size[slot]))
+                if drops is None:
+                    node.ops.drop([drop])
+                else:
+                    drops.append(drop)
+        index.free(slot)
+
+    # ---- allocation with eviction ----
+
+    def allocate(self, node: NodeState, tier: Tier, size: int) -> int | None:
+        space = node.spaces.get(tier)
+        if space is None:
+            return None
+        extent = space.extent_size(size)
+        if space.allocator.rounded(extent) > space.allocator.capacity:
+            return None
+        offset = space.allocator.allocate(extent)
+        while offset is None:
+            victims = self._pick_victims(space, extent)
+            if not victims:
+                return None
+            if tier == Tier.DRAM and Tier.SSD in node.spaces:
+                self._demote(node, victims)
+            else:
+                self._evict(node, space, victims)
+            offset = space.allocator.allocate(extent)
+        return offset
+
+    def _pick_victims(self, space: TierSpace, extent: int) -> list[int]:
+        alloc = space.allocator
+        need = alloc.rounded(extent) - alloc.free_bytes
+        index = self.index
+        victims: list[int] = []
+        freed = 0
+        for key in space.policy.victims():
+            slot = index.slot_of(key)
+            if slot < 0 or index.leases[slot] > 0 or index.state[slot] != State.COMMITTED:
+                continue
+            victims.append(slot)
+            freed += alloc.rounded(space.extent_size(int(index.size[slot])))
+            if freed >= need:
+                break
+        return victims
+
+    def _evict(self, node: NodeState, space: TierSpace, victims: list[int]) -> None:
+        drops: list[Drop] = []
+        for slot in victims:
+            self.forget(slot, drops=drops)
+        if drops:
+            node.ops.drop(drops)
+        self.counters.evictions[space.tier.label] += len(victims)
+
+    def _demote(self, node: NodeState, victims: list[int]) -> None:
+        index = self.index
+        dram = node.spaces[Tier.DRAM]
+        ssd = node.spaces[Tier.SSD]
+        # SSD room first (it may evict SSD objects, never these DRAM victims), then one batched copy.
+        targets = [self.allocate(node, Tier.SSD, int(index.size[s])) for s in victims]
+        moves = [Move(index.key_at(s), index.ns_digest(int(index.ns[s])), int(index.size[s]),
+                      int(index.checksum[s]), Tier.DRAM, int(index.offset[s]), Tier.SSD, t)
+                 for s, t in zip(victims, targets) if t is not None]
+        results = iter(node.ops.demote(moves) if moves else [])
+        for slot, target in zip(victims, targets):
+            ok = target is not None and next(results)
+            if not ok:
+                if target is not None:
+                    ssd.allocator.free(target)
+                self.forget(slot)
+                self.counters.evictions["dram"] += 1
+                continue
+            key = index.key_at(slot)
+            dram.allocator.free(int(index.offset[slot]))
+            dram.policy.remove(key)
+            index.tier[slot] = Tier.SSD
+            index.offset[slot] = target
+            ssd.policy.insert_chain([key])
+            self.touched.add(slot)
+            self.counters.demotions += 1
+
+    def promote(self, slot: int) -> bool | None:
+        """Move an SSD object to DRAM on its node. True = moved, None = no room (stays on SSD), False = the SSD copy
+        failed verification (the caller forgets the object). The object must be pinned by the caller's lease."""
+        index = self.index
+        node = self.node_of(slot)
+        if node is None or Tier.DRAM not in node.spaces:
+            return None
+        size = int(index.size[slot])
+        target = self.allocate(node, Tier.DRAM, size)
+        if target is None:
+            return None
+        key = index.key_at(slot)
+        src = int(index.offset[slot])
+        move = Move(key, index.ns_digest(int(index.ns[slot])), size, int(index.checksum[slot]), Tier.SSD, src,
+                    Tier.DRAM, target)
+        if not node.ops.promote([move])[0]:
+            node.spaces[Tier.DRAM].allocator.free(target)
+            self.counters.ssd_corrupt += 1
+            return False
+        node.ops.drop([Drop(key, Tier.SSD, src, size)])
+        ssd = node.spaces[Tier.SSD]
+        ssd.allocator.free(src)
+        ssd.policy.remove(key)
+        index.tier[slot] = Tier.DRAM
+        index.offset[slot] = target
+        node.spaces[Tier.DRAM].policy.insert_chain([key])
+        self.touched.add(slot)
+        self.counters.promotions += 1
+        return True

@@ -1,0 +1,109 @@
+"""Plain records that cross the master's boundary: what goes into and comes out of every `Master` method.
+
+Each record maps 1:1 onto a protobuf message of the distributed pool (issue 3), so nothing here holds a callable,
+a lock or a numpy array: only str, bytes, int, float, bool, enums and lists of those.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from kvpool.tiers.types import Location, Tier
+
+__all__ = ["PutStatus", "NsRef", "Grant", "PutStartResult", "LookupResult", "ReportResult", "ObjectRecord", "NodeInfo", "Location",
+           "Tier", "NO_NS"]
+
+
+class PutStatus(str, enum.Enum):
+    STORED = "stored"
+    EXISTS = "exists"
+    NO_SPACE = "no_space"
+
+
+@dataclass(slots=True, frozen=True)
+class NsRef:
+    """What the master needs to know about a namespace: its digest (stored with SSD records), a label for stats, and
+    block_tokens so hits can be counted in tokens. block_tokens=0 means "count keys only"."""
+
+    digest: bytes = b"\x00" * 16
+    label: str = ""
+    block_tokens: int = 0
+
+    @classmethod
+    def of(cls, ns) -> "NsRef":
+        """From a `kvpool.Namespace` (duck-typed so store/ does not import the public package)."""
+        return cls(digest=ns.digest, label=f"{ns.model}/{ns.tenant}", block_tokens=ns.block_tokens)
+
+
+NO_NS = NsRef()
+
+
+@dataclass(slots=True, frozen=True)
+class Grant:
+    """Permission to write `size` bytes at `location` until `expires_at`; `token` is an HMAC a remote node checks."""
+
+    grant_id: int
+    key: bytes
+    location: Location
+    expires_at: float
+    token: bytes = b""
+
+
+@dataclass(slots=True)
+class PutStartResult:
+    """One per key of a put_start batch: a grant when status is STORED (meaning "go ahead"), else None."""
+
+    status: PutStatus
+    grant: Grant | None = None
+
+
+@dataclass(slots=True)
+class LookupResult:
+    """Leading hits of a lookup. With a lease: one location/checksum (and token, if the master signs) per hit and
+    `lease_id` to release; without (or with no hits) `lease_id` is 0 and the lists are empty."""
+
+    hits: int
+    lease_id: int = 0
+    locations: list[Location] = field(default_factory=list)
+    checksums: list[int] = field(default_factory=list)
+    tokens: list[bytes] = field(default_factory=list)
+    expires_at: float = 0.0
+
+
+@dataclass(slots=True)
+class ReportResult:
+    """Outcome of a node reporting the objects it found on its SSD (ReportObjectsResponse)."""
+
+    adopted: int = 0
+    known: int = 0
+    dropped_keys: list[bytes] = field(default_factory=list)
+
+
+@dataclass(slots=True, frozen=True)
+class ObjectRecord:
+    """One committed object as persisted by a metadata backend, reported by a node's SSD scan, or listed."""
+
+    key: bytes
+    ns_digest: bytes
+    node_id: str
+    tier: Tier
+    offset: int
+    size: int
+    checksum: int
+
+
+@dataclass(slots=True, frozen=True)
+class NodeInfo:
+    """A storage node as registered with the master. Capacities are of the node's tiers (0 = tier absent).
+    `ssd_record_overhead` is the bytes an SSD record adds to its payload (header), so the master can allocate SSD
+    extents for a node it reaches only through RPCs."""
+
+    node_id: str
+    address: str = ""
+    dram_bytes: int = 0
+    ssd_bytes: int = 0
+    ssd_record_overhead: int = 0
+    alignment: int = 4096
+    dram_path: str = ""
+    incarnation: str = ""   # random per node process start: same value on re-registration = the node kept its DRAM
