@@ -111,19 +111,18 @@ def _unpack_header(buf: Any) -> tuple[bytes, bytes, int, int] | None:
 class SsdFile:
     """One preallocated data file under `directory`. Thread-safe: positional I/O only (pread/pwrite/preadv)."""
 
-    def __init__(self, directory: str, path: str, fd: int, capacity: int, valid_end: int) -> None:
+    def __init__(self, directory: str, path: str, fd: int, capacity: int) -> None:
         self._directory = directory
         self._path = path
         self._fd = fd
         self._capacity = capacity
-        self._valid_end = valid_end         # bytes that existed before open: records past it were truncated
         self._corrupt_reads = 0
         self._lock = threading.Lock()       # counters only
 
     @classmethod
     def open(cls, directory: str, capacity: int | None, *, create: bool = True) -> SsdFile:
         """Open (or create and preallocate) `<directory>/kvpool.data` of `capacity` bytes. An existing smaller
-        file is grown (records beyond its old end are lost, a truncated record stays a miss); a larger one is a
+        file is grown (a record cut by the old end is erased: a truncated object is a miss); a larger one is a
         ValueError. `capacity=None` with create=False adopts the file's size. The file is locked (flock) so two
         SsdFile objects, in any process, never share it; the kernel drops the lock when its owner dies."""
         if capacity is not None and (not isinstance(capacity, int) or capacity <= 0):
@@ -150,13 +149,19 @@ class SsdFile:
             if existing > capacity:
                 raise ValueError(f"capacity {capacity} is smaller than the existing data file {path} "
                                  f"({existing} bytes); use a larger capacity or a new directory")
+            ssd = cls(directory, path, fd, capacity)
             if existing < capacity:
+                if existing:
+                    # A record cut by the old end would read back as zeros once the file grows: erase it now so
+                    # no later scan (or a record the allocator later puts inside its extent) can trip over it.
+                    for _ in ssd._scan(existing, verify=False, on_truncated=lambda r: ssd.erase(r.offset)):
+                        pass
                 _preallocate(fd, existing, capacity)
         except BaseException:
             os.close(fd)
             raise
         log.info("opened SSD tier %s (%d bytes, %d pre-existing)", path, capacity, existing)
-        return cls(directory, path, fd, capacity, min(existing, capacity))
+        return ssd
 
     # ---------------------------------------------------------------- properties
     @property
@@ -237,13 +242,24 @@ class SsdFile:
     # ---------------------------------------------------------------- recovery
     def scan(self, *, verify: bool = False) -> Iterator[SsdRecord]:
         """Valid records in offset order. Each aligned page whose header parses is a record; the scan then
-        skips its extent. Records that ran past the file's end before `open` (truncation) are dropped. With
+        skips its extent. (Records cut by a truncated file were erased by `open`.) With
         verify=True each payload is re-checksummed and a bad one is dropped (the scan then resumes at the next
         page, not past the bad extent); without it, corrupt payloads are found lazily by `read_into`."""
-        end = self._valid_end
+        return self._scan(self._capacity, verify, on_truncated=None)
+
+    def _scan(self, end: int, verify: bool, on_truncated: Any) -> Iterator[SsdRecord]:
         magic = np.frombuffer(MAGIC, dtype=np.uint8)
         pos = 0                                              # always page-aligned
         while pos + _HDR_LEN <= end:
+            try:                                             # jump over never-written (unwritten/hole) extents
+                pos = max(pos, os.lseek(self._fd, pos, os.SEEK_DATA) // ALIGN * ALIGN)
+            except OSError as e:
+                if e.errno == errno.ENXIO:                   # nothing but holes up to the end of the file
+                    return
+                if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                    raise
+            if pos + _HDR_LEN > end:
+                return
             chunk = os.pread(self._fd, min(_SCAN_CHUNK, end - pos), pos)
             if len(chunk) < _HDR_LEN:
                 return
@@ -260,6 +276,8 @@ class SsdFile:
                 rec = SsdRecord(parsed[0], parsed[1], off, parsed[2], parsed[3])
                 if off + rec.record_size > end:
                     log.info("SSD record at %d runs past the end of the file (truncated): dropped", off)
+                    if on_truncated is not None:
+                        on_truncated(rec)
                     continue
                 if verify and not self.verify(rec):
                     log.info("SSD record at %d fails its checksum: dropped", off)

@@ -1,0 +1,89 @@
+"""LRUPolicy / make_policy: exact victim order, chain tails before parents, touch reorders, safe iteration."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpool.tiers.lru import LRUPolicy
+from kvpool.tiers.policy import EvictionPolicy, make_policy
+
+
+def k(name: str) -> bytes:
+    return name.encode().ljust(16, b".")
+
+
+def names(keys) -> list[str]:
+    return [x.rstrip(b".").decode() for x in keys]
+
+
+def test_make_policy():
+    p = make_policy("lru")
+    assert isinstance(p, LRUPolicy) and isinstance(p, EvictionPolicy)
+    assert len(p) == 0
+    with pytest.raises(ValueError, match=r"policy must be one of \['lru'\], got 'mru'"):
+        make_policy("mru")
+
+
+def test_chain_tails_are_evicted_before_parents():
+    p = LRUPolicy()
+    p.insert_chain([k("a1"), k("a2"), k("a3")])
+    assert names(p.victims()) == ["a3", "a2", "a1"]
+    p.insert_chain([k("b1"), k("b2")])             # a newer chain is hotter than the whole older one
+    assert names(p.victims()) == ["a3", "a2", "a1", "b2", "b1"]
+    assert len(p) == 5 and k("a1") in p and k("zz") not in p
+
+
+def test_touch_reorders_and_ignores_unknown_keys():
+    p = LRUPolicy()
+    p.insert_chain([k("a1"), k("a2"), k("a3")])
+    p.insert_chain([k("b1"), k("b2")])
+    p.touch_chain([k("a1"), k("a2"), k("nope")])   # a prefix hit on chain a
+    assert names(p.victims()) == ["a3", "b2", "b1", "a2", "a1"]
+    assert k("nope") not in p
+    p.insert_chain([k("b1")])                      # re-inserting a tracked key is a touch
+    assert names(p.victims()) == ["a3", "b2", "a2", "a1", "b1"]
+    assert len(p) == 5
+
+
+def test_shared_prefix_chains():
+    p = LRUPolicy()
+    p.insert_chain([k("p"), k("x1"), k("x2")])
+    p.insert_chain([k("p"), k("y1")])              # second request shares the prefix block p
+    assert names(p.victims()) == ["x2", "x1", "y1", "p"]
+
+
+def test_remove():
+    p = LRUPolicy()
+    p.insert_chain([k("a"), k("b"), k("c")])
+    assert p.remove(k("b")) is True
+    assert p.remove(k("b")) is False
+    assert names(p.victims()) == ["c", "a"]
+
+
+def test_caller_may_evict_and_skip_while_iterating():
+    p = LRUPolicy()
+    chain = [k(f"n{i:03d}") for i in range(300)]   # more than one internal snapshot batch
+    p.insert_chain(chain)
+    seen = []
+    for victim in p.victims():
+        seen.append(victim)
+        if victim == k("n250"):
+            p.remove(k("n249"))                    # removed before it is reached: never yielded
+        if int(victim[1:4]) % 2 == 0:
+            p.remove(victim)                       # evicted; odd ones are "leased" and skipped
+    expected = [x for x in reversed(chain) if x != k("n249")]
+    assert seen == expected                        # each exactly once, coldest first
+    assert names(p.victims()) == [f"n{i:03d}" for i in range(299, -1, -1) if i % 2 and i != 249]
+
+
+def test_keys_inserted_during_iteration_come_last():
+    p = LRUPolicy()
+    p.insert_chain([k("a"), k("b")])
+    out = []
+    for victim in p.victims():
+        out.append(victim)
+        p.remove(victim)
+        if victim == k("b"):
+            p.insert_chain([k("new")])
+    assert names(out) == ["b", "a", "new"]
+    assert len(p) == 0

@@ -1,0 +1,210 @@
+"""SsdFile: byte-exact round trip, crash recovery after SIGKILL, corruption and truncation are counted misses."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import xxhash
+
+from kvpool.tiers.ssd import DATA_FILE, HEADER_BYTES, SsdFile, SsdRecord, _pack_header, record_size
+
+CAP = 1 << 20
+NS = bytes(range(100, 116))
+
+
+def key(i: int) -> bytes:
+    return i.to_bytes(2, "little") * 8
+
+
+def payload(i: int, n: int) -> bytes:
+    return np.random.default_rng(i).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+@pytest.fixture
+def ssd(tmp_path):
+    f = SsdFile.open(str(tmp_path / "ssd"), CAP)
+    yield f
+    f.close()
+
+
+def test_open_preallocates_the_data_file(tmp_path):
+    with SsdFile.open(str(tmp_path / "d"), CAP) as f:
+        assert f.path == str(tmp_path / "d" / DATA_FILE)
+        assert os.path.getsize(f.path) == CAP and f.capacity == CAP and f.corrupt_reads == 0
+        assert list(f.scan()) == []
+
+
+def test_round_trip_is_byte_exact(ssd):
+    data = payload(1, 10_000)
+    assert record_size(10_000) == HEADER_BYTES + 10_000
+    checksum = ssd.write(8192, key(1), NS, data)
+    assert checksum == xxhash.xxh3_64_intdigest(data)
+    out = bytearray(10_000)
+    assert ssd.read_into(8192, key(1), 10_000, out) is True
+    assert bytes(out) == data
+    arr = np.zeros(12_000, dtype=np.uint8)        # a larger buffer: only the first `size` bytes are filled
+    assert ssd.read_into(8192, key(1), 10_000, arr, ns_digest=NS) is True
+    assert arr[:10_000].tobytes() == data and not arr[10_000:].any()
+    assert ssd.corrupt_reads == 0
+
+
+def test_scan_finds_exact_records_across_chunks(ssd):
+    # record 0 spans the first 256 KiB scan chunk; the others start in later chunks
+    layout = [(0, 300_000), (512 * 1024, 4096), (CAP - 8192, 4096)]
+    for i, (off, n) in enumerate(layout):
+        ssd.write(off, key(i), NS, payload(i, n))
+    found = list(ssd.scan())
+    assert found == [SsdRecord(key(i), NS, off, n, xxhash.xxh3_64_intdigest(payload(i, n)))
+                     for i, (off, n) in enumerate(layout)]
+    assert all(ssd.verify(r) for r in found)
+
+
+def test_header_bytes_inside_a_payload_are_not_records(ssd):
+    fake = _pack_header(key(9), NS, 10, 0).ljust(8192, b"\0")  # looks like a record at a page boundary
+    ssd.write(0, key(1), NS, fake)
+    assert [r.key for r in ssd.scan()] == [key(1)]
+
+
+def test_reopen_recovers_records_and_erase_is_permanent(tmp_path):
+    d = str(tmp_path / "ssd")
+    with SsdFile.open(d, CAP) as f:
+        f.write(0, key(1), NS, payload(1, 5000))
+        f.write(16384, key(2), NS, payload(2, 5000))
+        f.write(32768, key(3), NS, payload(3, 5000))
+        f.erase(16384)
+        out = bytearray(5000)
+        assert f.read_into(16384, key(2), 5000, out) is False
+        assert f.corrupt_reads == 1
+    with SsdFile.open(d, CAP, create=False) as f:
+        assert [(r.key, r.offset) for r in f.scan()] == [(key(1), 0), (key(3), 32768)]
+        out = bytearray(5000)
+        assert f.read_into(32768, key(3), 5000, out) and bytes(out) == payload(3, 5000)
+
+
+def test_corrupted_payload_byte_is_a_counted_miss(ssd):
+    data = payload(4, 8192)
+    ssd.write(4096, key(4), NS, data)
+    with open(ssd.path, "r+b") as raw:             # flip one payload byte on disk
+        raw.seek(4096 + HEADER_BYTES + 1234)
+        b = raw.read(1)
+        raw.seek(4096 + HEADER_BYTES + 1234)
+        raw.write(bytes([b[0] ^ 0x40]))
+    out = bytearray(8192)
+    assert ssd.read_into(4096, key(4), 8192, out) is False
+    assert ssd.corrupt_reads == 1
+    [rec] = ssd.scan()                             # lazy recovery still lists it ...
+    assert ssd.verify(rec) is False                # ... verification catches it
+    assert list(ssd.scan(verify=True)) == []
+
+
+def test_corrupted_header_and_mismatched_request_are_misses(ssd):
+    ssd.write(0, key(5), NS, payload(5, 100))
+    out = bytearray(100)
+    assert ssd.read_into(0, key(6), 100, out) is False                           # wrong key
+    assert ssd.read_into(0, key(5), 99, out) is False                            # wrong size
+    assert ssd.read_into(0, key(5), 100, out, ns_digest=bytes(16)) is False      # wrong namespace
+    with open(ssd.path, "r+b") as raw:
+        raw.seek(41)                                                             # a byte of the size field
+        raw.write(b"\x7f")
+    assert ssd.read_into(0, key(5), 100, out) is False                           # header checksum
+    assert list(ssd.scan()) == []
+    assert ssd.corrupt_reads == 4
+
+
+def test_truncated_file_is_a_miss_now_and_after_reopen(tmp_path):
+    d = str(tmp_path / "ssd")
+    f = SsdFile.open(d, CAP)
+    f.write(0, key(1), NS, payload(1, 4096))
+    f.write(8192, key(2), NS, payload(2, 20_000))
+    os.truncate(f.path, 8192 + HEADER_BYTES + 10_000)    # cuts record 2's payload in half
+    out = bytearray(20_000)
+    assert f.read_into(8192, key(2), 20_000, out) is False
+    assert f.corrupt_reads == 1
+    f.close()
+    with SsdFile.open(d, CAP) as f:                       # grown back to capacity, zero-filled
+        assert os.path.getsize(f.path) == CAP
+        assert [r.key for r in f.scan()] == [key(1)]      # the truncated record is not recovered
+        assert f.read_into(8192, key(2), 20_000, out) is False
+        assert f.corrupt_reads == 1
+
+
+def test_bad_arguments_name_the_argument(ssd, tmp_path):
+    data = b"x" * 10
+    with pytest.raises(ValueError, match="key must be 16 bytes"):
+        ssd.write(0, b"short", NS, data)
+    with pytest.raises(ValueError, match="ns_digest must be 16 bytes"):
+        ssd.write(0, key(1), b"", data)
+    with pytest.raises(ValueError, match="offset must be an int >= 0 and a multiple of 4096"):
+        ssd.write(100, key(1), NS, data)
+    with pytest.raises(ValueError, match=r"offset \+ record size"):
+        ssd.write(CAP - 4096, key(1), NS, data)
+    with pytest.raises(ValueError, match="size must be an int"):
+        ssd.read_into(0, key(1), 11, bytearray(10))
+    with pytest.raises(ValueError, match="payload must support the buffer protocol"):
+        ssd.write(0, key(1), NS, "text")
+    with pytest.raises(ValueError, match="capacity"):
+        SsdFile.open(str(tmp_path / "x"), 0)
+    with pytest.raises(ValueError, match="capacity"):
+        SsdFile.open(os.path.dirname(ssd.path) + "2", -1)
+    assert list(ssd.scan()) == []                 # nothing was written
+
+
+def test_second_open_of_the_same_file_is_refused_and_capacity_cannot_shrink(ssd, tmp_path):
+    d = os.path.dirname(ssd.path)
+    with pytest.raises(RuntimeError, match="in use"):
+        SsdFile.open(d, CAP)
+    ssd.close()
+    with pytest.raises(ValueError, match="capacity 4096 is smaller than the existing data file"):
+        SsdFile.open(d, 4096)
+    with pytest.raises(ValueError, match="directory"):
+        SsdFile.open(str(tmp_path / "missing"), CAP, create=False)
+
+
+CHILD = textwrap.dedent("""
+    import os, sys, time
+    import numpy as np
+    from kvpool.tiers.ssd import SsdFile, HEADER_BYTES, _ERASED, _pwrite_all
+    d, = sys.argv[1:]
+    ns = bytes(range(100, 116))
+    key = lambda i: i.to_bytes(2, "little") * 8
+    payload = lambda i, n: np.random.default_rng(i).integers(0, 256, n, dtype=np.uint8).tobytes()
+    f = SsdFile.open(d, 1 << 20)
+    for i in range(6):                               # committed records at 0, 16K, ... 80K
+        f.write(i * 16384, key(i), ns, payload(i, 6000))
+    f.erase(2 * 16384)                               # removed before the crash
+    # crash simulation 1: a new record whose payload landed but whose header was never written
+    _pwrite_all(f._fd, _ERASED, 96 * 1024)
+    _pwrite_all(f._fd, payload(50, 6000), 96 * 1024 + HEADER_BYTES)
+    # crash simulation 2: overwriting record 5 with another object, killed after the payload
+    _pwrite_all(f._fd, _ERASED, 5 * 16384)
+    _pwrite_all(f._fd, payload(51, 6000), 5 * 16384 + HEADER_BYTES)
+    print("ready", flush=True)
+    time.sleep(120)
+""")
+
+
+def test_recovery_after_sigkill_finds_exactly_the_committed_records(tmp_path):
+    d = str(tmp_path / "ssd")
+    child = subprocess.Popen([sys.executable, "-c", CHILD, d], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        os.kill(child.pid, signal.SIGKILL)
+        assert child.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    with SsdFile.open(d, CAP, create=False) as f:     # the kernel dropped the dead owner's lock
+        recs = list(f.scan())
+        assert [(r.key, r.offset, r.size) for r in recs] == [(key(i), i * 16384, 6000) for i in (0, 1, 3, 4)]
+        for r in recs:
+            out = bytearray(r.size)
+            assert f.read_into(r.offset, r.key, r.size, out) is True
+            assert bytes(out) == payload(int.from_bytes(r.key[:2], "little"), 6000)
+        assert f.corrupt_reads == 0
