@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import operator
 from collections.abc import Iterable
 
 
@@ -103,13 +104,11 @@ class OffsetAllocator:
 
     # ---------------------------------------------------------------- allocate / free
     def can_allocate(self, size: int) -> bool:
-        self._check_size(size)
-        return self.largest_free >= self.rounded(size)
+        return self.largest_free >= self.rounded(self._check_size(size))
 
     def allocate(self, size: int) -> int | None:
         """Offset of a new extent of `rounded(size)` bytes, or None when no free extent is large enough."""
-        self._check_size(size)
-        need = self.rounded(size)
+        need = self.rounded(self._check_size(size))
         i = bisect.bisect_left(self._sizes, need)
         if i == len(self._sizes):
             return None
@@ -128,6 +127,10 @@ class OffsetAllocator:
 
     def free(self, offset: int) -> int:
         """Release the extent at `offset`; returns its (rounded) size. ValueError if `offset` is not allocated."""
+        try:
+            offset = operator.index(offset)
+        except TypeError:
+            raise ValueError(f"offset {offset!r} is not an allocated extent") from None
         size = self._used.pop(offset, None)
         if size is None:
             raise ValueError(f"offset {offset!r} is not an allocated extent")
@@ -154,10 +157,13 @@ class OffsetAllocator:
         """Mark every (offset, size) extent used. All-or-nothing: on ValueError nothing changed."""
         wanted: list[tuple[int, int]] = []
         for offset, size in extents:
-            if not isinstance(offset, int) or offset < 0 or offset % self._alignment:
+            try:
+                off = operator.index(offset)
+            except TypeError:
+                off = -1
+            if off < 0 or off % self._alignment:
                 raise ValueError(f"offset must be an int >= 0 and a multiple of {self._alignment}, got {offset!r}")
-            self._check_size(size)
-            wanted.append((offset, self.rounded(size)))
+            wanted.append((off, self.rounded(self._check_size(size))))
         if not wanted:
             return
         wanted.sort()
@@ -226,9 +232,15 @@ class OffsetAllocator:
         assert pos == self._capacity, f"extents end at {pos}, capacity is {self._capacity}"
 
     # ---------------------------------------------------------------- internals
-    def _check_size(self, size: int) -> None:
-        if not isinstance(size, int) or size <= 0:
+    def _check_size(self, size: int) -> int:
+        """`size` as a Python int (numpy integers accepted); ValueError naming `size` otherwise."""
+        try:
+            n = operator.index(size)
+        except TypeError:
+            n = 0
+        if n <= 0 or isinstance(size, bool):
             raise ValueError(f"size must be an int > 0, got {size!r}")
+        return n
 
     def _add_free(self, off: int, size: int) -> None:
         self._free_start[off] = size
