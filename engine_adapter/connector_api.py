@@ -1,0 +1,76 @@
+"""Connector hooks: how an outside KV store (the kvpool connector) plugs into the bundled engine.
+
+The engine calls a connector only through `KVConnectorBase`; every method has a do-nothing default, so the engine
+without a connector is the engine with `KVConnectorBase()`. All calls come from the engine's one thread, in this
+order for each request:
+
+ 1. attach(info)                    once, when the engine is built. `info` gives the KV cache tensor
+                                    [num_layers, 2, num_blocks, block_tokens, kv_heads, head_dim] (kernels/kv_transfer.py
+                                    has the layout and the gather/scatter helpers), block_tokens, the Namespace the
+                                    engine keys its blocks with, and the model fingerprint.
+ 2. get_num_external_tokens(request, num_local_cached_tokens) -> int
+                                    at scheduling, before blocks are allocated. How many tokens right after the
+                                    local prefix-cache hit the store can supply. Must be a multiple of block_tokens
+                                    (full blocks only); the engine floors other values, clamps to leave at least one
+                                    prompt token to compute, and treats an exception as 0. Called again if the
+                                    request is preempted and rescheduled.
+ 3. load_kv(request, block_ids, num_local_cached_tokens, num_external_tokens) -> int
+                                    right after allocation, only if step 2 returned > 0. Write the KV of tokens
+                                    [num_local_cached_tokens, num_local_cached_tokens + num_external_tokens) into
+                                    blocks block_ids[num_local_cached_tokens // block_tokens :] of the cache, and return
+                                    how many tokens were loaded (a multiple of block_tokens counted from the start of
+                                    the range, e.g. the leading run of blocks that arrived intact). Loading fewer —
+                                    even 0, or raising — never fails the request: the engine recomputes the rest.
+                                    Blocks beyond the returned count may hold garbage; they are overwritten.
+ 4. save_kv(request, block_ids, num_computed_tokens)
+                                    after each step in which the request's prefill completed at least one new full
+                                    block. Blocks block_ids[: num_computed_tokens // block_tokens] hold valid KV for
+                                    request.token_ids; the connector saves those it has not saved yet (it must copy
+                                    them out before returning or pin nothing: the blocks may be reused afterwards).
+                                    An exception is logged and ignored.
+ 5. request_finished(request)       when the request finishes or is aborted (its blocks are freed after this call).
+
+`request` is an engine_adapter.request.Request: request_id, token_ids (prompt + output), prompt_token_ids,
+num_prompt_tokens, num_computed_tokens, block_ids. Keys: `kvpool.block_keys(info.namespace, request.token_ids)` —
+the engine's local prefix cache uses the same keys, so a block is the same object everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvpool.keys import Namespace
+
+
+@dataclass(frozen=True, slots=True)
+class EngineInfo:
+    kv_cache: torch.Tensor          # [num_layers, 2, num_blocks, block_tokens, kv_heads, head_dim]
+    block_tokens: int
+    namespace: Namespace
+    fingerprint: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+
+class KVConnectorBase:
+    """No-op connector; subclass and override what you need."""
+
+    info: EngineInfo | None = None
+
+    def attach(self, info: EngineInfo) -> None:
+        self.info = info
+
+    def get_num_external_tokens(self, request, num_local_cached_tokens: int) -> int:
+        return 0
+
+    def load_kv(self, request, block_ids: list[int], num_local_cached_tokens: int, num_external_tokens: int) -> int:
+        return 0
+
+    def save_kv(self, request, block_ids: list[int], num_computed_tokens: int) -> None:
+        return None
+
+    def request_finished(self, request) -> None:
+        return None

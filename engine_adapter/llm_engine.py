@@ -1,0 +1,150 @@
+"""`LLMEngine`: the step-wise engine (add_request / step / abort_request) that `LLM` and the HTTP server drive.
+
+One engine = one model, one KV cache, one block manager, one scheduler, one connector (no-op by default). It is
+not thread-safe: exactly one thread calls it (the server funnels requests through a queue into its engine thread).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from kvpool.keys import Namespace
+from kvpool.engine_adapter.block_manager import BlockManager
+from kvpool.engine_adapter.config import EngineConfig
+from kvpool.engine_adapter.connector_api import EngineInfo, KVConnectorBase
+from kvpool.engine_adapter.loader import load_gguf
+from kvpool.engine_adapter.model_files import resolve_model_path
+from kvpool.engine_adapter.model_runner import ModelRunner
+from kvpool.engine_adapter.request import Request
+from kvpool.engine_adapter.sampling import SamplingParams
+from kvpool.engine_adapter.scheduler import Scheduler
+from kvpool.engine_adapter.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]                 # generated so far
+    text: str
+    finished: bool
+    finish_reason: str | None
+    ttft: float | None                   # seconds from add_request to the first generated token
+    num_cached_tokens_local: int         # prompt tokens served by the local prefix cache at admission
+    num_cached_tokens_external: int      # prompt tokens loaded through the connector at admission
+    num_preemptions: int
+    new_token_ids: list[int]             # tokens added by the step that produced this output
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig | None = None, *, connector: KVConnectorBase | None = None,
+                 **overrides) -> None:
+        config = dataclasses.replace(config, **overrides) if config is not None else EngineConfig(**overrides)
+        self.config = config
+        self.model_path = resolve_model_path(config.model)
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        loaded = load_gguf(self.model_path)
+        spec = self.spec = loaded.spec
+        if config.max_model_len > spec.max_position_embeddings:
+            raise ValueError(f"EngineConfig.max_model_len={config.max_model_len} exceeds the model's context "
+                             f"length {spec.max_position_embeddings}")
+        self.tokenizer = Tokenizer(loaded.metadata)
+        self.fingerprint = loaded.fingerprint
+        bt = config.block_tokens
+        self.namespace = Namespace(model=config.model_name, fingerprint=loaded.fingerprint, kv_dtype=config.dtype,
+                                   block_tokens=bt, num_layers=spec.num_layers, num_kv_heads=spec.num_kv_heads,
+                                   head_dim=spec.head_dim, tenant=config.tenant)
+        num_blocks = config.resolve_num_blocks(ModelRunner.block_bytes(loaded, bt))
+        if num_blocks * bt < config.max_model_len:
+            raise ValueError(f"EngineConfig.num_kv_blocks: {num_blocks} blocks of {bt} tokens cannot hold one "
+                             f"sequence of max_model_len={config.max_model_len} tokens; add blocks or lower "
+                             f"max_model_len")
+        self.runner = ModelRunner(loaded, num_blocks=num_blocks, block_tokens=bt, max_model_len=config.max_model_len)
+        self.block_manager = BlockManager(num_blocks, bt, self.namespace, config.enable_prefix_caching)
+        self.connector = connector or KVConnectorBase()
+        self.scheduler = Scheduler(self.block_manager, self.connector, max_num_seqs=config.max_num_seqs,
+                                   max_num_batched_tokens=config.max_num_batched_tokens)
+        self.connector.attach(EngineInfo(kv_cache=self.runner.kv_cache, block_tokens=bt, namespace=self.namespace,
+                                         fingerprint=self.fingerprint, num_layers=spec.num_layers,
+                                         num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim))
+        self.requests: dict[str, Request] = {}
+        self._ids = itertools.count()
+        log.info("engine ready: %s, %d KV blocks of %d tokens, fingerprint %s", self.model_path, num_blocks, bt,
+                 self.fingerprint)
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.block_manager.num_blocks
+
+    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        """Tokenize and check a prompt against the context (ValueError naming `prompt`)."""
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                       for t in prompt):
+            ids = list(prompt)
+            bad = [t for t in ids if not 0 <= t < self.spec.vocab_size]
+            if bad:
+                raise ValueError(f"prompt: token id {bad[0]} is outside the vocabulary [0, {self.spec.vocab_size})")
+        else:
+            raise ValueError("prompt: must be a string or a list of token ids")
+        if not ids:
+            raise ValueError("prompt: is empty")
+        if len(ids) >= self.config.max_model_len:
+            raise ValueError(f"prompt: {len(ids)} tokens do not fit the context of max_model_len="
+                             f"{self.config.max_model_len} tokens (at least one token must be left to generate)")
+        return ids
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params: expected SamplingParams, got {type(params).__name__}")
+        ids = self.encode_prompt(prompt)
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if request_id in self.requests:
+            raise ValueError(f"request_id: {request_id!r} is already in use")
+        seed = params.seed if params.seed is not None else hash((self.config.seed, request_id)) & 0x7FFFFFFF
+        eos = () if params.ignore_eos else tuple(self.tokenizer.stop_token_ids)
+        req = Request(request_id, ids, params, seed, arrival_time or time.perf_counter(), self.config.max_model_len,
+                      eos_token_ids=eos)
+        self.requests[request_id] = req
+        self.scheduler.add(req)
+        return request_id
+
+    def abort_request(self, request_id: str) -> None:
+        req = self.requests.pop(request_id, None)
+        if req is not None and not req.is_finished:
+            self.scheduler.finish(req, "abort")
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        """Run one batch; outputs for every request that got a token (finished ones are then forgotten)."""
+        scheduled = self.scheduler.schedule()
+        if not scheduled:
+            return []
+        sampled = self.runner.step(scheduled)
+        outputs = []
+        for req in self.scheduler.update(scheduled, sampled):
+            outputs.append(self._output(req, [req.token_ids[-1]]))
+            if req.is_finished:
+                self.requests.pop(req.request_id, None)
+        return outputs
+
+    def _output(self, req: Request, new_ids: list[int]) -> RequestOutput:
+        out_ids = req.output_token_ids
+        ttft = None if req.first_token_time is None else req.first_token_time - req.arrival_time
+        return RequestOutput(req.request_id, list(req.prompt_token_ids), list(out_ids), self.tokenizer.decode(out_ids),
+                             req.is_finished, req.finish_reason, ttft, req.num_local_cached_tokens,
+                             req.num_external_tokens, req.num_preemptions, new_ids)

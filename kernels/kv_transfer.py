@@ -1,0 +1,100 @@
+"""Copies between the engine's paged KV cache and contiguous pool objects (one object = one block).
+
+Engine cache: one tensor reserved at start, every layer's K and V are views of it:
+
+    kv_cache[num_layers, 2, num_blocks, block_tokens, kv_heads, head_dim]
+             │          │   └─ block b of layer l, K or V: contiguous [block_tokens, kv_heads, head_dim]
+             │          └─ 0 = K, 1 = V; kv_cache[l, 0] is layer l's k_cache [num_blocks, bt, H, D]
+             └─ layer
+
+Pool object of block b (DESIGN.md "Objects and tiers"), contiguous and layer-major:
+
+    obj[num_layers, 2, block_tokens, kv_heads, head_dim]
+    offset of layer l = l * layer_bytes; inside it K then V, each block_tokens * kv_heads * head_dim elements
+
+So `obj[l, kv] == kv_cache[l, kv, b]`: one object is 2 * num_layers contiguous runs of the cache, and one layer
+of one object is two runs. Each copy below is a strided `copy_` with no temporary; the Python loop is per block
+(or per block and layer), never per token. Buffers may be any tensors with the right number of elements and the
+cache's dtype (e.g. `torch.frombuffer` views of a pool arena); they are reshaped as views, never copied.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def object_shape(kv_cache: torch.Tensor) -> tuple[int, ...]:
+    """Shape of one pool object for this cache: (num_layers, 2, block_tokens, kv_heads, head_dim)."""
+    layers, two, _, bt, heads, dim = kv_cache.shape
+    return (layers, two, bt, heads, dim)
+
+
+def _as(buf: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype, arg: str) -> torch.Tensor:
+    if buf.dtype != dtype:
+        if buf.dtype == torch.uint8 and buf.numel() == _numel(shape) * dtype.itemsize:
+            return buf.view(dtype).view(shape)
+        raise ValueError(f"{arg}: dtype {buf.dtype} does not match the cache dtype {dtype}")
+    if buf.numel() != _numel(shape):
+        raise ValueError(f"{arg}: has {buf.numel()} elements, one block needs {_numel(shape)} {tuple(shape)}")
+    return buf.view(shape)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _check(kv_cache: torch.Tensor, block_ids: Sequence[int], bufs, arg: str) -> None:
+    if len(block_ids) != len(bufs):
+        raise ValueError(f"{arg}: got {len(bufs)} buffers for {len(block_ids)} block ids")
+    num_blocks = kv_cache.shape[2]
+    for b in block_ids:
+        if not 0 <= int(b) < num_blocks:
+            raise ValueError(f"block_ids: {b} is outside [0, {num_blocks})")
+
+
+def gather_blocks(kv_cache: torch.Tensor, block_ids: Sequence[int], out: Sequence[torch.Tensor]) -> None:
+    """Cache blocks -> pool objects: out[i] (one object each, or a [n, *object_shape] tensor) = block block_ids[i]."""
+    _check(kv_cache, block_ids, out, "out")
+    shape = object_shape(kv_cache)
+    for b, buf in zip(block_ids, out):
+        _as(buf, shape, kv_cache.dtype, "out").copy_(kv_cache[:, :, int(b)])
+
+
+def scatter_blocks(kv_cache: torch.Tensor, block_ids: Sequence[int], src: Sequence[torch.Tensor]) -> None:
+    """Pool objects -> cache blocks: block block_ids[i] = src[i]."""
+    _check(kv_cache, block_ids, src, "src")
+    shape = object_shape(kv_cache)
+    for b, buf in zip(block_ids, src):
+        kv_cache[:, :, int(b)].copy_(_as(buf, shape, kv_cache.dtype, "src"))
+
+
+def _layer_shape(kv_cache: torch.Tensor) -> tuple[int, ...]:
+    return object_shape(kv_cache)[1:]
+
+
+def _check_layer(kv_cache: torch.Tensor, layer: int) -> None:
+    if not 0 <= layer < kv_cache.shape[0]:
+        raise ValueError(f"layer: {layer} is outside [0, {kv_cache.shape[0]})")
+
+
+def gather_layer(kv_cache: torch.Tensor, layer: int, block_ids: Sequence[int], out: Sequence[torch.Tensor]) -> None:
+    """One layer of cache blocks -> out[i] of shape [2, block_tokens, kv_heads, head_dim] (= obj[layer])."""
+    _check_layer(kv_cache, layer)
+    _check(kv_cache, block_ids, out, "out")
+    shape = _layer_shape(kv_cache)
+    for b, buf in zip(block_ids, out):
+        _as(buf, shape, kv_cache.dtype, "out").copy_(kv_cache[layer, :, int(b)])
+
+
+def scatter_layer(kv_cache: torch.Tensor, layer: int, block_ids: Sequence[int], src: Sequence[torch.Tensor]) -> None:
+    """src[i] of shape [2, block_tokens, kv_heads, head_dim] (= obj[layer]) -> that layer of block block_ids[i]."""
+    _check_layer(kv_cache, layer)
+    _check(kv_cache, block_ids, src, "src")
+    shape = _layer_shape(kv_cache)
+    for b, buf in zip(block_ids, src):
+        kv_cache[layer, :, int(b)].copy_(_as(buf, shape, kv_cache.dtype, "src"))
