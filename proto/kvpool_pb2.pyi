@@ -47,18 +47,24 @@ class TierCapacity(_message.Message):
     def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., capacity_bytes: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
 
 class NodeEndpoint(_message.Message):
-    __slots__ = ("node_id", "host_id", "data_address", "control_address", "tiers")
+    __slots__ = ("node_id", "host_id", "data_address", "control_address", "tiers", "ssd_record_overhead", "alignment", "incarnation")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     CONTROL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
+    SSD_RECORD_OVERHEAD_FIELD_NUMBER: _ClassVar[int]
+    ALIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     host_id: str
     data_address: str
     control_address: str
     tiers: _containers.RepeatedCompositeFieldContainer[TierCapacity]
-    def __init__(self, node_id: _Optional[str] = ..., host_id: _Optional[str] = ..., data_address: _Optional[str] = ..., control_address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ...) -> None: ...
+    ssd_record_overhead: int
+    alignment: int
+    incarnation: str
+    def __init__(self, node_id: _Optional[str] = ..., host_id: _Optional[str] = ..., data_address: _Optional[str] = ..., control_address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., ssd_record_overhead: _Optional[int] = ..., alignment: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
     __slots__ = ("node",)
@@ -135,18 +141,20 @@ class DrainNodeResponse(_message.Message):
     def __init__(self, objects_dropped: _Optional[int] = ...) -> None: ...
 
 class PutStartRequest(_message.Message):
-    __slots__ = ("namespace", "block_tokens", "keys", "sizes", "client_host_id")
+    __slots__ = ("namespace", "block_tokens", "keys", "sizes", "client_host_id", "namespace_label")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
     CLIENT_HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_LABEL_FIELD_NUMBER: _ClassVar[int]
     namespace: bytes
     block_tokens: int
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     sizes: _containers.RepeatedScalarFieldContainer[int]
     client_host_id: str
-    def __init__(self, namespace: _Optional[bytes] = ..., block_tokens: _Optional[int] = ..., keys: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., client_host_id: _Optional[str] = ...) -> None: ...
+    namespace_label: str
+    def __init__(self, namespace: _Optional[bytes] = ..., block_tokens: _Optional[int] = ..., keys: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., client_host_id: _Optional[str] = ..., namespace_label: _Optional[str] = ...) -> None: ...
 
 class PutStartResponse(_message.Message):
     __slots__ = ("statuses", "grant_ids", "node_index", "tiers", "offsets", "sizes", "tokens", "nodes", "expires_unix_ms")
@@ -197,18 +205,22 @@ class PutAbortResponse(_message.Message):
     def __init__(self, aborted: _Optional[int] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("namespace", "block_tokens", "keys", "lease", "client_host_id")
+    __slots__ = ("namespace", "block_tokens", "keys", "lease", "client_host_id", "namespace_label", "expect_sizes")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
     CLIENT_HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_LABEL_FIELD_NUMBER: _ClassVar[int]
+    EXPECT_SIZES_FIELD_NUMBER: _ClassVar[int]
     namespace: bytes
     block_tokens: int
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     lease: bool
     client_host_id: str
-    def __init__(self, namespace: _Optional[bytes] = ..., block_tokens: _Optional[int] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease: _Optional[bool] = ..., client_host_id: _Optional[str] = ...) -> None: ...
+    namespace_label: str
+    expect_sizes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, namespace: _Optional[bytes] = ..., block_tokens: _Optional[int] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease: _Optional[bool] = ..., client_host_id: _Optional[str] = ..., namespace_label: _Optional[str] = ..., expect_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
     __slots__ = ("hits", "lease_id", "node_index", "tiers", "offsets", "sizes", "checksums", "tokens", "nodes", "expires_unix_ms")
@@ -349,7 +361,7 @@ class StatsResponse(_message.Message):
     def __init__(self, json: _Optional[str] = ...) -> None: ...
 
 class WriteChunk(_message.Message):
-    __slots__ = ("grant_id", "tier", "offset", "size", "expires_unix_ms", "token", "data")
+    __slots__ = ("grant_id", "tier", "offset", "size", "expires_unix_ms", "token", "data", "key", "namespace")
     GRANT_ID_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -357,6 +369,8 @@ class WriteChunk(_message.Message):
     EXPIRES_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     grant_id: int
     tier: Tier
     offset: int
@@ -364,7 +378,9 @@ class WriteChunk(_message.Message):
     expires_unix_ms: int
     token: bytes
     data: bytes
-    def __init__(self, grant_id: _Optional[int] = ..., tier: _Optional[_Union[Tier, str]] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., expires_unix_ms: _Optional[int] = ..., token: _Optional[bytes] = ..., data: _Optional[bytes] = ...) -> None: ...
+    key: bytes
+    namespace: bytes
+    def __init__(self, grant_id: _Optional[int] = ..., tier: _Optional[_Union[Tier, str]] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., expires_unix_ms: _Optional[int] = ..., token: _Optional[bytes] = ..., data: _Optional[bytes] = ..., key: _Optional[bytes] = ..., namespace: _Optional[bytes] = ...) -> None: ...
 
 class WriteResponse(_message.Message):
     __slots__ = ("written",)
@@ -373,7 +389,7 @@ class WriteResponse(_message.Message):
     def __init__(self, written: _Optional[int] = ...) -> None: ...
 
 class ReadRequest(_message.Message):
-    __slots__ = ("lease_id", "tier", "offset", "size", "expires_unix_ms", "token", "chunk_bytes")
+    __slots__ = ("lease_id", "tier", "offset", "size", "expires_unix_ms", "token", "chunk_bytes", "key")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -381,6 +397,7 @@ class ReadRequest(_message.Message):
     EXPIRES_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
     lease_id: int
     tier: Tier
     offset: int
@@ -388,7 +405,8 @@ class ReadRequest(_message.Message):
     expires_unix_ms: int
     token: bytes
     chunk_bytes: int
-    def __init__(self, lease_id: _Optional[int] = ..., tier: _Optional[_Union[Tier, str]] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., expires_unix_ms: _Optional[int] = ..., token: _Optional[bytes] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+    key: bytes
+    def __init__(self, lease_id: _Optional[int] = ..., tier: _Optional[_Union[Tier, str]] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., expires_unix_ms: _Optional[int] = ..., token: _Optional[bytes] = ..., chunk_bytes: _Optional[int] = ..., key: _Optional[bytes] = ...) -> None: ...
 
 class ReadChunk(_message.Message):
     __slots__ = ("data",)

@@ -1,0 +1,23 @@
+"""`kvpool master`: run the metadata master (gRPC MasterService + health) until Ctrl-C / SIGTERM."""
+
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    from kvpool.process import add_config_flags
+    from kvpool.store.master_server import MasterServerConfig
+
+    p = sub.add_parser("master", help="run the pool's metadata master",
+                       description="Run the metadata master. Index in memory, or journalled to Redis with "
+                                   "--redis-url so a restarted or standby master loses no committed object.")
+    add_config_flags(p, MasterServerConfig)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from kvpool.process import config_from_args, run_until_signal
+    from kvpool.store.master_server import MasterServer, MasterServerConfig
+
+    server = MasterServer(config_from_args(MasterServerConfig, args)).start()
+    print(f"kvpool master serving on {server.address}", flush=True)
+    return run_until_signal(server.stop)

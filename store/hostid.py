@@ -1,0 +1,34 @@
+"""Which host (and which boot of it) a process runs on: equal ids mean a node's /dev/shm arena is mappable.
+
+machine-id alone is not enough: containers often share it with the host while having their own /dev/shm, and a
+rebooted machine has a fresh /dev/shm. So the id is machine-id + boot id + the device/inode of the shm directory,
+which differs between containers that do not share /dev/shm. A client still checks that the arena file exists.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+
+import xxhash
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+@functools.cache
+def host_id(shm_dir: str = "/dev/shm") -> str:
+    try:
+        st = os.stat(shm_dir)
+        shm = f"{st.st_dev}:{st.st_ino}"
+    except OSError:
+        shm = ""
+    machine = _read("/etc/machine-id") or _read("/var/lib/dbus/machine-id") or socket.gethostname()
+    boot = _read("/proc/sys/kernel/random/boot_id")
+    return xxhash.xxh3_64_hexdigest(f"{machine}|{boot}|{shm}".encode())

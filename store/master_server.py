@@ -1,0 +1,427 @@
+"""The master process: `Master` behind the kvpool.v1.MasterService gRPC API, plus node liveness.
+
+    clients ──PutStart/Lookup/...──▶ MasterServicer ──▶ Master (index, placement, leases)
+    nodes   ──RegisterNode/Heartbeat/ReportObjects──▶        │ NodeOps
+                                                             ▼
+                                          RemoteNodeOps ──Demote/Promote/Drop──▶ node's NodeService
+
+Error mapping (every message names the field; a rejected call changes nothing because `Master` validates before
+it mutates): BatchTooLarge -> RESOURCE_EXHAUSTED, ValueError -> INVALID_ARGUMENT, KeyError (unknown node) ->
+NOT_FOUND, TokenError -> PERMISSION_DENIED. A reaper thread calls `Master.reap()` so silent nodes are dropped
+within node_ttl_s even when no client calls in. With `redis_url` the index is journalled to Redis and the token
+secret is shared through it, so a restarted or standby master serves the same objects and the nodes' tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import secrets
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from typing import Sequence
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from kvpool.proto import convert
+from kvpool.proto import kvpool_pb2 as pb
+from kvpool.proto import kvpool_pb2_grpc as pbg
+from kvpool.store.config import MasterConfig
+from kvpool.store.index import State
+from kvpool.store.master import BatchTooLarge, Master
+from kvpool.store.node import Drop, Move
+from kvpool.store.records import NO_NS, NsRef, PutStatus
+from kvpool.store.tokens import TokenError
+
+log = logging.getLogger(__name__)
+
+GRPC_OPTIONS = [("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_message_length", 256 << 20)]
+_PUT_STATUS = {PutStatus.STORED: pb.STORED, PutStatus.EXISTS: pb.EXISTS, PutStatus.NO_SPACE: pb.NO_SPACE}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MasterServerConfig:
+    """The `kvpool master` process: where it listens, its metadata backend, and the MasterConfig fields."""
+
+    listen: str = "127.0.0.1:50051"
+    redis_url: str | None = None      # None = in-memory metadata (lost with the process)
+    redis_prefix: str = "kvpool"
+    heartbeat_s: float = 1.0          # told to nodes at registration
+    node_rpc_timeout_s: float = 5.0   # deadline of master -> node control calls (demote/promote/drop)
+    list_limit: int = 1000
+    workers: int = 16
+    max_object_bytes: int = 64 << 20
+    max_batch_keys: int = 65536
+    lease_ttl_s: float = 30.0
+    grant_ttl_s: float = 30.0
+    node_ttl_s: float = 10.0
+    promote_on_hit: bool = True
+    policy: str = "lru"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.listen, str) or ":" not in self.listen:
+            raise ValueError(f"listen must be host:port, got {self.listen!r}")
+        for name in ("heartbeat_s", "node_rpc_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        for name in ("list_limit", "workers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be an int > 0, got {value!r}")
+        if self.heartbeat_s >= self.node_ttl_s:
+            raise ValueError(f"heartbeat_s ({self.heartbeat_s}) must be below node_ttl_s ({self.node_ttl_s}), "
+                             "or every node is dropped between two heartbeats")
+        self.master_config()
+
+    def master_config(self) -> MasterConfig:
+        return MasterConfig(max_object_bytes=self.max_object_bytes, max_batch_keys=self.max_batch_keys,
+                            lease_ttl_s=self.lease_ttl_s, grant_ttl_s=self.grant_ttl_s, node_ttl_s=self.node_ttl_s,
+                            promote_on_hit=self.promote_on_hit, policy=self.policy)
+
+
+class RemoteNodeOps:
+    """NodeOps over a node's gRPC NodeService. Called under the master lock, so every call has a short deadline;
+    a node that does not answer makes the move fail (the object is dropped), never stalls the master for long."""
+
+    def __init__(self, address: str, timeout: float) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        self._stub = pbg.NodeServiceStub(self._channel)
+
+    def demote(self, moves: list[Move]) -> list[bool]:
+        return self._move(self._stub.Demote, moves)
+
+    def promote(self, moves: list[Move]) -> list[bool]:
+        return self._move(self._stub.Promote, moves)
+
+    def _move(self, rpc, moves: list[Move]) -> list[bool]:
+        try:
+            ok = list(rpc(convert.moves_to_msg(moves), timeout=self.timeout).ok)
+        except grpc.RpcError as exc:
+            log.warning("node %s: move of %d objects failed: %s", self.address, len(moves), exc.code())
+            return [False] * len(moves)
+        return ok if len(ok) == len(moves) else [False] * len(moves)
+
+    def drop(self, drops: list[Drop]) -> int:
+        try:
+            return self._stub.Drop(convert.drops_to_msg(drops), timeout=self.timeout).dropped
+        except grpc.RpcError as exc:
+            log.warning("node %s: drop of %d extents failed: %s", self.address, len(drops), exc.code())
+            return 0
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def _rpc(method):
+    """Run a handler, turning caller mistakes into status codes that name the field."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def wrapper(self, request, context):
+        try:
+            return method(self, request, context)
+        except BatchTooLarge as exc:
+            code, msg = grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
+        except TokenError as exc:
+            code, msg = grpc.StatusCode.PERMISSION_DENIED, str(exc)
+        except ValueError as exc:
+            code, msg = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+        except KeyError as exc:
+            code, msg = grpc.StatusCode.NOT_FOUND, str(exc.args[0] if exc.args else exc)
+        log.info("%s -> %s: %s", name, code.name, msg)
+        context.abort(code, msg)
+
+    return wrapper
+
+
+def _ns(digest: bytes, block_tokens: int, label: str) -> NsRef:
+    if not digest:
+        return NsRef(block_tokens=block_tokens, label=label) if block_tokens or label else NO_NS
+    if len(digest) != 16:
+        raise ValueError(f"namespace: must be a 16-byte namespace digest, got {len(digest)} bytes")
+    return NsRef(digest=bytes(digest), label=label or digest.hex()[:12], block_tokens=block_tokens)
+
+
+class MasterServicer(pbg.MasterServiceServicer):
+    def __init__(self, master: Master, config: MasterServerConfig, metadata=None) -> None:
+        self.master = master
+        self.config = config
+        self._metadata = metadata
+        self._endpoints: dict[str, pb.NodeEndpoint] = {}
+        self._ops: dict[str, RemoteNodeOps] = {}
+        self._lock = threading.Lock()
+        if metadata is not None and hasattr(metadata, "load_node_endpoints"):
+            for node_id, data in metadata.load_node_endpoints().items():
+                self._endpoints[node_id] = pb.NodeEndpoint.FromString(data)
+
+    # ---------------------------------------------------------------- helpers
+    def _node_table(self, node_ids: Sequence[str]) -> tuple[list[int], list[pb.NodeEndpoint]]:
+        """Per-entry index into a table of the distinct nodes referenced."""
+        table: dict[str, int] = {}
+        nodes: list[pb.NodeEndpoint] = []
+        index = []
+        for node_id in node_ids:
+            i = table.get(node_id)
+            if i is None:
+                i = table[node_id] = len(nodes)
+                with self._lock:
+                    ep = self._endpoints.get(node_id)
+                nodes.append(ep if ep is not None else pb.NodeEndpoint(node_id=node_id))
+            index.append(i)
+        return index, nodes
+
+    def _prefer(self, host_id: str) -> str | None:
+        if not host_id:
+            return None
+        with self._lock:
+            for node_id, ep in self._endpoints.items():
+                if ep.host_id == host_id:
+                    return node_id
+        return None
+
+    # ---------------------------------------------------------------- nodes
+    @_rpc
+    def RegisterNode(self, request, context):
+        ep = request.node
+        if not ep.node_id:
+            raise ValueError("node.node_id: must be a non-empty string")
+        if not ep.control_address or not ep.data_address:
+            raise ValueError("node.control_address/data_address: a node must advertise both")
+        info = convert.info_from_endpoint(ep)
+        with self._lock:
+            old = self._ops.pop(ep.node_id, None)
+            ops = self._ops[ep.node_id] = RemoteNodeOps(ep.control_address, self.config.node_rpc_timeout_s)
+            self._endpoints[ep.node_id] = pb.NodeEndpoint.FromString(ep.SerializeToString())
+        if old is not None:
+            old.close()
+        epoch = self.master.register_node(info, ops)
+        if self._metadata is not None and hasattr(self._metadata, "put_node_endpoint"):
+            self._metadata.put_node_endpoint(ep.node_id, ep.SerializeToString())
+        log.info("node %s registered (epoch %d, data %s, host %s)", ep.node_id, epoch, ep.data_address, ep.host_id)
+        return pb.RegisterNodeResponse(token_secret=self.master.token_secret, heartbeat_interval_s=self.config.heartbeat_s,
+                                       node_ttl_s=self.config.node_ttl_s, epoch=epoch)
+
+    @_rpc
+    def Heartbeat(self, request, context):
+        return pb.HeartbeatResponse(reregister=self.master.heartbeat(request.node_id, request.epoch))
+
+    @_rpc
+    def ReportObjects(self, request, context):
+        records = convert.report_from_msg(request)
+        if len(records) > self.config.max_batch_keys:
+            raise BatchTooLarge(f"keys: batch of {len(records)} exceeds max_batch_keys={self.config.max_batch_keys}")
+        result = self.master.report_objects(request.node_id, records)
+        return pb.ReportObjectsResponse(adopted=result.adopted, known=result.known, dropped=len(result.dropped_keys),
+                                        dropped_keys=result.dropped_keys)
+
+    @_rpc
+    def DrainNode(self, request, context):
+        n = self.master.drain_node(request.node_id)
+        with self._lock:
+            ops = self._ops.pop(request.node_id, None)
+            self._endpoints.pop(request.node_id, None)
+        if ops is not None:
+            ops.close()
+        return pb.DrainNodeResponse(objects_dropped=n)
+
+    # ---------------------------------------------------------------- put
+    @_rpc
+    def PutStart(self, request, context):
+        ns = _ns(request.namespace, request.block_tokens, request.namespace_label)
+        results = self.master.put_start(list(request.keys), list(request.sizes), ns,
+                                        prefer_node=self._prefer(request.client_host_id))
+        reply = pb.PutStartResponse()
+        reply.statuses.extend(_PUT_STATUS[r.status] for r in results)
+        grants = [r.grant for r in results]
+        node_index, nodes = self._node_table([g.location.node_id for g in grants if g is not None])
+        it = iter(node_index)
+        reply.node_index.extend(next(it) if g is not None else 0 for g in grants)
+        reply.grant_ids.extend(g.grant_id if g is not None else 0 for g in grants)
+        reply.tiers.extend(int(g.location.tier) if g is not None else 0 for g in grants)
+        reply.offsets.extend(g.location.offset if g is not None else 0 for g in grants)
+        reply.sizes.extend(g.location.size if g is not None else 0 for g in grants)
+        reply.tokens.extend(g.token if g is not None else b"" for g in grants)
+        reply.nodes.extend(nodes)
+        live = [g for g in grants if g is not None]
+        reply.expires_unix_ms = int(live[0].expires_at * 1000) if live else 0
+        return reply
+
+    @_rpc
+    def PutCommit(self, request, context):
+        n = convert.check_columns(request, "grant_ids", "checksums")
+        if n > self.config.max_batch_keys:
+            raise BatchTooLarge(f"grant_ids: batch of {n} exceeds max_batch_keys={self.config.max_batch_keys}")
+        ok = self.master.put_commit(list(request.grant_ids), list(request.checksums))
+        reply = pb.PutCommitResponse()
+        reply.statuses.extend(pb.COMMITTED if o else pb.EXPIRED for o in ok)
+        return reply
+
+    @_rpc
+    def PutAbort(self, request, context):
+        return pb.PutAbortResponse(aborted=self.master.put_abort(list(request.grant_ids)))
+
+    # ---------------------------------------------------------------- get
+    @_rpc
+    def Lookup(self, request, context):
+        ns = _ns(request.namespace, request.block_tokens, request.namespace_label)
+        expect = list(request.expect_sizes) if len(request.expect_sizes) else None
+        result = self.master.lookup(list(request.keys), ns, lease=request.lease, expect_sizes=expect)
+        reply = pb.LookupResponse(hits=result.hits, lease_id=result.lease_id,
+                                  expires_unix_ms=int(result.expires_at * 1000))
+        if result.locations:
+            node_index, nodes = self._node_table([loc.node_id for loc in result.locations])
+            reply.node_index.extend(node_index)
+            reply.tiers.extend(int(loc.tier) for loc in result.locations)
+            reply.offsets.extend(loc.offset for loc in result.locations)
+            reply.sizes.extend(loc.size for loc in result.locations)
+            reply.checksums.extend(result.checksums)
+            reply.tokens.extend(result.tokens)
+            reply.nodes.extend(nodes)
+        return reply
+
+    @_rpc
+    def Release(self, request, context):
+        return pb.ReleaseResponse(released=self.master.release(list(request.lease_ids)))
+
+    @_rpc
+    def Contains(self, request, context):
+        reply = pb.ContainsResponse()
+        reply.present.extend(self.master.contains(list(request.keys)))
+        return reply
+
+    @_rpc
+    def Remove(self, request, context):
+        return pb.RemoveResponse(removed=self.master.remove(list(request.keys)))
+
+    # ---------------------------------------------------------------- admin
+    @_rpc
+    def List(self, request, context):
+        if request.namespace and len(request.namespace) != 16:
+            raise ValueError(f"namespace: must be a 16-byte namespace digest, got {len(request.namespace)} bytes")
+        if request.start_after and len(request.start_after) != 16:
+            raise ValueError(f"start_after: must be a 16-byte key, got {len(request.start_after)} bytes")
+        limit = min(request.limit or self.config.list_limit, self.config.list_limit)
+        keys = self._committed_keys(bytes(request.namespace), bytes(request.start_after))
+        page = keys[:limit]
+        records = self.master.inspect(page)
+        reply = pb.ListResponse(objects=[convert.object_info(r) for r in records if r is not None])
+        if len(keys) > limit:
+            reply.next_start_after = page[-1]
+        return reply
+
+    def _committed_keys(self, ns: bytes, start_after: bytes) -> list[bytes]:
+        # The index has no ordered iteration; an admin listing sorts the committed keys (fine at admin scale).
+        master = self.master
+        with master._lock:  # noqa: SLF001 - read-only walk; Master has no list method yet (see README)
+            index = master.index
+            slots = index.slots()
+            slots = slots[index.state[slots] == State.COMMITTED]
+            if ns:
+                ns_ids = [i for i in set(index.ns[slots].tolist()) if index.ns_digest(int(i)) == ns]
+                slots = [s for s in slots if int(index.ns[s]) in ns_ids]
+            keys = sorted(index.key_at(int(s)) for s in slots)
+        if start_after:
+            import bisect
+
+            keys = keys[bisect.bisect_right(keys, start_after):]
+        return keys
+
+    @_rpc
+    def Inspect(self, request, context):
+        records = self.master.inspect(list(request.keys))
+        reply = pb.InspectResponse()
+        reply.found.extend(r is not None for r in records)
+        reply.objects.extend(convert.object_info(r) for r in records if r is not None)
+        return reply
+
+    @_rpc
+    def Evict(self, request, context):
+        if request.idle_seconds:
+            raise ValueError("idle_seconds: not supported yet (the index keeps no access times); use 0")
+        if request.namespace and len(request.namespace) != 16:
+            raise ValueError(f"namespace: must be a 16-byte namespace digest, got {len(request.namespace)} bytes")
+        keys = self._committed_keys(bytes(request.namespace), b"")
+        removed = 0
+        step = self.config.max_batch_keys
+        for i in range(0, len(keys), step):
+            removed += self.master.remove(keys[i:i + step])
+        return pb.EvictResponse(evicted=removed)
+
+    @_rpc
+    def Stats(self, request, context):
+        stats = self.master.stats()
+        with self._lock:
+            stats["endpoints"] = {n: {"data_address": e.data_address, "control_address": e.control_address,
+                                      "host_id": e.host_id} for n, e in self._endpoints.items()}
+        stats["nodes_alive"] = len(stats.get("nodes", {}))
+        return pb.StatsResponse(json=json.dumps(stats, sort_keys=True))
+
+    def close(self) -> None:
+        with self._lock:
+            ops, self._ops = list(self._ops.values()), {}
+        for o in ops:
+            o.close()
+
+
+class MasterServer:
+    """Owns the Master, its gRPC server (MasterService + health) and the reaper thread."""
+
+    def __init__(self, config: MasterServerConfig) -> None:
+        self.config = config
+        self.metadata = None
+        secret = secrets.token_bytes(32)
+        if config.redis_url:
+            from kvpool.store.redis_metadata import RedisMetadata
+
+            self.metadata = RedisMetadata(config.redis_url, prefix=config.redis_prefix)
+            secret = self.metadata.shared_secret()
+        self.master = Master(config.master_config(), self.metadata, token_secret=secret)
+        self.servicer = MasterServicer(self.master, config, self.metadata)
+        self.server = grpc.server(futures.ThreadPoolExecutor(config.workers, thread_name_prefix="kvpool-master"),
+                                  options=GRPC_OPTIONS)
+        pbg.add_MasterServiceServicer_to_server(self.servicer, self.server)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self.port = self.server.add_insecure_port(config.listen)
+        if self.port == 0:
+            raise ValueError(f"listen: cannot bind {config.listen!r}")
+        host = config.listen.rsplit(":", 1)[0]
+        self.address = f"{host}:{self.port}"
+        self._stop = threading.Event()
+        self._reaper = threading.Thread(target=self._reap_loop, name="kvpool-reaper", daemon=True)
+
+    def start(self) -> "MasterServer":
+        self.server.start()
+        self._reaper.start()
+        for service in ("", "kvpool.v1.MasterService"):
+            self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        log.info("master serving on %s (metadata: %s)", self.address, self.config.redis_url or "memory")
+        return self
+
+    def _reap_loop(self) -> None:
+        cfg = self.config
+        period = min(cfg.node_ttl_s, cfg.lease_ttl_s, cfg.grant_ttl_s) / 4
+        while not self._stop.wait(period):
+            try:
+                done = self.master.reap()
+                if done.get("nodes"):
+                    log.warning("dropped %d silent node(s)", done["nodes"])
+            except Exception:  # noqa: BLE001 - the reaper must outlive one bad round
+                log.exception("reap failed")
+
+    def wait(self) -> None:
+        self.server.wait_for_termination()
+
+    def stop(self, grace: float = 2.0) -> None:
+        self._stop.set()
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace).wait()
+        self.servicer.close()
+        if self.metadata is not None:
+            self.metadata.close()

@@ -1,0 +1,280 @@
+"""The storage-node process: `StorageNode` behind NodeService (gRPC control + data) and the raw TCP data channel.
+
+    master ──Demote/Promote/Drop (gRPC)──▶ NodeServicer ──▶ StorageNode (DramArena + SsdFile)
+    remote client ──TCP data channel──▶ NodeDataHandler ─┘   (token-checked: writes only inside a grant)
+    same-host client ── mmap of the DRAM arena file (advertised path + host id) ── no node code involved
+
+Lifecycle: serve, then register with the master (RegisterNode hands back the token secret), report the objects
+found on the SSD file (ReportObjects, so a restarted node's SSD contents are hits again), and heartbeat. A heartbeat
+answered with `reregister` (master restarted on the memory backend, or it dropped us) or failing repeatedly makes
+the node register again. Health is SERVING only while registered: a client's health check means "usable".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import secrets
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from kvpool.proto import convert
+from kvpool.proto import kvpool_pb2 as pb
+from kvpool.proto import kvpool_pb2_grpc as pbg
+from kvpool.store import tokens
+from kvpool.store.config import NodeConfig
+from kvpool.store.data_channel import DataServer, Extent
+from kvpool.store.hostid import host_id
+from kvpool.store.master_server import GRPC_OPTIONS
+from kvpool.store.node import Drop, StorageNode
+from kvpool.store.tokens import TokenError
+from kvpool.tiers.types import Tier
+
+log = logging.getLogger(__name__)
+
+_REPORT_BATCH = 4096
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeServerConfig:
+    """The `kvpool node` process: NodeConfig fields plus where it listens and which master it joins."""
+
+    node_id: str = "node-0"
+    master: str = "127.0.0.1:50051"
+    listen: str = "127.0.0.1:50052"   # gRPC NodeService
+    data_listen: str = ""             # raw TCP data channel; "" = listen's host, any free port
+    advertise_host: str = ""          # host clients dial; "" = listen's host
+    dram_bytes: int = 256 << 20
+    ssd_path: str | None = None
+    ssd_bytes: int = 0
+    shm_dir: str = "/dev/shm"
+    share_dram: bool = True           # same-host clients map the arena (one memcpy per transfer)
+    heartbeat_s: float = 1.0
+    rpc_timeout_s: float = 5.0
+    workers: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("listen", "master"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or ":" not in value:
+                raise ValueError(f"{name} must be host:port, got {value!r}")
+        if self.data_listen and ":" not in self.data_listen:
+            raise ValueError(f"data_listen must be host:port or empty, got {self.data_listen!r}")
+        for name in ("heartbeat_s", "rpc_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"{name} must be a number > 0, got {value!r}")
+        self.node_config()
+
+    def node_config(self) -> NodeConfig:
+        return NodeConfig(node_id=self.node_id, dram_bytes=self.dram_bytes, ssd_path=self.ssd_path,
+                          ssd_bytes=self.ssd_bytes, shm_dir=self.shm_dir, share_dram=self.share_dram)
+
+
+class NodeDataHandler:
+    """Token-checked access to the node's tiers for the data channel and the gRPC data path."""
+
+    def __init__(self, node: StorageNode) -> None:
+        self.node = node
+        self.secret: bytes | None = None  # set at registration; until then every request is refused
+
+    def _verify(self, kind: bytes, e: Extent) -> None:
+        secret = self.secret
+        if secret is None:
+            raise TokenError("token: node is not registered with a master yet")
+        tokens.verify(secret, kind, e.ident, e.tier, e.offset, e.size, e.expires_ms, e.token)
+
+    def write_view(self, e: Extent) -> memoryview:
+        self._verify(tokens.WRITE, e)
+        if e.tier == Tier.DRAM and self.node.dram is not None:
+            return self.node.dram.view(e.offset, e.size)
+        if e.tier == Tier.SSD and self.node.ssd is not None:
+            return memoryview(bytearray(e.size))  # staged: an SSD record is written whole, header last
+        raise ValueError(f"tier: {e.tier} is not a tier of node {self.node.node_id}")
+
+    def write_done(self, e: Extent, view: memoryview) -> None:
+        if e.tier == Tier.SSD:
+            self.node.ssd.write(e.offset, e.key, e.ns, view)
+
+    def read_view(self, e: Extent) -> memoryview:
+        self._verify(tokens.READ, e)
+        if e.tier == Tier.DRAM and self.node.dram is not None:
+            return self.node.dram.view(e.offset, e.size)
+        if e.tier == Tier.SSD and self.node.ssd is not None:
+            buf = bytearray(e.size)
+            if not self.node.read_into(Tier.SSD, e.offset, e.key, e.size, buf):
+                raise KeyError("checksum: SSD record failed verification (served as a miss)")
+            return memoryview(buf)
+        raise ValueError(f"tier: {e.tier} is not a tier of node {self.node.node_id}")
+
+
+def _abort_for(context, exc: Exception) -> None:
+    if isinstance(exc, TokenError):
+        context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+    if isinstance(exc, KeyError):
+        context.abort(grpc.StatusCode.NOT_FOUND, str(exc.args[0] if exc.args else exc))
+    context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+
+class NodeServicer(pbg.NodeServiceServicer):
+    def __init__(self, node: StorageNode, handler: NodeDataHandler) -> None:
+        self.node = node
+        self.handler = handler
+
+    def Write(self, request_iterator, context):
+        view, pos, e = None, 0, None
+        try:
+            for chunk in request_iterator:
+                if view is None:
+                    e = Extent(chunk.grant_id, chunk.tier, chunk.offset, chunk.size, chunk.expires_unix_ms,
+                               chunk.token, chunk.key or bytes(16), chunk.namespace or bytes(16))
+                    view = self.handler.write_view(e)
+                n = len(chunk.data)
+                if pos + n > len(view):
+                    raise ValueError(f"data: {pos + n} bytes sent for a grant of size {len(view)}")
+                view[pos:pos + n] = chunk.data
+                pos += n
+            if view is None:
+                raise ValueError("grant_id: empty write stream")
+            if pos != len(view):
+                raise ValueError(f"data: {pos} bytes sent for a grant of size {len(view)}")
+            self.handler.write_done(e, view)
+        except (TokenError, ValueError, KeyError) as exc:
+            _abort_for(context, exc)
+        return pb.WriteResponse(written=pos)
+
+    def Read(self, request, context):
+        e = Extent(request.lease_id, request.tier, request.offset, request.size, request.expires_unix_ms,
+                   request.token, request.key or bytes(16))
+        try:
+            view = self.handler.read_view(e)
+        except (TokenError, ValueError, KeyError) as exc:
+            _abort_for(context, exc)
+        step = request.chunk_bytes or (1 << 20)
+        for pos in range(0, len(view), step):
+            yield pb.ReadChunk(data=bytes(view[pos:pos + step]))
+
+    def Demote(self, request, context):
+        try:
+            moves = convert.moves_from_msg(request)
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        reply = pb.MoveResponse()
+        reply.ok.extend(self.node.demote(moves))
+        return reply
+
+    def Promote(self, request, context):
+        try:
+            moves = convert.moves_from_msg(request)
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        reply = pb.MoveResponse()
+        reply.ok.extend(self.node.promote(moves))
+        return reply
+
+    def Drop(self, request, context):
+        try:
+            drops = convert.drops_from_msg(request)
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return pb.DropResponse(dropped=self.node.drop(drops))
+
+
+class NodeServer:
+    def __init__(self, config: NodeServerConfig) -> None:
+        self.config = config
+        self.node = StorageNode(config.node_config())
+        self.incarnation = secrets.token_hex(8)
+        self.handler = NodeDataHandler(self.node)
+        host = config.listen.rsplit(":", 1)[0]
+        data_host, data_port = (config.data_listen.rsplit(":", 1) if config.data_listen else (host, "0"))
+        self.data_server = DataServer(self.handler, data_host, int(data_port))
+        self.server = grpc.server(futures.ThreadPoolExecutor(config.workers, thread_name_prefix="kvpool-node"),
+                                  options=GRPC_OPTIONS)
+        pbg.add_NodeServiceServicer_to_server(NodeServicer(self.node, self.handler), self.server)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        port = self.server.add_insecure_port(config.listen)
+        if port == 0:
+            raise ValueError(f"listen: cannot bind {config.listen!r}")
+        advertise = config.advertise_host or host
+        self.address = f"{advertise}:{port}"
+        self.data_address = f"{advertise}:{self.data_server.address.rsplit(':', 1)[1]}"
+        self._channel = grpc.insecure_channel(config.master, options=GRPC_OPTIONS)
+        self._master = pbg.MasterServiceStub(self._channel)
+        self._stop = threading.Event()
+        self._epoch = 0
+        self._thread = threading.Thread(target=self._liveness_loop, name="kvpool-heartbeat", daemon=True)
+
+    def endpoint(self) -> pb.NodeEndpoint:
+        info = dataclasses.replace(self.node.info(), address=self.address, incarnation=self.incarnation)
+        return convert.endpoint_from_info(info, host_id=host_id(self.config.shm_dir), data_address=self.data_address,
+                                          ssd_path=self.config.ssd_path or "")
+
+    def start(self) -> "NodeServer":
+        self.data_server.start()
+        self.server.start()
+        self._set_health(False)
+        self._thread.start()
+        log.info("node %s serving control %s, data %s", self.config.node_id, self.address, self.data_address)
+        return self
+
+    def _set_health(self, serving: bool) -> None:
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in ("", "kvpool.v1.NodeService"):
+            self.health.set(service, status)
+
+    def register(self) -> None:
+        """Register, adopt the secret, then report SSD objects so they are hits again."""
+        timeout = self.config.rpc_timeout_s
+        reply = self._master.RegisterNode(pb.RegisterNodeRequest(node=self.endpoint()), timeout=timeout)
+        self.handler.secret = bytes(reply.token_secret)
+        self._epoch = reply.epoch
+        records = self.node.scan_ssd()
+        adopted = dropped = 0
+        for i in range(0, len(records), _REPORT_BATCH):
+            rep = self._master.ReportObjects(convert.report_to_msg(self.config.node_id, records[i:i + _REPORT_BATCH]),
+                                             timeout=timeout)
+            adopted += rep.adopted
+            dropped += rep.dropped
+            by_key = {r.key: r for r in records[i:i + _REPORT_BATCH]}
+            stale = [Drop(k, Tier.SSD, by_key[k].offset, by_key[k].size) for k in rep.dropped_keys if k in by_key]
+            if stale:
+                self.node.drop(stale)
+        log.info("node %s registered (epoch %d); SSD objects adopted %d, dropped %d", self.config.node_id,
+                 self._epoch, adopted, dropped)
+        self._set_health(True)
+
+    def _liveness_loop(self) -> None:
+        registered = False
+        while not self._stop.is_set():
+            try:
+                if not registered:
+                    self.register()
+                    registered = True
+                else:
+                    reply = self._master.Heartbeat(pb.HeartbeatRequest(node_id=self.config.node_id, epoch=self._epoch),
+                                                   timeout=self.config.rpc_timeout_s)
+                    if reply.reregister:
+                        log.warning("master asked node %s to register again", self.config.node_id)
+                        registered = False
+                        continue
+            except grpc.RpcError as exc:
+                log.warning("master %s: %s %s", self.config.master, exc.code(), exc.details())
+                registered = False
+            self._stop.wait(self.config.heartbeat_s)
+
+    def wait(self) -> None:
+        self.server.wait_for_termination()
+
+    def stop(self, grace: float = 2.0) -> None:
+        self._stop.set()
+        self.health.enter_graceful_shutdown()
+        self.server.stop(grace).wait()
+        self.data_server.close()
+        self._channel.close()
+        self.node.close()
