@@ -83,6 +83,10 @@ class DramArena:
             try:
                 os.posix_fallocate(fd, 0, capacity)    # reserve the pages now (tmpfs honours this)
             except OSError as e:
+                if e.errno == errno.ENOSPC:
+                    st = os.statvfs(directory)
+                    raise OSError(errno.ENOSPC, f"capacity {capacity} bytes does not fit in {directory} "
+                                  f"({st.f_bavail * st.f_frsize} bytes free)", path) from None
                 if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
                     raise
                 os.ftruncate(fd, capacity)
