@@ -5,7 +5,8 @@ A dataclass per object costs ~150 B on its own, so fields live in parallel numpy
 
     _slot_of: dict[bytes(16) -> int]   key -> slot         (~56 B key object + ~32 B int + ~40 B dict entry)
     _keys:    list[bytes | None]       slot -> key          (8 B pointer, shares the dict's key object)
-    columns:  node u16 | tier u8 | state u8 | ns u32 | leases u32 | offset i64 | size i64 | checksum u64  (36 B)
+    _rows:    numpy structured array, one packed 36 B row per slot, columns exposed as views (index.offset[slot]):
+              node u16 | tier u8 | state u8 | ns u32 | leases u32 | offset i64 | size i64 | checksum u64
 
 Invariants: a slot is FREE iff it is on the free list and its `_keys` entry is None; every key in `_slot_of` maps to
 a non-FREE slot whose `_keys` entry is that key. Namespace digests and node ids are interned into small tables.
@@ -45,28 +46,38 @@ class ObjectMeta:
     checksum: int
 
 
-_COLUMNS = {"node": np.uint16, "tier": np.uint8, "state": np.uint8, "ns": np.uint32, "leases": np.uint32,
-            "offset": np.int64, "size": np.int64, "checksum": np.uint64}
+ROW = np.dtype([("node", np.uint16), ("tier", np.uint8), ("state", np.uint8), ("ns", np.uint32),
+                ("leases", np.uint32), ("offset", np.int64), ("size", np.int64), ("checksum", np.uint64)])  # 36 B
+_COLUMNS = ROW.names
 
 
 class Index:
+    node: np.ndarray
+    tier: np.ndarray
+    state: np.ndarray
+    ns: np.ndarray
+    leases: np.ndarray
+    offset: np.ndarray
+    size: np.ndarray
+    checksum: np.ndarray
+
     def __init__(self, initial_slots: int = 1024) -> None:
         self._slot_of: dict[bytes, int] = {}
         self._keys: list[bytes | None] = []
         self._free: list[int] = []
         self._capacity = 0
-        self.node = self.tier = self.state = self.ns = self.leases = self.offset = self.size = self.checksum = None
+        self._rows = np.zeros(0, dtype=ROW)
         self._grow(max(1, initial_slots))
         self._ns_digests: list[bytes] = []
         self._ns_ids: dict[bytes, int] = {}
 
     def _grow(self, capacity: int) -> None:
-        for name, dtype in _COLUMNS.items():
-            column = np.zeros(capacity, dtype=dtype)
-            old = getattr(self, name)
-            if old is not None:
-                column[: self._capacity] = old
-            setattr(self, name, column)
+        rows = np.zeros(capacity, dtype=ROW)
+        rows[: self._capacity] = self._rows
+        self._rows = rows
+        # Column views (`index.offset[slot]`): rebound on every growth, so callers must not keep them.
+        for name in _COLUMNS:
+            setattr(self, name, rows[name])
         self._keys.extend([None] * (capacity - self._capacity))
         # Pop order: lowest slot first, so a fresh index fills slots 0, 1, 2, ...
         self._free.extend(range(capacity - 1, self._capacity - 1, -1))
@@ -108,14 +119,7 @@ class Index:
         key = bytes(key)
         self._slot_of[key] = slot
         self._keys[slot] = key
-        self.node[slot] = node
-        self.tier[slot] = tier
-        self.state[slot] = state
-        self.ns[slot] = ns
-        self.leases[slot] = 0
-        self.offset[slot] = offset
-        self.size[slot] = size
-        self.checksum[slot] = checksum
+        self._rows[slot] = (node, tier, state, ns, 0, offset, size, checksum)  # one numpy call, not eight
         return slot
 
     def unlink_key(self, slot: int) -> None:

@@ -1,0 +1,253 @@
+"""store/master.py against a real StorageNode (tiny /dev/shm-style arena in tmp_path, real SSD file) and a fake
+clock: grants, leases, expiry, removal while leased, pinning, node liveness, reload from a persistent backend."""
+
+import numpy as np
+import pytest
+import xxhash
+
+from kvpool.store import tokens
+from kvpool.store.config import MasterConfig, NodeConfig
+from kvpool.store.master import BatchTooLarge, Master, SizeMismatch
+from kvpool.store.metadata import MemoryMetadata
+from kvpool.store.node import StorageNode
+from kvpool.store.records import NsRef, ObjectRecord, PutStatus
+from kvpool.tiers.types import Tier
+
+OBJ = 4096
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def key(i: int) -> bytes:
+    return bytes([i]) * 16
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def make(tmp_path, clock):
+    made = []
+
+    def _make(dram_objects=3, ssd_objects=0, metadata=None, node_id="n1", **cfg):
+        node = StorageNode(NodeConfig(node_id=node_id, dram_bytes=dram_objects * OBJ, shm_dir=str(tmp_path),
+                                      ssd_path=str(tmp_path / f"ssd-{node_id}") if ssd_objects else None,
+                                      ssd_bytes=ssd_objects * 2 * OBJ))
+        master = Master(MasterConfig(**cfg), metadata, clock=clock)
+        master.register_node(node.info(), node, expires=False)
+        made.append(node)
+        return master, node
+
+    yield _make
+    for node in made:
+        node.close()
+
+
+def put(master, node, keys, fill=None):
+    """put_start + write + commit, like a client does. Returns statuses."""
+    results = master.put_start(keys, [OBJ] * len(keys))
+    ids, sums = [], []
+    for k, r in zip(keys, results):
+        if r.grant is not None:
+            data = np.full(OBJ, k[0] if fill is None else fill, np.uint8)
+            node.write(r.grant.location.tier, r.grant.location.offset, k, b"\0" * 16, data,
+                       xxhash.xxh3_64_intdigest(data))
+            ids.append(r.grant.grant_id)
+            sums.append(xxhash.xxh3_64_intdigest(data))
+    master.put_commit(ids, sums)
+    return [r.status for r in results]
+
+
+def tiers(master, keys):
+    return [None if r is None else r.tier.label for r in master.inspect(keys)]
+
+
+def test_pending_objects_are_invisible_and_never_evicted(make):
+    master, node = make(dram_objects=2)
+    started = master.put_start([key(1), key(2)], [OBJ, OBJ])
+    assert [r.status for r in started] == [PutStatus.STORED, PutStatus.STORED]
+    assert master.lookup([key(1)]).hits == 0 and master.contains([key(1)]) == [False]
+    # DRAM is full of uncommitted objects and there is no SSD: the third key gets NO_SPACE, nothing else changes.
+    assert [r.status for r in master.put_start([key(3), key(1)], [OBJ, OBJ])] == [PutStatus.NO_SPACE,
+                                                                                 PutStatus.EXISTS]
+    assert master.put_commit([r.grant.grant_id for r in started], [7, 8]) == [True, True]
+    res = master.lookup([key(1), key(2)])
+    assert res.hits == 2 and res.checksums == [7, 8] and [loc.offset for loc in res.locations] == [0, OBJ]
+    master.release([res.lease_id])
+    master.index.check_invariants()
+
+
+def test_leased_objects_are_never_evicted(make):
+    master, node = make(dram_objects=2)
+    put(master, node, [key(1), key(2)])
+    lease = master.lookup([key(1), key(2)]).lease_id
+    assert put(master, node, [key(3)]) == [PutStatus.NO_SPACE]
+    master.release([lease])
+    assert put(master, node, [key(3)]) == [PutStatus.STORED]
+    # insert_chain([1, 2]) then the lookup touched the chain: tail 2 is colder than parent 1.
+    assert tiers(master, [key(1), key(2), key(3)]) == ["dram", None, "dram"]
+    assert master.stats()["evictions"] == {"dram": 1, "ssd": 0}
+
+
+def test_grant_expiry_frees_space_and_commit_reports_it(make, clock):
+    master, node = make(dram_objects=1, grant_ttl_s=5.0)
+    grant = master.put_start([key(1)], [OBJ])[0].grant
+    clock.now += 4.9
+    assert master.reap() == {"grants": 0, "leases": 0, "nodes": 0}
+    clock.now += 0.2
+    assert master.reap()["grants"] == 1
+    assert master.put_commit([grant.grant_id], [0]) == [False]
+    assert master.contains([key(1)]) == [False] and master.stats()["tiers"]["dram"]["objects"] == 0
+    assert put(master, node, [key(1)]) == [PutStatus.STORED]
+
+
+def test_abort_frees(make):
+    master, node = make(dram_objects=1)
+    grant = master.put_start([key(1)], [OBJ])[0].grant
+    assert master.put_abort([grant.grant_id, 12345]) == 1
+    assert master.stats()["tiers"]["dram"]["bytes"] == 0 and master.stats()["grants_open"] == 0
+
+
+def test_lease_expiry(make, clock):
+    master, node = make(dram_objects=1, lease_ttl_s=2.0)
+    put(master, node, [key(1)])
+    lease = master.lookup([key(1)]).lease_id
+    clock.now += 2.0
+    assert put(master, node, [key(2)]) == [PutStatus.STORED]  # the put's own reap expired the lease first
+    assert master.release([lease]) == 0 and tiers(master, [key(1), key(2)]) == [None, "dram"]
+
+
+def test_remove_while_leased_frees_on_release(make):
+    master, node = make(dram_objects=2)
+    put(master, node, [key(1)])
+    lease = master.lookup([key(1)]).lease_id
+    assert master.remove([key(1), key(9)]) == 1
+    assert master.contains([key(1)]) == [False] and master.lookup([key(1)]).hits == 0
+    assert master.stats()["tiers"]["dram"]["bytes"] == OBJ  # the reader still owns the extent
+    # A new put of the same key while the old bytes are being read lands elsewhere.
+    assert put(master, node, [key(1)], fill=42) == [PutStatus.STORED]
+    assert master.inspect([key(1)])[0].offset == OBJ
+    assert master.release([lease]) == 1
+    assert master.stats()["tiers"]["dram"]["bytes"] == OBJ
+    master.index.check_invariants()
+
+
+def test_expect_sizes_mismatch_changes_nothing(make):
+    master, node = make(dram_objects=2)
+    put(master, node, [key(1), key(2)])
+    before = master.stats()
+    with pytest.raises(SizeMismatch, match=r"expect_sizes\[1\] is 100 bytes, object has 4096"):
+        master.lookup([key(1), key(2)], expect_sizes=[OBJ, 100])
+    assert master.stats() == before
+
+
+def test_bad_arguments_name_the_field(make):
+    master, node = make(dram_objects=2, max_object_bytes=OBJ, max_batch_keys=4)
+    before = master.stats()
+    with pytest.raises(ValueError, match=r"keys\[1\] must be a 16-byte key, got 3"):
+        master.put_start([key(1), b"abc"], [OBJ, OBJ])
+    with pytest.raises(ValueError, match=r"sizes\[0\] must be an int in \[1, max_object_bytes=4096\], got 4097"):
+        master.put_start([key(1)], [OBJ + 1])
+    with pytest.raises(ValueError, match="sizes has 2 entries, keys has 1"):
+        master.put_start([key(1)], [OBJ, OBJ])
+    with pytest.raises(BatchTooLarge, match="keys: batch of 5 exceeds max_batch_keys=4"):
+        master.lookup([key(i) for i in range(5)])
+    with pytest.raises(ValueError, match="checksums has 0 entries, grant_ids has 1"):
+        master.put_commit([1], [])
+    assert master.stats() == before and len(master.index) == 0
+
+
+def test_tokens_sign_grants_and_leases(tmp_path, clock):
+    node = StorageNode(NodeConfig(node_id="n", dram_bytes=OBJ, shm_dir=str(tmp_path)))
+    try:
+        master = Master(MasterConfig(), clock=clock, token_secret=b"s" * 32)
+        master.register_node(node.info(), node, expires=False)
+        grant = master.put_start([key(1)], [OBJ])[0].grant
+        loc = grant.location
+        tokens.verify(b"s" * 32, tokens.WRITE, grant.grant_id, loc.tier, loc.offset, loc.size,
+                      int(grant.expires_at * 1000), grant.token, now=int(clock.now * 1000))
+        master.put_commit([grant.grant_id], [0])
+        res = master.lookup([key(1)])
+        tokens.verify(b"s" * 32, tokens.READ, res.lease_id, Tier.DRAM, 0, OBJ, int(res.expires_at * 1000),
+                      res.tokens[0], now=int(clock.now * 1000))
+    finally:
+        node.close()
+
+
+def test_token_counting_by_namespace_and_tier(make):
+    master, node = make(dram_objects=2)
+    put(master, node, [key(1)])
+    ns = NsRef(digest=b"d" * 16, label="m/t", block_tokens=16)
+    master.lookup([key(1), key(2), key(3)], ns, lease=False)
+    s = master.stats()
+    assert (s["requested_tokens"], s["hit_tokens"], s["hit_tokens_by_tier"]["dram"]) == (48, 16, 16)
+    assert s["namespaces"] == {"m/t": {"requested_tokens": 48, "hit_tokens": 16,
+                                       "hit_tokens_by_tier": {"hbm": 0, "dram": 16, "ssd": 0}}}
+    assert (s["requested_keys"], s["hit_keys"], s["miss_keys"]) == (3, 1, 2)
+
+
+def test_silent_node_is_dropped_and_its_objects_become_misses(tmp_path, clock):
+    node = StorageNode(NodeConfig(node_id="n", dram_bytes=2 * OBJ, shm_dir=str(tmp_path)))
+    try:
+        master = Master(MasterConfig(node_ttl_s=10.0), clock=clock)
+        epoch = master.register_node(node.info(), node)
+        put(master, node, [key(1)])
+        clock.now += 9
+        assert master.heartbeat("n", epoch) is False
+        clock.now += 9
+        assert master.reap()["nodes"] == 0
+        clock.now += 1.5
+        assert master.reap()["nodes"] == 1
+        assert master.contains([key(1)]) == [False] and master.heartbeat("n", epoch) is True
+        assert put(master, node, [key(2)]) == [PutStatus.NO_SPACE]  # no node left
+    finally:
+        node.close()
+
+
+def test_report_objects_adopts_known_and_drops_conflicts(make):
+    master, node = make(dram_objects=1, ssd_objects=3)
+    put(master, node, [key(1)])
+    known = master.inspect([key(1)])[0]
+    records = [known,
+               ObjectRecord(key(2), b"\0" * 16, "n1", Tier.SSD, 0, OBJ, 5),
+               ObjectRecord(key(3), b"\0" * 16, "n1", Tier.SSD, 2 * OBJ, OBJ, 6),
+               ObjectRecord(key(2), b"\0" * 16, "n1", Tier.SSD, 4 * OBJ, OBJ, 5),   # duplicate key
+               ObjectRecord(key(4), b"\0" * 16, "n1", Tier.SSD, OBJ, OBJ, 7)]       # overlaps key 2
+    result = master.report_objects("n1", records)
+    assert (result.adopted, result.known, result.dropped_keys) == (2, 1, [key(2), key(4)])
+    assert tiers(master, [key(2), key(3), key(4)]) == ["ssd", "ssd", None]
+    with pytest.raises(KeyError, match="node_id 'zz' is not registered"):
+        master.report_objects("zz", [])
+
+
+def test_persistent_backend_reload(tmp_path, clock):
+    meta = MemoryMetadata(persistent=True)
+    node = StorageNode(NodeConfig(node_id="n", dram_bytes=3 * OBJ, shm_dir=str(tmp_path)))
+    try:
+        m1 = Master(MasterConfig(), meta, clock=clock)
+        m1.register_node(node.info(), node)
+        put(m1, node, [key(1), key(2)])
+        m1.remove([key(2)])
+        assert sorted(r.key for r in meta.load_objects()) == [key(1)]
+        # A new master (restart / standby) reloads; the node re-registers with the same incarnation: data kept.
+        m2 = Master(MasterConfig(), meta, clock=clock)
+        assert m2.heartbeat("n") is True
+        m2.register_node(node.info(), node)
+        res = m2.lookup([key(1)])
+        assert res.hits == 1 and res.locations[0].offset == m1.inspect([key(1)])[0].offset
+        assert put(m2, node, [key(3)]) == [PutStatus.STORED]
+        assert m2.inspect([key(3)])[0].offset not in (m1.inspect([key(1)])[0].offset,)
+        # A restarted node (new incarnation) loses what it held.
+        node.incarnation = "new"
+        m2.register_node(node.info(), node)
+        assert m2.contains([key(1), key(3)]) == [False, False] and meta.load_objects() == []
+    finally:
+        node.close()
