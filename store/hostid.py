@@ -1,8 +1,9 @@
 """Which host (and which boot of it) a process runs on: equal ids mean a node's /dev/shm arena is mappable.
 
 machine-id alone is not enough: containers often share it with the host while having their own /dev/shm, and a
-rebooted machine has a fresh /dev/shm. So the id is machine-id + boot id + the device/inode of the shm directory,
-which differs between containers that do not share /dev/shm. A client still checks that the arena file exists.
+rebooted machine has a fresh /dev/shm. So the id is machine-id + boot id + the device of /dev/shm,
+(st_dev of its tmpfs mount) differs between containers that do not share /dev/shm. A client still checks that the
+advertised arena file exists and has the advertised size before it maps it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def _read(path: str) -> str:
 def host_id(shm_dir: str = "/dev/shm") -> str:
     try:
         st = os.stat(shm_dir)
-        shm = f"{st.st_dev}:{st.st_ino}"
+        shm = str(st.st_dev)
     except OSError:
         shm = ""
     machine = _read("/etc/machine-id") or _read("/var/lib/dbus/machine-id") or socket.gethostname()

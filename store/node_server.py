@@ -212,7 +212,7 @@ class NodeServer:
 
     def endpoint(self) -> pb.NodeEndpoint:
         info = dataclasses.replace(self.node.info(), address=self.address, incarnation=self.incarnation)
-        return convert.endpoint_from_info(info, host_id=host_id(self.config.shm_dir), data_address=self.data_address,
+        return convert.endpoint_from_info(info, host_id=host_id(), data_address=self.data_address,
                                           ssd_path=self.config.ssd_path or "")
 
     def start(self) -> "NodeServer":
