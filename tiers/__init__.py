@@ -6,11 +6,12 @@ from .dram import DramArena
 from .gpu import cuda_available
 from .hbm import HbmArena
 from .lru import LRUPolicy
-from .policy import EvictionPolicy, make_policy
+from .policy import POLICY_NAMES, EvictionPolicy, make_policy
+from .s3fifo import S3FIFOPolicy
 from .ssd import HEADER_BYTES, SsdFile, SsdRecord, checksum_of, record_size
 from .types import Location, Tier
 
 __all__ = [
-    "HEADER_BYTES", "DramArena", "EvictionPolicy", "HbmArena", "LRUPolicy", "Location", "OffsetAllocator",
-    "SsdFile", "SsdRecord", "Tier", "checksum_of", "cuda_available", "make_policy", "record_size",
+    "HEADER_BYTES", "POLICY_NAMES", "DramArena", "EvictionPolicy", "HbmArena", "LRUPolicy", "Location",
+    "OffsetAllocator", "S3FIFOPolicy", "SsdFile", "SsdRecord", "Tier", "checksum_of", "cuda_available", "make_policy", "record_size",
 ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
-POLICY_NAMES = ("lru",)
+POLICY_NAMES = ("lru", "s3fifo")
 
 
 @runtime_checkable
@@ -39,4 +39,7 @@ def make_policy(name: str) -> EvictionPolicy:
     if name == "lru":
         from .lru import LRUPolicy
         return LRUPolicy()
+    if name == "s3fifo":
+        from .s3fifo import S3FIFOPolicy
+        return S3FIFOPolicy()
     raise ValueError(f"policy must be one of {list(POLICY_NAMES)}, got {name!r}")

@@ -20,7 +20,7 @@ def test_make_policy():
     p = make_policy("lru")
     assert isinstance(p, LRUPolicy) and isinstance(p, EvictionPolicy)
     assert len(p) == 0
-    with pytest.raises(ValueError, match=r"policy must be one of \['lru'\], got 'mru'"):
+    with pytest.raises(ValueError, match=r"policy must be one of \['lru', 's3fifo'\], got 'mru'"):
         make_policy("mru")
 
 
