@@ -31,7 +31,10 @@ def _candidate_paths() -> list[str]:
     found = ctypes.util.find_library("cudart")
     paths = [found] if found else []
     # The runtime shipped as a wheel next to torch's CUDA build; found without importing torch.
-    spec = importlib.util.find_spec("nvidia") if importlib.util.find_spec is not None else None
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        spec = None
     if spec is not None and spec.submodule_search_locations:
         for root in spec.submodule_search_locations:
             paths += sorted(glob.glob(os.path.join(root, "cuda_runtime", "lib", "libcudart.so*")))

@@ -208,3 +208,26 @@ def test_recovery_after_sigkill_finds_exactly_the_committed_records(tmp_path):
             assert f.read_into(r.offset, r.key, r.size, out) is True
             assert bytes(out) == payload(int.from_bytes(r.key[:2], "little"), 6000)
         assert f.corrupt_reads == 0
+
+
+def test_threads_on_distinct_records_never_see_each_others_bytes(ssd):
+    import threading
+
+    errors: list[str] = []
+
+    def worker(t: int) -> None:
+        off = t * 65536
+        out = bytearray(30_000)
+        for i in range(40):                       # bounded: 40 rewrites + reads per thread
+            data = payload(t * 1000 + i, 30_000)
+            ssd.write(off, key(t), NS, data)
+            if not ssd.read_into(off, key(t), 30_000, out) or bytes(out) != data:
+                errors.append(f"thread {t} round {i}")
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert errors == [] and ssd.corrupt_reads == 0
+    assert [(r.key, r.offset) for r in ssd.scan()] == [(key(t), t * 65536) for t in range(4)]
