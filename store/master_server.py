@@ -180,10 +180,17 @@ class MasterServicer(pbg.MasterServiceServicer):
         if not host_id:
             return None
         with self._lock:
-            for node_id, ep in self._endpoints.items():
-                if ep.host_id == host_id:
-                    return node_id
-        return None
+            local = [node_id for node_id, ep in self._endpoints.items() if ep.host_id == host_id]
+            if len(local) == len(self._endpoints):
+                return None  # every node is local: let the master spread by free space
+        # Among the caller's host's nodes, the one with the most free DRAM (a racy read is fine: it is a hint).
+        best, best_free = None, -1
+        for node_id in local:
+            node = self.master.placement.nodes.get(node_id)
+            free = self.master._free(node) if node is not None else -1  # noqa: SLF001
+            if free > best_free:
+                best, best_free = node_id, free
+        return best
 
     # ---------------------------------------------------------------- nodes
     @_rpc

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,12 +90,14 @@ def spawn(name: str, args: list[str], workdir: Path, env: dict | None = None) ->
 
 @dataclass
 class Cluster:
-    """Master and nodes of one test; everything started is killed by `close()`."""
+    """Master and nodes of one test; everything started is killed by `close()`. Node arenas live in a private
+    directory under /dev/shm that `close()` removes, so a SIGKILLed node leaves nothing behind."""
 
     workdir: Path
     procs: list[Proc] = field(default_factory=list)
     master: Proc | None = None
     nodes: dict[str, Proc] = field(default_factory=dict)
+    shm_dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="kvpool-test-", dir="/dev/shm"))
 
     def start_master(self, *, port: int | None = None, redis_url: str | None = None, node_ttl_s: float = 1.5,
                      extra: list[str] | None = None) -> Proc:
@@ -114,7 +117,7 @@ class Cluster:
         assert self.master is not None
         port = port or free_port()
         args = ["node", "--master", self.master.address, "--node-id", node_id, "--listen", f"127.0.0.1:{port}",
-                "--dram-bytes", dram, "--heartbeat-s", str(heartbeat_s), "--share-dram", "true", *(extra or [])]
+                "--dram-bytes", dram, "--heartbeat-s", str(heartbeat_s), "--share-dram", "true", "--shm-dir", self.shm_dir, *(extra or [])]
         if ssd:
             args += ["--ssd-path", str(self.workdir / f"ssd-{node_id}"), "--ssd-bytes", ssd]
         proc = spawn(f"node-{node_id}-{len(self.procs)}", args, self.workdir)
@@ -133,16 +136,15 @@ class Cluster:
                 proc.stop(timeout=5)
             except Exception:  # noqa: BLE001 - cleanup must go on
                 proc.kill()
+        shutil.rmtree(self.shm_dir, ignore_errors=True)
 
 
 @pytest.fixture
-def cluster(tmp_path, request):
+def cluster(tmp_path):
     c = Cluster(workdir=tmp_path)
     yield c
-    failed = getattr(request.node, "rep_call", None)
     c.close()
-    if failed is not None and failed.failed:
-        print(c.logs())
+    print(c.logs())  # captured: pytest shows it only when the test failed
 
 
 @dataclass
@@ -192,3 +194,46 @@ def redis_server(tmp_path):
     server = start_redis(tmp_path / "redis")
     yield server
     server.kill()
+
+
+# ---------------------------------------------------------------- client processes (run under multiprocessing spawn)
+
+def pattern(i: int, size: int, version: int = 0) -> bytes:
+    """Object i, version v: an 8-byte header (i, v) then one byte value, so a torn or foreign buffer is detectable."""
+    import struct
+
+    return struct.pack("<II", i, version) + bytes([(i * 7 + version * 13 + 1) % 256]) * (size - 8)
+
+
+def check_pattern(buf, i: int) -> int:
+    """The version found in `buf` if it is a whole, valid object i; raises AssertionError otherwise."""
+    import struct
+
+    data = bytes(buf)
+    got_i, version = struct.unpack("<II", data[:8])
+    assert got_i == i, f"object {i}: header says {got_i}"
+    assert data == pattern(i, len(data), version), f"object {i} version {version}: torn or foreign bytes"
+    return version
+
+
+def key_of(i: int, salt: int = 0) -> bytes:
+    return (salt << 32 | i).to_bytes(16, "big")
+
+
+def client_put(address: str, indices: list[int], size: int, transport: str = "auto", salt: int = 0) -> list[str]:
+    from kvpool import PoolClient
+
+    with PoolClient(address, transport=transport, timeout=5) as c:
+        return c.put_many([key_of(i, salt) for i in indices], [pattern(i, size) for i in indices])
+
+
+def client_get(address: str, indices: list[int], size: int, transport: str = "auto", salt: int = 0) -> int:
+    """Number of leading objects returned byte-exact (raises on any wrong byte)."""
+    from kvpool import PoolClient
+
+    with PoolClient(address, transport=transport, timeout=5) as c:
+        bufs = [bytearray(size) for _ in indices]
+        n = c.get_many_into([key_of(i, salt) for i in indices], bufs)
+        for i, buf in zip(indices[:n], bufs[:n]):
+            assert check_pattern(buf, i) == 0
+        return n

@@ -1,0 +1,112 @@
+"""The distributed pool with real processes on 127.0.0.1: a master, two storage nodes, client processes, and a real
+redis-server for the restart test. Every client call has a deadline; every wait loop is bounded in time and count."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+
+from kvpool import PoolClient
+from tests.store.cluster import (cluster, client_get, client_put, key_of, pattern, redis_server,  # noqa: F401
+                                 start_redis)
+
+SIZE = 64 << 10
+TTL = 1.5
+
+
+def _inspect_nodes(address: str, keys: list[bytes]) -> list[str]:
+    import grpc
+
+    from kvpool.proto import kvpool_pb2 as pb
+    from kvpool.proto import kvpool_pb2_grpc as pbg
+
+    with grpc.insecure_channel(address) as ch:
+        reply = pbg.MasterServiceStub(ch).Inspect(pb.InspectRequest(keys=keys), timeout=5)
+    assert list(reply.found) == [True] * len(keys)
+    return [o.node_id for o in reply.objects]
+
+
+def test_put_in_one_client_process_get_byte_exact_in_two_others(cluster):
+    master = cluster.start_master(node_ttl_s=TTL)
+    cluster.start_node("n1")
+    cluster.start_node("n2")
+    indices = list(range(40))
+    with ProcessPoolExecutor(3, mp_context=mp.get_context("spawn")) as pool:
+        assert pool.submit(client_put, master.address, indices, SIZE).result(60) == ["stored"] * 40
+        shm = pool.submit(client_get, master.address, indices, SIZE, "auto")
+        tcp = pool.submit(client_get, master.address, indices, SIZE, "tcp")
+        assert shm.result(60) == 40 and tcp.result(60) == 40
+        assert pool.submit(client_put, master.address, indices[:3], SIZE).result(60) == ["exists"] * 3
+    placed = _inspect_nodes(master.address, [key_of(i) for i in indices])
+    assert set(placed) == {"n1", "n2"}  # both nodes hold some of the objects
+
+
+def test_sigkilled_node_keys_become_misses_others_still_served(cluster):
+    master = cluster.start_master(node_ttl_s=TTL)
+    cluster.start_node("n1")
+    cluster.start_node("n2")
+    indices = list(range(24))
+    with PoolClient(master.address, timeout=3, retries=0) as c:
+        assert c.put_many([key_of(i) for i in indices], [pattern(i, SIZE) for i in indices]) == ["stored"] * 24
+        placed = dict(zip(indices, _inspect_nodes(master.address, [key_of(i) for i in indices])))
+        lost = [i for i in indices if placed[i] == "n1"]
+        kept = [i for i in indices if placed[i] == "n2"]
+        assert lost and kept
+        cluster.nodes["n1"].kill()
+        # Before the TTL passes, reads of n1's keys still answer (a miss or bytes from a dead mapping never
+        # appear: the TCP read fails fast, the shared-memory file is still mapped); nothing hangs.
+        for transport in ("tcp", "auto"):
+            with PoolClient(master.address, transport=transport, timeout=3, retries=0) as t:
+                bufs = [bytearray(SIZE) for _ in lost]
+                n = t.get_many_into([key_of(i) for i in lost], bufs)
+                for i, buf in zip(lost[:n], bufs[:n]):
+                    assert bytes(buf) == pattern(i, SIZE)
+        deadline = time.monotonic() + TTL + 10
+        for _ in range(200):
+            if not any(c.contains_many([key_of(i) for i in lost])):
+                break
+            assert time.monotonic() < deadline, "n1's keys still indexed long after its TTL"
+            time.sleep(0.1)
+        assert c.contains_many([key_of(i) for i in lost]) == [False] * len(lost)
+        assert c.lookup_prefix([key_of(lost[0])]) == 0
+        bufs = [bytearray(SIZE) for _ in kept]
+        assert c.get_many_into([key_of(i) for i in kept], bufs) == len(kept)
+        assert [bytes(b) for b in bufs] == [pattern(i, SIZE) for i in kept]
+        stats = c.stats()
+        assert sorted(stats["nodes"]) == ["n2"]
+
+
+def test_master_sigkilled_and_restarted_on_redis_loses_no_committed_key(cluster, tmp_path):
+    redis = start_redis(tmp_path / "redis", appendonly=True)
+    try:
+        master = cluster.start_master(node_ttl_s=5.0, redis_url=redis.url)
+        cluster.start_node("n1", ssd="16MiB")
+        cluster.start_node("n2")
+        indices = list(range(300))  # 300 x 64 KiB > the two 8 MiB arenas: some objects land on n1's SSD
+        with PoolClient(master.address, timeout=5) as c:
+            statuses = c.put_many([key_of(i) for i in indices], [pattern(i, SIZE) for i in indices])
+            stored = [i for i, s in zip(indices, statuses) if s == "stored"]
+            before = c.stats()
+        assert len(stored) == 300 and before["tiers"]["ssd"]["objects"] > 0
+        port = int(master.address.rsplit(":", 1)[1])
+        master.kill()
+        master = cluster.start_master(port=port, node_ttl_s=5.0, redis_url=redis.url)
+        with PoolClient(master.address, timeout=5) as c:
+            assert c.contains_many([key_of(i) for i in stored]) == [True] * len(stored)
+            deadline = time.monotonic() + 10
+            for _ in range(100):  # nodes notice the new master at their next heartbeat and re-register
+                if sorted(c.stats()["endpoints"]) == ["n1", "n2"]:
+                    break
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            for transport in ("auto", "tcp"):
+                with PoolClient(master.address, transport=transport, timeout=5) as t:
+                    bufs = [bytearray(SIZE) for _ in stored]
+                    assert t.get_many_into([key_of(i) for i in stored], bufs) == len(stored)
+                    assert all(bytes(b) == pattern(i, SIZE) for i, b in zip(stored, bufs))
+            assert c.stats()["objects"] == before["objects"]
+    finally:
+        redis.kill()
