@@ -1,0 +1,350 @@
+"""kvpool/dashboard.py over real HTTP on 127.0.0.1, and the page itself in a real headless Chromium.
+
+History is made deterministic by a fake clock and explicit `sample()` calls (sample_interval=None), never by sleeping.
+The browser test drives the page with a real EmbeddedPool under RAG-style traffic (lookup, then save the missed
+blocks) and checks the page against the token counts the CLIENTS observed (sum of lookup_prefix results).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from kvpool.dashboard import DashboardServer
+from kvpool.metrics import PoolMetrics
+from kvpool import EmbeddedPool, Namespace, block_keys
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+
+class Clock:
+    def __init__(self, t: float = 1_000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Counters:
+    """A stats provider in the master's shape whose counters the test moves by hand."""
+
+    def __init__(self):
+        self.stats = {"nodes": {"n1": {"dram": {"objects": 0, "bytes": 0, "capacity": 1 << 20},
+                                       "ssd": {"objects": 0, "bytes": 0, "capacity": 1 << 22}}},
+                      "namespaces": {"m/default": {"requested_tokens": 0, "hit_tokens": 0,
+                                                   "hit_tokens_by_tier": {"hbm": 0, "dram": 0, "ssd": 0}}},
+                      "lookups": 0, "requested_tokens": 0, "hit_tokens": 0,
+                      "hit_tokens_by_tier": {"hbm": 0, "dram": 0, "ssd": 0}, "puts": {"stored": 0}}
+        self.fail = False
+
+    def __call__(self):
+        if self.fail:
+            raise ConnectionError("master unreachable")
+        return json.loads(json.dumps(self.stats))  # a fresh copy, as an RPC answer would be
+
+    def traffic(self, requested: int, dram: int, ssd: int, stored: int = 0) -> None:
+        for c in (self.stats, self.stats["namespaces"]["m/default"]):
+            c["requested_tokens"] += requested
+            c["hit_tokens"] += dram + ssd
+            c["hit_tokens_by_tier"]["dram"] += dram
+            c["hit_tokens_by_tier"]["ssd"] += ssd
+        self.stats["lookups"] += 1
+        self.stats["puts"]["stored"] += stored
+
+
+def get(url: str) -> tuple[int, str, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.headers["Content-Type"], r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers["Content-Type"], e.read()
+
+
+@pytest.fixture
+def dash():
+    counters, clock = Counters(), Clock()
+    registry = CollectorRegistry()
+    PoolMetrics.create(registry, counters)
+    server = DashboardServer(counters, registry, sample_interval=None, window=2, history_points=4, clock=clock)
+    with server:
+        yield server, counters, clock
+
+
+def test_routes_serve_page_stats_metrics_health(dash):
+    server, counters, _ = dash
+    counters.traffic(requested=64, dram=16, ssd=8)
+    status, ctype, body = get(server.url)
+    assert (status, ctype) == (200, "text/html; charset=utf-8")
+    assert b'id="hit-rate-value"' in body and b"/static/dashboard.js" in body
+    assert b"http://" not in body and b"https://" not in body  # nothing fetched from outside (offline clusters)
+    for name, ctype_want in (("dashboard.js", "text/javascript; charset=utf-8"),
+                             ("dashboard.css", "text/css; charset=utf-8")):
+        status, ctype, body = get(server.url + "static/" + name)
+        assert (status, ctype) == (200, ctype_want)
+        assert body == (ROOT / "kvpool" / "static" / name).read_bytes()
+    status, ctype, body = get(server.url + "api/stats")
+    assert (status, ctype) == (200, "application/json")
+    stats = json.loads(body)
+    assert stats == {**counters(), "hit_rate": 0.375, "nodes_alive": 1, "active_tiers": ["dram", "ssd"]}
+    status, ctype, body = get(server.url + "metrics")
+    assert status == 200 and ctype.startswith("text/plain")
+    assert 'kvpool_hit_tokens_total{namespace="m/default",tier="ssd"} 8.0' in body.decode().splitlines()
+    assert get(server.url + "health")[::2] == (200, b'{"status": "ok"}')
+
+
+@pytest.mark.parametrize("path, status, error", [
+    ("nope", 404, "not found: /nope"),
+    ("static/../dashboard.py", 404, "not found: /static/../dashboard.py"),
+    ("static/missing.js", 404, "not found: /static/missing.js"),
+    ("api/history?limit=abc", 400, "limit: expected an integer in [1, 4], got 'abc'"),
+    ("api/history?limit=0", 400, "limit: expected an integer in [1, 4], got '0'"),
+    ("api/history?limit=5", 400, "limit: expected an integer in [1, 4], got '5'"),
+    ("api/history?since=nan", 400, "since: expected a unix time in seconds, got 'nan'"),
+    ("api/history?since=x", 400, "since: expected a unix time in seconds, got 'x'"),
+    ("api/history?limit=1&limit=2", 400, "limit: given more than once"),
+    ("api/history?window=3", 400, "window: unknown query parameter; allowed: since, limit"),
+    ("api/stats?verbose=1", 400, "verbose: unknown query parameter; allowed: none"),
+])
+def test_bad_routes_and_params_answer_json_errors(dash, path, status, error):
+    server = dash[0]
+    got_status, ctype, body = get(server.url + path)
+    assert (got_status, ctype, json.loads(body)["error"]) == (status, "application/json", error)
+    if status == 400:
+        assert json.loads(body)["param"] == error.split(":")[0]
+
+
+def test_post_is_405(dash):
+    req = urllib.request.Request(dash[0].url + "api/stats", data=b"{}", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 405
+    assert json.loads(e.value.read()) == {"error": "method POST not allowed; use GET"}
+
+
+def test_history_rates_over_the_window_exact(dash):
+    server, counters, clock = dash
+    assert server.sample() is None  # first sample: a baseline, no rate yet
+    clock.t += 1
+    counters.traffic(requested=100, dram=50, ssd=25, stored=4)
+    p1 = server.sample()
+    assert p1 == {"t": 1001.0, "hit_rate": {"all": 0.75, "dram": 0.5, "ssd": 0.25},
+                  "requested_tokens_per_s": 100.0, "hit_tokens_per_s": 75.0, "lookups_per_s": 1.0,
+                  "stored_per_s": 4.0}
+    clock.t += 1
+    counters.traffic(requested=300, dram=0, ssd=0)
+    p2 = server.sample()  # window=2 samples: compares against t=1000
+    assert p2["hit_rate"] == {"all": 75 / 400, "dram": 50 / 400, "ssd": 25 / 400}
+    assert p2["requested_tokens_per_s"] == 200.0
+    clock.t += 1
+    p3 = server.sample()  # window now t=1001..1003: 300 requested, 0 hits
+    assert p3["hit_rate"] == {"all": 0.0, "dram": 0.0, "ssd": 0.0}
+    clock.t += 1
+    p4 = server.sample()  # t=1002..1004: nothing requested -> no hit rate (null), not 0%
+    assert p4["hit_rate"] == {"all": None, "dram": None, "ssd": None}
+    assert p4["requested_tokens_per_s"] == 0.0
+    status, _, body = get(server.url + "api/history")
+    assert status == 200 and json.loads(body) == {"points": [p1, p2, p3, p4], "interval": None, "window": 2}
+    assert json.loads(get(server.url + "api/history?since=1002&limit=1")[2])["points"] == [p4]
+    assert json.loads(get(server.url + "api/history?since=1001.5")[2])["points"] == [p2, p3, p4]
+    clock.t += 1
+    server.sample()
+    assert [p["t"] for p in server.history.points()] == [1002.0, 1003.0, 1004.0, 1005.0]  # ring of 4
+
+
+def test_counter_reset_restarts_the_window(dash):
+    server, counters, clock = dash
+    counters.traffic(requested=1000, dram=1000, ssd=0)
+    server.sample()
+    counters.stats["requested_tokens"] = 10  # the master restarted: counters start again from 0
+    counters.stats["hit_tokens_by_tier"] = {"dram": 5, "ssd": 0}
+    clock.t += 1
+    assert server.sample() is None
+    clock.t += 1
+    counters.traffic(requested=10, dram=0, ssd=5)
+    assert server.sample()["hit_rate"] == {"all": 0.5, "dram": 0.0, "ssd": 0.5}
+
+
+def test_unreachable_pool_is_503_and_page_keeps_serving(dash):
+    server, counters, _ = dash
+    counters.fail = True
+    status, _, body = get(server.url + "api/stats")
+    assert (status, json.loads(body)) == (503, {"error": "stats unavailable: master unreachable"})
+    assert get(server.url)[0] == 200
+    assert get(server.url + "health")[0] == 200
+    assert "kvpool_nodes_alive" in get(server.url + "metrics")[2].decode()  # event metrics + empty families
+
+
+def test_sampler_thread_fills_history_and_survives_provider_errors():
+    counters = Counters()
+    counters.fail = True
+    ticks = []
+
+    def provider():
+        ticks.append(1)
+        if len(ticks) >= 3:
+            counters.fail = False
+        return counters()
+
+    server = DashboardServer(provider, CollectorRegistry(), sample_interval=0.01)
+    with server:
+        for _ in range(2000):  # bounded: the thread must produce two good samples (one point)
+            if server.history.points():
+                break
+            server._stop.wait(0.01)
+    assert len(server.history.points()) >= 1
+    assert not server._threads  # stop() joined both threads
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"port": -1}, r"port must be an int in \[0, 65535\], got -1"),
+    ({"sample_interval": 0}, r"sample_interval must be a positive number of seconds or None, got 0"),
+    ({"window": 0}, r"window must be a positive int \(samples\), got 0"),
+    ({"history_points": 0}, r"history_points must be a positive int, got 0"),
+])
+def test_constructor_rejects_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        DashboardServer(Counters(), CollectorRegistry(), **kwargs)
+    with pytest.raises(ValueError, match="stats_provider must be callable"):
+        DashboardServer({"nodes": {}}, CollectorRegistry())
+
+
+# ---- the page in a real browser ---------------------------------------------------------------------------------
+
+NAMESPACES = [  # tiny layouts: one block of 16 tokens is 2 KiB; DRAM holds about half the working set
+    Namespace(model="smollm2-135m", fingerprint="w1", kv_dtype="float32", block_tokens=16, num_layers=2,
+              num_kv_heads=1, head_dim=8),
+    Namespace(model="smollm2-135m", fingerprint="w1", kv_dtype="float32", block_tokens=16, num_layers=2,
+              num_kv_heads=1, head_dim=8, tenant="team-b"),
+    Namespace(model="llama-3.2-1b", fingerprint="w2", kv_dtype="float16", block_tokens=16, num_layers=2,
+              num_kv_heads=2, head_dim=8),
+]
+
+
+def prompt(ns_index: int, step: int) -> list[int]:
+    """A RAG-style prompt: shared system prefix (4 blocks) + one of 12 documents (5-7 blocks) + a fresh question."""
+    doc = (step * 7 + ns_index * 3) % 12 if ns_index != 2 else step % 40  # namespace 2 rarely repeats a document
+    system = [ns_index * 10_000 + j for j in range(64)]
+    document = [1_000_000 + doc * 1_000 + j for j in range(80 + 16 * (doc % 3))]
+    question = [5_000_000 + step * 100 + j for j in range(40)]
+    return system + document + question
+
+
+def run_traffic(pool: EmbeddedPool, server: DashboardServer, clock: Clock, steps: int) -> tuple[int, int]:
+    """Each step, every namespace loads the leading blocks of its prompt that the pool has, then saves the blocks
+    it missed (as the connector does after prefill); then the dashboard samples. Returns (requested, hit) tokens
+    as the CLIENTS saw them."""
+    requested = hit = 0
+    for step in range(steps):
+        for i, ns in enumerate(NAMESPACES):
+            if i == 1 and step % 2:  # team-b sends half the traffic
+                continue
+            keys = block_keys(ns, prompt(i, step))
+            n = pool.get_many_into(keys, [bytearray(ns.block_bytes) for _ in keys], namespace=ns)
+            requested += len(keys) * ns.block_tokens
+            hit += n * ns.block_tokens
+            pool.put_many(keys[n:], [bytes([step % 256]) * ns.block_bytes] * (len(keys) - n), namespace=ns)
+        clock.t += 1
+        server.sample()
+    return requested, hit
+
+
+def fmt_pct(num: int, den: int) -> str:
+    text = f"{100 * num / den:.1f}%"
+    # JS toFixed rounds exact binary ties up, Python to even: make sure this value is not such a tie.
+    assert (100 * num / den * 10) % 1 != 0.5, "pick traffic whose hit rate is not an exact .x5 tie"
+    return text
+
+
+def _chrome_or_skip():
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.path.exists(p)]
+    if missing:
+        pytest.skip(f"browser test needs {' and '.join(missing)} (apt-get install chromium chromium-driver)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="browser test needs selenium (dev extra)")
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="kvpool-chromium-")
+    opts = webdriver.ChromeOptions()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                "--no-first-run", f"--user-data-dir={profile}", "--window-size=1440,1000"):
+        opts.add_argument(arg)
+    opts.binary_location = CHROMIUM
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    driver.set_page_load_timeout(30)
+    return driver, profile
+
+
+@pytest.mark.browser
+def test_dashboard_page_in_headless_chromium_shows_exact_hit_rate(tmp_path):
+    driver, profile = _chrome_or_skip()
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    clock = Clock(1_795_000_000.0)  # a fixed wall time, so the axis labels are real clock times
+    # promote_on_hit=False: the master counts a promoted SSD hit as a DRAM hit, and this page should show both tiers
+    pool = EmbeddedPool(dram_bytes=1 << 20, ssd_path=str(tmp_path / "ssd"), ssd_bytes=8 << 20, promote_on_hit=False)
+    registry = CollectorRegistry()
+    PoolMetrics.create(registry, pool.stats)
+    server = DashboardServer(pool.stats, registry, sample_interval=None, clock=clock)
+    try:
+        server.start()
+        server.sample()
+        requested, hit = run_traffic(pool, server, clock, steps=90)
+        snap = server.snapshot()
+        assert (snap.requested_tokens, snap.hit_tokens) == (requested, hit)  # master counted what clients saw
+        assert 0 < hit < requested and snap.hit_tokens_by_tier["dram"] > 0 and snap.hit_tokens_by_tier["ssd"] > 0
+
+        driver.get(server.url)
+        WebDriverWait(driver, 30).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-updates"))
+        assert driver.find_element(By.ID, "hit-rate-value").text == fmt_pct(hit, requested)
+        for tier in ("dram", "ssd"):
+            assert driver.find_element(By.ID, f"hit-rate-{tier}").text == \
+                f"{tier.upper()} {fmt_pct(snap.hit_tokens_by_tier[tier], requested)}"
+        assert driver.find_elements(By.ID, "hit-rate-hbm") == []  # no HBM on this machine: not shown
+        assert driver.find_element(By.ID, "requested-tokens").text == f"{requested:,}"
+        assert driver.find_element(By.ID, "nodes-alive").text == "1"
+        assert driver.find_element(By.ID, "conn-status").get_attribute("data-state") == "live"
+
+        bars = {(b.get_attribute("data-node"), b.get_attribute("data-tier")):
+                (int(b.get_attribute("data-used")), int(b.get_attribute("data-capacity")))
+                for b in driver.find_elements(By.CSS_SELECTOR, ".cap-bar")}
+        assert bars == {(n, t): (u.bytes, u.capacity) for n, tiers in snap.nodes.items() for t, u in tiers.items()}
+        assert set(bars) == {("local", "dram"), ("local", "ssd")}
+        assert bars[("local", "dram")][1] == 1 << 20 and bars[("local", "ssd")][1] == 8 << 20
+
+        rows = [(r.get_attribute("data-namespace"), r.find_element(By.CSS_SELECTOR, ".ns-hit-rate").text)
+                for r in driver.find_elements(By.CSS_SELECTOR, "#namespaces .ns-row")]
+        by_requested = sorted(snap.namespaces.items(), key=lambda kv: -kv[1].requested_tokens)
+        assert rows == [(label, fmt_pct(c.hit_tokens, c.requested_tokens)) for label, c in by_requested]
+        assert [label for label, _ in rows] == ["smollm2-135m/default", "llama-3.2-1b/default",
+                                                "smollm2-135m/team-b"]
+        series = {p.get_attribute("data-series")
+                  for p in driver.find_elements(By.CSS_SELECTOR, "#hit-rate-chart path.series")}
+        assert series == {"all", "dram", "ssd"}
+        assert {p.get_attribute("data-series")
+                for p in driver.find_elements(By.CSS_SELECTOR, "#throughput-chart path.series")} == {"requested",
+                                                                                                   "hit"}
+
+        height = int(driver.execute_script("return document.documentElement.scrollHeight"))
+        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",  # whole page, not just the viewport
+                               {"width": 1440, "height": height, "deviceScaleFactor": 1, "mobile": False})
+        png = driver.get_screenshot_as_png()
+        for out in (ROOT / "artifacts" / "dashboard.png", ROOT / "docs" / "dashboard.png"):
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(png)
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    finally:
+        driver.quit()
+        server.stop()
+        pool.close()
+        shutil.rmtree(profile, ignore_errors=True)
