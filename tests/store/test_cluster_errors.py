@@ -1,0 +1,229 @@
+"""Bad input to every RPC of a real master + node answers the exact gRPC status with a message naming the field, and
+leaves the index as it was (Stats and List compared before/after). Plus: a reader racing a writer never sees
+partial bytes."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+import grpc
+import pytest
+
+from kvpool import PoolClient
+from kvpool.proto import kvpool_pb2 as pb
+from kvpool.proto import kvpool_pb2_grpc as pbg
+from kvpool.store import tokens
+from kvpool.store.data_channel import DENIED, DataClient, Extent
+from tests.store.cluster import Cluster, check_pattern, key_of, pattern
+
+SIZE = 16 << 10
+MAX_BATCH = 64
+GRANT_TTL = 1.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(workdir=tmp_path_factory.mktemp("cluster"))
+    yield c
+    c.close()
+    print(c.logs())
+
+
+@pytest.fixture(scope="module")
+def pool(cluster):
+    """One master + node for the whole module: each test leaves the index as it found it (or uses its own keys)."""
+    master = cluster.start_master(node_ttl_s=5.0, extra=["--max-batch-keys", str(MAX_BATCH), "--grant-ttl-s",
+                                                         str(GRANT_TTL), "--heartbeat-s", "0.5"])
+    node = cluster.start_node("n1")
+    channel = grpc.insecure_channel(master.address)
+    stub = pbg.MasterServiceStub(channel)
+    node_channel = grpc.insecure_channel(node.address)
+    with PoolClient(master.address, timeout=5) as client:
+        assert client.put_many([key_of(i) for i in range(5)], [pattern(i, SIZE) for i in range(5)]) == ["stored"] * 5
+        yield stub, pbg.NodeServiceStub(node_channel), client
+    channel.close()
+    node_channel.close()
+
+
+def _snapshot(stub) -> tuple:
+    stats = json.loads(stub.Stats(pb.StatsRequest(), timeout=5).json)
+    listing = stub.List(pb.ListRequest(), timeout=5)
+    keep = {k: stats[k] for k in ("objects", "tiers", "grants_open", "leases_open", "nodes")}
+    return keep, [(o.key, o.node_id, o.tier, o.offset, o.size, o.checksum) for o in listing.objects]
+
+
+def _expect(call, code: grpc.StatusCode, fragment: str) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    assert info.value.code() == code, info.value.details()
+    assert fragment in info.value.details(), info.value.details()
+
+
+K = key_of(100)
+BAD = [
+    ("PutStart", lambda: pb.PutStartRequest(keys=[K, b"short"], sizes=[SIZE, SIZE]), "INVALID_ARGUMENT",
+     "keys[1] must be a 16-byte key, got 5"),
+    ("PutStart", lambda: pb.PutStartRequest(keys=[K], sizes=[SIZE, SIZE]), "INVALID_ARGUMENT",
+     "sizes has 2 entries, keys has 1"),
+    ("PutStart", lambda: pb.PutStartRequest(keys=[K], sizes=[0]), "INVALID_ARGUMENT", "sizes[0] must be an int"),
+    ("PutStart", lambda: pb.PutStartRequest(keys=[K], sizes=[SIZE], namespace=b"x" * 5), "INVALID_ARGUMENT",
+     "namespace: must be a 16-byte namespace digest, got 5 bytes"),
+    ("PutStart", lambda: pb.PutStartRequest(keys=[key_of(i) for i in range(MAX_BATCH + 1)],
+                                            sizes=[SIZE] * (MAX_BATCH + 1)), "RESOURCE_EXHAUSTED",
+     f"keys: batch of {MAX_BATCH + 1} exceeds max_batch_keys={MAX_BATCH}"),
+    ("PutCommit", lambda: pb.PutCommitRequest(grant_ids=[1, 2], checksums=[1]), "INVALID_ARGUMENT",
+     "checksums: has 1 entries, grant_ids has 2"),
+    ("PutCommit", lambda: pb.PutCommitRequest(grant_ids=list(range(MAX_BATCH + 1)), checksums=[0] * (MAX_BATCH + 1)),
+     "RESOURCE_EXHAUSTED", "grant_ids: batch of 65"),
+    ("Lookup", lambda: pb.LookupRequest(keys=[key_of(0), b"k" * 17], lease=True), "INVALID_ARGUMENT",
+     "keys[1] must be a 16-byte key, got 17"),
+    ("Lookup", lambda: pb.LookupRequest(keys=[key_of(0)], lease=True, expect_sizes=[SIZE + 1]), "INVALID_ARGUMENT",
+     f"expect_sizes[0] is {SIZE + 1} bytes, object has {SIZE}"),
+    ("Lookup", lambda: pb.LookupRequest(keys=[key_of(i) for i in range(MAX_BATCH + 1)]), "RESOURCE_EXHAUSTED",
+     "keys: batch of 65"),
+    ("Contains", lambda: pb.ContainsRequest(keys=[b""]), "INVALID_ARGUMENT", "keys[0] must be a 16-byte key, got 0"),
+    ("Remove", lambda: pb.RemoveRequest(keys=[key_of(0), key_of(1), b"x"]), "INVALID_ARGUMENT",
+     "keys[2] must be a 16-byte key, got 1"),
+    ("Remove", lambda: pb.RemoveRequest(keys=[key_of(i) for i in range(MAX_BATCH + 1)]), "RESOURCE_EXHAUSTED",
+     "keys: batch of 65"),
+    ("Inspect", lambda: pb.InspectRequest(keys=[b"x" * 3]), "INVALID_ARGUMENT", "keys[0] must be a 16-byte key"),
+    ("List", lambda: pb.ListRequest(start_after=b"abc"), "INVALID_ARGUMENT", "start_after: must be a 16-byte key"),
+    ("Evict", lambda: pb.EvictRequest(namespace=b"abc"), "INVALID_ARGUMENT", "namespace: must be a 16-byte"),
+    ("ReportObjects", lambda: pb.ReportObjectsRequest(node_id="ghost", keys=[K], namespaces=[K], tiers=[1],
+                                                      offsets=[0], sizes=[SIZE], checksums=[0]),
+     "NOT_FOUND", "node_id 'ghost' is not registered"),
+    ("ReportObjects", lambda: pb.ReportObjectsRequest(node_id="n1", keys=[K], namespaces=[K], tiers=[1],
+                                                      offsets=[0, 1], sizes=[SIZE], checksums=[0]),
+     "INVALID_ARGUMENT", "offsets: has 2 entries, keys has 1"),
+    ("DrainNode", lambda: pb.DrainNodeRequest(node_id="ghost"), "NOT_FOUND", "node_id 'ghost' is not registered"),
+    ("RegisterNode", lambda: pb.RegisterNodeRequest(node=pb.NodeEndpoint(node_id="")), "INVALID_ARGUMENT",
+     "node.node_id: must be a non-empty string"),
+]
+
+
+@pytest.mark.parametrize("method,make,code,fragment", BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)])
+def test_bad_master_rpc_answers_exact_code_and_changes_nothing(pool, method, make, code, fragment):
+    stub, _, _ = pool
+    before = _snapshot(stub)
+    _expect(lambda: getattr(stub, method)(make(), timeout=5), getattr(grpc.StatusCode, code), fragment)
+    assert _snapshot(stub) == before
+
+
+def _grant(stub, key):
+    reply = stub.PutStart(pb.PutStartRequest(keys=[key], sizes=[SIZE]), timeout=5)
+    assert list(reply.statuses) == [pb.STORED]
+    return reply
+
+
+def _write_chunks(reply, *, token=None, offset=None, size=None, expires=None, data=None):
+    yield pb.WriteChunk(grant_id=reply.grant_ids[0], tier=reply.tiers[0],
+                        offset=reply.offsets[0] if offset is None else offset,
+                        size=reply.sizes[0] if size is None else size,
+                        expires_unix_ms=reply.expires_unix_ms if expires is None else expires,
+                        token=reply.tokens[0] if token is None else token,
+                        data=b"Z" * SIZE if data is None else data)
+
+
+def test_forged_stretched_and_expired_grants_are_permission_denied(pool):
+    stub, node, client = pool
+    reply = _grant(stub, K)
+    before = _snapshot(stub)
+    victim = bytearray(SIZE)
+    assert client.get_many_into([key_of(0)], [victim]) == 1
+    forged = bytes(16)
+    cases = [
+        (dict(token=forged), "token: does not match the grant"),
+        (dict(offset=0, data=b"Z" * SIZE), "token: does not match the grant"),  # aim at object 0's extent
+        (dict(size=SIZE * 2, data=b"Z" * SIZE * 2), "token: does not match the grant"),
+        (dict(expires=reply.expires_unix_ms + 60_000), "token: does not match the grant"),
+        (dict(token=b"short"), "token: expected 16 bytes, got 5"),
+    ]
+    for kwargs, fragment in cases:
+        _expect(lambda: node.Write(_write_chunks(reply, **kwargs), timeout=5), grpc.StatusCode.PERMISSION_DENIED,
+                fragment)
+    # The same refusals on the raw data channel, and a read with a write token.
+    ep = reply.nodes[0]
+    data = DataClient(ep.data_address, timeout=5)
+    try:
+        e = Extent(reply.grant_ids[0], reply.tiers[0], 0, SIZE, reply.expires_unix_ms, reply.tokens[0], K)
+        assert data.write_many([e], [memoryview(b"Z" * SIZE)])[0].status == DENIED
+        e = Extent(reply.grant_ids[0], reply.tiers[0], reply.offsets[0], SIZE, reply.expires_unix_ms,
+                   reply.tokens[0], K)
+        assert data.read_many_into([e], [memoryview(bytearray(SIZE))])[0].status == DENIED
+        assert _snapshot(stub) == before
+        after = bytearray(SIZE)
+        assert client.get_many_into([key_of(0)], [after]) == 1 and after == victim == pattern(0, SIZE)
+        # An expired grant: wait out the grant TTL (bounded), then the genuine token is refused.
+        time.sleep(GRANT_TTL + 0.2)
+        _expect(lambda: node.Write(_write_chunks(reply), timeout=5), grpc.StatusCode.PERMISSION_DENIED,
+                "expires_unix_ms: grant expired")
+        res = data.write_many([Extent(reply.grant_ids[0], reply.tiers[0], reply.offsets[0], SIZE,
+                                      reply.expires_unix_ms, reply.tokens[0], K)], [memoryview(b"Z" * SIZE)])
+        assert res[0].status == DENIED and res[0].message == "expires_unix_ms: grant expired"
+        commit = stub.PutCommit(pb.PutCommitRequest(grant_ids=[reply.grant_ids[0]], checksums=[0]), timeout=5)
+        assert list(commit.statuses) == [pb.EXPIRED]
+        assert client.contains_many([K]) == [False]
+    finally:
+        data.close()
+
+
+def test_a_writer_can_only_write_inside_its_grant(pool):
+    stub, node, client = pool
+    reply = _grant(stub, K)
+    # The genuine grant with a short payload / an overlong payload is refused; the exact payload is accepted.
+    _expect(lambda: node.Write(_write_chunks(reply, data=b"Z" * (SIZE - 1)), timeout=5),
+            grpc.StatusCode.INVALID_ARGUMENT, f"data: {SIZE - 1} bytes sent for a grant of size {SIZE}")
+    _expect(lambda: node.Write(_write_chunks(reply, data=b"Z" * (SIZE + 1)), timeout=5),
+            grpc.StatusCode.INVALID_ARGUMENT, f"data: {SIZE + 1} bytes sent for a grant of size {SIZE}")
+    assert node.Write(_write_chunks(reply, data=pattern(100, SIZE)), timeout=5).written == SIZE
+    import xxhash
+
+    commit = stub.PutCommit(pb.PutCommitRequest(grant_ids=[reply.grant_ids[0]],
+                                                checksums=[xxhash.xxh3_64_intdigest(pattern(100, SIZE))]), timeout=5)
+    assert list(commit.statuses) == [pb.COMMITTED]
+    out = bytearray(SIZE)
+    assert client.get_many_into([K], [out]) == 1 and out == pattern(100, SIZE)
+
+
+def _writer(address: str, rounds: int, size: int) -> int:
+    """Remove and re-put 8 keys with a new version each round (new extents, reused space)."""
+    import struct
+
+    from kvpool import PoolClient
+
+    def obj(i, v):
+        return struct.pack("<II", i, v) + bytes([(i * 7 + v * 13 + 1) % 256]) * (size - 8)
+
+    with PoolClient(address, transport="tcp", timeout=5) as c:
+        for v in range(1, rounds + 1):
+            keys = [key_of(1000 + i) for i in range(8)]
+            c.remove_many(keys)
+            c.put_many(keys, [obj(1000 + i, v) for i in range(8)])
+    return rounds
+
+
+def test_reader_racing_a_writer_never_sees_partial_bytes(pool, cluster):
+    stub, _, _ = pool
+    size = 256 << 10
+    address = cluster.master.address
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as ex:
+        writer = ex.submit(_writer, address, 60, size)
+        seen = {"hit": 0, "miss": 0}
+        deadline = time.monotonic() + 60
+        with PoolClient(address, timeout=5) as reader, PoolClient(address, transport="tcp", timeout=5) as tcp:
+            for round_ in range(2000):
+                if writer.done() or time.monotonic() > deadline:
+                    break
+                for c in (reader, tcp):
+                    keys = [key_of(1000 + i) for i in range(8)]
+                    bufs = [bytearray(size) for _ in keys]
+                    n = c.get_many_into(keys, bufs)
+                    for i in range(n):
+                        check_pattern(bufs[i], 1000 + i)  # whole and of this key, whatever the version
+                    seen["hit"] += n
+                    seen["miss"] += n < 8
+        assert writer.result(120) == 60
+    assert seen["hit"] > 0
