@@ -20,6 +20,8 @@ import threading
 import time
 from typing import Callable, Sequence
 
+import numpy as np
+
 from kvpool.store import stats as stats_mod
 from kvpool.store import tokens
 from kvpool.store.config import MasterConfig
@@ -33,6 +35,8 @@ from kvpool.store.records import (NO_NS, Grant, Location, LookupResult, NodeInfo
 log = logging.getLogger(__name__)
 
 KEY_BYTES = 16
+_COMMITTED, _DOOMED, _SSD = int(State.COMMITTED), int(State.DOOMED), int(Tier.SSD)
+_TIERS = tuple(Tier)  # Tier(int) through the enum machinery costs ~1 us; a tuple index does not
 
 
 class SizeMismatch(ValueError):
@@ -73,7 +77,7 @@ class Master:
         self.placement = Placement(self.index, self.config.policy)
         self.stats_counters = stats_mod.LookupStats()
         self._grants: dict[int, tuple[int, float]] = {}         # grant_id -> (slot, expires_at)
-        self._leases: dict[int, tuple[list[int], float]] = {}   # lease_id -> (slots, expires_at)
+        self._leases: dict[int, tuple[np.ndarray, float]] = {}  # lease_id -> (slots, expires_at)
         self._next_id = 1
         self._next_reap = 0.0
         self._load()
@@ -153,7 +157,7 @@ class Master:
 
     def put_start(self, keys: Sequence[bytes], sizes: Sequence[int], ns: NsRef = NO_NS, *,
                   prefer_node: str | None = None) -> list[PutStartResult]:
-        self._check_batch(keys)
+        keys = self._check_batch(keys)
         if len(sizes) != len(keys):
             raise ValueError(f"sizes has {len(sizes)} entries, keys has {len(keys)}")
         limit = self.config.max_object_bytes
@@ -232,43 +236,49 @@ class Master:
         their locations; an SSD hit nobody else is reading moves to DRAM first when `promote_on_hit`. A hit whose
         SSD copy fails verification during that move is dropped and ends the prefix. `expect_sizes` (one per key)
         makes a size disagreement a `SizeMismatch` raised before anything changes."""
-        self._check_batch(keys)
+        keys = self._check_batch(keys)
         if expect_sizes is not None and len(expect_sizes) != len(keys):
             raise ValueError(f"expect_sizes has {len(expect_sizes)} entries, keys has {len(keys)}")
         with self._lock:
             now = self._tick()
             index = self.index
-            slots: list[int] = []
-            for i, key in enumerate(keys):
-                slot = index.slot_of(key)
-                if slot < 0 or index.state[slot] != State.COMMITTED:
+            find, state = index._slot_of.get, index.state
+            found: list[int] = []
+            for key in keys:
+                slot = find(key, -1)
+                if slot < 0 or state[slot] != _COMMITTED:
                     break
-                if expect_sizes is not None and int(index.size[slot]) != expect_sizes[i]:
-                    raise SizeMismatch(i, int(expect_sizes[i]), int(index.size[slot]))
-                slots.append(slot)
+                found.append(slot)
+            slots = np.array(found, dtype=np.int64)
+            if expect_sizes is not None and len(found):
+                wrong = np.flatnonzero(index.size[slots] != np.asarray(expect_sizes[: len(found)], dtype=np.int64))
+                if len(wrong):
+                    i = int(wrong[0])
+                    raise SizeMismatch(i, int(expect_sizes[i]), int(index.size[found[i]]))
             if not lease:
-                self.stats_counters.count(ns, len(keys), [int(index.tier[s]) for s in slots])
-                return LookupResult(hits=len(slots))
-            for slot in slots:
-                index.leases[slot] += 1
+                self.stats_counters.count(ns, len(keys), index.tier[slots].tolist())
+                return LookupResult(hits=len(found))
+            np.add.at(index.leases, slots, 1)
             if self.config.promote_on_hit:
                 slots = self._promote_hits(slots)
-            self.stats_counters.count(ns, len(keys), [int(index.tier[s]) for s in slots])
+            tiers = index.tier[slots].tolist()
+            self.stats_counters.count(ns, len(keys), tiers)
             self._touch(slots)
             result = LookupResult(hits=len(slots))
-            if slots:
+            if len(slots):
                 lease_id = self._new_id()
                 expires_at = now + self.config.lease_ttl_s
                 self._leases[lease_id] = (slots, expires_at)
                 result.lease_id, result.expires_at = lease_id, expires_at
-                for slot in slots:
-                    loc = Location(self.placement.by_number[int(index.node[slot])].node_id, Tier(int(index.tier[slot])),
-                                   int(index.offset[slot]), int(index.size[slot]))
-                    result.locations.append(loc)
-                    result.checksums.append(int(index.checksum[slot]))
-                    if self.token_secret is not None:
-                        result.tokens.append(tokens.sign(self.token_secret, tokens.READ, lease_id, loc.tier,
-                                                         loc.offset, loc.size, int(expires_at * 1000)))
+                by_number = self.placement.by_number
+                offsets, sizes = index.offset[slots].tolist(), index.size[slots].tolist()
+                result.checksums = index.checksum[slots].tolist()
+                result.locations = [Location(by_number[n].node_id, _TIERS[t], o, z)
+                                    for n, t, o, z in zip(index.node[slots].tolist(), tiers, offsets, sizes)]
+                if self.token_secret is not None:
+                    exp_ms = int(expires_at * 1000)
+                    result.tokens = [tokens.sign(self.token_secret, tokens.READ, lease_id, t, o, z, exp_ms)
+                                     for t, o, z in zip(tiers, offsets, sizes)]
             self._flush()
             return result
 
@@ -281,7 +291,7 @@ class Master:
     def report_corrupt(self, lease_id: int, keys: Sequence[bytes]) -> int:
         """A reader found these leased objects' bytes bad (SSD checksum): forget them and count it."""
         with self._lock:
-            slots = set(self._leases.get(lease_id, ((), 0))[0])
+            slots = set(self._leases.get(lease_id, ((), 0))[0].tolist()) if lease_id in self._leases else set()
             n = 0
             for key in keys:
                 slot = self.index.slot_of(key)
@@ -293,14 +303,15 @@ class Master:
             return n
 
     def contains(self, keys: Sequence[bytes]) -> list[bool]:
-        self._check_batch(keys)
+        keys = self._check_batch(keys)
         with self._lock:
             index = self.index
-            return [(s := index.slot_of(k)) >= 0 and index.state[s] == State.COMMITTED for k in keys]
+            find, state = index._slot_of.get, index.state
+            return [(s := find(k, -1)) >= 0 and state[s] == _COMMITTED for k in keys]
 
     def remove(self, keys: Sequence[bytes]) -> int:
         """Remove committed objects; returns how many. Leased ones vanish now and free their space on release."""
-        self._check_batch(keys)
+        keys = self._check_batch(keys)
         with self._lock:
             n = 0
             for key in keys:
@@ -312,7 +323,7 @@ class Master:
             return n
 
     def inspect(self, keys: Sequence[bytes]) -> list[ObjectRecord | None]:
-        self._check_batch(keys)
+        keys = self._check_batch(keys)
         with self._lock:
             return [self._record(s) if (s := self.index.slot_of(k)) >= 0 and self.index.state[s] == State.COMMITTED
                     else None for k in keys]
@@ -358,33 +369,39 @@ class Master:
         entry = self._leases.pop(lease_id, None)
         if entry is None:
             return 0
-        index = self.index
-        for slot in entry[0]:
-            index.leases[slot] -= 1
-            if index.leases[slot] == 0 and index.state[slot] == State.DOOMED:
-                self.placement.forget(slot)
+        index, slots = self.index, entry[0]
+        np.subtract.at(index.leases, slots, 1)
+        for slot in slots[(index.leases[slots] == 0) & (index.state[slots] == _DOOMED)].tolist():
+            self.placement.forget(slot)
         return 1
 
-    def _promote_hits(self, slots: list[int]) -> list[int]:
+    def _promote_hits(self, slots: np.ndarray) -> np.ndarray:
         index = self.index
-        for i, slot in enumerate(slots):
-            # Only an object nobody else is reading may move (leases == 1: ours).
-            if index.tier[slot] != Tier.SSD or index.leases[slot] != 1:
-                continue
+        # Only an object nobody else is reading may move (leases == 1: ours).
+        movable = np.flatnonzero((index.tier[slots] == _SSD) & (index.leases[slots] == 1)).tolist()
+        for i in movable:
+            slot = int(slots[i])
             if self.placement.promote(slot) is False:
-                for s in slots[i:]:
-                    index.leases[s] -= 1
+                np.subtract.at(index.leases, slots[i:], 1)
                 self.placement.forget(slot)
                 return slots[:i]
         return slots
 
-    def _touch(self, slots: list[int]) -> None:
-        chains: dict[tuple[int, int], list[bytes]] = {}
+    def _touch(self, slots: np.ndarray) -> None:
+        if not len(slots):
+            return
         index = self.index
-        for slot in slots:
-            chains.setdefault((int(index.node[slot]), int(index.tier[slot])), []).append(index.key_at(slot))
-        for (number, tier), keys in chains.items():
-            self.placement.by_number[number].spaces[Tier(tier)].policy.touch_chain(keys)
+        keys = index._keys
+        nodes, tiers = index.node[slots], index.tier[slots]
+        by_number = self.placement.by_number
+        if (nodes == nodes[0]).all() and (tiers == tiers[0]).all():  # the common case: one chain, one tier
+            by_number[int(nodes[0])].spaces[_TIERS[int(tiers[0])]].policy.touch_chain([keys[s] for s in slots.tolist()])
+            return
+        chains: dict[tuple[int, int], list[bytes]] = {}
+        for slot, n, t in zip(slots.tolist(), nodes.tolist(), tiers.tolist()):
+            chains.setdefault((n, t), []).append(keys[slot])
+        for (number, tier), chain in chains.items():
+            by_number[number].spaces[_TIERS[tier]].policy.touch_chain(chain)
 
     def _place(self, size: int, prefer_node: str | None) -> tuple[NodeState, Tier, int] | None:
         nodes = sorted(self.placement.nodes.values(), key=lambda n: (n.node_id != prefer_node, -self._free(n)))
@@ -477,13 +494,19 @@ class Master:
                 self._index_committed(node, r)
         self.placement.touched.clear()
 
-    def _check_batch(self, keys: Sequence[bytes]) -> None:
+    def _check_batch(self, keys: Sequence[bytes]) -> Sequence[bytes]:
+        """Validate a batch of keys; returns them as hashable bytes (bytearray keys are copied)."""
         if len(keys) > self.config.max_batch_keys:
             raise BatchTooLarge(f"keys: batch of {len(keys)} exceeds max_batch_keys={self.config.max_batch_keys}")
+        convert = False
         for i, key in enumerate(keys):
-            if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_BYTES:
-                got = len(key) if isinstance(key, (bytes, bytearray)) else type(key).__name__
-                raise ValueError(f"keys[{i}] must be a {KEY_BYTES}-byte key, got {got}")
+            if type(key) is not bytes:
+                if not isinstance(key, (bytes, bytearray)):
+                    raise ValueError(f"keys[{i}] must be a {KEY_BYTES}-byte key, got {type(key).__name__}")
+                convert = True
+            if len(key) != KEY_BYTES:
+                raise ValueError(f"keys[{i}] must be a {KEY_BYTES}-byte key, got {len(key)}")
+        return [bytes(k) for k in keys] if convert else keys
 
     def _new_id(self) -> int:
         self._next_id += 1

@@ -70,9 +70,11 @@ class StorageNode:
         self.node_id = config.node_id
         self.incarnation = os.urandom(8).hex()
         self.dram = None
+        self._dram_np = None
         self.ssd = None
         if config.dram_bytes > 0:
             self.dram = DramArena.create(config.dram_bytes, directory=config.shm_dir)
+            self._dram_np = self.dram.array(0, config.dram_bytes)  # sliced per object: no per-call checks
             if not config.share_dram:
                 # Nobody else maps it: unlink now so a killed process leaves nothing behind in /dev/shm.
                 self.dram.unlink()
@@ -90,7 +92,7 @@ class StorageNode:
 
     def dram_array(self, offset: int, size: int) -> np.ndarray:
         """uint8 view of a DRAM extent: the caller copies into / out of it (that copy is the transfer)."""
-        return self.dram.array(offset, size)
+        return self._dram_np[offset:offset + size]
 
     def write(self, tier: Tier, offset: int, key: bytes, ns_digest: bytes, payload, checksum: int) -> None:
         if tier == Tier.DRAM:
@@ -152,5 +154,6 @@ class StorageNode:
         if self.dram is not None:
             if self.config.share_dram:
                 self.dram.unlink()
+            self._dram_np = None
             self.dram.close()
             self.dram = None

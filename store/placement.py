@@ -26,6 +26,11 @@ from kvpool.tiers.types import Tier
 
 log = logging.getLogger(__name__)
 
+# Enum attribute lookups cost ~1 us on Python 3.11; these run per object.
+_TIERS = tuple(Tier)
+_SSD = Tier.SSD
+_COMMITTED, _PENDING = int(State.COMMITTED), int(State.PENDING)
+
 
 @dataclass(slots=True)
 class TierSpace:
@@ -112,10 +117,10 @@ class Placement:
         index = self.index
         key = index.key_at(slot)
         node = self.node_of(slot)
-        space = node.spaces.get(Tier(int(index.tier[slot]))) if node is not None else None
-        state = index.state[slot]
-        if state in (State.COMMITTED, State.PENDING):
-            if state == State.COMMITTED:
+        space = node.spaces.get(_TIERS[index.tier[slot]]) if node is not None else None
+        state = int(index.state[slot])
+        if state == _COMMITTED or state == _PENDING:
+            if state == _COMMITTED:
                 self.gone.append(key)
                 self.touched.discard(slot)
                 if space is not None:
@@ -127,8 +132,8 @@ class Placement:
         if free_extent and space is not None:
             offset = int(index.offset[slot])
             space.allocator.free(offset)
-            if space.tier == Tier.SSD:
-                drop = Drop(key, Tier.SSD, offset, int(index.size[slot]))
+            if space.tier is _SSD:
+                drop = Drop(key, _SSD, offset, int(index.size[slot]))
                 if drops is None:
                     node.ops.drop([drop])
                 else:

@@ -1,0 +1,1 @@
+"""Benchmarks runnable from an installed package (`kvpool bench ...`); bench/*.py are thin wrappers."""
