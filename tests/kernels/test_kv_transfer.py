@@ -1,0 +1,69 @@
+"""gather/scatter between the paged cache and pool objects [layers, 2, block_tokens, kv_heads, head_dim]."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvpool.kernels.kv_transfer import gather_blocks, gather_layer, object_shape, scatter_blocks, scatter_layer
+
+L, NB, BT, H, D = 3, 6, 4, 2, 5
+
+
+@pytest.fixture
+def cache():
+    return torch.arange(L * 2 * NB * BT * H * D, dtype=torch.float32).view(L, 2, NB, BT, H, D)
+
+
+def test_object_layout_is_layer_major_k_then_v(cache):
+    out = torch.empty(1, *object_shape(cache))
+    gather_blocks(cache, [4], out)
+    for layer in range(L):
+        assert torch.equal(out[0, layer, 0], cache[layer, 0, 4])
+        assert torch.equal(out[0, layer, 1], cache[layer, 1, 4])
+    flat = out[0].reshape(-1)
+    per_layer = 2 * BT * H * D
+    assert torch.equal(flat[per_layer:per_layer + BT * H * D], cache[1, 0, 4].reshape(-1))  # layer 1 K by offset
+
+
+def test_scatter_then_gather_round_trips_and_touches_only_target_blocks(cache):
+    before = cache.clone()
+    src = [torch.randn(object_shape(cache)) for _ in range(2)]
+    scatter_blocks(cache, [5, 1], src)
+    assert torch.equal(cache[:, :, 5], src[0]) and torch.equal(cache[:, :, 1], src[1])
+    untouched = [0, 2, 3, 4]
+    assert torch.equal(cache[:, :, untouched], before[:, :, untouched])
+    back = torch.empty(2, *object_shape(cache))
+    gather_blocks(cache, [5, 1], back)
+    assert torch.equal(back[0], src[0]) and torch.equal(back[1], src[1])
+
+
+def test_byte_buffers_are_viewed_not_copied(cache):
+    raw = torch.zeros(L * 2 * BT * H * D * 4, dtype=torch.uint8)  # e.g. torch.frombuffer over a pool arena
+    gather_blocks(cache, [2], [raw])
+    assert torch.equal(raw.view(torch.float32).view(object_shape(cache)), cache[:, :, 2])
+
+
+def test_layer_variants_equal_object_slices(cache):
+    objs = torch.empty(2, *object_shape(cache))
+    gather_blocks(cache, [3, 0], objs)
+    target = torch.zeros_like(cache)
+    for layer in range(L):
+        parts = [torch.empty(2, BT, H, D) for _ in range(2)]
+        gather_layer(cache, layer, [3, 0], parts)
+        assert torch.equal(parts[0], objs[0, layer]) and torch.equal(parts[1], objs[1, layer])
+        scatter_layer(target, layer, [1, 2], [objs[0, layer], objs[1, layer]])
+    assert torch.equal(target[:, :, 1], cache[:, :, 3]) and torch.equal(target[:, :, 2], cache[:, :, 0])
+
+
+def test_bad_arguments_raise_naming_them(cache):
+    with pytest.raises(ValueError, match=r"^block_ids: 6 is outside \[0, 6\)$"):
+        gather_blocks(cache, [6], [torch.empty(object_shape(cache))])
+    with pytest.raises(ValueError, match=r"^out: got 1 buffers for 2 block ids$"):
+        gather_blocks(cache, [0, 1], [torch.empty(object_shape(cache))])
+    with pytest.raises(ValueError, match=r"^src: has 7 elements, one block needs 240"):
+        scatter_blocks(cache, [0], [torch.empty(7)])
+    with pytest.raises(ValueError, match=r"^src: dtype torch.float64 does not match the cache dtype torch.float32$"):
+        scatter_blocks(cache, [0], [torch.empty(object_shape(cache), dtype=torch.float64)])
+    with pytest.raises(ValueError, match=r"^layer: 3 is outside \[0, 3\)$"):
+        gather_layer(cache, 3, [0], [torch.empty(2, BT, H, D)])
