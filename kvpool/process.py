@@ -25,11 +25,13 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str
                             help=f"(default: {default})")
 
 
-def config_from_args(cls: type[T], args: argparse.Namespace, **fixed: Any) -> T:
+def config_from_args(cls: type[T], args: argparse.Namespace, env_prefix: str, **fixed: Any) -> T:
+    """Each process kind reads its own variables (KVPOOL_MASTER_LISTEN, KVPOOL_NODE_DRAM_BYTES, ...) so one
+    environment can configure a master and a node side by side."""
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
                  if getattr(args, f.name, None) is not None}
     overrides.update(fixed)
-    return load_config(cls, getattr(args, "config", None), **overrides)
+    return load_config(cls, getattr(args, "config", None), env_prefix=env_prefix, **overrides)
 
 
 def run_until_signal(stop: Callable[[], None]) -> int:

@@ -208,6 +208,7 @@ class NodeServer:
         self._master = pbg.MasterServiceStub(self._channel)
         self._stop = threading.Event()
         self._epoch = 0
+        self.registered = threading.Event()  # set after the first successful registration
         self._thread = threading.Thread(target=self._liveness_loop, name="kvpool-heartbeat", daemon=True)
 
     def endpoint(self) -> pb.NodeEndpoint:
@@ -248,6 +249,7 @@ class NodeServer:
         log.info("node %s registered (epoch %d); SSD objects adopted %d, dropped %d", self.config.node_id,
                  self._epoch, adopted, dropped)
         self._set_health(True)
+        self.registered.set()
 
     def _liveness_loop(self) -> None:
         registered = False

@@ -18,6 +18,10 @@ def run(args) -> int:
     from kvpool.process import config_from_args, run_until_signal
     from kvpool.store.master_server import MasterServer, MasterServerConfig
 
-    server = MasterServer(config_from_args(MasterServerConfig, args)).start()
+    try:
+        server = MasterServer(config_from_args(MasterServerConfig, args, "KVPOOL_MASTER_")).start()
+    except ValueError as exc:
+        print(f"kvpool master: {exc}")
+        return 2
     print(f"kvpool master serving on {server.address}", flush=True)
     return run_until_signal(server.stop)

@@ -18,6 +18,10 @@ def run(args) -> int:
     from kvpool.process import config_from_args, run_until_signal
     from kvpool.store.node_server import NodeServer, NodeServerConfig
 
-    server = NodeServer(config_from_args(NodeServerConfig, args)).start()
+    try:
+        server = NodeServer(config_from_args(NodeServerConfig, args, "KVPOOL_NODE_")).start()
+    except ValueError as exc:
+        print(f"kvpool node: {exc}")
+        return 2
     print(f"kvpool node {server.config.node_id} serving on {server.address} (data {server.data_address})", flush=True)
     return run_until_signal(server.stop)
