@@ -1,0 +1,160 @@
+"""Writes deploy/grafana/kvpool-dashboard.json. The JSON is committed (Grafana provisions it as is); this script is
+its source, so a panel is edited here and the file regenerated:  python deploy/grafana/build_dashboard.py
+
+Only documented metric names are queried (README "Operating kvpool" -> "Metrics"); tests/deploy checks every name
+in every expression against the registry kvpool/metrics.py builds, and that this script reproduces the file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+OUT = Path(__file__).with_name("kvpool-dashboard.json")
+DS = {"type": "prometheus", "uid": "kvpool-prometheus"}
+NS = 'namespace=~"$namespace"'
+RI = "$__rate_interval"
+
+
+def target(expr: str, legend: str, ref: str) -> dict:
+    return {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref, "range": True}
+
+
+def panel(pid: int, title: str, kind: str, grid: tuple[int, int, int, int], targets: list[tuple[str, str]],
+          unit: str, description: str, **extra) -> dict:
+    x, y, w, h = grid
+    p = {
+        "id": pid, "type": kind, "title": title, "description": description, "datasource": DS,
+        "gridPos": {"x": x, "y": y, "w": w, "h": h},
+        "targets": [target(e, leg, chr(ord("A") + i)) for i, (e, leg) in enumerate(targets)],
+        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+        "options": {},
+    }
+    if kind == "timeseries":
+        p["fieldConfig"]["defaults"]["custom"] = {"lineWidth": 2, "fillOpacity": 10, "showPoints": "never",
+                                                  "spanNulls": False}
+        p["options"] = {"legend": {"displayMode": "list", "placement": "bottom"},
+                        "tooltip": {"mode": "multi", "sort": "desc"}}
+    if kind == "stat":
+        p["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                        "colorMode": "value", "graphMode": "area", "textMode": "auto"}
+    if kind == "bargauge":
+        p["options"] = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+                        "displayMode": "gradient", "orientation": "horizontal", "showUnfilled": True}
+        p["fieldConfig"]["defaults"].update({"min": 0, "max": 1, "thresholds": {"mode": "absolute", "steps": [
+            {"color": "green", "value": None}, {"color": "orange", "value": 0.85}, {"color": "red", "value": 0.97}]}})
+    for key, value in extra.items():
+        if key == "defaults":
+            p["fieldConfig"]["defaults"].update(value)
+        else:
+            p[key] = value
+    return p
+
+
+def row(pid: int, title: str, y: int) -> dict:
+    return {"id": pid, "type": "row", "title": title, "collapsed": False, "panels": [],
+            "gridPos": {"x": 0, "y": y, "w": 24, "h": 1}}
+
+
+def build() -> dict:
+    hit_rate_all = (f"sum(rate(kvpool_hit_tokens_total{{{NS}}}[{RI}])) / "
+                    f"sum(rate(kvpool_requested_tokens_total{{{NS}}}[{RI}]))")
+    panels = [
+        row(100, "Does the pool pay off?", 0),
+        panel(1, "Token hit rate", "stat", (0, 1, 6, 5), [(hit_rate_all, "hit rate")], "percentunit",
+              "Hit tokens / requested tokens over the rate interval, all tiers.", defaults={"min": 0, "max": 1}),
+        panel(2, "Requested tokens / s", "stat", (6, 1, 6, 5),
+              [(f"sum(rate(kvpool_requested_tokens_total{{{NS}}}[{RI}]))", "requested")], "short",
+              "Tokens asked for by prefix lookups (full blocks)."),
+        panel(3, "Storage nodes alive", "stat", (12, 1, 6, 5), [("max(kvpool_nodes_alive)", "nodes")], "none",
+              "Nodes registered with the master and heartbeating."),
+        panel(4, "Pool used", "stat", (18, 1, 6, 5),
+              [("sum(kvpool_tier_bytes) / sum(kvpool_tier_capacity_bytes)", "used")], "percentunit",
+              "Bytes held / capacity, every node and tier.", defaults={"min": 0, "max": 1}),
+        panel(5, "Token hit rate by tier", "timeseries", (0, 6, 12, 9),
+              [(f"sum by (tier) (rate(kvpool_hit_tokens_total{{{NS}}}[{RI}])) / ignoring(tier) group_left "
+                f"sum(rate(kvpool_requested_tokens_total{{{NS}}}[{RI}]))", "{{tier}}"),
+               (hit_rate_all, "all tiers")], "percentunit",
+              "Share of requested tokens served by each tier; the lines add up to the overall hit rate.",
+              defaults={"min": 0, "max": 1}),
+        panel(6, "Token hit rate by namespace", "timeseries", (12, 6, 12, 9),
+              [(f"sum by (namespace) (rate(kvpool_hit_tokens_total{{{NS}}}[{RI}])) / sum by (namespace) "
+                f"(rate(kvpool_requested_tokens_total{{{NS}}}[{RI}]))", "{{namespace}}")], "percentunit",
+              "Per model/tenant: which workloads reuse prefixes.", defaults={"min": 0, "max": 1}),
+        row(101, "Capacity and movement", 15),
+        panel(7, "Capacity used by node and tier", "bargauge", (0, 16, 8, 9),
+              [("kvpool_tier_bytes / kvpool_tier_capacity_bytes", "{{node}} {{tier}}")], "percentunit",
+              "Used / capacity of every tier of every node. DRAM full is normal (it demotes to SSD)."),
+        panel(8, "Bytes by tier", "timeseries", (8, 16, 8, 9),
+              [("sum by (tier) (kvpool_tier_bytes)", "{{tier}} used"),
+               ("sum by (tier) (kvpool_tier_capacity_bytes)", "{{tier}} capacity")], "bytes",
+              "Bytes held and capacity per tier, all nodes."),
+        panel(9, "Objects by tier", "timeseries", (16, 16, 8, 9),
+              [("sum by (tier) (kvpool_tier_objects)", "{{tier}}")], "short", "Committed objects per tier."),
+        panel(10, "Evictions, demotions, promotions", "timeseries", (0, 25, 16, 8),
+              [(f"sum by (tier) (rate(kvpool_evictions_total[{RI}]))", "evicted from {{tier}}"),
+               (f"sum by (tier) (rate(kvpool_demotions_total[{RI}]))", "demoted from {{tier}}"),
+               (f"sum by (tier) (rate(kvpool_promotions_total[{RI}]))", "promoted from {{tier}}")], "ops",
+              "Objects per second leaving a tier. Sustained SSD evictions mean the pool is too small."),
+        panel(11, "Lookups / s and corrupt SSD records", "timeseries", (16, 25, 8, 8),
+              [(f"sum(rate(kvpool_lookups_total[{RI}]))", "lookups"),
+               (f"sum(rate(kvpool_ssd_corrupt_total[{RI}]))", "corrupt SSD records")], "ops",
+              "A corrupt record is served as a miss; any sustained rate points at a failing disk."),
+        row(102, "Latency and errors", 33),
+        panel(12, "Pool op latency p50 / p99", "timeseries", (0, 34, 12, 8),
+              [(f"histogram_quantile(0.5, sum by (le, op) (rate(kvpool_op_seconds_bucket[{RI}])))", "{{op}} p50"),
+               (f"histogram_quantile(0.99, sum by (le, op) (rate(kvpool_op_seconds_bucket[{RI}])))", "{{op}} p99")],
+              "s", "One batch call of put, get or lookup."),
+        panel(13, "RPC errors by method and code", "timeseries", (12, 34, 12, 8),
+              [(f"sum by (method, code) (rate(kvpool_rpc_errors_total[{RI}]))", "{{method}} {{code}}")], "ops",
+              "RPCs that ended with a non-OK gRPC status."),
+        row(103, "Engines and connector", 42),
+        panel(14, "Time to first token p50 / p99", "timeseries", (0, 43, 12, 8),
+              [(f"histogram_quantile(0.5, sum by (le, engine) (rate(kvpool_engine_ttft_seconds_bucket[{RI}])))",
+                "{{engine}} p50"),
+               (f"histogram_quantile(0.99, sum by (le, engine) (rate(kvpool_engine_ttft_seconds_bucket[{RI}])))",
+                "{{engine}} p99")], "s", "Request arrival to first token, per engine instance."),
+        panel(15, "Connector token hit rate by tier", "timeseries", (12, 43, 12, 8),
+              [(f"sum by (tier) (rate(kvpool_connector_hit_tokens_total{{{NS}}}[{RI}])) / ignoring(tier) "
+                f"group_left sum(rate(kvpool_connector_requested_tokens_total{{{NS}}}[{RI}]))", "{{tier}}")],
+              "percentunit", "Tokens the engines loaded instead of recomputing (after their local prefix cache).",
+              defaults={"min": 0, "max": 1}),
+        panel(16, "Connector fallbacks by reason", "timeseries", (0, 51, 12, 8),
+              [(f"sum by (reason) (rate(kvpool_connector_fallbacks_total[{RI}]))", "{{reason}}")], "ops",
+              "Times a connector recomputed instead of loading; the request never fails."),
+        panel(17, "Blocks saved / dropped by connectors", "timeseries", (12, 51, 12, 8),
+              [(f"sum(rate(kvpool_connector_saved_blocks_total[{RI}]))", "saved"),
+               (f"sum(rate(kvpool_connector_save_dropped_total[{RI}]))", "dropped (save queue full)")], "ops",
+              "Dropped saves mean the pool cannot keep up with prefill."),
+    ]
+    return {
+        "uid": "kvpool-overview",
+        "title": "kvpool",
+        "description": "Tiered KV-cache pool: token hit rate, capacity, movement, latency, engines.",
+        "tags": ["kvpool"],
+        "timezone": "browser",
+        "editable": True,
+        "graphTooltip": 1,
+        "refresh": "10s",
+        "schemaVersion": 39,
+        "version": 1,
+        "time": {"from": "now-1h", "to": "now"},
+        "templating": {"list": [{
+            "name": "namespace", "label": "namespace", "type": "query", "datasource": DS,
+            "query": {"query": "label_values(kvpool_requested_tokens_total, namespace)", "refId": "ns"},
+            "definition": "label_values(kvpool_requested_tokens_total, namespace)",
+            "multi": True, "includeAll": True, "allValue": ".*", "refresh": 2, "sort": 1,
+            "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        }]},
+        "annotations": {"list": []},
+        "panels": panels,
+    }
+
+
+def render() -> str:
+    return json.dumps(build(), indent=2) + "\n"
+
+
+if __name__ == "__main__":
+    OUT.write_text(render())
+    print(f"wrote {OUT}")
