@@ -15,6 +15,7 @@ reclaims expired grants, leases and silent nodes (tests drive it with a fake clo
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
@@ -327,6 +328,30 @@ class Master:
         with self._lock:
             return [self._record(s) if (s := self.index.slot_of(k)) >= 0 and self.index.state[s] == State.COMMITTED
                     else None for k in keys]
+
+    def list_objects(self, ns_digest: bytes = b"", start_after: bytes = b"", limit: int = 1000
+                     ) -> tuple[list[ObjectRecord], bytes]:
+        """Committed objects in key order after `start_after` (empty = from the start), optionally of one namespace;
+        returns (records, next_start_after) with next empty when there are no more. Sorts the matching keys: an
+        admin call, O(n log n) in the index size."""
+        if ns_digest and len(ns_digest) != KEY_BYTES:
+            raise ValueError(f"ns_digest must be a {KEY_BYTES}-byte namespace digest, got {len(ns_digest)} bytes")
+        if start_after and len(start_after) != KEY_BYTES:
+            raise ValueError(f"start_after must be a {KEY_BYTES}-byte key, got {len(start_after)} bytes")
+        if not isinstance(limit, int) or limit <= 0:
+            raise ValueError(f"limit must be an int > 0, got {limit!r}")
+        with self._lock:
+            index = self.index
+            slots = index.slots()
+            mask = index.state[slots] == _COMMITTED
+            if ns_digest:
+                ns_id = index._ns_ids.get(bytes(ns_digest), -1)
+                mask &= index.ns[slots] == ns_id
+            keys = sorted(index.key_at(s) for s in slots[mask].tolist())
+            start = bisect.bisect_right(keys, bytes(start_after)) if start_after else 0
+            page = keys[start:start + limit]
+            more = start + limit < len(keys)
+            return [self._record(index.slot_of(k)) for k in page], (page[-1] if more and page else b"")
 
     def stats(self) -> dict:
         with self._lock:

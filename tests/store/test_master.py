@@ -251,3 +251,19 @@ def test_persistent_backend_reload(tmp_path, clock):
         assert m2.contains([key(1), key(3)]) == [False, False] and meta.load_objects() == []
     finally:
         node.close()
+
+
+def test_list_objects_pages_in_key_order(make):
+    master, node = make(dram_objects=6)
+    put(master, node, [key(i) for i in (5, 1, 3, 2)])
+    lease = master.lookup([key(2)]).lease_id
+    master.remove([key(2)])  # doomed (leased): not listed
+    records, nxt = master.list_objects(limit=2)
+    assert [r.key for r in records] == [key(1), key(3)] and nxt == key(3)
+    records, nxt = master.list_objects(start_after=nxt, limit=2)
+    assert [r.key for r in records] == [key(5)] and nxt == b""
+    assert master.list_objects(ns_digest=b"x" * 16)[0] == []
+    assert [r.key for r in master.list_objects(ns_digest=b"\0" * 16)[0]] == [key(1), key(3), key(5)]
+    with pytest.raises(ValueError, match="start_after must be a 16-byte key, got 3 bytes"):
+        master.list_objects(start_after=b"abc")
+    master.release([lease])
