@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-_POLICIES = ("lru",)
+from kvpool.tiers.policy import POLICY_NAMES as _POLICIES
 
 
 def _check_nonneg_int(obj, *names: str) -> None:

@@ -6,6 +6,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 from kvpool import EmbeddedPool
 from kvpool.store.index import State
@@ -24,9 +25,10 @@ def key(i: int) -> bytes:
 VALUES = [np.random.default_rng(i).integers(0, 256, OBJ, dtype=np.uint8) for i in range(KEYS)]
 
 
-def test_concurrent_put_get_remove(tmp_path):
+@pytest.mark.parametrize("policy", ["lru", "s3fifo"])
+def test_concurrent_put_get_remove(tmp_path, policy):
     pool = EmbeddedPool(dram_bytes=8 * OBJ, ssd_path=str(tmp_path / "ssd"), ssd_bytes=16 * 2 * OBJ,
-                        shm_dir=str(tmp_path))
+                        shm_dir=str(tmp_path), policy=policy)
     errors: list[str] = []
     removed = [0] * THREADS
     hits = [0] * THREADS

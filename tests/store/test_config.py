@@ -1,0 +1,34 @@
+"""store/config.py: frozen, validated; every bad value names its field."""
+
+import dataclasses
+
+import pytest
+
+from kvpool.store.config import EmbeddedConfig, MasterConfig, NodeConfig
+
+
+@pytest.mark.parametrize("cls, field, value, message", [
+    (NodeConfig, "dram_bytes", -1, "dram_bytes must be an integer >= 0"),
+    (NodeConfig, "ssd_bytes", -4096, "ssd_bytes must be an integer >= 0"),
+    (NodeConfig, "node_id", "", "node_id must be a non-empty string"),
+    (MasterConfig, "max_object_bytes", 0, "max_object_bytes must be > 0"),
+    (MasterConfig, "max_object_bytes", -5, "max_object_bytes must be an integer >= 0"),
+    (MasterConfig, "lease_ttl_s", 0, "lease_ttl_s must be a number > 0"),
+    (MasterConfig, "grant_ttl_s", -1.0, "grant_ttl_s must be a number > 0"),
+    (MasterConfig, "node_ttl_s", "x", "node_ttl_s must be a number > 0"),
+    (MasterConfig, "policy", "mru", r"policy must be one of \['lru', 's3fifo'\]"),
+    (MasterConfig, "promote_on_hit", "yes", "promote_on_hit must be true or false"),
+    (EmbeddedConfig, "dram_bytes", -1, "dram_bytes must be an integer >= 0"),
+    (EmbeddedConfig, "ssd_bytes", -1, "ssd_bytes must be an integer >= 0"),
+])
+def test_bad_values_name_the_field(cls, field, value, message):
+    with pytest.raises(ValueError, match=message):
+        cls(**{field: value})
+
+
+def test_frozen_and_split():
+    cfg = EmbeddedConfig(dram_bytes=4096, ssd_path="/x", ssd_bytes=8192, promote_on_hit=False)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.dram_bytes = 1
+    assert cfg.master_config().promote_on_hit is False
+    assert (cfg.node_config().dram_bytes, cfg.node_config().ssd_path) == (4096, "/x")
