@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).with_name("static")
 _CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
                   ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml", ".png": "image/png"}
+MAX_HISTORY_LIMIT = 86_400  # a day of 1 s samples; larger asks are a client bug, not a wish for everything
 _COUNTERS = ("requested_tokens", "hit_tokens", "lookups", "stored")
 
 StatsProvider = Callable[[], Mapping[str, Any]]
@@ -227,7 +228,7 @@ class DashboardServer:
             if path == "/api/history":
                 _only_params(query, ("since", "limit"))
                 since = _float_param(query, "since")
-                limit = _int_param(query, "limit", 1, self.history.capacity)
+                limit = _int_param(query, "limit", 1, MAX_HISTORY_LIMIT)
                 return _json(200, {"points": self.history.points(since, limit), "interval": self._interval,
                                    "window": self.history.window})
             if path == "/metrics":
@@ -237,6 +238,9 @@ class DashboardServer:
                 return _json(200, {"status": "ok"})
         except _BadParam as e:
             return _json(400, {"error": str(e), "param": e.param})
+        except Exception as e:  # noqa: BLE001 - answer 500 with the reason instead of dropping the connection
+            log.exception("dashboard: %s failed", path)
+            return _json(500, {"error": f"{type(e).__name__}: {e}"})
         return _json(404, {"error": f"not found: {path}",
                            "routes": ["/", "/api/stats", "/api/history", "/metrics", "/health"]})
 

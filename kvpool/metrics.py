@@ -52,7 +52,7 @@ STATS_FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "kvpool_evictions": ("counter", ("tier",), "Objects dropped from the pool, by the tier they were dropped from."),
     "kvpool_demotions": ("counter", ("tier",), "Objects moved to a slower tier, by the tier they left."),
     "kvpool_promotions": ("counter", ("tier",), "Objects moved to a faster tier on a hit, by the tier they left."),
-    "kvpool_ssd_corrupt": ("counter", (), "SSD records that failed header or checksum verification (served as misses)."),
+    "kvpool_ssd_corrupt": ("counter", (), "SSD records failing header/checksum checks (served as misses)."),
     "kvpool_nodes_alive": ("gauge", (), "Storage nodes registered and heartbeating."),
 }
 

@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -21,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from kvpool.dashboard import DashboardServer
 from kvpool.metrics import PoolMetrics
 from kvpool import EmbeddedPool, Namespace, block_keys
+from kvpool.stats import StatsSnapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -106,9 +108,9 @@ def test_routes_serve_page_stats_metrics_health(dash):
     ("nope", 404, "not found: /nope"),
     ("static/../dashboard.py", 404, "not found: /static/../dashboard.py"),
     ("static/missing.js", 404, "not found: /static/missing.js"),
-    ("api/history?limit=abc", 400, "limit: expected an integer in [1, 4], got 'abc'"),
-    ("api/history?limit=0", 400, "limit: expected an integer in [1, 4], got '0'"),
-    ("api/history?limit=5", 400, "limit: expected an integer in [1, 4], got '5'"),
+    ("api/history?limit=abc", 400, "limit: expected an integer in [1, 86400], got 'abc'"),
+    ("api/history?limit=0", 400, "limit: expected an integer in [1, 86400], got '0'"),
+    ("api/history?limit=86401", 400, "limit: expected an integer in [1, 86400], got '86401'"),
     ("api/history?since=nan", 400, "since: expected a unix time in seconds, got 'nan'"),
     ("api/history?since=x", 400, "since: expected a unix time in seconds, got 'x'"),
     ("api/history?limit=1&limit=2", 400, "limit: given more than once"),
@@ -121,6 +123,20 @@ def test_bad_routes_and_params_answer_json_errors(dash, path, status, error):
     assert (got_status, ctype, json.loads(body)["error"]) == (status, "application/json", error)
     if status == 400:
         assert json.loads(body)["param"] == error.split(":")[0]
+
+
+def test_failure_inside_a_route_is_500_json():
+    class Broken:
+        def collect(self):
+            raise RuntimeError("collector exploded")
+
+    registry = CollectorRegistry()
+    registry.register(Broken())
+    with DashboardServer(Counters(), registry, sample_interval=None) as server:
+        status, ctype, body = get(server.url + "metrics")
+        assert (status, ctype, json.loads(body)) == (500, "application/json",
+                                                      {"error": "RuntimeError: collector exploded"})
+        assert get(server.url + "health")[0] == 200  # the server itself is fine
 
 
 def test_post_is_405(dash):
@@ -156,6 +172,7 @@ def test_history_rates_over_the_window_exact(dash):
     assert status == 200 and json.loads(body) == {"points": [p1, p2, p3, p4], "interval": None, "window": 2}
     assert json.loads(get(server.url + "api/history?since=1002&limit=1")[2])["points"] == [p4]
     assert json.loads(get(server.url + "api/history?since=1001.5")[2])["points"] == [p2, p3, p4]
+    assert json.loads(get(server.url + "api/history?limit=100")[2])["points"] == [p1, p2, p3, p4]
     clock.t += 1
     server.sample()
     assert [p["t"] for p in server.history.points()] == [1002.0, 1003.0, 1004.0, 1005.0]  # ring of 4
@@ -196,13 +213,15 @@ def test_sampler_thread_fills_history_and_survives_provider_errors():
         return counters()
 
     server = DashboardServer(provider, CollectorRegistry(), sample_interval=0.01)
+    pause = threading.Event()
     with server:
         for _ in range(2000):  # bounded: the thread must produce two good samples (one point)
             if server.history.points():
                 break
-            server._stop.wait(0.01)
+            pause.wait(0.01)
     assert len(server.history.points()) >= 1
-    assert not server._threads  # stop() joined both threads
+    assert len(ticks) >= 4  # two failures, then at least two good samples
+    assert not [t for t in threading.enumerate() if t.name.startswith("kvpool-dashboard")]  # stop() joined them
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -284,12 +303,57 @@ def _chrome_or_skip():
     return driver, profile
 
 
-@pytest.mark.browser
-def test_dashboard_page_in_headless_chromium_shows_exact_hit_rate(tmp_path):
-    driver, profile = _chrome_or_skip()
+def check_dashboard_page(driver, url: str, stats: dict) -> StatsSnapshot:
+    """Load the dashboard at `url` and check every number it shows against `stats`, the raw dict that
+    `pool.stats()` / `kvpool stats --json` return. Written for any pool: point it at `kvpool up` the same way
+    (stop the traffic first, so the page and `stats` see the same counters)."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
+    snap = StatsSnapshot.from_dict(stats)
+    driver.get(url)
+    WebDriverWait(driver, 30).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-updates"))
+    text = lambda element_id: driver.find_element(By.ID, element_id).text  # noqa: E731
+    assert text("hit-rate-value") == fmt_pct(snap.hit_tokens, snap.requested_tokens)
+    chips = {c.get_attribute("data-tier"): c.text
+             for c in driver.find_elements(By.CSS_SELECTOR, "#hit-rate-tiers .chip")}
+    assert chips == {t: f"{t.upper()} {fmt_pct(snap.hit_tokens_by_tier.get(t, 0), snap.requested_tokens)}"
+                     for t in snap.active_tiers()}
+    assert text("requested-tokens") == f"{snap.requested_tokens:,}"
+    assert text("nodes-alive") == str(snap.nodes_alive)
+    assert driver.find_element(By.ID, "conn-status").get_attribute("data-state") == "live"
+    bars = {(b.get_attribute("data-node"), b.get_attribute("data-tier")):
+            (int(b.get_attribute("data-used")), int(b.get_attribute("data-capacity")))
+            for b in driver.find_elements(By.CSS_SELECTOR, ".cap-bar")}
+    assert bars == {(n, t): (u.bytes, u.capacity) for n, tiers in snap.nodes.items() for t, u in tiers.items()}
+    rows = [(r.get_attribute("data-namespace"), r.find_element(By.CSS_SELECTOR, ".ns-hit-rate").text)
+            for r in driver.find_elements(By.CSS_SELECTOR, "#namespaces .ns-row")]
+    top = sorted(snap.namespaces.items(), key=lambda kv: (-kv[1].requested_tokens, kv[0]))[:10]
+    assert rows == [(label, fmt_pct(c.hit_tokens, c.requested_tokens) if c.requested_tokens else "\u2014")
+                    for label, c in top]
+    return snap
+
+
+def chart_series(driver, chart_id: str) -> set[str]:
+    from selenium.webdriver.common.by import By
+
+    return {p.get_attribute("data-series") for p in driver.find_elements(By.CSS_SELECTOR, f"#{chart_id} path.series")}
+
+
+def save_full_page_screenshot(driver, *paths: Path) -> bytes:
+    height = int(driver.execute_script("return document.documentElement.scrollHeight"))
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",  # whole page, not just the viewport
+                           {"width": 1440, "height": height, "deviceScaleFactor": 1, "mobile": False})
+    png = driver.get_screenshot_as_png()
+    for out in paths:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_bytes(png)
+    return png
+
+
+@pytest.mark.browser
+def test_dashboard_page_in_headless_chromium_shows_exact_hit_rate(tmp_path):
+    driver, profile = _chrome_or_skip()
     clock = Clock(1_795_000_000.0)  # a fixed wall time, so the axis labels are real clock times
     # promote_on_hit=False: the master counts a promoted SSD hit as a DRAM hit, and this page should show both tiers
     pool = EmbeddedPool(dram_bytes=1 << 20, ssd_path=str(tmp_path / "ssd"), ssd_bytes=8 << 20, promote_on_hit=False)
@@ -300,48 +364,19 @@ def test_dashboard_page_in_headless_chromium_shows_exact_hit_rate(tmp_path):
         server.start()
         server.sample()
         requested, hit = run_traffic(pool, server, clock, steps=90)
-        snap = server.snapshot()
-        assert (snap.requested_tokens, snap.hit_tokens) == (requested, hit)  # master counted what clients saw
+        stats = pool.stats()
+        snap = check_dashboard_page(driver, server.url, stats)
+        # The master counted exactly what the clients saw, and the page showed it.
+        assert (snap.requested_tokens, snap.hit_tokens) == (requested, hit)
         assert 0 < hit < requested and snap.hit_tokens_by_tier["dram"] > 0 and snap.hit_tokens_by_tier["ssd"] > 0
-
-        driver.get(server.url)
-        WebDriverWait(driver, 30).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-updates"))
-        assert driver.find_element(By.ID, "hit-rate-value").text == fmt_pct(hit, requested)
-        for tier in ("dram", "ssd"):
-            assert driver.find_element(By.ID, f"hit-rate-{tier}").text == \
-                f"{tier.upper()} {fmt_pct(snap.hit_tokens_by_tier[tier], requested)}"
-        assert driver.find_elements(By.ID, "hit-rate-hbm") == []  # no HBM on this machine: not shown
-        assert driver.find_element(By.ID, "requested-tokens").text == f"{requested:,}"
-        assert driver.find_element(By.ID, "nodes-alive").text == "1"
-        assert driver.find_element(By.ID, "conn-status").get_attribute("data-state") == "live"
-
-        bars = {(b.get_attribute("data-node"), b.get_attribute("data-tier")):
-                (int(b.get_attribute("data-used")), int(b.get_attribute("data-capacity")))
-                for b in driver.find_elements(By.CSS_SELECTOR, ".cap-bar")}
-        assert bars == {(n, t): (u.bytes, u.capacity) for n, tiers in snap.nodes.items() for t, u in tiers.items()}
-        assert set(bars) == {("local", "dram"), ("local", "ssd")}
-        assert bars[("local", "dram")][1] == 1 << 20 and bars[("local", "ssd")][1] == 8 << 20
-
-        rows = [(r.get_attribute("data-namespace"), r.find_element(By.CSS_SELECTOR, ".ns-hit-rate").text)
-                for r in driver.find_elements(By.CSS_SELECTOR, "#namespaces .ns-row")]
-        by_requested = sorted(snap.namespaces.items(), key=lambda kv: -kv[1].requested_tokens)
-        assert rows == [(label, fmt_pct(c.hit_tokens, c.requested_tokens)) for label, c in by_requested]
-        assert [label for label, _ in rows] == ["smollm2-135m/default", "llama-3.2-1b/default",
-                                                "smollm2-135m/team-b"]
-        series = {p.get_attribute("data-series")
-                  for p in driver.find_elements(By.CSS_SELECTOR, "#hit-rate-chart path.series")}
-        assert series == {"all", "dram", "ssd"}
-        assert {p.get_attribute("data-series")
-                for p in driver.find_elements(By.CSS_SELECTOR, "#throughput-chart path.series")} == {"requested",
-                                                                                                   "hit"}
-
-        height = int(driver.execute_script("return document.documentElement.scrollHeight"))
-        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",  # whole page, not just the viewport
-                               {"width": 1440, "height": height, "deviceScaleFactor": 1, "mobile": False})
-        png = driver.get_screenshot_as_png()
-        for out in (ROOT / "artifacts" / "dashboard.png", ROOT / "docs" / "dashboard.png"):
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_bytes(png)
+        assert snap.active_tiers() == ["dram", "ssd"]  # no HBM here: no HBM chip, line or bar
+        assert {(n, t): (u.capacity) for n, tiers in snap.nodes.items() for t, u in tiers.items()} == {
+            ("local", "dram"): 1 << 20, ("local", "ssd"): 8 << 20}
+        assert list(snap.namespaces) and sorted(snap.namespaces, key=lambda k: -snap.namespaces[k].requested_tokens) \
+            == ["smollm2-135m/default", "llama-3.2-1b/default", "smollm2-135m/team-b"]
+        assert chart_series(driver, "hit-rate-chart") == {"all", "dram", "ssd"}
+        assert chart_series(driver, "throughput-chart") == {"requested", "hit"}
+        png = save_full_page_screenshot(driver, ROOT / "artifacts" / "dashboard.png", ROOT / "docs" / "dashboard.png")
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
     finally:
         driver.quit()
