@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import urllib.request
 from pathlib import Path
@@ -77,9 +78,41 @@ def grafana_metric_names() -> set[str]:
     return names
 
 
+class _Captured(Exception):
+    pass
+
+
+def config_via_cli(argv: list[str], env: dict[str, str], monkeypatch) -> object:
+    """Run `kvpool master|node ...` through the real CLI with exactly `env`, up to the point where the server would
+    start, and return the config it built. So the test follows whatever file/env/flag precedence and environment
+    prefix the commands really use; /etc/kvpool/X is read from deploy/config/X."""
+    from kvpool import cli
+    from kvpool.store import master_server, node_server
+
+    captured: dict[str, object] = {}
+
+    class Capture:
+        def __init__(self, config):
+            captured["config"] = config
+
+        def start(self):
+            raise _Captured
+
+    monkeypatch.setattr(master_server, "MasterServer", Capture)
+    monkeypatch.setattr(node_server, "NodeServer", Capture)
+    for name in [k for k in os.environ if k.startswith("KVPOOL")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    argv = [str(DEPLOY / "config" / Path(a).name) if a.startswith("/etc/kvpool/") else a for a in argv]
+    with pytest.raises(_Captured):
+        cli.main(argv)
+    return captured["config"]
+
+
 # ---- compose --------------------------------------------------------------------------------------------------
 
-def test_compose_has_every_service_and_kvpool_roles_load_their_configs():
+def test_compose_has_every_service_and_kvpool_roles_load_their_configs(monkeypatch):
     services = compose()["services"]
     assert set(services) == COMPOSE_SERVICES
     roles = {}
@@ -101,7 +134,8 @@ def test_compose_has_every_service_and_kvpool_roles_load_their_configs():
                 conn = load_config(ConnectorConfig, DEPLOY / "config" / connector.name, env=env)
                 assert conn.pool == "master:50051"
             else:
-                cfg = load_config(CONFIGS[role], DEPLOY / "config" / config.name, env=env)
+                cfg = config_via_cli(svc["command"], env, monkeypatch)
+                assert isinstance(cfg, CONFIGS[role])
                 if role == "master":
                     assert (cfg.redis_url, cfg.listen) == ("redis://redis:6379/0", "0.0.0.0:50051")
                 else:
@@ -231,7 +265,7 @@ def test_node_statefulset_claims_a_local_ssd_and_runs_on_a_headless_service():
     assert {v["name"]: v for v in pod["volumes"]}["dshm"]["emptyDir"]["medium"] == "Memory"
 
 
-def test_workloads_load_their_configs_and_services_select_them():
+def test_workloads_load_their_configs_and_services_select_them(monkeypatch):
     configmap = by_kind("ConfigMap")["kvpool-config"]
     for name, body in configmap["data"].items():
         assert body == (DEPLOY / "config" / name).read_text(), f"ConfigMap {name} differs from deploy/config/"
@@ -262,7 +296,8 @@ def test_workloads_load_their_configs_and_services_select_them():
                 assert load_config(ConnectorConfig, DEPLOY / "config" / "connector.yaml",
                                    env=resolved).pool == "kvpool-master:50051"
             else:
-                cfg = load_config(CONFIGS[role], DEPLOY / "config" / config.name, env=resolved)
+                cfg = config_via_cli(c["args"], resolved, monkeypatch)
+                assert isinstance(cfg, CONFIGS[role])
                 if role == "node":
                     assert (cfg.node_id, cfg.master) == ("kvpool-node-0", "kvpool-master:50051")
                     assert cfg.advertise_host == "kvpool-node-0.kvpool-node.kvpool.svc.cluster.local"
