@@ -25,9 +25,9 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str
                             help=f"(default: {default})")
 
 
-def config_from_args(cls: type[T], args: argparse.Namespace, env_prefix: str, **fixed: Any) -> T:
-    """Each process kind reads its own variables (KVPOOL_MASTER_LISTEN, KVPOOL_NODE_DRAM_BYTES, ...) so one
-    environment can configure a master and a node side by side."""
+def config_from_args(cls: type[T], args: argparse.Namespace, env_prefix: str = "KVPOOL_", **fixed: Any) -> T:
+    """KVPOOL_<FIELD> variables (KVPOOL_NODE_ID, KVPOOL_DRAM_BYTES, ...): one process kind per container, so one
+    prefix is enough; `kvpool up` has its own config class for its two servers."""
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
                  if getattr(args, f.name, None) is not None}
     overrides.update(fixed)

@@ -155,6 +155,7 @@ class MasterServicer(pbg.MasterServiceServicer):
         self._metadata = metadata
         self._endpoints: dict[str, pb.NodeEndpoint] = {}
         self._ops: dict[str, RemoteNodeOps] = {}
+        self._drained: dict[str, str] = {}  # node_id -> incarnation that was drained (a new process may rejoin)
         self._lock = threading.Lock()
         if metadata is not None and hasattr(metadata, "load_node_endpoints"):
             for node_id, data in metadata.load_node_endpoints().items():
@@ -202,6 +203,9 @@ class MasterServicer(pbg.MasterServiceServicer):
             raise ValueError("node.control_address/data_address: a node must advertise both")
         info = convert.info_from_endpoint(ep)
         with self._lock:
+            if self._drained.get(ep.node_id) == ep.incarnation:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"node_id {ep.node_id!r} was drained; restart the node process to rejoin")
             old = self._ops.pop(ep.node_id, None)
             ops = self._ops[ep.node_id] = RemoteNodeOps(ep.control_address, self.config.node_rpc_timeout_s)
             self._endpoints[ep.node_id] = pb.NodeEndpoint.FromString(ep.SerializeToString())
@@ -232,7 +236,9 @@ class MasterServicer(pbg.MasterServiceServicer):
         n = self.master.drain_node(request.node_id)
         with self._lock:
             ops = self._ops.pop(request.node_id, None)
-            self._endpoints.pop(request.node_id, None)
+            ep = self._endpoints.pop(request.node_id, None)
+            if ep is not None:
+                self._drained[request.node_id] = ep.incarnation
         if ops is not None:
             ops.close()
         return pb.DrainNodeResponse(objects_dropped=n)

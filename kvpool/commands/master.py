@@ -19,7 +19,7 @@ def run(args) -> int:
     from kvpool.store.master_server import MasterServer, MasterServerConfig
 
     try:
-        server = MasterServer(config_from_args(MasterServerConfig, args, "KVPOOL_MASTER_")).start()
+        server = MasterServer(config_from_args(MasterServerConfig, args, "KVPOOL_")).start()
     except ValueError as exc:
         print(f"kvpool master: {exc}")
         return 2

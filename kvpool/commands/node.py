@@ -19,7 +19,7 @@ def run(args) -> int:
     from kvpool.store.node_server import NodeServer, NodeServerConfig
 
     try:
-        server = NodeServer(config_from_args(NodeServerConfig, args, "KVPOOL_NODE_")).start()
+        server = NodeServer(config_from_args(NodeServerConfig, args, "KVPOOL_")).start()
     except ValueError as exc:
         print(f"kvpool node: {exc}")
         return 2

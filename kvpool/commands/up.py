@@ -20,7 +20,7 @@ def run(args) -> int:
     from kvpool.store.local_cluster import LocalCluster, UpConfig
 
     try:
-        cluster = LocalCluster(config_from_args(UpConfig, args, "KVPOOL_UP_")).start()
+        cluster = LocalCluster(config_from_args(UpConfig, args, "KVPOOL_")).start()
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"kvpool up: {exc}")
         return 2

@@ -110,3 +110,25 @@ def test_master_sigkilled_and_restarted_on_redis_loses_no_committed_key(cluster,
             assert c.stats()["objects"] == before["objects"]
     finally:
         redis.kill()
+
+
+def test_kvpool_drain_removes_a_node_and_it_stays_out_until_restarted(cluster):
+    import subprocess
+    import sys
+
+    master = cluster.start_master(node_ttl_s=TTL)
+    cluster.start_node("n1", heartbeat_s=0.2)
+    cluster.start_node("n2", heartbeat_s=0.2)
+    indices = list(range(16))
+    with PoolClient(master.address, timeout=5) as c:
+        assert c.put_many([key_of(i) for i in indices], [pattern(i, SIZE) for i in indices]) == ["stored"] * 16
+        on_n1 = [i for i, n in zip(indices, _inspect_nodes(master.address, [key_of(i) for i in indices])) if n == "n1"]
+        out = subprocess.run([sys.executable, "-m", "kvpool.cli", "drain", "n1", "--master", master.address],
+                             capture_output=True, text=True, timeout=60)
+        assert out.stdout.strip() == f"node n1 drained: {len(on_n1)} object(s) dropped"
+        assert c.contains_many([key_of(i) for i in on_n1]) == [False] * len(on_n1)
+        time.sleep(1.0)  # five heartbeats of n1: each asks to re-register and is refused
+        assert sorted(c.stats()["nodes"]) == ["n2"]
+        cluster.nodes["n1"].stop()
+        cluster.start_node("n1")  # a new process (new incarnation) may rejoin
+        assert sorted(c.stats()["nodes"]) == ["n1", "n2"]
