@@ -383,3 +383,40 @@ def test_dashboard_page_in_headless_chromium_shows_exact_hit_rate(tmp_path):
         server.stop()
         pool.close()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.mark.browser
+def test_dashboard_page_shows_empty_pool_then_outage_then_recovery():
+    driver, profile = _chrome_or_skip()
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    counters = Counters()
+    counters.stats["nodes"] = {}
+    server = DashboardServer(counters, CollectorRegistry(), sample_interval=None)
+    state = lambda d: d.find_element(By.ID, "conn-status").get_attribute("data-state")  # noqa: E731
+    try:
+        server.start()
+        driver.get(server.url)
+        WebDriverWait(driver, 30).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-updates"))
+        assert driver.find_element(By.ID, "hit-rate-value").text == "\u2014"  # 0 of 0 tokens is not 0%
+        assert driver.find_element(By.ID, "hit-rate-detail").text == "no tokens requested yet"
+        assert driver.find_element(By.ID, "capacity").text == "no storage nodes registered"
+        assert driver.find_element(By.CSS_SELECTOR, "#namespaces .ns-row").get_attribute("data-namespace") == \
+            "m/default"
+        assert driver.find_element(By.CSS_SELECTOR, "#namespaces .ns-hit-rate").text == "\u2014"
+        counters.fail = True
+        WebDriverWait(driver, 30).until(lambda d: state(d) == "down")
+        assert driver.find_element(By.ID, "conn-status").text == "pool unreachable"
+        counters.fail = False
+        counters.stats["nodes"] = {"n1": {"dram": {"objects": 1, "bytes": 512, "capacity": 1024}}}
+        counters.traffic(requested=32, dram=8, ssd=0)
+        WebDriverWait(driver, 30).until(lambda d: state(d) == "live")
+        WebDriverWait(driver, 30).until(lambda d: d.find_element(By.ID, "hit-rate-value").text == "25.0%")
+        bar = driver.find_element(By.CSS_SELECTOR, ".cap-bar")
+        assert (bar.get_attribute("data-node"), bar.get_attribute("data-tier"), bar.get_attribute("data-used"),
+                bar.get_attribute("data-capacity")) == ("n1", "dram", "512", "1024")
+    finally:
+        driver.quit()
+        server.stop()
+        shutil.rmtree(profile, ignore_errors=True)
