@@ -276,7 +276,8 @@ async function refresh() {
     updates += 1;
     document.body.dataset.updates = String(updates);
     setStatus("live", "live");
-    $("updated-at").textContent = new Date().toTimeString().slice(0, 8);
+    // The sample time (server clock), not the browser's: what the numbers are as of.
+    $("updated-at").textContent = fmtTime(points.length ? points[points.length - 1].t : Date.now() / 1000);
   } catch (err) {
     setStatus("down", "pool unreachable");
     console.warn("kvpool dashboard:", err);
