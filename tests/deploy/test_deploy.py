@@ -28,8 +28,8 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 K8S = DEPLOY / "k8s"
 CONFIGS = {"master": MasterServerConfig, "node": NodeServerConfig, "connector": ConnectorConfig,
            "engine": EngineConfig}
-# Settings the deployment passes for process fields that are not written yet (dashboard/metrics listen addresses).
-# load_config ignores KVPOOL_* variables that name no field, so these are harmless until the fields land.
+# Variables the deployment sets for fields that land with the distributed-pool work (http_listen of the master,
+# metrics_listen of a node): load_config ignores KVPOOL_* variables naming no field, so they are harmless before.
 PENDING_ENV = {"master": {"KVPOOL_HTTP_LISTEN"}, "node": {"KVPOOL_METRICS_LISTEN"}, "serve": set()}
 COMPOSE_SERVICES = {"redis", "master", "node-1", "node-2", "engine-1", "engine-2", "prometheus", "grafana"}
 
