@@ -29,6 +29,7 @@ class UpConfig:
     node_ttl_s: float = 10.0
     lease_ttl_s: float = 30.0
     grant_ttl_s: float = 30.0
+    http_listen: str = "127.0.0.1:8080"  # dashboard + /metrics; "" = none; taken port = warning, pool still starts
 
     def __post_init__(self) -> None:
         if self.ssd_path in ("", "none", "None"):
@@ -66,6 +67,12 @@ class LocalCluster:
     def start(self, registered_timeout: float = 10.0) -> "LocalCluster":
         self.master.start()
         self.node.start()
+        self.dashboard_url = ""
+        if self.config.http_listen:
+            try:
+                self.dashboard_url = self.master.start_dashboard(self.config.http_listen)
+            except OSError as exc:
+                log.warning("no dashboard: cannot listen on %s (%s)", self.config.http_listen, exc)
         if not self.node.registered.wait(registered_timeout):
             self.stop()
             raise RuntimeError(f"node did not register with the master at {self.address} "

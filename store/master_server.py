@@ -53,6 +53,7 @@ class MasterServerConfig:
     node_rpc_timeout_s: float = 5.0   # deadline of master -> node control calls (demote/promote/drop)
     list_limit: int = 1000
     workers: int = 16
+    http_listen: str = ""             # host:port of the dashboard + /metrics ("" = none)
     max_object_bytes: int = 64 << 20
     max_batch_keys: int = 65536
     lease_ttl_s: float = 30.0
@@ -72,6 +73,8 @@ class MasterServerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be an int > 0, got {value!r}")
+        if self.http_listen and ":" not in self.http_listen:
+            raise ValueError(f"http_listen must be host:port or empty, got {self.http_listen!r}")
         if self.heartbeat_s >= self.node_ttl_s:
             raise ValueError(f"heartbeat_s ({self.heartbeat_s}) must be below node_ttl_s ({self.node_ttl_s}), "
                              "or every node is dropped between two heartbeats")
@@ -119,7 +122,7 @@ class RemoteNodeOps:
 
 
 def _rpc(method):
-    """Run a handler, turning caller mistakes into status codes that name the field."""
+    """Run a handler, turning caller mistakes into status codes that name the field (and counting them)."""
     name = method.__name__
 
     @functools.wraps(method)
@@ -135,6 +138,8 @@ def _rpc(method):
         except KeyError as exc:
             code, msg = grpc.StatusCode.NOT_FOUND, str(exc.args[0] if exc.args else exc)
         log.info("%s -> %s: %s", name, code.name, msg)
+        if self.metrics is not None:
+            self.metrics.rpc_errors.labels(method=name, code=code.name).inc()
         context.abort(code, msg)
 
     return wrapper
@@ -155,6 +160,7 @@ class MasterServicer(pbg.MasterServiceServicer):
         self._metadata = metadata
         self._endpoints: dict[str, pb.NodeEndpoint] = {}
         self._ops: dict[str, RemoteNodeOps] = {}
+        self.metrics = None  # kvpool.metrics.PoolMetrics when the process exports metrics
         self._drained: dict[str, str] = {}  # node_id -> incarnation that was drained (a new process may rejoin)
         self._lock = threading.Lock()
         if metadata is not None and hasattr(metadata, "load_node_endpoints"):
@@ -366,14 +372,18 @@ class MasterServicer(pbg.MasterServiceServicer):
             removed += self.master.remove(keys[i:i + step])
         return pb.EvictResponse(evicted=removed)
 
-    @_rpc
-    def Stats(self, request, context):
+    def stats(self) -> dict:
+        """The master's stats plus what only the server knows (node addresses); also the dashboard's feed."""
         stats = self.master.stats()
         with self._lock:
             stats["endpoints"] = {n: {"data_address": e.data_address, "control_address": e.control_address,
                                       "host_id": e.host_id} for n, e in self._endpoints.items()}
         stats["nodes_alive"] = len(stats.get("nodes", {}))
-        return pb.StatsResponse(json=json.dumps(stats, sort_keys=True))
+        return stats
+
+    @_rpc
+    def Stats(self, request, context):
+        return pb.StatsResponse(json=json.dumps(self.stats(), sort_keys=True))
 
     def close(self) -> None:
         with self._lock:
@@ -408,14 +418,31 @@ class MasterServer:
         self.address = f"{host}:{self.port}"
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="kvpool-reaper", daemon=True)
+        self.dashboard = None
 
     def start(self) -> "MasterServer":
         self.server.start()
         self._reaper.start()
+        if self.config.http_listen:
+            self.start_dashboard(self.config.http_listen)
         for service in ("", "kvpool.v1.MasterService"):
             self.health.set(service, health_pb2.HealthCheckResponse.SERVING)
         log.info("master serving on %s (metadata: %s)", self.address, self.config.redis_url or "memory")
         return self
+
+    def start_dashboard(self, listen: str) -> str:
+        """Dashboard page + /metrics (kvpool/dashboard.py) fed by this master's stats; returns its URL."""
+        from prometheus_client import CollectorRegistry
+
+        from kvpool.dashboard import DashboardServer
+        from kvpool.metrics import PoolMetrics
+
+        registry = CollectorRegistry()
+        self.servicer.metrics = PoolMetrics.create(registry, stats_provider=self.servicer.stats)
+        host, port = listen.rsplit(":", 1)
+        self.dashboard = DashboardServer(self.servicer.stats, registry, host, int(port)).start()
+        log.info("dashboard at %s", self.dashboard.url)
+        return self.dashboard.url
 
     def _reap_loop(self) -> None:
         cfg = self.config
@@ -434,6 +461,8 @@ class MasterServer:
     def stop(self, grace: float = 2.0) -> None:
         self._stop.set()
         self.health.enter_graceful_shutdown()
+        if self.dashboard is not None:
+            self.dashboard.stop()
         self.server.stop(grace).wait()
         self.servicer.close()
         if self.metadata is not None:

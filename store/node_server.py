@@ -56,12 +56,15 @@ class NodeServerConfig:
     heartbeat_s: float = 1.0
     rpc_timeout_s: float = 5.0
     workers: int = 8
+    metrics_listen: str = ""          # host:port of /metrics ("" = none)
 
     def __post_init__(self) -> None:
         for name in ("listen", "master"):
             value = getattr(self, name)
             if not isinstance(value, str) or ":" not in value:
                 raise ValueError(f"{name} must be host:port, got {value!r}")
+        if self.metrics_listen and ":" not in self.metrics_listen:
+            raise ValueError(f"metrics_listen must be host:port or empty, got {self.metrics_listen!r}")
         if self.data_listen and ":" not in self.data_listen:
             raise ValueError(f"data_listen must be host:port or empty, got {self.data_listen!r}")
         for name in ("heartbeat_s", "rpc_timeout_s"):
@@ -208,7 +211,8 @@ class NodeServer:
         self._master = pbg.MasterServiceStub(self._channel)
         self._stop = threading.Event()
         self._epoch = 0
-        self.registered = threading.Event()  # set after the first successful registration
+        self.registered = threading.Event()
+        self.metrics_server = None  # set after the first successful registration
         self._thread = threading.Thread(target=self._liveness_loop, name="kvpool-heartbeat", daemon=True)
 
     def endpoint(self) -> pb.NodeEndpoint:
@@ -217,6 +221,15 @@ class NodeServer:
                                           ssd_path=self.config.ssd_path or "")
 
     def start(self) -> "NodeServer":
+        if self.config.metrics_listen:
+            from prometheus_client import CollectorRegistry
+
+            from kvpool.metrics import PoolMetrics, start_metrics_server
+
+            registry = CollectorRegistry()
+            PoolMetrics.create(registry)
+            host, port = self.config.metrics_listen.rsplit(":", 1)
+            self.metrics_server = start_metrics_server(int(port), registry, host)
         self.data_server.start()
         self.server.start()
         self._set_health(False)
@@ -278,5 +291,7 @@ class NodeServer:
         self.health.enter_graceful_shutdown()
         self.server.stop(grace).wait()
         self.data_server.close()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
         self._channel.close()
         self.node.close()

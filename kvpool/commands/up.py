@@ -26,7 +26,9 @@ def run(args) -> int:
         return 2
     c = cluster.config
     ssd = f"SSD {c.ssd_bytes >> 20} MiB at {c.ssd_path}" if c.ssd_path else "no SSD tier"
-    print(f"kvpool pool up at {cluster.address} (DRAM {c.dram_bytes >> 20} MiB, {ssd}); Ctrl-C to stop", flush=True)
+    dashboard = f"dashboard {cluster.dashboard_url}" if cluster.dashboard_url else "no dashboard"
+    print(f"kvpool pool up at {cluster.address} (DRAM {c.dram_bytes >> 20} MiB, {ssd}); {dashboard}; Ctrl-C to stop",
+          flush=True)
     code = run_until_signal(cluster.stop)
     print("kvpool pool stopped", flush=True)
     return code

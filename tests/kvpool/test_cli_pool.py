@@ -24,7 +24,8 @@ def up(tmp_path):
     shm = tempfile.mkdtemp(prefix="kvpool-test-", dir="/dev/shm")
     address = f"127.0.0.1:{free_port()}"
     proc = subprocess.Popen([sys.executable, "-m", "kvpool.cli", "up", "--listen", address, "--dram-bytes", "4MiB",
-                             "--ssd-path", str(tmp_path / "ssd"), "--ssd-bytes", "8MiB", "--shm-dir", shm],
+                             "--ssd-path", str(tmp_path / "ssd"), "--ssd-bytes", "8MiB", "--shm-dir", shm,
+                             "--http-listen", "127.0.0.1:0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_serving(address, proc=proc)
@@ -40,10 +41,19 @@ def up(tmp_path):
 
 def test_up_serves_clients_and_the_admin_commands_then_stops_cleanly(up):
     proc, address, shm = up
-    assert proc.stdout.readline().startswith(f"kvpool pool up at {address} (DRAM 4 MiB, SSD 8 MiB at ")
+    banner = proc.stdout.readline()
+    assert banner.startswith(f"kvpool pool up at {address} (DRAM 4 MiB, SSD 8 MiB at ")
+    url = banner.split("dashboard ", 1)[1].split(";", 1)[0]
     keys = [bytes([i]) * 16 for i in range(3)]
     with PoolClient(address, timeout=5) as c:
         assert c.put_many(keys, [pattern(i, 5000) for i in range(3)]) == ["stored"] * 3
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(url.rstrip("/") + "/api/stats", timeout=10) as r:
+        assert json.load(r)["objects"] == 3
+    with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as r:
+        assert 'kvpool_tier_objects{node="local",tier="dram"} 3.0' in r.read().decode()
     status = _cli("status", "--master", address)
     assert status.returncode == 0 and f"master {address}: 3 objects, 1 node(s) alive" in status.stdout
     ls = _cli("ls", "--master", address)
