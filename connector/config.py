@@ -77,8 +77,8 @@ class ConnectorConfig:
             raise ValueError(f"load_timeout_s must be > 0 seconds, got {self.load_timeout_s!r}")
         if not isinstance(self.tenant, str) or not self.tenant:
             raise ValueError("tenant must be a non-empty string")
-        if self.transport not in ("auto", "shm", "tcp"):
-            raise ValueError(f"transport must be auto, shm or tcp, got {self.transport!r}")
+        if self.transport not in ("auto", "tcp"):
+            raise ValueError(f"transport must be auto (shared memory on the same host, else TCP) or tcp, got {self.transport!r}")
 
     @classmethod
     def load(cls, path: str | None = None, **overrides) -> "ConnectorConfig":

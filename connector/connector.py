@@ -1,0 +1,281 @@
+"""PoolConnector: the engine hooks (engine_adapter/connector_api.py) implemented on the public pool API.
+
+Per request, on the engine's thread:
+
+    schedule ──get_num_external_tokens──▶ keys of the full blocks past the local prefix-cache hit
+                                          lookup_prefix in the pool ─▶ hit long enough? faster than recompute?
+    allocate ──load_kv──────────────────▶ get_many_into a staging tensor ─▶ scatter into the engine's blocks
+    prefill  ──save_kv──────────────────▶ gather new full blocks into a fresh tensor ─▶ bounded async queue
+    finish   ──request_finished─────────▶ save the decode's full blocks too (the next turn's prompt has them)
+
+Failure policy: any pool fault (unreachable, timeout, bad checksum, a block evicted between lookup and load) turns
+into "recompute those tokens": the hook returns fewer tokens, the fault is counted by reason, logged once per
+reason, and the pool is left alone for `retry_after_s` so a dead pool costs each request nothing. Nothing here
+raises into the engine except a config mismatch at attach, which is a deployment mistake to catch at start.
+
+Namespace: the engine's (model, weights fingerprint, dtype, layout), with the connector's tenant, so different
+models, dtypes or tenants never share blocks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from kvpool.connector.config import ConnectorConfig, LoadPolicy, SavePolicy
+from kvpool.connector.cost import LoadCostModel
+from kvpool.connector.pool_factory import open_pool
+from kvpool.connector.saver import BlockSaver, SaveBatch
+from kvpool.connector.stats import ConnectorStats
+from kvpool.engine_adapter.connector_api import EngineInfo, KVConnectorBase
+from kvpool.errors import PoolDataError, PoolError, PoolTimeout
+from kvpool.kernels.kv_transfer import gather_blocks, object_shape, scatter_blocks
+from kvpool.keys import block_keys
+
+log = logging.getLogger(__name__)
+
+_SEEN_CAPACITY = 200_000  # keys remembered for the after_n_hits save policy
+
+
+@dataclass(slots=True)
+class _RequestState:
+    keys: list[bytes]                  # keys of the request's full blocks so far (prompt, later outputs too)
+    num_key_tokens: int                # tokens those keys cover
+    counted: bool = False              # requested/local tokens counted once per request, not per retry
+    lookup_first: int = -1             # block index and hit count of the last lookup, reused by load_kv
+    lookup_hits: int = 0
+    saved_blocks: int = 0              # leading blocks already in the pool (loaded) or offered to it
+    mark_time: float = 0.0             # prefill-rate measurement: time and computed tokens at the last mark
+    mark_tokens: int = 0
+
+
+class PoolConnector(KVConnectorBase):
+    retry_after_s = 5.0
+
+    def __init__(self, config: ConnectorConfig | None = None, *, pool=None) -> None:
+        self.config = config or ConnectorConfig()
+        self.stats = ConnectorStats()
+        self._pool = pool
+        self._owns_pool = pool is None
+        self._pool_lock = threading.Lock()
+        self._retry_at = 0.0
+        self._logged: set[str] = set()
+        self._requests: dict[str, _RequestState] = {}
+        self._seen: OrderedDict[bytes, int] = OrderedDict()
+        self._staging: torch.Tensor | None = None
+        self.namespace = None
+        self.cost: LoadCostModel | None = None
+        self._saver = BlockSaver(self._get_pool, max_blocks=self.config.save_queue_blocks,
+                                 on_saved=self._on_saved, on_error=lambda exc: self._fault(exc, "save"))
+
+    # ------------------------------------------------------------------ hooks
+
+    def attach(self, info: EngineInfo) -> None:
+        if info.block_tokens != self.config.block_tokens:
+            raise ValueError(f"block_tokens: the connector config says {self.config.block_tokens}, the engine "
+                             f"uses {info.block_tokens}; set them equal")
+        super().attach(info)
+        self.namespace = dataclasses.replace(info.namespace, tenant=self.config.tenant)
+        self.cost = LoadCostModel(bytes_per_token=self.namespace.block_bytes // info.block_tokens)
+        self._shape = object_shape(info.kv_cache)
+
+    def get_num_external_tokens(self, request, num_local_cached_tokens: int) -> int:
+        bt = self.config.block_tokens
+        state = self._state(request)
+        max_blocks = (request.num_tokens - 1) // bt
+        if not state.counted:
+            state.counted = True
+            self.stats.requests += 1
+            self.stats.requested_tokens += max_blocks * bt
+            self.stats.local_hit_tokens += min(num_local_cached_tokens, max_blocks * bt)
+            if self.config.save_policy is SavePolicy.AFTER_N_HITS:
+                self._remember(state.keys[:max_blocks])
+        first = num_local_cached_tokens // bt
+        state.lookup_first, state.lookup_hits = first, 0
+        state.mark_time, state.mark_tokens = time.perf_counter(), num_local_cached_tokens
+        if first >= max_blocks:
+            return 0
+        pool = self._get_pool()
+        if pool is None:
+            return 0
+        try:
+            self.stats.lookups += 1
+            hits = pool.lookup_prefix(state.keys[first:max_blocks], namespace=self.namespace)
+        except Exception as exc:
+            self._fault(exc, "lookup")
+            return 0
+        tokens = hits * bt
+        if tokens == 0 or tokens < self.config.min_hit_tokens:
+            return 0
+        if self.config.load_policy is LoadPolicy.AUTO and not self.cost.should_load(tokens):
+            self.stats.add_fallback("slower_than_recompute")
+            return 0
+        state.lookup_hits = hits
+        return tokens
+
+    def load_kv(self, request, block_ids: list[int], num_local_cached_tokens: int, num_external_tokens: int) -> int:
+        bt = self.config.block_tokens
+        state = self._state(request)
+        first, n = num_local_cached_tokens // bt, num_external_tokens // bt
+        pool = self._get_pool()
+        if pool is None or n <= 0:
+            return 0
+        staging = self._staging_for(n)
+        views = staging.view(n, -1).view(torch.uint8).numpy()
+        start = time.perf_counter()
+        try:
+            got = pool.get_many_into(state.keys[first:first + n], list(views))
+        except Exception as exc:
+            self._fault(exc, "load")
+            return 0
+        seconds = time.perf_counter() - start
+        if got < n:
+            # Evicted between lookup and load, or a block failed its checksum: recompute from there.
+            self.stats.add_fallback("partial_load")
+        if got:
+            scatter_blocks(self.info.kv_cache, block_ids[first:first + got], staging[:got])
+            nbytes = got * self.namespace.block_bytes
+            self.cost.observe_load(nbytes, seconds)
+            self.stats.loads += 1
+            self.stats.load_seconds += seconds
+            self.stats.load_bytes += nbytes
+            self.stats.add_hit("pool", got * bt)
+        state.saved_blocks = max(state.saved_blocks, first + got)
+        state.mark_time, state.mark_tokens = time.perf_counter(), (first + got) * bt
+        return got * bt
+
+    def save_kv(self, request, block_ids: list[int], num_computed_tokens: int) -> None:
+        state = self._state(request)
+        now = time.perf_counter()
+        if state.mark_time and num_computed_tokens > state.mark_tokens:
+            self.cost.observe_prefill(num_computed_tokens - state.mark_tokens, now - state.mark_time)
+        state.mark_time, state.mark_tokens = now, num_computed_tokens
+        self._save(request, state, block_ids, num_computed_tokens)
+
+    def request_finished(self, request) -> None:
+        if request.request_id not in self._requests:
+            return
+        state = self._state(request)  # refresh keys: they now cover the generated tokens too
+        del self._requests[request.request_id]
+        if request.block_ids:
+            # Decode blocks: a multi-turn chat's next prompt starts with this whole conversation.
+            self._save(request, state, list(request.block_ids), request.num_computed_tokens)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait for queued saves to reach the pool (tests, benchmarks, shutdown)."""
+        return self._saver.flush(timeout)
+
+    def close(self) -> None:
+        self._saver.close()
+        with self._pool_lock:
+            if self._owns_pool and self._pool is not None:
+                try:
+                    self._pool.close()
+                except Exception:
+                    pass
+            self._pool = None
+
+    # ------------------------------------------------------------------ internals
+
+    def _state(self, request) -> _RequestState:
+        state = self._requests.get(request.request_id)
+        if state is None:
+            state = self._requests[request.request_id] = _RequestState(keys=[], num_key_tokens=0)
+        bt = self.config.block_tokens
+        full = request.num_tokens // bt * bt
+        if full > state.num_key_tokens:
+            state.keys = block_keys(self.namespace, request.token_ids[:full])
+            state.num_key_tokens = full
+        return state
+
+    def _save(self, request, state: _RequestState, block_ids: list[int], num_computed_tokens: int) -> None:
+        if self.config.save_policy is SavePolicy.OFF:
+            return
+        bt = self.config.block_tokens
+        end = min(num_computed_tokens // bt, len(block_ids), len(state.keys))
+        if end <= state.saved_blocks:
+            return
+        positions = range(state.saved_blocks, end)
+        if self.config.save_policy is SavePolicy.AFTER_N_HITS:
+            need = self.config.save_after_hits
+            positions = [i for i in positions if self._seen.get(state.keys[i], 0) >= need]
+        state.saved_blocks = end
+        positions = list(positions)
+        if not positions:
+            return
+        blocks = torch.empty((len(positions), *self._shape), dtype=self.info.kv_cache.dtype)
+        gather_blocks(self.info.kv_cache, [block_ids[i] for i in positions], blocks)
+        batch = SaveBatch([state.keys[i] for i in positions], blocks, self.namespace)
+        if not self._saver.offer(batch):
+            self.stats.save_dropped_blocks += len(positions)
+
+    def _on_saved(self, stored: int, skipped: int) -> None:
+        self.stats.saved_blocks += stored
+        self.stats.save_skipped_blocks += skipped
+
+    def _remember(self, keys: list[bytes]) -> None:
+        seen = self._seen
+        for key in keys:
+            seen[key] = seen.get(key, 0) + 1
+            seen.move_to_end(key)
+        while len(seen) > _SEEN_CAPACITY:
+            seen.popitem(last=False)
+
+    def _staging_for(self, n: int) -> torch.Tensor:
+        if self._staging is None or self._staging.shape[0] < n:
+            self._staging = torch.empty((max(n, 16), *self._shape), dtype=self.info.kv_cache.dtype)
+        return self._staging[:n]
+
+    def _get_pool(self):
+        with self._pool_lock:
+            if self._pool is not None:
+                return self._pool
+            if time.monotonic() < self._retry_at:
+                return None
+            try:
+                self._pool = open_pool(self.config)
+                log.info("connector: pool %s connected", self.config.pool)
+                self._logged.discard("unreachable")
+            except Exception as exc:
+                self._retry_at = time.monotonic() + self.retry_after_s
+                self._fault(exc, "connect", reopen=False)
+            return self._pool
+
+    def _fault(self, exc: BaseException, where: str, *, reopen: bool = True) -> None:
+        if isinstance(exc, PoolTimeout):
+            reason = "timeout"
+        elif isinstance(exc, PoolDataError):
+            reason = "checksum"
+        elif isinstance(exc, (PoolError, OSError, ConnectionError)):
+            reason = "unreachable"
+        else:
+            reason = "error"
+        if where == "save":
+            reason = "save_" + reason
+        self.stats.add_fallback(reason)
+        if reason not in self._logged:
+            self._logged.add(reason)
+            log.warning("connector: pool %s failed during %s (%s: %s); recomputing, will retry in %.0fs",
+                        self.config.pool, where, type(exc).__name__, exc, self.retry_after_s)
+        if reopen and reason != "checksum" and self._owns_pool:
+            # Back off: a dead pool must not cost every request a timeout.
+            with self._pool_lock:
+                pool, self._pool = self._pool, None
+                self._retry_at = time.monotonic() + self.retry_after_s
+            if pool is not None:
+                threading.Thread(target=_close_quietly, args=(pool,), daemon=True).start()
+
+
+def _close_quietly(pool) -> None:
+    try:
+        pool.close()
+    except Exception:
+        pass

@@ -1,0 +1,50 @@
+"""When does loading from the pool beat recomputing? A running estimate of both sides.
+
+    load_time(tokens)      = lookup_latency + tokens * bytes_per_token / load_bandwidth
+    recompute_time(tokens) = tokens / prefill_rate
+
+Both rates are exponentially weighted averages of what this connector measured (a load's bytes and seconds; a
+prefill's tokens and seconds), started from priors that favour loading: a pool that has never been measured is
+tried, and the first load measures it. A slow pool (remote, congested, SSD-bound) then stops being used for hits it
+would make slower, and starts again if prefill turns out slower than thought.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class LoadCostModel:
+    bytes_per_token: int
+    load_bandwidth: float = 2e9          # bytes/s prior: a same-host memcpy-class path
+    prefill_rate: float = 2e3            # tokens/s prior: CPU-class prefill of a small model
+    lookup_latency: float = 1e-3         # seconds per lookup + get round trip
+    alpha: float = 0.3                   # weight of the newest measurement
+    loads_measured: int = 0
+    prefills_measured: int = 0
+
+    def observe_load(self, nbytes: int, seconds: float) -> None:
+        if nbytes <= 0 or seconds <= 0:
+            return
+        self.load_bandwidth = self._mix(self.load_bandwidth, nbytes / seconds, self.loads_measured)
+        self.loads_measured += 1
+
+    def observe_prefill(self, tokens: int, seconds: float) -> None:
+        if tokens <= 0 or seconds <= 0:
+            return
+        self.prefill_rate = self._mix(self.prefill_rate, tokens / seconds, self.prefills_measured)
+        self.prefills_measured += 1
+
+    def load_seconds(self, tokens: int) -> float:
+        return self.lookup_latency + tokens * self.bytes_per_token / self.load_bandwidth
+
+    def recompute_seconds(self, tokens: int) -> float:
+        return tokens / self.prefill_rate
+
+    def should_load(self, tokens: int) -> bool:
+        return tokens > 0 and self.load_seconds(tokens) < self.recompute_seconds(tokens)
+
+    def _mix(self, old: float, new: float, count: int) -> float:
+        # The first measurement replaces the prior outright: priors are guesses, measurements are not.
+        return new if count == 0 else (1 - self.alpha) * old + self.alpha * new

@@ -1,0 +1,150 @@
+"""PoolConnector on a real engine and a real EmbeddedPool (in one process; the multi-process story is in
+test_cross_instance.py): reuse with identical output, SSD reads, namespaces, faults, policies."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kvpool.connector.connector import PoolConnector
+from kvpool.connector.config import ConnectorConfig
+from kvpool.embedded import EmbeddedPool
+from kvpool.keys import block_keys
+
+from tests.connector.engines import GREEDY, PREFIX, QUESTION_A, QUESTION_B, make_engine
+
+
+def run(engine, question):
+    out = engine.generate([PREFIX + question], GREEDY)[0]
+    engine.engine.connector.flush()
+    return out
+
+
+def prefix_blocks(engine) -> int:
+    return len(engine.engine.tokenizer.encode(PREFIX + QUESTION_A)) // 16
+
+
+def test_b_reuses_what_a_saved_with_identical_output(reference_b):
+    with EmbeddedPool(dram_bytes=128 << 20) as pool:
+        a = make_engine(pool)
+        out_a = run(a, QUESTION_A)
+        assert out_a.num_cached_tokens_external == 0
+        saved = a.engine.connector.stats.saved_blocks
+        assert saved >= prefix_blocks(a) - 1 and pool.stats()["objects"] == saved
+        b = make_engine(pool)
+        out_b = run(b, QUESTION_B)
+        shared = len(b.engine.tokenizer.encode(PREFIX)) // 16 * 16
+        assert out_b.num_cached_tokens_external >= shared - 16
+        assert out_b.token_ids == reference_b
+        stats = b.engine.connector.stats
+        assert stats.pool_hit_tokens == {"pool": out_b.num_cached_tokens_external}
+        assert stats.fallbacks == {}
+        assert pool.stats()["hit_tokens_by_tier"]["dram"] == out_b.num_cached_tokens_external
+
+
+def test_b_reads_from_ssd_when_dram_is_too_small(tmp_path, reference_b):
+    # DRAM holds 4 blocks (~720 KiB each); the prefix has ~10, so most of it is demoted to SSD.
+    with EmbeddedPool(dram_bytes=3 << 20, ssd_path=str(tmp_path), ssd_bytes=64 << 20,
+                      promote_on_hit=False) as pool:
+        run(make_engine(pool), QUESTION_A)
+        assert pool.stats()["tiers"]["ssd"]["objects"] > 0
+        b = make_engine(pool)
+        out_b = run(b, QUESTION_B)
+        assert out_b.num_cached_tokens_external > 0
+        assert pool.stats()["hit_tokens_by_tier"]["ssd"] > 0
+        assert out_b.token_ids == reference_b
+
+
+def test_two_namespaces_never_hit_each_other():
+    with EmbeddedPool(dram_bytes=128 << 20) as pool:
+        run(make_engine(pool, tenant="team-a"), QUESTION_A)
+        b = make_engine(pool, tenant="team-b")
+        out_b = run(b, QUESTION_B)
+        assert out_b.num_cached_tokens_external == 0
+        assert b.engine.connector.stats.pool_hit_tokens == {}
+        # Same tenant again: now it hits.
+        c = make_engine(pool, tenant="team-a")
+        assert run(c, QUESTION_B).num_cached_tokens_external > 0
+
+
+def test_unreachable_pool_recomputes_with_identical_output(port, reference_b):
+    connector = PoolConnector(ConnectorConfig(pool=f"127.0.0.1:{port}", load_timeout_s=0.5))
+    from kvpool.engine_adapter.llm import LLM
+    from tests.connector.engines import ENGINE_ARGS
+
+    b = LLM(connector=connector, **ENGINE_ARGS)
+    out = run(b, QUESTION_B)
+    assert out.token_ids == reference_b
+    assert out.num_cached_tokens_external == 0
+    assert connector.stats.fallbacks.get("unreachable", 0) >= 1
+    # Backed off: a second request does not pay the connect timeout again.
+    before = dict(connector.stats.fallbacks)
+    run(b, QUESTION_A)
+    assert connector.stats.fallbacks.get("unreachable", 0) == before.get("unreachable", 0)
+
+
+def test_corrupted_ssd_block_is_recomputed(tmp_path, reference_b):
+    with EmbeddedPool(dram_bytes=1 << 20, ssd_path=str(tmp_path), ssd_bytes=64 << 20,
+                      promote_on_hit=False) as pool:
+        run(make_engine(pool), QUESTION_A)
+        data = tmp_path / "kvpool.data"
+        raw = bytearray(data.read_bytes())
+        # Flip one byte in the middle of the first record's payload (header is the first 4 KiB page).
+        raw[4096 + 1000] ^= 0xFF
+        data.write_bytes(bytes(raw))
+        b = make_engine(pool)
+        out_b = run(b, QUESTION_B)
+        assert out_b.token_ids == reference_b
+        assert b.engine.connector.stats.fallbacks == {"partial_load": 1}
+        assert pool.stats()["ssd_corrupt_reads"] == 1
+
+
+def test_min_hit_tokens_and_slow_pool_skip_loading(reference_b):
+    with EmbeddedPool(dram_bytes=128 << 20) as pool:
+        run(make_engine(pool), QUESTION_A)
+        b = make_engine(pool, min_hit_tokens=100_000)
+        assert run(b, QUESTION_B).num_cached_tokens_external == 0
+        # A pool measured as slower than prefill is not used in auto mode...
+        c = make_engine(pool)
+        c.engine.connector.cost.observe_load(1_000, 10.0)       # 100 B/s measured
+        out = run(c, QUESTION_B)
+        assert out.num_cached_tokens_external == 0 and out.token_ids == reference_b
+        assert c.engine.connector.stats.fallbacks == {"slower_than_recompute": 1}
+        # ...but is with load_policy=always.
+        d = make_engine(pool, load_policy="always")
+        d.engine.connector.cost.observe_load(1_000, 10.0)
+        assert run(d, QUESTION_B).num_cached_tokens_external > 0
+
+
+def test_save_policies():
+    with EmbeddedPool(dram_bytes=128 << 20) as pool:
+        run(make_engine(pool, save_policy="off"), QUESTION_A)
+        assert pool.stats()["objects"] == 0
+        e = make_engine(pool, save_policy="after_n_hits", save_after_hits=2)
+        run(e, QUESTION_A)
+        assert pool.stats()["objects"] == 0          # first sighting of the prefix: not saved
+        run(e, QUESTION_B)                            # second: the shared prefix blocks are saved
+        saved = pool.stats()["objects"]
+        assert saved > 0
+        ns = e.engine.connector.namespace
+        keys = block_keys(ns, e.engine.tokenizer.encode(PREFIX + QUESTION_B))
+        assert pool.lookup_prefix(keys) == saved
+
+
+def test_full_save_queue_drops_without_blocking():
+    with EmbeddedPool(dram_bytes=128 << 20) as pool:
+        e = make_engine(pool, save_queue_blocks=1)
+        run(e, QUESTION_A)
+        stats = e.engine.connector.stats
+        assert stats.save_dropped_blocks > 0
+        assert stats.saved_blocks + stats.save_dropped_blocks + stats.save_skipped_blocks >= prefix_blocks(e)
+
+
+def test_block_tokens_mismatch_is_a_clear_error():
+    from kvpool.engine_adapter.llm import LLM
+
+    from tests.connector.engines import ENGINE_ARGS
+
+    with pytest.raises(ValueError, match="block_tokens"):
+        LLM(connector=PoolConnector(ConnectorConfig(block_tokens=32), pool=None), **ENGINE_ARGS)
