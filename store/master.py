@@ -131,16 +131,14 @@ class Master:
             seen: set[bytes] = set()
             for r in records:
                 slot = self.index.slot_of(r.key)
-                if slot >= 0 and self._same_place(slot, node, r):
+                if slot >= 0 and self.placement.same_place(slot, node, r):
                     result.known += 1
                 elif slot >= 0 or r.key in seen or r.tier not in node.spaces or len(r.key) != KEY_BYTES:
                     result.dropped_keys.append(r.key)
                 else:
                     seen.add(r.key)
                     fresh.append(r)
-            for r in self._reserve(node, fresh, result.dropped_keys):
-                self._index_committed(node, r)
-                result.adopted += 1
+            result.adopted = self.placement.adopt(node, fresh, result.dropped_keys)
             self._flush()
             return result
 
@@ -450,37 +448,6 @@ class Master:
             raise KeyError(f"node_id {node_id!r} is not registered")
         return node
 
-    def _same_place(self, slot: int, node: NodeState, r: ObjectRecord) -> bool:
-        i = self.index
-        return (int(i.node[slot]) == node.number and int(i.tier[slot]) == r.tier and int(i.offset[slot]) == r.offset
-                and int(i.size[slot]) == r.size)
-
-    def _reserve(self, node: NodeState, records: list[ObjectRecord], dropped: list[bytes]) -> list[ObjectRecord]:
-        """Reserve the records' extents; those that overlap anything already allocated are dropped."""
-        by_tier: dict[Tier, list[ObjectRecord]] = {}
-        for r in records:
-            by_tier.setdefault(Tier(r.tier), []).append(r)
-        kept: list[ObjectRecord] = []
-        for tier, group in by_tier.items():
-            space = node.spaces[tier]
-            try:
-                space.allocator.reserve_many([(r.offset, space.extent_size(r.size)) for r in group])
-                kept.extend(group)
-            except ValueError:
-                for r in group:  # slow path: someone overlaps; find out who, one by one
-                    try:
-                        space.allocator.reserve(r.offset, space.extent_size(r.size))
-                        kept.append(r)
-                    except ValueError:
-                        dropped.append(r.key)
-        return kept
-
-    def _index_committed(self, node: NodeState, r: ObjectRecord) -> None:
-        slot = self.index.add(r.key, node=node.number, tier=Tier(r.tier), state=State.COMMITTED, offset=r.offset,
-                              size=r.size, ns=self.index.intern_ns(r.ns_digest), checksum=r.checksum)
-        node.spaces[Tier(r.tier)].policy.insert_chain([r.key])
-        self.placement.touched.add(slot)
-
     def _record(self, slot: int) -> ObjectRecord:
         i = self.index
         return ObjectRecord(key=i.key_at(slot), ns_digest=i.ns_digest(int(i.ns[slot])),
@@ -514,9 +481,7 @@ class Master:
             node = self.placement.nodes.get(node_id)
             if node is None:
                 continue
-            dropped: list[bytes] = []
-            for r in self._reserve(node, [r for r in records if Tier(r.tier) in node.spaces], dropped):
-                self._index_committed(node, r)
+            self.placement.adopt(node, [r for r in records if Tier(r.tier) in node.spaces], [])
         self.placement.touched.clear()
 
     def _check_batch(self, keys: Sequence[bytes]) -> Sequence[bytes]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from kvpool.store.index import Index, State
 from kvpool.store.node import Drop, Move, NodeOps
-from kvpool.store.records import NodeInfo
+from kvpool.store.records import NodeInfo, ObjectRecord
 from kvpool.tiers.allocator import OffsetAllocator
 from kvpool.tiers.policy import make_policy
 from kvpool.tiers.types import Tier
@@ -241,3 +241,39 @@ class Placement:
         self.touched.add(slot)
         self.counters.promotions += 1
         return True
+
+    # ---- recovery ----
+
+    def same_place(self, slot: int, node: NodeState, r: ObjectRecord) -> bool:
+        i = self.index
+        return (int(i.node[slot]) == node.number and int(i.tier[slot]) == r.tier and int(i.offset[slot]) == r.offset
+                and int(i.size[slot]) == r.size)
+
+    def adopt(self, node: NodeState, records: list[ObjectRecord], dropped: list[bytes]) -> int:
+        """Index records (new keys, on tiers the node has) as committed objects at their reported extents. Records
+        whose extent overlaps anything already allocated are appended to `dropped`. Returns how many were adopted."""
+        by_tier: dict[Tier, list[ObjectRecord]] = {}
+        for r in records:
+            by_tier.setdefault(Tier(r.tier), []).append(r)
+        adopted = 0
+        for tier, group in by_tier.items():
+            space = node.spaces[tier]
+            try:
+                space.allocator.reserve_many([(r.offset, space.extent_size(r.size)) for r in group])
+                kept = group
+            except ValueError:
+                kept = []
+                for r in group:  # slow path: something overlaps; find out which, one by one
+                    try:
+                        space.allocator.reserve(r.offset, space.extent_size(r.size))
+                        kept.append(r)
+                    except ValueError:
+                        dropped.append(r.key)
+            for r in kept:
+                slot = self.index.add(r.key, node=node.number, tier=tier, state=State.COMMITTED, offset=r.offset,
+                                      size=r.size, ns=self.index.intern_ns(r.ns_digest), checksum=r.checksum)
+                self.touched.add(slot)
+            for r in kept:  # recency is unknown after a restart: scan order, one key at a time (not a chain)
+                space.policy.insert_chain([r.key])
+            adopted += len(kept)
+        return adopted
