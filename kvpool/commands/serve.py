@@ -19,6 +19,9 @@ def register(subparsers) -> None:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--model-name", default=None, help="model id reported by /v1/models and used in the Namespace")
+    p.add_argument("--connector-config", default=None, metavar="FILE",
+                   help="connect this engine to a kvpool (YAML/TOML ConnectorConfig; see README 'Connector'); "
+                        "KVPOOL_* variables override the file")
     p.set_defaults(func=_run)
 
 
@@ -36,12 +39,19 @@ def _run(args: argparse.Namespace) -> int:
     }.items() if v is not None}
     try:
         config = load_config(EngineConfig, args.config, env_prefix="KVPOOL_ENGINE_", **overrides)
-        engine = LLMEngine(config)
+        connector = None
+        if args.connector_config is not None:
+            from kvpool.connector.config import ConnectorConfig
+            from kvpool.connector.connector import PoolConnector
+
+            connector = PoolConnector(ConnectorConfig.load(args.connector_config))
+        engine = LLMEngine(config, connector=connector)
     except (ValueError, FileNotFoundError) as exc:
         print(f"kvpool serve: {exc}")
         return 2
     server = EngineServer(engine, args.host, args.port)
-    print(f"kvpool serve: {engine.model_path} on {server.url} ({engine.num_kv_blocks} KV blocks)", flush=True)
+    pool = f", pool {connector.config.pool}" if connector is not None else ""
+    print(f"kvpool serve: {engine.model_path} on {server.url} ({engine.num_kv_blocks} KV blocks{pool})", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
