@@ -55,6 +55,12 @@ def _pool_error(exc: grpc.RpcError, what: str) -> Exception:
     return PoolError(f"{what}: {code.name}: {details}")
 
 
+def _log_release_failure(future) -> None:
+    exc = future.exception()
+    if exc is not None:
+        log.warning("release of a read lease failed (it expires by itself): %s", exc)
+
+
 class _Route:
     """How to reach one node: its arena mapped here (same host) and/or its data channel."""
 
@@ -178,10 +184,10 @@ class PoolClient:
         try:
             failed = self._transfer(reply, list(range(reply.hits)), keys, views, _NO_NS, write=False)
         finally:
-            try:
-                self._call(self._master.Release, pb.ReleaseRequest(lease_ids=[reply.lease_id]), "release")
-            except PoolError as exc:  # the lease expires by itself
-                log.warning("release of lease %d failed: %s", reply.lease_id, exc)
+            # Fire and forget: the bytes are already in the caller's buffers, so the caller need not wait a round
+            # trip for the master to unpin them (a lost release only delays eviction until the lease expires).
+            future = self._master.Release.future(pb.ReleaseRequest(lease_ids=[reply.lease_id]), timeout=self.timeout)
+            future.add_done_callback(_log_release_failure)
         return min(failed) if failed else reply.hits
 
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:

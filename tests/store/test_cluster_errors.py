@@ -55,6 +55,14 @@ def _snapshot(stub) -> tuple:
     return keep, [(o.key, o.node_id, o.tier, o.offset, o.size, o.checksum) for o in listing.objects]
 
 
+def _wait_no_leases(stub) -> None:
+    for _ in range(100):
+        if json.loads(stub.Stats(pb.StatsRequest(), timeout=5).json)["leases_open"] == 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError("a read lease was never released")
+
+
 def _expect(call, code: grpc.StatusCode, fragment: str) -> None:
     with pytest.raises(grpc.RpcError) as info:
         call()
@@ -130,9 +138,10 @@ def _write_chunks(reply, *, token=None, offset=None, size=None, expires=None, da
 def test_forged_stretched_and_expired_grants_are_permission_denied(pool):
     stub, node, client = pool
     reply = _grant(stub, K)
-    before = _snapshot(stub)
     victim = bytearray(SIZE)
     assert client.get_many_into([key_of(0)], [victim]) == 1
+    _wait_no_leases(stub)  # the client releases its read lease asynchronously
+    before = _snapshot(stub)
     forged = bytes(16)
     cases = [
         (dict(token=forged), "token: does not match the grant"),
