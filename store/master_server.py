@@ -30,7 +30,6 @@ from kvpool.proto import convert
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
 from kvpool.store.config import MasterConfig
-from kvpool.store.index import State
 from kvpool.store.master import BatchTooLarge, Master
 from kvpool.store.node import Drop, Move
 from kvpool.store.records import NO_NS, NsRef, PutStatus
@@ -326,30 +325,8 @@ class MasterServicer(pbg.MasterServiceServicer):
         if request.start_after and len(request.start_after) != 16:
             raise ValueError(f"start_after: must be a 16-byte key, got {len(request.start_after)} bytes")
         limit = min(request.limit or self.config.list_limit, self.config.list_limit)
-        keys = self._committed_keys(bytes(request.namespace), bytes(request.start_after))
-        page = keys[:limit]
-        records = self.master.inspect(page)
-        reply = pb.ListResponse(objects=[convert.object_info(r) for r in records if r is not None])
-        if len(keys) > limit:
-            reply.next_start_after = page[-1]
-        return reply
-
-    def _committed_keys(self, ns: bytes, start_after: bytes) -> list[bytes]:
-        # The index has no ordered iteration; an admin listing sorts the committed keys (fine at admin scale).
-        master = self.master
-        with master._lock:  # noqa: SLF001 - read-only walk; Master has no list method yet (see README)
-            index = master.index
-            slots = index.slots()
-            slots = slots[index.state[slots] == State.COMMITTED]
-            if ns:
-                ns_ids = [i for i in set(index.ns[slots].tolist()) if index.ns_digest(int(i)) == ns]
-                slots = [s for s in slots if int(index.ns[s]) in ns_ids]
-            keys = sorted(index.key_at(int(s)) for s in slots)
-        if start_after:
-            import bisect
-
-            keys = keys[bisect.bisect_right(keys, start_after):]
-        return keys
+        records, next_key = self.master.list_objects(bytes(request.namespace), bytes(request.start_after), limit)
+        return pb.ListResponse(objects=[convert.object_info(r) for r in records], next_start_after=next_key)
 
     @_rpc
     def Inspect(self, request, context):
@@ -365,11 +342,12 @@ class MasterServicer(pbg.MasterServiceServicer):
             raise ValueError("idle_seconds: not supported yet (the index keeps no access times); use 0")
         if request.namespace and len(request.namespace) != 16:
             raise ValueError(f"namespace: must be a 16-byte namespace digest, got {len(request.namespace)} bytes")
-        keys = self._committed_keys(bytes(request.namespace), b"")
-        removed = 0
-        step = self.config.max_batch_keys
-        for i in range(0, len(keys), step):
-            removed += self.master.remove(keys[i:i + step])
+        removed, start = 0, b""
+        while True:  # pages of list_limit keys; ends when the listing has no next page
+            records, start = self.master.list_objects(bytes(request.namespace), start, self.config.list_limit)
+            removed += self.master.remove([r.key for r in records])
+            if not start:
+                break
         return pb.EvictResponse(evicted=removed)
 
     def stats(self) -> dict:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import secrets
 import threading
 from concurrent import futures
 from dataclasses import dataclass
@@ -191,7 +190,7 @@ class NodeServer:
     def __init__(self, config: NodeServerConfig) -> None:
         self.config = config
         self.node = StorageNode(config.node_config())
-        self.incarnation = secrets.token_hex(8)
+        self.incarnation = self.node.incarnation
         self.handler = NodeDataHandler(self.node)
         host = config.listen.rsplit(":", 1)[0]
         data_host, data_port = (config.data_listen.rsplit(":", 1) if config.data_listen else (host, "0"))

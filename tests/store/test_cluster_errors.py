@@ -236,3 +236,17 @@ def test_reader_racing_a_writer_never_sees_partial_bytes(pool, cluster):
                     seen["miss"] += n < 8
         assert writer.result(120) == 60
     assert seen["hit"] > 0
+
+
+def test_evict_by_namespace_removes_only_that_namespace(pool):
+    from kvpool import Namespace
+
+    stub, _, client = pool
+    ns = Namespace(model="m", fingerprint="f", kv_dtype="float16", block_tokens=16, num_layers=2, num_kv_heads=1,
+                   head_dim=8)
+    keys = [key_of(i, salt=9) for i in range(3)]
+    assert client.put_many(keys, [pattern(i, SIZE) for i in range(3)], namespace=ns) == ["stored"] * 3
+    listed = stub.List(pb.ListRequest(namespace=ns.digest), timeout=5)
+    assert [o.key for o in listed.objects] == keys and {o.namespace for o in listed.objects} == {ns.digest}
+    assert stub.Evict(pb.EvictRequest(namespace=ns.digest), timeout=5).evicted == 3
+    assert client.contains_many(keys + [key_of(0)]) == [False, False, False, True]
