@@ -27,7 +27,7 @@ function fmtCompact(n) {
   if (a >= 1e6) return (n / 1e6).toFixed(1) + "M";
   if (a >= 1e4) return (n / 1e3).toFixed(1) + "k";
   if (a >= 100 || Number.isInteger(n)) return fmtInt(n);
-  return n.toFixed(1);
+  return String(Number(n.toPrecision(2)));  // 0.25 stays 0.25 (toFixed(1) would print 0.3)
 }
 
 function fmtBytes(n) {
@@ -81,7 +81,7 @@ function renderCards(s, lastPoint) {
     $("throughput-value").textContent = `${fmtCompact(lastPoint.requested_tokens_per_s)} tok/s`;
     $("throughput-detail").textContent =
       `hit ${fmtCompact(lastPoint.hit_tokens_per_s)} tok/s \u00b7 ${fmtCompact(lastPoint.lookups_per_s)} lookups/s` +
-      ` \u00b7 ${fmtCompact(lastPoint.stored_per_s)} blocks stored/s`;
+      ("puts" in s ? ` \u00b7 ${fmtCompact(lastPoint.stored_per_s)} blocks stored/s` : "");
   } else {
     $("throughput-value").textContent = "\u2014";
     $("throughput-detail").textContent = "waiting for a second sample";
@@ -127,16 +127,28 @@ function drawLineChart(svg, series, opts) {
   const t0 = Math.min(...ts), t1 = Math.max(...ts, t0 + 1);
   const x = (t) => m.l + ((t - t0) / (t1 - t0)) * pw;
   const y = (v) => m.t + ph - (Math.min(v, yMax) / yMax) * ph;
+  let lastLabel = "";
   for (let i = 0; i <= 3; i++) {
     const t = t0 + (i / 3) * (t1 - t0);
     const anchor = i === 0 ? "start" : i === 3 ? "end" : "middle";
-    svg.append(el("svg:text", { class: "axis-label", x: x(t), y: H - 6, "text-anchor": anchor }, fmtTime(t)));
+    const label = fmtTime(t);
+    if (label === lastLabel) continue;  // a range of a few seconds: one label per second, not three equal ones
+    lastLabel = label;
+    svg.append(el("svg:text", { class: "axis-label", x: x(t), y: H - 6, "text-anchor": anchor }, label));
   }
   for (const s of series) {
     let d = "", pen = false;
-    for (const [t, v] of s.points) {
+    const pts = s.points;
+    for (let i = 0; i < pts.length; i++) {
+      const [t, v] = pts[i];
       if (v === null || v === undefined) { pen = false; continue; }
       d += `${pen ? "L" : "M"}${x(t).toFixed(1)},${y(v).toFixed(1)}`;
+      const next = pts[i + 1];
+      if (!pen && (!next || next[1] === null || next[1] === undefined)) {
+        // An isolated sample (first point, or between gaps) has no segment to draw: mark it with a dot.
+        svg.append(el("svg:circle", { cx: x(t).toFixed(1), cy: y(v).toFixed(1), r: 3, fill: s.color,
+                                      "data-series": s.name }));
+      }
       pen = true;
     }
     if (d) svg.append(el("svg:path", { class: "series", d, stroke: s.color, "data-series": s.name }));

@@ -420,3 +420,61 @@ def test_dashboard_page_shows_empty_pool_then_outage_then_recovery():
         driver.quit()
         server.stop()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.mark.browser
+def test_dashboard_of_kvpool_up_matches_kvpool_status_json(tmp_path):
+    """The issue's end-to-end check: a real `kvpool up` process, traffic from a PoolClient in this process, then the
+    page in headless Chromium shows exactly the hit rate of `kvpool status --json` (and of the clients' own count)."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    from kvpool import PoolClient
+    from kvpool.store.local_cluster import UpConfig
+    from tests.store.cluster import free_port, wait_serving
+
+    if "http_listen" not in {f.name for f in dataclasses.fields(UpConfig)}:
+        pytest.skip("kvpool up does not serve the dashboard yet (UpConfig.http_listen)")
+    driver, profile = _chrome_or_skip()
+    shm = tempfile.mkdtemp(prefix="kvpool-test-", dir="/dev/shm")
+    address, http_port = f"127.0.0.1:{free_port()}", free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "kvpool.cli", "up", "--listen", address, "--dram-bytes", "1MiB",
+                             "--ssd-path", str(tmp_path / "ssd"), "--ssd-bytes", "8MiB", "--shm-dir", shm,
+                             "--http-listen", f"127.0.0.1:{http_port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_serving(address, proc=proc)
+        requested = hit = 0
+        with PoolClient(address, timeout=10) as client:
+            for step in range(12):
+                for i, ns in enumerate(NAMESPACES):
+                    keys = block_keys(ns, prompt(i, step))
+                    n = client.get_many_into(keys, [bytearray(ns.block_bytes) for _ in keys], namespace=ns)
+                    requested += len(keys) * ns.block_tokens
+                    hit += n * ns.block_tokens
+                    client.put_many(keys[n:], [bytes([step]) * ns.block_bytes] * (len(keys) - n), namespace=ns)
+        status = subprocess.run([sys.executable, "-m", "kvpool.cli", "status", "--json", "--master", address],
+                                capture_output=True, text=True, timeout=60)
+        assert status.returncode == 0, status.stdout + status.stderr
+        stats = json.loads(status.stdout)
+        url = f"http://127.0.0.1:{http_port}/"
+        pause = threading.Event()
+        for _ in range(100):  # bounded: let the up process sample twice, so the charts have lines in the artifact
+            if len(json.loads(get(url + "api/history")[2])["points"]) >= 2:
+                break
+            pause.wait(0.1)
+        snap = check_dashboard_page(driver, url, stats)
+        assert (snap.requested_tokens, snap.hit_tokens) == (requested, hit) and 0 < hit < requested
+        save_full_page_screenshot(driver, ROOT / "artifacts" / "dashboard-kvpool-up.png")
+    finally:
+        driver.quit()
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        shutil.rmtree(shm, ignore_errors=True)
+        shutil.rmtree(profile, ignore_errors=True)
