@@ -19,12 +19,12 @@ CHILD = textwrap.dedent("""
     import numpy as np
     from kvpool import EmbeddedPool
 
-    dram_objects, count, ssd_path, shm_dir, loop = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], \\
-        sys.argv[5] == "loop"
+    dram_objects, count, ssd_path, shm_dir, loop, ssd_objects = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], \\
+        sys.argv[4], sys.argv[5] == "loop", int(sys.argv[6])
     OBJ = 8192
     def value(i):
         return np.random.default_rng(i).integers(0, 256, OBJ, dtype=np.uint8)
-    pool = EmbeddedPool(dram_bytes=dram_objects * OBJ, ssd_path=ssd_path, ssd_bytes=(count + 8) * 2 * OBJ,
+    pool = EmbeddedPool(dram_bytes=dram_objects * OBJ, ssd_path=ssd_path, ssd_bytes=ssd_objects * (OBJ + 4096),
                         shm_dir=shm_dir)
     i = 0
     while i < count:
@@ -32,7 +32,7 @@ CHILD = textwrap.dedent("""
         if loop:
             print(json.dumps({"stored": i, "status": status}), flush=True)
         i += 1
-    tiers = [r.tier.label for r in pool.master.inspect([j.to_bytes(16, "little") for j in range(count)])]
+    tiers = [r and r.tier.label for r in pool.master.inspect([j.to_bytes(16, "little") for j in range(count)])]
     print(json.dumps({"tiers": tiers}), flush=True)
     print("ready", flush=True)
     time.sleep(600)
@@ -43,9 +43,10 @@ def value(i: int) -> np.ndarray:
     return np.random.default_rng(i).integers(0, 256, OBJ, dtype=np.uint8)
 
 
-def start(tmp_path, dram_objects, count, loop=False):
+def start(tmp_path, dram_objects, count, ssd_objects, loop=False):
     return subprocess.Popen([sys.executable, "-c", CHILD, str(dram_objects), str(count), str(tmp_path / "ssd"),
-                             str(tmp_path), "loop" if loop else "once"], stdout=subprocess.PIPE, text=True)
+                             str(tmp_path), "loop" if loop else "once", str(ssd_objects)], stdout=subprocess.PIPE,
+                            text=True)
 
 
 def kill(proc):
@@ -62,33 +63,39 @@ def read_all(pool, keys):
     return out
 
 
-def test_every_ssd_object_survives_sigkill(tmp_path):
+def test_every_ssd_object_survives_sigkill_and_evicted_ones_stay_gone(tmp_path):
     count = 12
-    proc = start(tmp_path, dram_objects=3, count=count)
+    proc = start(tmp_path, dram_objects=3, count=count, ssd_objects=4)
     try:
         tiers = json.loads(proc.stdout.readline())["tiers"]
         assert proc.stdout.readline().strip() == "ready"
     finally:
         kill(proc)
-    assert tiers == ["ssd"] * 9 + ["dram"] * 3
+    # Keys 0-4 were evicted from the SSD (their records erased), 5-8 live on the SSD, 9-11 only in DRAM.
+    assert tiers == [None] * 5 + ["ssd"] * 4 + ["dram"] * 3
     keys = [i.to_bytes(16, "little") for i in range(count)]
-    with EmbeddedPool(dram_bytes=4 * OBJ, ssd_path=str(tmp_path / "ssd"), ssd_bytes=(count + 8) * 2 * OBJ,
+    with EmbeddedPool(dram_bytes=4 * OBJ, ssd_path=str(tmp_path / "ssd"), ssd_bytes=4 * (OBJ + 4096),
                       shm_dir=str(tmp_path), promote_on_hit=False) as pool:
-        assert pool.recovered == 9 and pool.stats()["tiers"]["ssd"]["objects"] == 9
+        assert pool.recovered == 4 and pool.stats()["tiers"]["ssd"]["objects"] == 4
         got = read_all(pool, keys)
         for i, tier in enumerate(tiers):
             if tier == "ssd":
                 assert got[i] is not None and np.array_equal(got[i], value(i)), f"key {i}"
             else:
-                assert got[i] is None, f"key {i} was only in DRAM"
-        # The recovered pool keeps working: its allocator knows the adopted extents.
-        assert pool.put_many([keys[9]], [value(9)]) == ["stored"]
+                assert got[i] is None, f"key {i} was evicted or only in DRAM"
+        # The recovered pool keeps working: its allocator and policy know the adopted records. DRAM (4 objects)
+        # takes 9, 10, 11, 0; putting 1 demotes 9, which evicts the SSD's coldest adopted record (5).
+        for i in (9, 10, 11, 0, 1):
+            assert pool.put_many([keys[i]], [value(i)]) == ["stored"]
+        assert [r.tier.label if r else None for r in pool.master.inspect(keys)] == \
+            ["dram", "dram", None, None, None, None, "ssd", "ssd", "ssd", "ssd", "dram", "dram"]
+        assert pool.get_many_into([keys[1]], [np.zeros(OBJ, np.uint8)]) == 1
         assert pool.stats()["ssd_corrupt_reads"] == 0
     assert not [f for f in os.listdir(tmp_path) if f.startswith("kvpool")]  # no /dev/shm-style leftovers
 
 
 def test_every_committed_object_survives_sigkill_mid_writes_when_dram_is_off(tmp_path):
-    proc = start(tmp_path, dram_objects=0, count=10_000, loop=True)
+    proc = start(tmp_path, dram_objects=0, count=10_000, ssd_objects=10_008, loop=True)
     stored = []
     try:
         for _ in range(40):  # bounded: kill after 40 acknowledged puts, while the child keeps writing
@@ -97,7 +104,7 @@ def test_every_committed_object_survives_sigkill_mid_writes_when_dram_is_off(tmp
             stored.append(line["stored"])
     finally:
         kill(proc)
-    with EmbeddedPool(dram_bytes=0, ssd_path=str(tmp_path / "ssd"), ssd_bytes=(10_000 + 8) * 2 * OBJ,
+    with EmbeddedPool(dram_bytes=0, ssd_path=str(tmp_path / "ssd"), ssd_bytes=10_008 * (OBJ + 4096),
                       shm_dir=str(tmp_path)) as pool:
         assert pool.recovered >= len(stored)
         got = read_all(pool, [i.to_bytes(16, "little") for i in range(pool.recovered + 2)])

@@ -267,3 +267,16 @@ def test_list_objects_pages_in_key_order(make):
     with pytest.raises(ValueError, match="start_after must be a 16-byte key, got 3 bytes"):
         master.list_objects(start_after=b"abc")
     master.release([lease])
+
+
+def test_leased_ssd_objects_are_not_evicted_to_make_room_for_demotions(make):
+    master, node = make(dram_objects=1, ssd_objects=2, promote_on_hit=False)
+    for i in (1, 2, 3):
+        put(master, node, [key(i)])
+    assert tiers(master, [key(1), key(2), key(3)]) == ["ssd", "ssd", "dram"]
+    lease = master.lookup([key(1)]).lease_id  # key 1 is the SSD's coldest, but it is being read
+    put(master, node, [key(4)])
+    assert tiers(master, [key(1), key(2), key(3), key(4)]) == ["ssd", None, "ssd", "dram"]
+    master.release([lease])
+    s = master.stats()
+    assert (s["demotions"], s["evictions"]) == (3, {"dram": 0, "ssd": 1})
