@@ -1,0 +1,96 @@
+"""Cross-instance reuse with separate processes: a pool (`kvpool up`), engines as `kvpool serve` processes.
+
+One pool and four engines serve every check here (model loading dominates the cost): A and B use the pool, B0 has
+no pool (the reference for B's output), C uses the pool under another tenant. The pool's DRAM holds ~11 blocks
+and the shared prefix is ~35, so most of what B loads comes from the SSD tier.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from kvpool.demo import shared_prefix, _wait_saves_settled
+from kvpool.launcher import free_port, post_json, spawn, wait_grpc_serving, wait_http_ok
+
+pytestmark = pytest.mark.slow
+
+QUESTION_1 = "Question: how fast are refunds handled?\nAnswer:"
+QUESTION_2 = "Question: which team handles security escalations?\nAnswer:"
+
+
+def complete(url: str, prompt: str) -> dict:
+    out = post_json(url + "/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0}, timeout=300)
+    return {"text": out["choices"][0]["text"], **out["usage"]}
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    work: Path = tmp_path_factory.mktemp("xinst")
+    procs = []
+    try:
+        pool_addr = f"127.0.0.1:{free_port()}"
+        pool = spawn("pool", ["up", "--listen", pool_addr, "--dram-bytes", "8MiB", "--ssd-path", str(work / "ssd"),
+                              "--ssd-bytes", "256MiB", "--http-listen", ""], work)
+        procs.append(pool)
+        (work / "pool.yaml").write_text(f"pool: {pool_addr}\nload_timeout_s: 2\n")
+        (work / "other.yaml").write_text(f"pool: {pool_addr}\ntenant: other-team\n")
+        urls = {}
+        for name, cfg in (("A", "pool.yaml"), ("B", "pool.yaml"), ("B0", None), ("C", "other.yaml")):
+            port = free_port()
+            args = ["serve", "--port", str(port), "--max-model-len", "1024", "--num-kv-blocks", "128"]
+            if cfg:
+                args += ["--connector-config", str(work / cfg)]
+            procs.append(spawn(f"engine-{name}", args, work))
+            urls[name] = f"http://127.0.0.1:{port}"
+        wait_grpc_serving(pool_addr, 60, pool)
+        for proc, url in zip(procs[1:], urls.values()):
+            wait_http_ok(url + "/health", 300, proc)
+        yield {"pool": pool, "pool_addr": pool_addr, "urls": urls, "work": work}
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+
+
+def test_b_reuses_a_prefix_across_processes_from_dram_and_ssd(deployment):
+    from kvpool.client import PoolClient
+
+    urls = deployment["urls"]
+    prefix = shared_prefix(14)
+    with PoolClient(deployment["pool_addr"]) as client:
+        complete(urls["A"], prefix + QUESTION_1)
+        _wait_saves_settled(client)
+        stats = client.stats()
+        assert stats["tiers"]["ssd"]["objects"] > 0 and stats["tiers"]["dram"]["objects"] > 0
+        reference = complete(urls["B0"], prefix + QUESTION_2)
+        before = client.stats()["hit_tokens_by_tier"]
+        out_b = complete(urls["B"], prefix + QUESTION_2)
+        after = client.stats()["hit_tokens_by_tier"]
+    assert out_b["cached_tokens_external"] >= len(prefix) // 8  # most of the ~600-token prefix
+    assert out_b["text"] == reference["text"]
+    assert after["ssd"] - before["ssd"] > 0
+
+
+def test_other_namespace_never_hits(deployment):
+    urls = deployment["urls"]
+    prefix = shared_prefix(14)
+    out_c = complete(urls["C"], prefix + QUESTION_2)
+    assert out_c["cached_tokens_external"] == 0
+    assert out_c["text"] == complete(urls["B0"], prefix + QUESTION_2)["text"]
+
+
+def test_pool_killed_b_recomputes_with_identical_output(deployment):
+    urls = deployment["urls"]
+    prefix = shared_prefix(20)  # not seen by B yet, so B must ask the pool
+    complete(urls["A"], prefix + QUESTION_1)
+    time.sleep(1.0)
+    deployment["pool"].kill()
+    reference = complete(urls["B0"], prefix + QUESTION_2)
+    out_b = complete(urls["B"], prefix + QUESTION_2)
+    assert out_b["cached_tokens_external"] == 0
+    assert out_b["text"] == reference["text"]
+    # B keeps serving after the fault.
+    again = complete(urls["B"], shared_prefix(3) + QUESTION_1)
+    assert again["text"] == complete(urls["B0"], shared_prefix(3) + QUESTION_1)["text"]
