@@ -50,6 +50,10 @@ def test_round_trip_through_dram_is_byte_exact(make):
     for k, o in zip(keys, out):
         assert np.array_equal(o, value(k))
     assert pool.put_many(keys[:1], [value(keys[0])]) == ["exists"]
+    pool.remove_many(keys[:2])
+    rows = np.stack([value(keys[0]), value(keys[0])])  # a 2-D array is a sequence of row buffers
+    assert pool.put_many([keys[0], keys[0]], rows) == ["stored", "exists"]  # a key twice in one batch
+    assert pool.stats()["puts"] == {"stored": 5, "exists": 2, "no_space": 0}
 
 
 def test_round_trip_through_ssd_is_byte_exact(make):
