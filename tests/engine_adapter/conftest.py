@@ -4,6 +4,7 @@ built here costs only its weight fusion and KV cache."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from kvpool.engine_adapter.llm import LLM
 from kvpool.engine_adapter.model_files import default_model_path
@@ -13,6 +14,16 @@ PROMPTS = [
     "Write a short poem about the sea.\n",
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
 ]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """One intra-op thread: on a shared 2-core box, OpenMP threads spinning against other processes make small
+    decode steps 10-20x slower. Restored after each module so other suites keep torch's default."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
