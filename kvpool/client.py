@@ -239,6 +239,7 @@ class PoolClient:
         from kvpool.tiers.types import Tier
 
         failed: set[int] = set()
+        unreachable: list[tuple[_Route, OSError]] = []
         remote: dict[int, list[int]] = {}
         routes = [self._route(ep) for ep in reply.nodes]
         expires = reply.expires_unix_ms
@@ -262,24 +263,22 @@ class PoolClient:
             try:
                 run = route.data.write_many if write else route.data.read_many_into
                 results = run(extents, [views[i] for i in group])
-            except TimeoutError as exc:
-                if write:
-                    raise PoolTimeout(f"node {route.node_id} ({route.data_address}): data transfer timed out") \
-                        from exc
-                log.warning("node %s read timed out: %s", route.node_id, exc)
+            except OSError as exc:  # includes timeouts: this node's keys fail, the other nodes' go on
+                log.warning("node %s (%s) failed during a %s: %s", route.node_id, route.data_address,
+                            "write" if write else "read", exc)
                 failed.update(group)
-                continue
-            except OSError as exc:
-                if write:
-                    raise PoolUnavailable(f"node {route.node_id} ({route.data_address}): {exc}") from exc
-                log.warning("node %s unreachable for reads: %s", route.node_id, exc)
-                failed.update(group)
+                unreachable.append((route, exc))
                 continue
             for i, err in zip(group, results):
                 if err is not None:
                     log.info("node %s refused %s of key %s: %s", route.node_id, "write" if write else "read",
                              bytes(keys[i]).hex(), err)
                     failed.add(i)
+        if write and unreachable and len(failed) == len(positions):
+            # Nothing could be written anywhere: that is an outage, not "no space".
+            route, exc = unreachable[0]
+            kind = PoolTimeout if isinstance(exc, TimeoutError) else PoolUnavailable
+            raise kind(f"node {route.node_id} ({route.data_address}): {exc}") from exc
         return failed
 
     def _route(self, ep: pb.NodeEndpoint) -> _Route:

@@ -64,6 +64,15 @@ def test_sigkilled_node_keys_become_misses_others_still_served(cluster):
                 n = t.get_many_into([key_of(i) for i in lost], bufs)
                 for i, buf in zip(lost[:n], bufs[:n]):
                     assert bytes(buf) == pattern(i, SIZE)
+        # A put while n1 is dead but not yet dropped: keys placed on n1 are "no_space", the rest are stored; no raise.
+        with PoolClient(master.address, transport="tcp", timeout=3, retries=0) as t:
+            fresh = list(range(100, 108))
+            statuses = t.put_many([key_of(i) for i in fresh], [pattern(i, SIZE) for i in fresh])
+            assert set(statuses) <= {"stored", "no_space"}
+            stored = [i for i, st in zip(fresh, statuses) if st == "stored"]
+            for i in stored:
+                buf = bytearray(SIZE)
+                assert t.get_many_into([key_of(i)], [buf]) == 1 and bytes(buf) == pattern(i, SIZE)
         deadline = time.monotonic() + TTL + 10
         for _ in range(200):
             if not any(c.contains_many([key_of(i) for i in lost])):
