@@ -23,6 +23,13 @@ def _hex16(text: str, what: str) -> bytes:
     return raw
 
 
+def _row(o) -> dict:
+    from kvpool.proto import kvpool_pb2 as pb
+
+    return {"key": o.key.hex(), "namespace": o.namespace.hex(), "node": o.node_id,
+            "tier": pb.Tier.Name(o.tier).lower(), "offset": o.offset, "size": o.size, "checksum": f"{o.checksum:016x}"}
+
+
 class AdminClient:
     def __init__(self, address: str = DEFAULT_MASTER, *, timeout: float = 5.0) -> None:
         from kvpool.proto import kvpool_pb2_grpc as pbg
@@ -58,15 +65,22 @@ class AdminClient:
         while True:
             reply = self._call("List", pb.ListRequest(namespace=ns, start_after=start, limit=page))
             for o in reply.objects:
-                yield {"key": o.key.hex(), "namespace": o.namespace.hex(), "node": o.node_id,
-                       "tier": pb.Tier.Name(o.tier).lower(), "offset": o.offset, "size": o.size,
-                       "checksum": f"{o.checksum:016x}"}
+                yield _row(o)
                 n += 1
                 if limit and n >= limit:
                     return
             if not reply.next_start_after:
                 return
             start = reply.next_start_after
+
+    def inspect(self, keys_hex: list[str]) -> list[dict | None]:
+        """One row per key (None = not in the pool)."""
+        from kvpool.proto import kvpool_pb2 as pb
+
+        keys = [_hex16(k, f"keys[{i}]") for i, k in enumerate(keys_hex)]
+        reply = self._call("Inspect", pb.InspectRequest(keys=keys))
+        found = iter(reply.objects)
+        return [_row(next(found)) if ok else None for ok in reply.found]
 
     def remove(self, keys_hex: list[str]) -> int:
         from kvpool.proto import kvpool_pb2 as pb

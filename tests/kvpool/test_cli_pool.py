@@ -59,6 +59,9 @@ def test_up_serves_clients_and_the_admin_commands_then_stops_cleanly(up):
     ls = _cli("ls", "--master", address)
     assert [line.split()[0] for line in ls.stdout.splitlines()] == [k.hex() for k in keys]
     assert [line.split()[2:] for line in ls.stdout.splitlines()] == [["local", "dram", "5000"]] * 3
+    one = _cli("ls", "--master", address, keys[2].hex(), "ff" * 16)
+    assert one.stdout.splitlines() == [f"{keys[2].hex()}  000000000000  local      dram       5000",
+                                       f"{'ff' * 16}  missing"]
     bad = _cli("rm", "--master", address, "abc")
     assert bad.returncode == 1 and bad.stdout.strip() == "kvpool rm: keys[0]: 'abc' is not hex"
     short = _cli("rm", "--master", address, "abcd")
