@@ -141,3 +141,36 @@ def test_kvpool_drain_removes_a_node_and_it_stays_out_until_restarted(cluster):
         cluster.nodes["n1"].stop()
         cluster.start_node("n1")  # a new process (new incarnation) may rejoin
         assert sorted(c.stats()["nodes"]) == ["n1", "n2"]
+
+
+def test_restarted_node_re_adopts_its_ssd_objects(cluster):
+    master = cluster.start_master(node_ttl_s=5.0)
+    cluster.start_node("n1", dram="1MiB", ssd="4MiB")
+    indices = list(range(30))
+    with PoolClient(master.address, timeout=5) as c:
+        # 16 fill the 1 MiB arena; the next 14 make the master demote the 14 coldest (Demote RPC to the node).
+        assert c.put_many([key_of(i) for i in indices[:16]], [pattern(i, SIZE) for i in indices[:16]]) == \
+            ["stored"] * 16
+        assert c.put_many([key_of(i) for i in indices[16:]], [pattern(i, SIZE) for i in indices[16:]]) == \
+            ["stored"] * 14
+        assert c.stats()["demotions"] == 14
+        tiers = {o["key"]: o["tier"] for o in _list(master.address)}
+        on_ssd = [i for i in indices if tiers[key_of(i).hex()] == "ssd"]
+        in_dram = [i for i in indices if tiers[key_of(i).hex()] == "dram"]
+        assert len(on_ssd) == 14 and set(on_ssd) <= set(indices[:16])  # the victims came from the older batch
+        cluster.nodes["n1"].kill()
+        cluster.start_node("n1", dram="1MiB", ssd="4MiB")  # same id and SSD file, new process
+        assert c.contains_many([key_of(i) for i in in_dram]) == [False] * 16  # DRAM died with the process
+        assert c.contains_many([key_of(i) for i in on_ssd]) == [True] * 14   # re-reported from the SSD scan
+        for transport in ("auto", "tcp"):
+            with PoolClient(master.address, transport=transport, timeout=5) as t:
+                bufs = [bytearray(SIZE) for _ in on_ssd]
+                assert t.get_many_into([key_of(i) for i in on_ssd], bufs) == 14
+                assert [bytes(b) for b in bufs] == [pattern(i, SIZE) for i in on_ssd]
+
+
+def _list(address: str) -> list[dict]:
+    from kvpool.admin import AdminClient
+
+    with AdminClient(address) as admin:
+        return list(admin.list())
