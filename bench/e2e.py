@@ -1,0 +1,138 @@
+"""Time to first token through the whole product: cold vs pool hit (DRAM, SSD, service) vs local prefix-cache hit.
+
+For prompts of 1K and 4K tokens, each case runs on a FRESH engine instance (empty local prefix cache) unless the
+case is the local hit, so a pool hit is exactly "instance B reuses what instance A computed":
+
+    cold          engine without a pool, prompt never seen
+    local hit     the same engine again, same prompt (its own prefix cache)
+    pool DRAM     A saved the prompt into an EmbeddedPool; a fresh B loads it (one memcpy per block + scatter)
+    pool SSD      the same with a pool whose DRAM holds one block: everything is read back from the SSD file,
+                  after posix_fadvise(DONTNEED) drops the file from the page cache (so it is a real disk read)
+    pool service  through `kvpool up` (master + node processes) with PoolClient: same-host shared-memory path
+
+Every ratio is to cold, measured in the same run; outputs of every case must equal cold's (greedy).
+Usage: python bench/e2e.py [--lengths 1024 4096] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from kvpool.connector.config import ConnectorConfig
+from kvpool.connector.connector import PoolConnector
+from kvpool.embedded import EmbeddedPool
+from kvpool.engine_adapter.llm import LLM
+from kvpool.engine_adapter.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=2)
+
+
+def engine(max_len: int, pool_obj=None, **connector) -> LLM:
+    use = pool_obj is not None or connector
+    conn = PoolConnector(ConnectorConfig(**connector), pool=pool_obj) if use else None
+    return LLM(connector=conn, max_model_len=max_len + 64, num_kv_blocks=(max_len + 64) // 16 + 8, max_num_seqs=1,
+               max_num_batched_tokens=max_len + 64)
+
+
+def ttft(llm: LLM, prompt: list[int]) -> tuple[float, list[int], int]:
+    out = llm.generate([prompt], GREEDY)[0]
+    if llm.engine.connector is not None and hasattr(llm.engine.connector, "flush"):
+        llm.engine.connector.flush()
+    return out.ttft, out.token_ids, out.num_cached_tokens_external
+
+
+def drop_page_cache(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096])
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--no-service", action="store_true", help="skip the `kvpool up` case")
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    work = Path(tempfile.mkdtemp(prefix="kvpool-e2e-"))
+    service = None
+    if not args.no_service:
+        from kvpool.launcher import free_port, spawn, wait_grpc_serving
+
+        addr = f"127.0.0.1:{free_port()}"
+        service = spawn("pool", ["up", "--listen", addr, "--dram-bytes", "2GiB", "--ssd-path", "none",
+                                 "--http-listen", ""], work)
+        wait_grpc_serving(addr, 60, service)
+    cases = ["cold", "local hit", "pool DRAM", "pool SSD"] + ([] if service is None else ["pool service"])
+    results: dict[tuple[int, str], list[float]] = {}
+    mismatches: list[str] = []
+    engine(max(args.lengths)).generate([[1, 2, 3, 4]], GREEDY)  # load weights + warm up once per process
+    total = len(args.lengths) * args.repeats * len(cases)
+    try:
+        with tqdm(total=total, desc="e2e TTFT", file=sys.stderr) as bar:
+            for length in args.lengths:
+                for rep in range(args.repeats):
+                    prompt = rng.integers(100, 40000, size=length).tolist()
+                    cold = engine(length)
+                    t, ref, _ = ttft(cold, prompt)
+                    results.setdefault((length, "cold"), []).append(t)
+                    bar.update(1)
+                    t, out, _ = ttft(cold, prompt)
+                    results.setdefault((length, "local hit"), []).append(t)
+                    mismatches += [f"{length}/local"] if out != ref else []
+                    bar.update(1)
+                    with EmbeddedPool(dram_bytes=1 << 30) as pool:
+                        ttft(engine(length, pool), prompt)
+                        t, out, ext = ttft(engine(length, pool), prompt)
+                        results.setdefault((length, "pool DRAM"), []).append(t)
+                        mismatches += [f"{length}/dram"] if out != ref or ext == 0 else []
+                        bar.update(1)
+                    ssd_dir = work / f"ssd-{length}-{rep}"
+                    with EmbeddedPool(dram_bytes=1 << 20, ssd_path=str(ssd_dir), ssd_bytes=1 << 30,
+                                      promote_on_hit=False) as pool:
+                        ttft(engine(length, pool), prompt)
+                        drop_page_cache(ssd_dir / "kvpool.data")
+                        t, out, ext = ttft(engine(length, pool), prompt)
+                        results.setdefault((length, "pool SSD"), []).append(t)
+                        mismatches += [f"{length}/ssd"] if out != ref or ext == 0 else []
+                        bar.update(1)
+                    if service is not None:
+                        salted = [prompt[0] + 1] + prompt[1:]  # fresh keys in the long-lived service pool
+                        _, ref_s, _ = ttft(engine(length), salted)
+                        ttft(engine(length, pool=addr), salted)
+                        t, out, ext = ttft(engine(length, pool=addr), salted)
+                        results.setdefault((length, "pool service"), []).append(t)
+                        mismatches += [f"{length}/service"] if out != ref_s or ext == 0 else []
+                        bar.update(1)
+    finally:
+        if service is not None:
+            service.stop()
+    print(f"\nTTFT, median of {args.repeats} (fresh engine per pool case; SmolLM2-135M fp32, CPU, "
+          f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')})")
+    print(f"{'prompt':>7}  " + "  ".join(f"{c:>13}" for c in cases))
+    for length in args.lengths:
+        meds = {c: statistics.median(results[(length, c)]) for c in cases}
+        print(f"{length:>7}  " + "  ".join(f"{meds[c] * 1e3:>10.1f} ms" for c in cases))
+        print(f"{'':>7}  " + "  ".join(f"{meds['cold'] / meds[c]:>12.1f}x" for c in cases))
+    for length in args.lengths:
+        meds = {c: statistics.median(results[(length, c)]) for c in cases}
+        for c in cases[1:]:
+            print(f"ratio e2e_ttft {length} {c.replace(' ', '_')}: {meds['cold'] / meds[c]:.1f}x faster than cold")
+    print("outputs identical to cold in every case: " + ("yes" if not mismatches else f"NO ({mismatches})"))
+    return 0 if not mismatches else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
