@@ -6,7 +6,8 @@ For each object size (64 KiB, 512 KiB, 2 MiB), all measured in this one run on t
   numpy memcpy       np.copyto of the same bytes (the limit of the same-host path)
   raw socket         sendall -> recv_into over loopback from a child process (the limit of the TCP path)
   redis              redis-server SET / GET of the same values, redis-py + hiredis, pipelined in the same batches
-  mooncake           Mooncake's store, when its Python package is installed (else skipped with the reason)
+  mooncake           Mooncake Store (bench/mooncake_peer.py: mooncake_master + a storage process, batch_put_from /
+                     batch_get_into with registered buffers, TCP transport), when installed, else skipped
 Then: one-RPC prefix lookup of a 1,000-key chain (p50, p99), and master memory per indexed object at 1M objects
 (tracemalloc over an in-process Master: index + allocator + policy, everything a committed object costs it).
 
@@ -226,12 +227,28 @@ def bench_redis(r: Redis, size: int, count: int, batch: int, rounds: int, bar) -
     return out
 
 
-def mooncake_reason() -> str | None:
-    try:
-        import mooncake.store  # noqa: F401
-    except ImportError as exc:
-        return f"mooncake store not installed ({exc}); pip install mooncake-transfer-engine-non-cuda to add it"
-    return "mooncake store installed but its master/metadata services are not wired into this bench yet"
+def bench_mooncake(mc, size: int, count: int, batch: int, rounds: int, bar) -> dict:
+    src = [np.full(size, (i * 7 + 1) % 256, np.uint8) for i in range(count)]
+    dst = [np.empty(size, np.uint8) for _ in range(count)]
+    mc.register(src + dst)
+    put_times = []
+    for r in range(rounds):
+        keys = [f"k{size}:{r}:{i}" for i in range(count)]
+        t0 = time.perf_counter()
+        for i in range(0, count, batch):
+            mc.put(keys[i:i + batch], src[i:i + batch])
+        put_times.append(time.perf_counter() - t0)
+        bar.update()
+        if r < rounds - 1:
+            mc.clear()
+
+    def get():
+        for i in range(0, count, batch):
+            mc.get(keys[i:i + batch], dst[i:i + batch])
+    out = {"put": min(put_times), "get": best(get, rounds, bar)}
+    assert all(np.array_equal(a, b) for a, b in zip(src, dst))
+    mc.clear()
+    return out
 
 
 def bench_lookup(address: str, chain: int, runs: int, bar) -> tuple[float, float]:
@@ -310,11 +327,21 @@ def main(argv=None) -> int:
     total = parse_size(args.total, "--total")
     workdir = tempfile.mkdtemp(prefix="kvpool-bench-")
     redis_reason = None if shutil.which("redis-server") else "redis-server not on PATH"
-    mooncake = mooncake_reason()
-    steps = len(SIZES) * args.rounds * (2 * 2 * 2 + 1 + 1 + (2 if redis_reason is None else 0))
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import mooncake_peer
+
+    mooncake_reason = mooncake_peer.unavailable()
+    steps = len(SIZES) * args.rounds * (2 * 2 * 2 + 1 + 1 + (2 if redis_reason is None else 0)
+                                        + (2 if mooncake_reason is None else 0))
     rows = {}
     pool = Pool(dram_bytes=2 * total + (64 << 20), workdir=workdir)
     redis = Redis(workdir) if redis_reason is None else None
+    mc = None
+    if mooncake_reason is None:
+        try:
+            mc = mooncake_peer.Mooncake(2 * total + (64 << 20), workdir)
+        except RuntimeError as exc:
+            mooncake_reason = str(exc)
     try:
         with tqdm(total=steps + args.lookups + args.index_objects, desc="pool_remote", unit="step",
                   file=sys.stderr) as bar:
@@ -329,6 +356,9 @@ def main(argv=None) -> int:
                 if redis is not None:
                     r = bench_redis(redis, size, count, args.batch, args.rounds, bar)
                     row["redis"] = {k: count * size / v / 1e9 for k, v in r.items()}
+                if mc is not None:
+                    r = bench_mooncake(mc, size, count, args.batch, args.rounds, bar)
+                    row["mooncake"] = {k: count * size / v / 1e9 for k, v in r.items()}
                 rows[size] = row
             p50, p99 = bench_lookup(pool.address, args.chain, args.lookups, bar)
             per_object = bench_master_memory(args.index_objects, bar)
@@ -336,6 +366,8 @@ def main(argv=None) -> int:
     finally:
         if redis is not None:
             redis.close()
+        if mc is not None:
+            mc.close()
         pool.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -343,14 +375,16 @@ def main(argv=None) -> int:
           f"{os.cpu_count()} cores  {platform.processor() or platform.platform()}  python {platform.python_version()}")
     print(f"batch {args.batch} keys per call, {total >> 20} MiB per size per round, best of {args.rounds}; GB/s")
     head = f"{'size':>8} | {'shm put':>8} {'shm get':>8} | {'tcp put':>8} {'tcp get':>8} | {'memcpy':>7} " \
-           f"{'raw sock':>8} | {'redis SET':>9} {'redis GET':>9}"
+           f"{'raw sock':>8} | {'redis SET':>9} {'redis GET':>9} | {'mc put':>7} {'mc get':>7}"
     print(head)
     print("-" * len(head))
     for size, row in rows.items():
         rd = row.get("redis")
         redis_cols = f"{rd['put']:9.2f} {rd['get']:9.2f}" if rd else f"{'skipped':>9} {'skipped':>9}"
+        mk = row.get("mooncake")
+        mc_cols = f"{mk['put']:7.2f} {mk['get']:7.2f}" if mk else f"{'skipped':>7} {'skipped':>7}"
         print(f"{size >> 10:>5}KiB | {row['auto']['put']:8.2f} {row['auto']['get']:8.2f} | {row['tcp']['put']:8.2f} "
-              f"{row['tcp']['get']:8.2f} | {row['memcpy']:7.2f} {row['raw']:8.2f} | {redis_cols}")
+              f"{row['tcp']['get']:8.2f} | {row['memcpy']:7.2f} {row['raw']:8.2f} | {redis_cols} | {mc_cols}")
     print()
     for size, row in rows.items():
         line = (f"{size >> 10:>5}KiB: same-host get {row['auto']['get'] / row['memcpy']:.2f}x memcpy, "
@@ -358,6 +392,9 @@ def main(argv=None) -> int:
         if row.get("redis"):
             line += (f", {row['tcp']['get'] / row['redis']['get']:.2f}x redis GET; "
                      f"tcp put {row['tcp']['put'] / row['redis']['put']:.2f}x redis SET")
+        if row.get("mooncake"):
+            line += (f"; vs mooncake (tcp transport): tcp get {row['tcp']['get'] / row['mooncake']['get']:.2f}x, "
+                     f"same-host get {row['auto']['get'] / row['mooncake']['get']:.2f}x")
         print(line)
     two = rows[2 << 20]
     goals = [("same-host get >= 0.6x memcpy", two["auto"]["get"] / two["memcpy"] >= 0.6),
@@ -367,7 +404,8 @@ def main(argv=None) -> int:
     print("goals at 2 MiB: " + "; ".join(f"{name}: {'met' if ok else 'MISSED'}" for name, ok in goals))
     if redis_reason:
         print(f"redis column skipped: {redis_reason}")
-    print(f"mooncake column skipped: {mooncake}")
+    if mooncake_reason:
+        print(f"mooncake column skipped: {mooncake_reason}")
     print(f"prefix lookup of a {args.chain}-key chain (one RPC): p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms")
     print(f"master memory per indexed object at {args.index_objects:,} objects: {per_object:.0f} bytes "
           f"(goal <= 200) {'met' if per_object <= 200 else 'MISSED'}; of which the index alone {per_index_entry:.0f} "
