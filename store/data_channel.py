@@ -85,6 +85,16 @@ def _recv_exact(sock: socket.socket, view: memoryview) -> None:
         got += k
 
 
+def _send_two(sock: socket.socket, head: bytes, body: memoryview) -> None:
+    """Reply header and payload in one sendmsg (one syscall, one segment train), finishing any partial send."""
+    sent = sock.sendmsg([head, body])
+    if sent < len(head):
+        sock.sendall(head[sent:])
+        sock.sendall(body)
+    elif sent - len(head) < len(body):
+        sock.sendall(body[sent - len(head):])
+
+
 class DataServer:
     """Threaded server: one thread per connection (connections are few and long-lived: one pool per client)."""
 
@@ -169,8 +179,7 @@ class DataServer:
                     except Exception as exc:  # noqa: BLE001
                         self._reply(conn, _status_of(exc), str(exc))
                         continue
-                    conn.sendall(REP.pack(OK, 0, len(view)))
-                    conn.sendall(view)
+                    _send_two(conn, REP.pack(OK, 0, len(view)), view)
         except (ConnectionError, OSError) as exc:
             log.debug("data connection ended: %s", exc)
         finally:
