@@ -31,13 +31,12 @@ from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
 from kvpool.store.config import MasterConfig
 from kvpool.store.master import BatchTooLarge, Master
-from kvpool.store.node import Drop, Move
+from kvpool.store.remote_node import GRPC_OPTIONS, RemoteNodeOps
 from kvpool.store.records import NO_NS, NsRef, PutStatus
 from kvpool.store.tokens import TokenError
 
 log = logging.getLogger(__name__)
 
-GRPC_OPTIONS = [("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_message_length", 256 << 20)]
 _PUT_STATUS = {PutStatus.STORED: pb.STORED, PutStatus.EXISTS: pb.EXISTS, PutStatus.NO_SPACE: pb.NO_SPACE}
 
 
@@ -83,41 +82,6 @@ class MasterServerConfig:
         return MasterConfig(max_object_bytes=self.max_object_bytes, max_batch_keys=self.max_batch_keys,
                             lease_ttl_s=self.lease_ttl_s, grant_ttl_s=self.grant_ttl_s, node_ttl_s=self.node_ttl_s,
                             promote_on_hit=self.promote_on_hit, policy=self.policy)
-
-
-class RemoteNodeOps:
-    """NodeOps over a node's gRPC NodeService. Called under the master lock, so every call has a short deadline;
-    a node that does not answer makes the move fail (the object is dropped), never stalls the master for long."""
-
-    def __init__(self, address: str, timeout: float) -> None:
-        self.address = address
-        self.timeout = timeout
-        self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
-        self._stub = pbg.NodeServiceStub(self._channel)
-
-    def demote(self, moves: list[Move]) -> list[bool]:
-        return self._move(self._stub.Demote, moves)
-
-    def promote(self, moves: list[Move]) -> list[bool]:
-        return self._move(self._stub.Promote, moves)
-
-    def _move(self, rpc, moves: list[Move]) -> list[bool]:
-        try:
-            ok = list(rpc(convert.moves_to_msg(moves), timeout=self.timeout).ok)
-        except grpc.RpcError as exc:
-            log.warning("node %s: move of %d objects failed: %s", self.address, len(moves), exc.code())
-            return [False] * len(moves)
-        return ok if len(ok) == len(moves) else [False] * len(moves)
-
-    def drop(self, drops: list[Drop]) -> int:
-        try:
-            return self._stub.Drop(convert.drops_to_msg(drops), timeout=self.timeout).dropped
-        except grpc.RpcError as exc:
-            log.warning("node %s: drop of %d extents failed: %s", self.address, len(drops), exc.code())
-            return 0
-
-    def close(self) -> None:
-        self._channel.close()
 
 
 def _rpc(method):

@@ -28,8 +28,8 @@ from kvpool.store import tokens
 from kvpool.store.config import NodeConfig
 from kvpool.store.data_channel import DataServer, Extent
 from kvpool.store.hostid import host_id
-from kvpool.store.master_server import GRPC_OPTIONS
 from kvpool.store.node import Drop, StorageNode
+from kvpool.store.remote_node import GRPC_OPTIONS
 from kvpool.store.tokens import TokenError
 from kvpool.tiers.types import Tier
 

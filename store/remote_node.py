@@ -1,0 +1,55 @@
+"""RemoteNodeOps: the master's `NodeOps` (store/node.py) for a node in another process, over its gRPC NodeService.
+
+The master calls NodeOps with its lock held (no distributed locking: one place decides), so every call carries a
+short deadline: a node that does not answer makes the move fail (the master then drops the object, a miss) instead
+of stalling every client of the master.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from kvpool.proto import convert
+from kvpool.proto import kvpool_pb2_grpc as pbg
+from kvpool.store.node import Drop, Move
+
+log = logging.getLogger(__name__)
+
+# Batched calls carry up to max_batch_keys entries; the default 4 MiB gRPC limit is too small for 65,536 keys.
+GRPC_OPTIONS = [("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_message_length", 256 << 20)]
+
+
+class RemoteNodeOps:
+    """NodeOps over one node's NodeService; `timeout` is the deadline of each call."""
+
+    def __init__(self, address: str, timeout: float) -> None:
+        self.address = address
+        self.timeout = timeout
+        self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        self._stub = pbg.NodeServiceStub(self._channel)
+
+    def demote(self, moves: list[Move]) -> list[bool]:
+        return self._move(self._stub.Demote, moves)
+
+    def promote(self, moves: list[Move]) -> list[bool]:
+        return self._move(self._stub.Promote, moves)
+
+    def _move(self, rpc, moves: list[Move]) -> list[bool]:
+        try:
+            ok = list(rpc(convert.moves_to_msg(moves), timeout=self.timeout).ok)
+        except grpc.RpcError as exc:
+            log.warning("node %s: move of %d objects failed: %s", self.address, len(moves), exc.code())
+            return [False] * len(moves)
+        return ok if len(ok) == len(moves) else [False] * len(moves)
+
+    def drop(self, drops: list[Drop]) -> int:
+        try:
+            return self._stub.Drop(convert.drops_to_msg(drops), timeout=self.timeout).dropped
+        except grpc.RpcError as exc:
+            log.warning("node %s: drop of %d extents failed: %s", self.address, len(drops), exc.code())
+            return 0
+
+    def close(self) -> None:
+        self._channel.close()
