@@ -23,23 +23,24 @@ def reference(q, k_all, v_all, first):
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
-def run(seqs):
-    """seqs: list of (ctx_before, q_len, block_table). Returns (output, expected)."""
+def run(seqs, device="cpu"):
+    """seqs: list of (ctx_before, q_len, block_table). Returns (output, expected) on the CPU."""
     torch.manual_seed(0)
-    k_cache = torch.zeros(NB, BT, HKV, D)
-    v_cache = torch.zeros(NB, BT, HKV, D)
+    k_cache = torch.zeros(NB, BT, HKV, D, device=device)
+    v_cache = torch.zeros(NB, BT, HKV, D, device=device)
     histories = []
     for before, _, table in seqs:  # earlier tokens already in the cache
         k_hist, v_hist = torch.randn(before, HKV, D), torch.randn(before, HKV, D)
         if before:
-            meta = build_metadata([before], [before], [table], BT)
-            write_kv(k_cache, v_cache, meta.slot_mapping, k_hist, v_hist)
+            meta = build_metadata([before], [before], [table], BT, device)
+            write_kv(k_cache, v_cache, meta.slot_mapping, k_hist.to(device), v_hist.to(device))
         histories.append((k_hist, v_hist))
     total = sum(q for _, q, _ in seqs)
     q, k, v = torch.randn(total, HQ, D), torch.randn(total, HKV, D), torch.randn(total, HKV, D)
-    meta = build_metadata([s[1] for s in seqs], [s[0] + s[1] for s in seqs], [s[2] for s in seqs], BT)
-    write_kv(k_cache, v_cache, meta.slot_mapping, k, v)
-    out = paged_attention(q, k, v, k_cache, v_cache, meta)
+    meta = build_metadata([s[1] for s in seqs], [s[0] + s[1] for s in seqs], [s[2] for s in seqs], BT, device)
+    qd, kd, vd = q.to(device), k.to(device), v.to(device)
+    write_kv(k_cache, v_cache, meta.slot_mapping, kd, vd)
+    out = paged_attention(qd, kd, vd, k_cache, v_cache, meta).cpu()
     expected, start = [], 0
     for (before, q_len, _), (k_hist, v_hist) in zip(seqs, histories):
         rows = slice(start, start + q_len)
@@ -57,6 +58,13 @@ def run(seqs):
 def test_paged_attention_matches_dense_reference(seqs):
     out, expected = run(seqs)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_paged_attention_on_cuda_matches_dense_reference():
+    out, expected = run([(0, 5, [1, 2]), (4, 3, [3, 4]), (9, 1, [5, 6, 7]), (3, 1, [8])], device="cuda")
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
 
 
 def test_write_kv_places_tokens_at_their_slots():
