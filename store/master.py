@@ -101,6 +101,8 @@ class Master:
                     and old.info.ssd_bytes == info.ssd_bytes:
                 old.ops, old.info, old.expires, old.last_heartbeat = ops, info, expires, now
                 old.epoch += 1
+                if self.metadata.persistent:
+                    self.metadata.put_node(info)  # addresses may have changed
                 return old.epoch
             epoch = 1
             if old is not None:
@@ -159,6 +161,8 @@ class Master:
         keys = self._check_batch(keys)
         if len(sizes) != len(keys):
             raise ValueError(f"sizes has {len(sizes)} entries, keys has {len(keys)}")
+        if not isinstance(ns.digest, bytes) or len(ns.digest) != KEY_BYTES:
+            raise ValueError(f"namespace must be a {KEY_BYTES}-byte namespace digest, got {ns.digest!r}")
         limit = self.config.max_object_bytes
         for i, size in enumerate(sizes):
             if not isinstance(size, int) or isinstance(size, bool) or size <= 0 or size > limit:

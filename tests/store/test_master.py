@@ -160,6 +160,8 @@ def test_bad_arguments_name_the_field(make):
         master.put_start([key(1)], [OBJ, OBJ])
     with pytest.raises(BatchTooLarge, match="keys: batch of 5 exceeds max_batch_keys=4"):
         master.lookup([key(i) for i in range(5)])
+    with pytest.raises(ValueError, match="namespace must be a 16-byte namespace digest"):
+        master.put_start([key(1)], [OBJ], NsRef(digest=b"short"))
     with pytest.raises(ValueError, match="checksums has 0 entries, grant_ids has 1"):
         master.put_commit([1], [])
     assert master.stats() == before and len(master.index) == 0
