@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 KEY_BYTES = 16
 _COMMITTED, _DOOMED, _SSD = int(State.COMMITTED), int(State.DOOMED), int(Tier.SSD)
 _TIERS = tuple(Tier)  # Tier(int) through the enum machinery costs ~1 us; a tuple index does not
+_PENDING = int(State.PENDING)
+_PLACE_ORDER = (Tier.DRAM, Tier.SSD)
+_STORED, _EXISTS, _NO_SPACE = PutStatus.STORED, PutStatus.EXISTS, PutStatus.NO_SPACE
 
 
 class SizeMismatch(ValueError):
@@ -174,14 +177,14 @@ class Master:
             out: list[PutStartResult] = []
             for key, size in zip(keys, sizes):
                 if self.index.slot_of(key) >= 0:
-                    out.append(PutStartResult(PutStatus.EXISTS))
+                    out.append(PutStartResult(_EXISTS))
                     continue
                 placed = self._place(size, prefer_node)
                 if placed is None:
-                    out.append(PutStartResult(PutStatus.NO_SPACE))
+                    out.append(PutStartResult(_NO_SPACE))
                     continue
                 node, tier, offset = placed
-                slot = self.index.add(key, node=node.number, tier=tier, state=State.PENDING, offset=offset, size=size,
+                slot = self.index.add(key, node=node.number, tier=tier, state=_PENDING, offset=offset, size=size,
                                       ns=ns_id)
                 grant_id = self._new_id()
                 self._grants[grant_id] = (slot, expires_at)
@@ -189,7 +192,7 @@ class Master:
                 if self.token_secret is not None:
                     token = tokens.sign(self.token_secret, tokens.WRITE, grant_id, tier, offset, size,
                                         int(expires_at * 1000))
-                out.append(PutStartResult(PutStatus.STORED, Grant(grant_id, bytes(key),
+                out.append(PutStartResult(_STORED, Grant(grant_id, bytes(key),
                                                                    Location(node.node_id, tier, offset, size),
                                                                    expires_at, token)))
             self._flush()
@@ -431,8 +434,12 @@ class Master:
             by_number[number].spaces[_TIERS[tier]].policy.touch_chain(chain)
 
     def _place(self, size: int, prefer_node: str | None) -> tuple[NodeState, Tier, int] | None:
-        nodes = sorted(self.placement.nodes.values(), key=lambda n: (n.node_id != prefer_node, -self._free(n)))
-        for tier in (Tier.DRAM, Tier.SSD):
+        """DRAM on the preferred node, else on the node with the most free DRAM (evicting there if needed), else the
+        same order on SSD (objects larger than any DRAM tier, or DRAM full of leased/uncommitted objects)."""
+        nodes = list(self.placement.nodes.values())
+        if len(nodes) > 1:
+            nodes.sort(key=lambda n: (n.node_id != prefer_node, -self._free(n)))
+        for tier in _PLACE_ORDER:
             for node in nodes:
                 if isinstance(node.ops, _Disconnected):
                     continue
