@@ -40,6 +40,7 @@ def pool(cluster):
     node = cluster.start_node("n1")
     channel = grpc.insecure_channel(master.address)
     stub = pbg.MasterServiceStub(channel)
+    stub._address = master.address
     node_channel = grpc.insecure_channel(node.address)
     with PoolClient(master.address, timeout=5) as client:
         assert client.put_many([key_of(i) for i in range(5)], [pattern(i, SIZE) for i in range(5)]) == ["stored"] * 5
@@ -250,3 +251,31 @@ def test_evict_by_namespace_removes_only_that_namespace(pool):
     assert [o.key for o in listed.objects] == keys and {o.namespace for o in listed.objects} == {ns.digest}
     assert stub.Evict(pb.EvictRequest(namespace=ns.digest), timeout=5).evicted == 3
     assert client.contains_many(keys + [key_of(0)]) == [False, False, False, True]
+
+
+def test_bytes_changed_under_a_committed_object_are_a_miss_not_returned(pool):
+    from kvpool.proto import convert
+    from kvpool.tiers.dram import DramArena
+
+    stub, _, _ = pool
+    k = key_of(7, salt=5)
+    with PoolClient(stub_address(stub), timeout=5) as c, PoolClient(stub_address(stub), transport="tcp",
+                                                                       timeout=5) as t:
+        assert c.put_many([key_of(6, salt=5), k], [pattern(6, SIZE), pattern(7, SIZE)]) == ["stored"] * 2
+        reply = stub.Lookup(pb.LookupRequest(keys=[k], lease=True), timeout=5)
+        arena = DramArena.attach(convert.dram_path(reply.nodes[0]))
+        try:
+            arena.view(reply.offsets[0], 1)[0] ^= 0xFF  # what a writer past its grant or a bad DIMM would do
+        finally:
+            stub.Release(pb.ReleaseRequest(lease_ids=[reply.lease_id]), timeout=5)
+            arena.close()
+        for client in (c, t):
+            bufs = [bytearray(SIZE), bytearray(SIZE)]
+            assert client.get_many_into([key_of(6, salt=5), k], bufs) == 1
+            assert bytes(bufs[0]) == pattern(6, SIZE)
+            assert client.stats()["client_checksum_failures"] == 1
+        c.remove_many([key_of(6, salt=5), k])
+
+
+def stub_address(stub) -> str:
+    return stub._address  # set by the pool fixture
