@@ -18,7 +18,7 @@ from kvpool.keys import Namespace
 from kvpool.engine_adapter.block_manager import BlockManager
 from kvpool.engine_adapter.config import EngineConfig
 from kvpool.engine_adapter.connector_api import EngineInfo, KVConnectorBase
-from kvpool.engine_adapter.loader import load_gguf
+from kvpool.engine_adapter.loader import load_model
 from kvpool.engine_adapter.model_files import resolve_model_path
 from kvpool.engine_adapter.model_runner import ModelRunner
 from kvpool.engine_adapter.request import Request
@@ -52,12 +52,12 @@ class LLMEngine:
         self.model_path = resolve_model_path(config.model)
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        loaded = load_gguf(self.model_path)
+        loaded = load_model(self.model_path)
         spec = self.spec = loaded.spec
         if config.max_model_len > spec.max_position_embeddings:
             raise ValueError(f"EngineConfig.max_model_len={config.max_model_len} exceeds the model's context "
                              f"length {spec.max_position_embeddings}")
-        self.tokenizer = Tokenizer(loaded.metadata)
+        self.tokenizer = Tokenizer.from_loaded(loaded)
         self.fingerprint = loaded.fingerprint
         bt = config.block_tokens
         self.namespace = Namespace(model=config.model_name, fingerprint=loaded.fingerprint, kv_dtype=config.dtype,

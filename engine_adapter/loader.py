@@ -1,4 +1,5 @@
-"""GGUF file -> `ModelSpec` + fp32 state dict + fingerprint.
+"""Model files -> `ModelSpec` + fp32 state dict + fingerprint: a GGUF file, or a Hugging Face directory
+(config.json + *.safetensors + tokenizer.json) through `load_model`.
 
 llama.cpp's converter stores the rows of attn_q / attn_k permuted so that RoPE rotates interleaved pairs
 (x0,x1),(x2,x3)...; our model (like transformers) rotates halves (x_i, x_{i+d/2}), so those rows are put back:
@@ -6,9 +7,10 @@ llama.cpp's converter stores the rows of attn_q / attn_k permuted so that RoPE r
     GGUF rows of one head:  [p0a p0b p1a p1b ... ]      (pair-interleaved)
     HF rows of one head:    [p0a p1a ... | p0b p1b ...] (half-split)
 
-The fingerprint is xxh3_128 over every tensor's name, type and raw (still quantised) bytes plus the spec, so two
-files with the same weights give the same Namespace however they are named on disk. It is computed once per
-(path, size, mtime) in a process.
+The fingerprint is xxh3_128 over every tensor's name, type and raw bytes as stored (still quantised for GGUF) plus
+the spec, so two files with the same weights give the same Namespace however they are named on disk. It is computed
+once per (path, size, mtime) in a process. The same weights stored differently (Q4_1 GGUF vs its fp32 safetensors
+export) get different fingerprints: the pool only ever shares KV between byte-identical models.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ class LoadedModel:
     spec: ModelSpec
     state_dict: dict[str, torch.Tensor]   # names follow transformers' LlamaForCausalLM without the "model." prefix
     fingerprint: str
-    metadata: dict[str, object]           # tokenizer.* and general.* fields (tokens, merges, chat template, ids)
+    metadata: dict[str, object]           # GGUF: tokenizer.* and general.* fields; HF dir: {"hf_dir": path}
 
 
 _NAME_MAP = {
@@ -160,3 +162,52 @@ def _load_cached(path: str, size: int, mtime_ns: int) -> LoadedModel:
         if key.startswith(("tokenizer.", "general.")):
             metadata[key] = field.contents()
     return LoadedModel(spec=spec, state_dict=state, fingerprint=fingerprint(path), metadata=metadata)
+
+
+def load_model(path: str) -> LoadedModel:
+    """A .gguf file or a Hugging Face model directory."""
+    return load_hf_dir(path) if os.path.isdir(path) else load_gguf(path)
+
+
+def _hf_spec(cfg: dict) -> ModelSpec:
+    if cfg.get("model_type") != "llama":
+        raise ValueError(f"model: only the llama architecture is supported, config.json says "
+                         f"{cfg.get('model_type')!r}")
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+        raise ValueError(f"model: rope scaling {rope.get('rope_type', rope.get('type'))!r} is not supported")
+    heads = int(cfg["num_attention_heads"])
+    return ModelSpec(
+        num_layers=int(cfg["num_hidden_layers"]), hidden_size=int(cfg["hidden_size"]), num_heads=heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg.get("head_dim") or cfg["hidden_size"] // heads),
+        intermediate_size=int(cfg["intermediate_size"]), vocab_size=int(cfg["vocab_size"]),
+        rope_theta=float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)))
+
+
+def load_hf_dir(path: str) -> LoadedModel:
+    """config.json + *.safetensors (transformers' LlamaForCausalLM names) -> fp32 state dict."""
+    from safetensors import safe_open
+
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.isfile(cfg_path):
+        raise FileNotFoundError(f"model directory {path!r} has no config.json")
+    with open(cfg_path) as f:
+        spec = _hf_spec(json.load(f))
+    files = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
+    if not files:
+        raise FileNotFoundError(f"model directory {path!r} has no *.safetensors files")
+    h = xxhash.xxh3_128()
+    h.update(spec.canonical())
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        with safe_open(os.path.join(path, name), framework="pt") as f:
+            for key in sorted(f.keys()):
+                t = f.get_tensor(key)
+                h.update(f"{key}|{t.dtype}|{list(t.shape)}".encode())
+                h.update(t.contiguous().view(torch.uint8).numpy().data)
+                state[key.removeprefix("model.")] = t.to(torch.float32).contiguous()
+    return LoadedModel(spec=spec, state_dict=state, fingerprint=h.hexdigest(), metadata={"hf_dir": path})

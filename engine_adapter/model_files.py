@@ -26,11 +26,14 @@ def default_model_path() -> str:
 
 
 def resolve_model_path(model: str | os.PathLike | None) -> str:
-    """None -> the bundled model; otherwise the path must be an existing .gguf file (clear error naming it)."""
+    """None -> the bundled model; otherwise an existing .gguf file or a Hugging Face directory with config.json
+    (clear error naming the path)."""
     if model is None:
         return default_model_path()
     path = os.fspath(model)
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
+        return path
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"model file {path!r} does not exist; pass a .gguf file or model=None for the "
-                                f"bundled SmolLM2 ({INSTALL_HINT})")
+        raise FileNotFoundError(f"model file {path!r} does not exist; pass a .gguf file, a Hugging Face model "
+                                f"directory or model=None for the bundled SmolLM2 ({INSTALL_HINT})")
     return path

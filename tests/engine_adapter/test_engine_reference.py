@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -68,3 +69,25 @@ def test_chunked_prefill_after_cached_prefix_logits_within_1e4(model_path, hf_mo
         ref = hf_model(torch.tensor([ids])).logits[0, -1]
     got = engine_last_logits(engine, ids)
     assert (got - ref).abs().max().item() < 1e-4
+
+
+def test_hugging_face_safetensors_directory_gives_the_same_tokens(llm, hf_model, model_path, prompts, tmp_path):
+    from kvpool.engine_adapter.llm import LLM
+
+    tok = transformers.AutoTokenizer.from_pretrained(os.path.dirname(model_path),
+                                                     gguf_file=os.path.basename(model_path))
+    # transformers refuses save_pretrained on a GGUF-loaded model; write the same export by hand
+    from safetensors.torch import save_file
+
+    tensors = {k: v.detach().contiguous().clone() for k, v in hf_model.state_dict().items() if k != "lm_head.weight"}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    config = hf_model.config.to_dict()
+    config.pop("quantization_config", None)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    tok.save_pretrained(tmp_path)
+    from_dir = LLM(str(tmp_path), num_kv_blocks=64, max_model_len=256)
+    assert from_dir.engine.fingerprint != llm.engine.fingerprint  # fp32 export != Q4_1 bytes: never share KV
+    assert from_dir.tokenizer.encode(prompts[1]) == llm.tokenizer.encode(prompts[1])
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    assert [o.token_ids for o in from_dir.generate(prompts, params)] == \
+        [o.token_ids for o in llm.generate(prompts, params)]
