@@ -6,8 +6,9 @@
 
 Validation happens in the HTTP thread, so a bad request gets its 400 (message naming the field) without ever
 reaching the engine, and other requests are unaffected. Endpoints: GET /health, GET /v1/models,
-POST /v1/completions, POST /v1/chat/completions (both with `"stream": true` as server-sent events). Every response
-carries the request's time to first token in `usage.ttft_seconds` (and the final stream chunk's `usage`).
+POST /v1/completions, POST /v1/chat/completions (both with `"stream": true` as server-sent events), and
+GET /metrics (Prometheus text) when a registry is given. Every response carries the request's time to first token in
+`usage.ttft_seconds` (and the final stream chunk's `usage`); `on_ttft(seconds)` sees each one as it happens.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ class BadRequest(ValueError):
 
 
 class _EngineLoop(threading.Thread):
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, on_ttft=None) -> None:
         super().__init__(name="engine", daemon=True)
         self.engine = engine
+        self.on_ttft = on_ttft
         self.inbox: queue.Queue = queue.Queue()
         self.sinks: dict[str, queue.Queue] = {}
         self.stopped = threading.Event()
@@ -70,6 +72,8 @@ class _EngineLoop(threading.Thread):
                 self.sinks.clear()
                 continue
             for out in outputs:
+                if self.on_ttft is not None and len(out.token_ids) == 1 and out.ttft is not None:
+                    self.on_ttft(out.ttft)
                 sink = self.sinks.get(out.request_id)
                 if sink is not None:
                     sink.put(out)
@@ -99,10 +103,11 @@ class EngineServer:
     """`with EngineServer(engine, port=0) as srv: ... srv.url` — serves until closed."""
 
     def __init__(self, engine: LLMEngine, host: str = "127.0.0.1", port: int = 8000,
-                 model_name: str | None = None) -> None:
+                 model_name: str | None = None, metrics_registry=None, on_ttft=None) -> None:
         self.engine = engine
         self.model_name = model_name or engine.config.model_name
-        self.loop = _EngineLoop(engine)
+        self.metrics_registry = metrics_registry
+        self.loop = _EngineLoop(engine, on_ttft)
         self.httpd = ThreadingHTTPServer((host, port), _make_handler(self))
         self.httpd.daemon_threads = True
         self._http_thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)
@@ -203,6 +208,15 @@ def _make_handler(server: EngineServer):
         def do_GET(self) -> None:
             if self.path == "/health":
                 self._json(200, {"status": "ok"})
+            elif self.path == "/metrics" and server.metrics_registry is not None:
+                from kvpool.metrics import render_metrics
+
+                data, content_type = render_metrics(server.metrics_registry)
+                self.send_response(200)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
             elif self.path == "/v1/models":
                 self._json(200, {"object": "list", "data": [{"id": server.model_name, "object": "model",
                                                              "owned_by": "kvpool"}]})

@@ -56,6 +56,17 @@ def test_serve_answers_completions(model_path):
         with urllib.request.urlopen(req, timeout=120) as resp:
             doc = json.load(resp)
         assert doc["choices"][0]["text"] == " Paris.\n" and doc["usage"]["completion_tokens"] == 3
+        with urllib.request.urlopen(base + "/metrics", timeout=30) as resp:
+            text = resp.read().decode()
+        assert f'kvpool_engine_ttft_seconds_count{{engine="{socket.gethostname()}:{port}"}} 1.0' in text
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_serve_missing_connector_config_exits_naming_the_file(tmp_path):
+    missing = tmp_path / "connector.yaml"
+    proc = subprocess.run([sys.executable, "-m", "kvpool.cli", "serve", "--connector-config", str(missing)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert f"kvpool serve: config file '{missing}' does not exist" in proc.stdout
