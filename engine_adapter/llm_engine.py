@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+import xxhash
 
 from kvpool.keys import Namespace
 from kvpool.engine_adapter.block_manager import BlockManager
@@ -113,7 +114,10 @@ class LLMEngine:
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise ValueError(f"request_id: {request_id!r} is already in use")
-        seed = params.seed if params.seed is not None else hash((self.config.seed, request_id)) & 0x7FFFFFFF
+        if params.seed is not None:
+            seed = params.seed
+        else:  # stable across processes (Python's hash() is salted per process)
+            seed = xxhash.xxh3_64_intdigest(f"{self.config.seed}:{request_id}".encode()) >> 1
         eos = () if params.ignore_eos else tuple(self.tokenizer.stop_token_ids)
         req = Request(request_id, ids, params, seed, arrival_time or time.perf_counter(), self.config.max_model_len,
                       eos_token_ids=eos)

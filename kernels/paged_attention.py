@@ -44,28 +44,34 @@ class AttentionMetadata:
 def build_metadata(q_lens: list[int], ctx_lens: list[int], block_tables: list[list[int]], block_tokens: int,
                    device: torch.device | str = "cpu") -> AttentionMetadata:
     """Per-step metadata. `ctx_lens[i]` counts the tokens of sequence i in the cache after this step's writes."""
-    slots: list[int] = []
+    slot_parts: list[torch.Tensor] = []
     prefills: list[PrefillSpan] = []
     decode_rows: list[int] = []
     decode_seqs: list[int] = []
     start = 0
     for i, (q_len, ctx_len, table) in enumerate(zip(q_lens, ctx_lens, block_tables)):
         first = ctx_len - q_len
-        for pos in range(first, ctx_len):
-            slots.append(table[pos // block_tokens] * block_tokens + pos % block_tokens)
+        n_blocks = -(-ctx_len // block_tokens)
+        if q_len == 1:
+            pos = ctx_len - 1
+            slot_parts.append(torch.tensor([table[pos // block_tokens] * block_tokens + pos % block_tokens]))
+        else:
+            pos = torch.arange(first, ctx_len)
+            blocks = torch.tensor(table[:n_blocks], dtype=torch.long)
+            slot_parts.append(blocks[pos // block_tokens] * block_tokens + pos % block_tokens)
         if q_len == 1 and ctx_len > 1:
             decode_rows.append(start)
             decode_seqs.append(i)
         elif first == 0:
             prefills.append(PrefillSpan(start, q_len, ctx_len, None, None))
         else:
-            n_blocks = -(-ctx_len // block_tokens)
             bt = torch.tensor(table[:n_blocks], dtype=torch.long, device=device)
             q_pos = torch.arange(first, ctx_len, device=device)
             mask = torch.arange(ctx_len, device=device)[None, :] <= q_pos[:, None]
             prefills.append(PrefillSpan(start, q_len, ctx_len, bt, mask))
         start += q_len
-    meta = AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.long, device=device), prefills=prefills)
+    slots = torch.cat(slot_parts).to(device) if slot_parts else torch.empty(0, dtype=torch.long, device=device)
+    meta = AttentionMetadata(slot_mapping=slots, prefills=prefills)
     if decode_rows:
         max_blocks = max(-(-ctx_lens[i] // block_tokens) for i in decode_seqs)
         tables = torch.zeros(len(decode_seqs), max_blocks, dtype=torch.long)
