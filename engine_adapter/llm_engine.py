@@ -137,6 +137,9 @@ class LLMEngine:
         """Run one batch; outputs for every request that got a token (finished ones are then forgotten)."""
         scheduled = self.scheduler.schedule()
         if not scheduled:
+            if self.scheduler.has_unfinished():  # a broken invariant; spinning forever would hide it
+                raise RuntimeError(f"scheduler made no progress with {len(self.scheduler.waiting)} waiting and "
+                                   f"{len(self.scheduler.running)} running requests")
             return []
         sampled = self.runner.step(scheduled)
         outputs = []

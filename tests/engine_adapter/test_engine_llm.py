@@ -116,3 +116,30 @@ def test_engine_config_errors(model_path):
         LLM(model_path, num_kv_blocks=2, max_model_len=64)
     with pytest.raises(ValueError, match=r"^EngineConfig.max_model_len=9000 exceeds the model's context length"):
         LLM(model_path, num_kv_blocks=1000, max_model_len=9000)
+
+
+def test_continuous_batching_joins_and_leaves_mid_flight(model_path, llm, prompts):
+    texts = [p + s for p in prompts for s in ("", " Answer briefly.")] + [prompts[0] * 3, prompts[1] * 2]
+    params = [SamplingParams(temperature=0, max_tokens=3 + 2 * i, ignore_eos=True) for i in range(len(texts))]
+    solo = [llm.generate(t, p)[0].token_ids for t, p in zip(texts, params)]
+    # 3 running at most, 24-token budget: requests join as others finish, prefills are chunked beside decodes
+    small = LLM(model_path, num_kv_blocks=64, max_model_len=256, max_num_seqs=3, max_num_batched_tokens=24)
+    outs = small.generate(texts, params)
+    assert [o.token_ids for o in outs] == solo
+    assert [len(o.token_ids) for o in outs] == [3 + 2 * i for i in range(len(texts))]
+
+
+def test_abort_frees_blocks_and_leaves_others_alone(llm, prompts, alone):
+    engine = llm.engine
+    free = engine.block_manager.num_free_blocks
+    keep = engine.add_request(prompts[0], GREEDY)
+    drop = engine.add_request(prompts[1], SamplingParams(temperature=0, max_tokens=50, ignore_eos=True))
+    engine.step()
+    engine.abort_request(drop)
+    tokens = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            assert out.request_id == keep
+            tokens[out.request_id] = out.token_ids
+    assert tokens[keep] == alone[0]
+    assert engine.block_manager.num_free_blocks == free
