@@ -131,6 +131,7 @@ def test_compose_has_every_service_and_kvpool_roles_load_their_configs(monkeypat
                 cfg = load_config(EngineConfig, DEPLOY / "config" / config.name, env=env,
                                   env_prefix="KVPOOL_ENGINE_")
                 assert cfg.model_name == "smollm2-135m"
+                assert args[args.index("--engine-name") + 1] == name  # distinct TTFT `engine` label per engine
                 connector = Path(args[args.index("--connector-config") + 1])
                 conn = load_config(ConnectorConfig, DEPLOY / "config" / connector.name, env=env)
                 assert conn.pool == "master:50051"
@@ -338,10 +339,6 @@ def deploy_command_lines() -> list[tuple[str, list[str]]]:
     return lines
 
 
-# Flags deploy/ passes that land with other work; a command line that fails ONLY because of one is xfail.
-PENDING_FLAGS = {"serve": ["--connector-config"]}
-
-
 @pytest.mark.parametrize("where, argv", [pytest.param(w, a, id=w) for w, a in deploy_command_lines()])
 def test_deploy_command_lines_parse_with_the_real_cli(where, argv):
     from kvpool.cli import build_parser
@@ -352,15 +349,7 @@ def test_deploy_command_lines_parse_with_the_real_cli(where, argv):
         try:
             parser.parse_args(args)
             return True
-        except SystemExit:
+        except SystemExit:  # argparse already printed why
             return False
 
-    if parses(argv):
-        return
-    stripped = list(argv)
-    for flag in PENDING_FLAGS.get(argv[0], []):
-        if flag in stripped:
-            i = stripped.index(flag)
-            del stripped[i:i + 2]
-    assert stripped != argv and parses(stripped), f"{where}: `kvpool {' '.join(argv)}` does not parse"
-    pytest.xfail(f"{where}: {PENDING_FLAGS[argv[0]]} not accepted by `kvpool {argv[0]}` yet")
+    assert parses(argv), f"{where}: `kvpool {' '.join(argv)}` does not parse"
