@@ -376,7 +376,13 @@ def test_dashboard_page_in_headless_chromium_shows_exact_hit_rate(tmp_path):
             == ["smollm2-135m/default", "llama-3.2-1b/default", "smollm2-135m/team-b"]
         assert chart_series(driver, "hit-rate-chart") == {"all", "dram", "ssd"}
         assert chart_series(driver, "throughput-chart") == {"requested", "hit"}
-        png = save_full_page_screenshot(driver, ROOT / "artifacts" / "dashboard.png", ROOT / "docs" / "dashboard.png")
+        # artifacts/ (gitignored) every run; the README's docs/dashboard.png only on request or when missing,
+        # because Chromium's text antialiasing differs by a few pixels between runs and a committed PNG that
+        # changes on every test run would end up in other people's commits.
+        docs_png = ROOT / "docs" / "dashboard.png"
+        update_docs = os.environ.get("KVPOOL_UPDATE_SCREENSHOT") == "1" or not docs_png.exists()
+        outs = [ROOT / "artifacts" / "dashboard.png"] + ([docs_png] if update_docs else [])
+        png = save_full_page_screenshot(driver, *outs)
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
     finally:
         driver.quit()
