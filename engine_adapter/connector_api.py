@@ -5,15 +5,16 @@ without a connector is the engine with `KVConnectorBase()`. All calls come from 
 order for each request:
 
  1. attach(info)                    once, when the engine is built. `info` gives the KV cache tensor
-                                    [num_layers, 2, num_blocks, block_tokens, kv_heads, head_dim] (kernels/kv_transfer.py
-                                    has the layout and the gather/scatter helpers), block_tokens, the Namespace the
-                                    engine keys its blocks with, and the model fingerprint.
+                                    [num_layers, 2, num_blocks, block_tokens, kv_heads, head_dim]
+                                    (kernels/kv_transfer.py has the layout and the gather/scatter helpers),
+                                    block_tokens, the Namespace the engine keys its blocks with, the fingerprint.
  2. get_num_external_tokens(request, num_local_cached_tokens) -> int
                                     at scheduling, before blocks are allocated. How many tokens right after the
                                     local prefix-cache hit the store can supply. Must be a multiple of block_tokens
                                     (full blocks only); the engine floors other values, clamps to leave at least one
-                                    prompt token to compute, and treats an exception as 0. Called again if the
-                                    request is preempted and rescheduled.
+                                    prompt token to compute, and treats an exception as 0. Called again (and
+                                    load_kv skipped) when the request then does not fit in the free blocks this
+                                    step, and again after a preemption.
  3. load_kv(request, block_ids, num_local_cached_tokens, num_external_tokens) -> int
                                     right after allocation, only if step 2 returned > 0. Write the KV of tokens
                                     [num_local_cached_tokens, num_local_cached_tokens + num_external_tokens) into
@@ -27,7 +28,8 @@ order for each request:
                                     block. Blocks block_ids[: num_computed_tokens // block_tokens] hold valid KV for
                                     request.token_ids; the connector saves those it has not saved yet (it must copy
                                     them out before returning or pin nothing: the blocks may be reused afterwards).
-                                    An exception is logged and ignored.
+                                    After a preemption the recompute reports the same blocks again. An exception
+                                    is logged and ignored.
  5. request_finished(request)       when the request finishes or is aborted (its blocks are freed after this call).
 
 `request` is an engine_adapter.request.Request: request_id, token_ids (prompt + output), prompt_token_ids,

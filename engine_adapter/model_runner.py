@@ -47,7 +47,8 @@ class ModelRunner:
             if s.samples:
                 logit_rows.append(len(input_ids) - 1)
         meta = build_metadata(q_lens, ctx_lens, tables, self.block_tokens)
-        return self.model(torch.tensor(input_ids), torch.tensor(positions), meta, torch.tensor(logit_rows, dtype=torch.long))
+        rows = torch.tensor(logit_rows, dtype=torch.long)
+        return self.model(torch.tensor(input_ids), torch.tensor(positions), meta, rows)
 
     def step(self, scheduled: list[ScheduledRequest]) -> list[int]:
         logits = self.forward(scheduled)
