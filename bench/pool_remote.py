@@ -91,57 +91,27 @@ class Pool:
         shutil.rmtree(self.shm, ignore_errors=True)
 
 
-def best(fn, rounds: int, bar) -> float:
-    """Best-of-`rounds` seconds of fn() (the fastest run is the least disturbed by the other processes)."""
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-        bar.update()
-    return min(times)
+class RawSocket:
+    """A child process that streams `count` payloads of `size` bytes per request over loopback."""
 
+    def __init__(self, size: int) -> None:
+        ctx = get_context("spawn")
+        parent, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_raw_server, args=(child, size), daemon=True)
+        self.proc.start()
+        self.sock = socket.create_connection(("127.0.0.1", parent.recv()))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-def bench_pool(address: str, transport: str, size: int, count: int, batch: int, rounds: int, bar, salt: int):
-    src = [np.full(size, (i * 7 + 1) % 256, np.uint8) for i in range(count)]
-    dst = [np.empty(size, np.uint8) for _ in range(count)]
-    results = {}
-    with PoolClient(address, transport=transport, timeout=60) as c:
-        def put_all(r=[0]):
-            r[0] += 1
-            keys = [(salt << 64 | r[0] << 32 | i).to_bytes(16, "big") for i in range(count)]
-            put_all.keys = keys
-            for i in range(0, count, batch):
-                st = c.put_many(keys[i:i + batch], src[i:i + batch])
-                assert st == ["stored"] * len(st), st
-        put_times = []
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            put_all()
-            put_times.append(time.perf_counter() - t0)
-            bar.update()
-            last = put_all.keys
-            c.remove_many(last) if _ < rounds - 1 else None
-        results["put"] = min(put_times)
+    def recv_all(self, dst: list[memoryview]) -> None:
+        self.sock.sendall(len(dst).to_bytes(8, "little"))
+        for view in dst:
+            got, n = 0, len(view)
+            while got < n:
+                got += self.sock.recv_into(view[got:])
 
-        def get_all():
-            for i in range(0, count, batch):
-                n = c.get_many_into(last[i:i + batch], dst[i:i + batch])
-                assert n == len(last[i:i + batch]), n
-        results["get"] = best(get_all, rounds, bar)
-        assert all(np.array_equal(a, b) for a, b in zip(src, dst))
-        c.remove_many(last)
-    return results
-
-
-def bench_memcpy(size: int, count: int, rounds: int, bar) -> float:
-    src = [np.full(size, 3, np.uint8) for _ in range(count)]
-    dst = [np.empty(size, np.uint8) for _ in range(count)]
-
-    def run():
-        for a, b in zip(dst, src):
-            np.copyto(a, b)
-    return best(run, rounds, bar)
+    def close(self) -> None:
+        self.sock.close()
+        self.proc.kill()
 
 
 def _raw_server(port_conn, size: int) -> None:
@@ -156,28 +126,6 @@ def _raw_server(port_conn, size: int) -> None:
             return
         for _ in range(int.from_bytes(head, "little")):
             conn.sendall(payload)
-
-
-def bench_raw_socket(size: int, count: int, rounds: int, bar) -> float:
-    ctx = get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_raw_server, args=(child, size), daemon=True)
-    proc.start()
-    sock = socket.create_connection(("127.0.0.1", parent.recv()))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    dst = [memoryview(np.empty(size, np.uint8)) for _ in range(count)]
-
-    def run():
-        sock.sendall(count.to_bytes(8, "little"))
-        for view in dst:
-            got = 0
-            while got < size:
-                got += sock.recv_into(view[got:])
-    try:
-        return best(run, rounds, bar)
-    finally:
-        sock.close()
-        proc.kill()
 
 
 class Redis:
@@ -197,58 +145,90 @@ class Redis:
                 time.sleep(0.05)
         raise RuntimeError("redis-server did not start")
 
+    def set_all(self, keys, values, batch: int) -> None:
+        for i in range(0, len(keys), batch):
+            pipe = self.client.pipeline(transaction=False)
+            for k, v in zip(keys[i:i + batch], values[i:i + batch]):
+                pipe.set(k, v)
+            pipe.execute()
+
+    def get_all(self, keys, dst, batch: int) -> None:
+        for i in range(0, len(keys), batch):
+            pipe = self.client.pipeline(transaction=False)
+            for k in keys[i:i + batch]:
+                pipe.get(k)
+            for j, v in enumerate(pipe.execute()):
+                dst[i + j][:] = np.frombuffer(v, np.uint8)  # into the caller's buffer, like get_many_into
+
     def close(self) -> None:
         self.client.close()
         self.proc.kill()
         self.proc.wait()
 
 
-def bench_redis(r: Redis, size: int, count: int, batch: int, rounds: int, bar) -> dict:
-    values = [np.full(size, (i * 7 + 1) % 256, np.uint8).tobytes() for i in range(count)]
-    keys = [f"k{size}:{i}".encode() for i in range(count)]
-    dst = [np.empty(size, np.uint8) for _ in range(count)]
-
-    def put():
-        for i in range(0, count, batch):
-            pipe = r.client.pipeline(transaction=False)
-            for k, v in zip(keys[i:i + batch], values[i:i + batch]):
-                pipe.set(k, v)
-            pipe.execute()
-
-    def get():
-        for i in range(0, count, batch):
-            pipe = r.client.pipeline(transaction=False)
-            for k in keys[i:i + batch]:
-                pipe.get(k)
-            for j, v in enumerate(pipe.execute()):
-                dst[i + j][:] = np.frombuffer(v, np.uint8)  # into the caller's buffer, like get_many_into
-    out = {"put": best(put, rounds, bar), "get": best(get, rounds, bar)}
-    r.client.flushall()
-    return out
-
-
-def bench_mooncake(mc, size: int, count: int, batch: int, rounds: int, bar) -> dict:
+def measure_size(pool_address: str, size: int, count: int, batch: int, rounds: int, redis, mc, bar,
+                 salt: int) -> dict[str, float]:
+    """GB/s per column, best of `rounds`. Every round runs every column once, so a burst of load from elsewhere
+    on the machine hits all columns alike instead of skewing one of them."""
     src = [np.full(size, (i * 7 + 1) % 256, np.uint8) for i in range(count)]
     dst = [np.empty(size, np.uint8) for _ in range(count)]
-    mc.register(src + dst)
-    put_times = []
-    for r in range(rounds):
-        keys = [f"k{size}:{r}:{i}" for i in range(count)]
-        t0 = time.perf_counter()
-        for i in range(0, count, batch):
-            mc.put(keys[i:i + batch], src[i:i + batch])
-        put_times.append(time.perf_counter() - t0)
-        bar.update()
-        if r < rounds - 1:
-            mc.clear()
+    views = [memoryview(d) for d in dst]
+    clients = {t: PoolClient(pool_address, transport=t, timeout=60) for t in ("auto", "tcp")}
+    raw = RawSocket(size)
+    if mc is not None:
+        mc.register(src + dst)
+    values = [a.tobytes() for a in src] if redis is not None else []
+    times: dict[str, list[float]] = {}
 
-    def get():
-        for i in range(0, count, batch):
-            mc.get(keys[i:i + batch], dst[i:i + batch])
-    out = {"put": min(put_times), "get": best(get, rounds, bar)}
-    assert all(np.array_equal(a, b) for a, b in zip(src, dst))
-    mc.clear()
-    return out
+    def timed(name, fn):
+        t0 = time.perf_counter()
+        fn()
+        times.setdefault(name, []).append(time.perf_counter() - t0)
+        bar.update()
+
+    def check():
+        assert all(np.array_equal(a, b) for a, b in zip(src, dst)), "bytes differ"
+        for d in dst:
+            d[:1] = 0
+
+    try:
+        for r in range(rounds):
+            for t, c in clients.items():
+                keys = [(salt << 96 | (t == "tcp") << 64 | r << 32 | i).to_bytes(16, "big") for i in range(count)]
+
+                def put(c=c, keys=keys):
+                    for i in range(0, count, batch):
+                        st = c.put_many(keys[i:i + batch], src[i:i + batch])
+                        assert st == ["stored"] * len(st), st
+
+                def get(c=c, keys=keys):
+                    for i in range(0, count, batch):
+                        assert c.get_many_into(keys[i:i + batch], dst[i:i + batch]) == len(keys[i:i + batch])
+                timed(f"{t} put", put)
+                timed(f"{t} get", get)
+                check()
+                c.remove_many(keys)
+            timed("memcpy", lambda: [np.copyto(d, a) for d, a in zip(dst, src)])
+            timed("raw", lambda: raw.recv_all(views))
+            if redis is not None:
+                rkeys = [f"k{size}:{i}".encode() for i in range(count)]
+                timed("redis put", lambda: redis.set_all(rkeys, values, batch))
+                timed("redis get", lambda: redis.get_all(rkeys, dst, batch))
+                check()
+                redis.client.flushall()
+            if mc is not None:
+                mkeys = [f"k{size}:{r}:{i}" for i in range(count)]
+                timed("mooncake put", lambda: [mc.put(mkeys[i:i + batch], src[i:i + batch])
+                                               for i in range(0, count, batch)])
+                timed("mooncake get", lambda: [mc.get(mkeys[i:i + batch], dst[i:i + batch])
+                                               for i in range(0, count, batch)])
+                check()
+                mc.clear()
+    finally:
+        for c in clients.values():
+            c.close()
+        raw.close()
+    return {name: count * size / min(v) / 1e9 for name, v in times.items()}
 
 
 def bench_lookup(address: str, chain: int, runs: int, bar) -> tuple[float, float]:
@@ -331,7 +311,7 @@ def main(argv=None) -> int:
     import mooncake_peer
 
     mooncake_reason = mooncake_peer.unavailable()
-    steps = len(SIZES) * args.rounds * (2 * 2 * 2 + 1 + 1 + (2 if redis_reason is None else 0)
+    steps = len(SIZES) * args.rounds * (4 + 2 + (2 if redis_reason is None else 0)
                                         + (2 if mooncake_reason is None else 0))
     rows = {}
     pool = Pool(dram_bytes=2 * total + (64 << 20), workdir=workdir)
@@ -346,19 +326,14 @@ def main(argv=None) -> int:
         with tqdm(total=steps + args.lookups + args.index_objects, desc="pool_remote", unit="step",
                   file=sys.stderr) as bar:
             for s, size in enumerate(SIZES):
-                count = max(1, total // size)
-                row = {}
-                for t, transport in enumerate(("auto", "tcp")):
-                    r = bench_pool(pool.address, transport, size, count, args.batch, args.rounds, bar, s * 2 + t + 1)
-                    row[transport] = {k: count * size / v / 1e9 for k, v in r.items()}
-                row["memcpy"] = count * size / bench_memcpy(size, count, args.rounds, bar) / 1e9
-                row["raw"] = count * size / bench_raw_socket(size, count, args.rounds, bar) / 1e9
-                if redis is not None:
-                    r = bench_redis(redis, size, count, args.batch, args.rounds, bar)
-                    row["redis"] = {k: count * size / v / 1e9 for k, v in r.items()}
-                if mc is not None:
-                    r = bench_mooncake(mc, size, count, args.batch, args.rounds, bar)
-                    row["mooncake"] = {k: count * size / v / 1e9 for k, v in r.items()}
+                g = measure_size(pool.address, size, max(1, total // size), args.batch, args.rounds, redis, mc,
+                                 bar, s + 1)
+                row = {"auto": {"put": g["auto put"], "get": g["auto get"]},
+                       "tcp": {"put": g["tcp put"], "get": g["tcp get"]}, "memcpy": g["memcpy"], "raw": g["raw"]}
+                if "redis get" in g:
+                    row["redis"] = {"put": g["redis put"], "get": g["redis get"]}
+                if "mooncake get" in g:
+                    row["mooncake"] = {"put": g["mooncake put"], "get": g["mooncake get"]}
                 rows[size] = row
             p50, p99 = bench_lookup(pool.address, args.chain, args.lookups, bar)
             per_object = bench_master_memory(args.index_objects, bar)

@@ -259,8 +259,8 @@ def test_bytes_changed_under_a_committed_object_are_a_miss_not_returned(pool):
 
     stub, _, _ = pool
     k = key_of(7, salt=5)
-    with PoolClient(stub_address(stub), timeout=5) as c, PoolClient(stub_address(stub), transport="tcp",
-                                                                       timeout=5) as t:
+    with PoolClient(stub_address(stub), timeout=5, verify="all") as c, \
+            PoolClient(stub_address(stub), transport="tcp", timeout=5) as t:
         assert c.put_many([key_of(6, salt=5), k], [pattern(6, SIZE), pattern(7, SIZE)]) == ["stored"] * 2
         reply = stub.Lookup(pb.LookupRequest(keys=[k], lease=True), timeout=5)
         arena = DramArena.attach(convert.dram_path(reply.nodes[0]))
@@ -269,11 +269,16 @@ def test_bytes_changed_under_a_committed_object_are_a_miss_not_returned(pool):
         finally:
             stub.Release(pb.ReleaseRequest(lease_ids=[reply.lease_id]), timeout=5)
             arena.close()
-        for client in (c, t):
+        for client in (c, t):  # same-host copy checked with verify="all"; TCP reads are checked by default
             bufs = [bytearray(SIZE), bytearray(SIZE)]
             assert client.get_many_into([key_of(6, salt=5), k], bufs) == 1
             assert bytes(bufs[0]) == pattern(6, SIZE)
             assert client.stats()["client_checksum_failures"] == 1
+        with PoolClient(stub_address(stub), timeout=5, verify="none", transport="tcp") as n:
+            bufs = [bytearray(SIZE), bytearray(SIZE)]
+            assert n.get_many_into([key_of(6, salt=5), k], bufs) == 2 and bufs[1] != pattern(7, SIZE)
+        with pytest.raises(ValueError, match="^verify must be 'remote', 'all' or 'none', got True$"):
+            PoolClient(stub_address(stub), verify=True)
         c.remove_many([key_of(6, salt=5), k])
 
 
