@@ -108,15 +108,18 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-@functools.lru_cache(maxsize=8)
-def _fingerprint_cached(path: str, size: int, mtime_ns: int) -> str:
-    reader = _reader(path)
+def _fingerprint_of(reader) -> str:
     h = xxhash.xxh3_128()
     h.update(read_spec(reader).canonical())
     for t in reader.tensors:
         h.update(f"{t.name}|{t.tensor_type.name}|{list(t.shape)}".encode())
         h.update(np.ascontiguousarray(t.data).view(np.uint8).data)
     return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=8)
+def _fingerprint_cached(path: str, size: int, mtime_ns: int) -> str:
+    return _fingerprint_of(_reader(path))
 
 
 def fingerprint(path: str) -> str:
@@ -161,7 +164,8 @@ def _load_cached(path: str, size: int, mtime_ns: int) -> LoadedModel:
     for key, field in reader.fields.items():
         if key.startswith(("tokenizer.", "general.")):
             metadata[key] = field.contents()
-    return LoadedModel(spec=spec, state_dict=state, fingerprint=fingerprint(path), metadata=metadata)
+    digest = _fingerprint_of(reader)  # same reader: the file is parsed once
+    return LoadedModel(spec=spec, state_dict=state, fingerprint=digest, metadata=metadata)
 
 
 def load_model(path: str) -> LoadedModel:
