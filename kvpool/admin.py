@@ -1,26 +1,60 @@
-"""Admin calls of the master (status, list, remove, evict, drain) as plain dicts: what `kvpool status|ls|rm` print.
-Thin over MasterService; every call has a deadline and faults become PoolError subclasses."""
+"""Admin calls of the master (stats, nodes, list, inspect, remove, evict, drain) as plain dicts, and the plumbing
+every admin subcommand shares (`--master/--json/--timeout`, argument parsing, exit codes).
+
+`AdminClient` is thin over MasterService: every call has a deadline and faults become PoolError subclasses.
+The dicts it returns are exactly what `kvpool <command> --json` prints, so scripts and tests read one shape.
+
+Exit codes of the admin commands (`run_admin`): 0 done; 1 the pool answered no (unreachable master, unknown key,
+server error); 2 a bad argument (named in the message; nothing was sent or changed). Errors go to stderr as one
+line `kvpool COMMAND: ...`, so `--json` output on stdout stays parseable.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Iterator
+import os
+import re
+import sys
+from typing import Callable, Iterator
 
 import grpc
 
 from kvpool.errors import PoolError, PoolTimeout, PoolUnavailable
 
 DEFAULT_MASTER = "127.0.0.1:50051"
+KEY_HEX_DIGITS = 32
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*$")
+_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
-def _hex16(text: str, what: str) -> bytes:
+class NotFound(PoolError):
+    """The master does not hold the named object(s)."""
+
+
+def default_master() -> str:
+    return os.environ.get("KVPOOL_MASTER") or DEFAULT_MASTER
+
+
+def parse_hex16(text: str, what: str) -> bytes:
+    """A 16-byte block key or namespace digest from 32 hex digits; ValueError naming `what` and the text."""
     try:
         raw = bytes.fromhex(text)
-    except ValueError:
-        raise ValueError(f"{what}: {text!r} is not hex") from None
+    except (ValueError, TypeError):
+        raise ValueError(f"{what} {text!r} is not hex: expected {KEY_HEX_DIGITS} hex digits") from None
     if len(raw) != 16:
-        raise ValueError(f"{what}: must be 32 hex digits (16 bytes), got {len(raw)} bytes")
+        raise ValueError(f"{what} {text!r} has {len(text.strip())} hex digits, expected {KEY_HEX_DIGITS}")
     return raw
+
+
+def parse_duration(text: str, what: str = "--older-than") -> float:
+    """'90' / '90s' / '10m' / '2h' / '1.5d' / '500ms' -> seconds (> 0); ValueError naming `what` otherwise."""
+    m = _DURATION.match(str(text))
+    if not m:
+        raise ValueError(f"{what} {text!r} is not a duration: use a number with a unit, e.g. 30s, 10m, 2h, 1d")
+    seconds = float(m.group(1)) * _SECONDS[m.group(2)]
+    if seconds <= 0:
+        raise ValueError(f"{what} {text!r} must be longer than 0")
+    return seconds
 
 
 def _row(o) -> dict:
@@ -30,37 +64,81 @@ def _row(o) -> dict:
             "tier": pb.Tier.Name(o.tier).lower(), "offset": o.offset, "size": o.size, "checksum": f"{o.checksum:016x}"}
 
 
+def with_hit_rates(raw: dict) -> dict:
+    """The stats dict plus what /api/stats adds (hit_rate, nodes_alive, active_tiers) and the TOKEN hit rate of each
+    tier (hit tokens served by that tier / all requested tokens; None before the first requested token)."""
+    from kvpool.stats import StatsSnapshot
+
+    snap = StatsSnapshot.from_dict(raw)
+    req = snap.requested_tokens
+    by_tier = {t: (n / req if req else None) for t, n in sorted(snap.hit_tokens_by_tier.items())}
+    return {**raw, **snap.derived(), "hit_tokens": snap.hit_tokens, "hit_rate_by_tier": by_tier}
+
+
 class AdminClient:
-    def __init__(self, address: str = DEFAULT_MASTER, *, timeout: float = 5.0) -> None:
+    def __init__(self, address: str | None = None, *, timeout: float = 5.0) -> None:
         from kvpool.proto import kvpool_pb2_grpc as pbg
 
-        self.address = address
+        self.address = address or default_master()
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(address)
+        self._channel = grpc.insecure_channel(self.address)
         self._stub = pbg.MasterServiceStub(self._channel)
 
     def _call(self, name: str, request):
         try:
             return getattr(self._stub, name)(request, timeout=self.timeout)
         except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                raise PoolUnavailable(f"no kvpool master at {self.address}: {exc.details()}") from None
-            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise PoolTimeout(f"{name}: master at {self.address} did not answer in {self.timeout}s") from None
-            if exc.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
+            code = exc.code()
+            if code == grpc.StatusCode.UNAVAILABLE:
+                # gRPC's details name every address it tried; one line that says what to do reads better
+                raise PoolUnavailable(f"no kvpool master answering at {self.address} (start one with `kvpool up`, "
+                                      f"or point --master / KVPOOL_MASTER at it)") from None
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise PoolTimeout(f"no kvpool master answering at {self.address}: {name} got no answer in "
+                                  f"{self.timeout}s (--timeout)") from None
+            if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
                 raise ValueError(exc.details()) from None
-            raise PoolError(f"{name}: {exc.code().name}: {exc.details()}") from None
+            if code == grpc.StatusCode.NOT_FOUND:
+                raise NotFound(exc.details()) from None
+            raise PoolError(f"{name} at {self.address} failed: {code.name}: {exc.details()}") from None
 
-    def status(self) -> dict:
+    # ------------------------------------------------------------------ reads
+
+    def raw_stats(self) -> dict:
+        """The master's stats dict exactly as the Stats RPC ships it."""
         from kvpool.proto import kvpool_pb2 as pb
 
         return json.loads(self._call("Stats", pb.StatsRequest()).json)
+
+    def stats(self) -> dict:
+        """`raw_stats()` plus the derived hit rates (`with_hit_rates`): what `kvpool stats|status --json` print."""
+        return with_hit_rates(self.raw_stats())
+
+    status = stats  # the name the first CLI used
+
+    def nodes(self, stats: dict | None = None) -> list[dict]:
+        """One row per registered node, by id: addresses, state, and objects/bytes/capacity of each tier it has."""
+        stats = self.raw_stats() if stats is None else stats
+        endpoints = stats.get("endpoints", {})
+        # A master that keeps draining nodes visible lists them under "draining"; today's master forgets a node
+        # the moment it is drained, so every listed node is alive.
+        draining = set(stats.get("draining", ()))
+        rows = []
+        for node_id, tiers in sorted(stats.get("nodes", {}).items()):
+            ep = endpoints.get(node_id, {})
+            rows.append({"node": node_id, "address": ep.get("control_address", ""),
+                         "data_address": ep.get("data_address", ""),
+                         "state": "draining" if node_id in draining else "alive",
+                         "tiers": {t: dict(tiers[t]) for t in sorted(tiers, key=_tier_order)}})
+        return rows
 
     def list(self, *, namespace: str = "", limit: int = 0, page: int = 1000) -> Iterator[dict]:
         """Committed objects in key order, paginated; `limit` 0 = all."""
         from kvpool.proto import kvpool_pb2 as pb
 
-        ns = _hex16(namespace, "namespace") if namespace else b""
+        if not isinstance(limit, int) or limit < 0:
+            raise ValueError(f"--limit {limit!r} must be an integer >= 0 (0 = all)")
+        ns = parse_hex16(namespace, "--namespace") if namespace else b""
         start, n = b"", 0
         while True:
             reply = self._call("List", pb.ListRequest(namespace=ns, start_after=start, limit=page))
@@ -77,22 +155,29 @@ class AdminClient:
         """One row per key (None = not in the pool)."""
         from kvpool.proto import kvpool_pb2 as pb
 
-        keys = [_hex16(k, f"keys[{i}]") for i, k in enumerate(keys_hex)]
+        keys = [parse_hex16(k, "KEY") for k in keys_hex]
         reply = self._call("Inspect", pb.InspectRequest(keys=keys))
         found = iter(reply.objects)
         return [_row(next(found)) if ok else None for ok in reply.found]
 
+    # ------------------------------------------------------------------ changes
+
     def remove(self, keys_hex: list[str]) -> int:
         from kvpool.proto import kvpool_pb2 as pb
 
-        keys = [_hex16(k, f"keys[{i}]") for i, k in enumerate(keys_hex)]
+        keys = [parse_hex16(k, "KEY") for k in keys_hex]
         return self._call("Remove", pb.RemoveRequest(keys=keys)).removed
 
-    def evict(self, *, namespace: str = "") -> int:
+    def evict(self, *, namespace: str = "", older_than_s: float | None = None) -> int:
+        """Evict committed objects of one namespace (empty = all) not accessed for `older_than_s` (None = any age).
+        Leased objects are hidden at once and freed when their readers finish, as with `remove`."""
         from kvpool.proto import kvpool_pb2 as pb
 
-        ns = _hex16(namespace, "namespace") if namespace else b""
-        return self._call("Evict", pb.EvictRequest(namespace=ns)).evicted
+        ns = parse_hex16(namespace, "--namespace") if namespace else b""
+        if older_than_s is not None and not older_than_s > 0:
+            raise ValueError(f"--older-than must be longer than 0 seconds, got {older_than_s!r}")
+        request = pb.EvictRequest(namespace=ns, idle_seconds=older_than_s or 0.0)
+        return self._call("Evict", request).evicted
 
     def drain(self, node_id: str) -> int:
         from kvpool.proto import kvpool_pb2 as pb
@@ -107,3 +192,47 @@ class AdminClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _tier_order(label: str) -> int:
+    order = ("hbm", "dram", "ssd")
+    return order.index(label) if label in order else len(order)
+
+
+# ---------------------------------------------------------------------- CLI plumbing shared by the admin commands
+
+def add_master_args(p, *, timeout: float = 5.0, json_help: str = "print JSON (for scripts) instead of a table"):
+    p.add_argument("--master", default=default_master(), metavar="HOST:PORT",
+                   help=f"the kvpool master to ask (default: $KVPOOL_MASTER, else {DEFAULT_MASTER})")
+    p.add_argument("--json", action="store_true", help=json_help)
+    p.add_argument("--timeout", type=float, default=timeout, metavar="S",
+                   help=f"seconds to wait for the master's answer (default {timeout:g})")
+
+
+def run_admin(name: str, args, body: Callable[[AdminClient], int]) -> int:
+    """Run `body(admin)` against args.master with the exit-code contract of this module's docstring."""
+    if not args.timeout > 0:
+        return fail(name, f"--timeout {args.timeout!r} must be > 0 seconds", 2)
+    try:
+        with AdminClient(args.master, timeout=args.timeout) as admin:
+            return int(body(admin) or 0)
+    except ValueError as exc:
+        return fail(name, str(exc), 2)
+    except PoolError as exc:
+        return fail(name, str(exc), 1)
+
+
+def fail(name: str, message: str, code: int) -> int:
+    print(f"kvpool {name}: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def human_bytes(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} B"
+
+
+def percent(rate: float | None) -> str:
+    return "—" if rate is None else f"{100 * rate:.1f}%"

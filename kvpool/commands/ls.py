@@ -2,40 +2,53 @@
 
 from __future__ import annotations
 
+import argparse
 import json
-import os
+
+EPILOG = """\
+examples:
+  kvpool ls                                  # the first 100 objects in key order
+  kvpool ls --limit 0                        # all of them
+  kvpool ls --namespace 3f2a...(32 hex)      # one namespace (its digest: the "namespace" column of --json)
+  kvpool ls --json | jq -r .key              # one JSON object per line
+  kvpool ls KEY KEY                          # only these keys; a missing one prints "missing"
+
+Columns: key, namespace (first 12 hex digits), node, tier, size in bytes. Full detail of one key: kvpool inspect KEY.
+exit codes: 0 ok, 1 master unreachable or failing, 2 bad argument (malformed key or namespace, negative --limit)."""
 
 
 def register(sub) -> None:
-    p = sub.add_parser("ls", help="list objects in the pool (or inspect the given keys)")
-    p.add_argument("keys", nargs="*", help="only these block keys (32 hex digits each); a missing one prints 'missing'")
-    p.add_argument("--master", default=os.environ.get("KVPOOL_MASTER", "127.0.0.1:50051"), help="master host:port")
-    p.add_argument("--namespace", default="", help="only this namespace (32 hex digits of its digest)")
-    p.add_argument("--limit", type=int, default=100, help="at most this many objects (0 = all)")
-    p.add_argument("--json", action="store_true", help="one JSON object per line")
-    p.add_argument("--timeout", type=float, default=5.0)
+    p = sub.add_parser("ls", help="list objects in the pool (or look up the given keys)",
+                       description="List committed objects in key order: key, namespace, node, tier, size.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("keys", nargs="*", metavar="KEY",
+                   help="only these block keys (32 hex digits each); a missing one prints 'missing'")
+    p.add_argument("--namespace", default="", metavar="HEX", help="only this namespace (32 hex digits of its digest)")
+    p.add_argument("--limit", type=int, default=100, metavar="N", help="at most N objects (default 100; 0 = all)")
+    from kvpool.admin import add_master_args
+
+    add_master_args(p, json_help="one JSON object per line: key, namespace, node, tier, offset, size, checksum")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from kvpool.admin import AdminClient
-    from kvpool.errors import PoolError
+    from kvpool.admin import parse_hex16, run_admin
 
-    try:
-        with AdminClient(args.master, timeout=args.timeout) as admin:
-            if args.keys:
-                rows = admin.inspect(args.keys)
-                rows = [r if r is not None else {"key": k.lower(), "missing": True} for k, r in zip(args.keys, rows)]
+    def body(admin) -> int:
+        if args.keys:
+            for k in args.keys:  # all arguments checked before the first line is printed
+                parse_hex16(k, "KEY")
+            rows = admin.inspect(args.keys)
+            rows = [r if r is not None else {"key": k.lower(), "missing": True} for k, r in zip(args.keys, rows)]
+        else:
+            rows = admin.list(namespace=args.namespace, limit=args.limit)
+        for row in rows:
+            if args.json:
+                print(json.dumps(row))
+            elif row.get("missing"):
+                print(f"{row['key']}  missing")
             else:
-                rows = admin.list(namespace=args.namespace, limit=args.limit)
-            for row in rows:
-                if args.json:
-                    print(json.dumps(row))
-                elif row.get("missing"):
-                    print(f"{row['key']}  missing")
-                else:
-                    print(f"{row['key']}  {row['namespace'][:12]}  {row['node']:<10} {row['tier']:<4} {row['size']:>10}")
-    except (PoolError, ValueError) as exc:
-        print(f"kvpool ls: {exc}")
-        return 1
-    return 0
+                print(f"{row['key']}  {row['namespace'][:12]}  {row['node']:<10} {row['tier']:<4} {row['size']:>10}")
+        return 0
+
+    return run_admin("ls", args, body)

@@ -1,32 +1,43 @@
-"""`kvpool rm KEY...` removes objects by key (hex); `kvpool rm --namespace NS` evicts a whole namespace."""
+"""`kvpool rm KEY...` removes objects by key (hex); `--namespace NS` / `--all` evict a whole namespace / everything."""
 
 from __future__ import annotations
 
-import os
+import argparse
+import json
+
+EPILOG = """\
+examples:
+  kvpool rm 00112233445566778899aabbccddeeff 0123456789abcdef0123456789abcdef
+  kvpool rm --namespace 3f2a...(32 hex)      # same as kvpool evict --namespace
+  kvpool rm --all                            # empty the pool
+
+Removed objects are misses from now on; their space is reused once readers holding them finish. Keys that are not
+in the pool are skipped: the count says how many were removed.
+exit codes: 0 ok (also when 0 objects were removed), 1 master unreachable or failing, 2 bad argument."""
 
 
 def register(sub) -> None:
-    p = sub.add_parser("rm", help="remove objects by key, or every object of a namespace")
-    p.add_argument("keys", nargs="*", help="block keys, 32 hex digits each")
-    p.add_argument("--master", default=os.environ.get("KVPOOL_MASTER", "127.0.0.1:50051"), help="master host:port")
-    p.add_argument("--namespace", default="", help="evict every object of this namespace (32 hex digits)")
+    p = sub.add_parser("rm", help="remove objects by key, or every object of a namespace",
+                       description="Remove objects from the pool: by key, by namespace, or all of them.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("keys", nargs="*", metavar="KEY", help="block keys, 32 hex digits each")
+    p.add_argument("--namespace", default="", metavar="HEX", help="evict every object of this namespace (32 hex digits)")
     p.add_argument("--all", action="store_true", help="evict every object of every namespace")
-    p.add_argument("--timeout", type=float, default=5.0)
+    from kvpool.admin import add_master_args
+
+    add_master_args(p, json_help='print {"removed": N}')
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from kvpool.admin import AdminClient
-    from kvpool.errors import PoolError
+    from kvpool.admin import fail, run_admin
 
     if bool(args.keys) + bool(args.namespace) + bool(args.all) != 1:
-        print("kvpool rm: give KEY..., or --namespace NS, or --all (exactly one)")
-        return 2
-    try:
-        with AdminClient(args.master, timeout=args.timeout) as admin:
-            n = admin.remove(args.keys) if args.keys else admin.evict(namespace=args.namespace)
-    except (PoolError, ValueError) as exc:
-        print(f"kvpool rm: {exc}")
-        return 1
-    print(f"removed {n} object(s)")
-    return 0
+        return fail("rm", "give KEY..., or --namespace HEX, or --all (exactly one)", 2)
+
+    def body(admin) -> int:
+        n = admin.remove(args.keys) if args.keys else admin.evict(namespace=args.namespace)
+        print(json.dumps({"removed": n}) if args.json else f"removed {n} object(s)")
+        return 0
+
+    return run_admin("rm", args, body)
