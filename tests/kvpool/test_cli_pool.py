@@ -63,9 +63,9 @@ def test_up_serves_clients_and_the_admin_commands_then_stops_cleanly(up):
     assert one.stdout.splitlines() == [f"{keys[2].hex()}  000000000000  local      dram       5000",
                                        f"{'ff' * 16}  missing"]
     bad = _cli("rm", "--master", address, "abc")
-    assert bad.returncode == 1 and bad.stdout.strip() == "kvpool rm: keys[0]: 'abc' is not hex"
+    assert bad.returncode == 2 and bad.stderr.strip() == "kvpool rm: KEY 'abc' is not hex: expected 32 hex digits"
     short = _cli("rm", "--master", address, "abcd")
-    assert short.stdout.strip() == "kvpool rm: keys[0]: must be 32 hex digits (16 bytes), got 2 bytes"
+    assert short.stderr.strip() == "kvpool rm: KEY 'abcd' has 4 hex digits, expected 32"
     assert _cli("rm", "--master", address, keys[1].hex()).stdout.strip() == "removed 1 object(s)"
     assert _cli("rm", "--master", address, "--all").stdout.strip() == "removed 2 object(s)"
     assert _cli("ls", "--master", address).stdout == ""
@@ -79,7 +79,7 @@ def test_up_serves_clients_and_the_admin_commands_then_stops_cleanly(up):
 def test_status_of_a_missing_master_fails_fast_with_the_address():
     address = f"127.0.0.1:{free_port()}"
     result = _cli("status", "--master", address, "--timeout", "2")  # the call has a deadline: it cannot hang
-    assert result.returncode == 1 and result.stdout.startswith(f"kvpool status: no kvpool master at {address}")
+    assert result.returncode == 1 and result.stderr.startswith(f"kvpool status: no kvpool master answering at {address}")
 
 
 def test_bad_up_config_names_the_field():
