@@ -7,6 +7,7 @@ Example (connector.yaml):
     save_policy: write_through # write_through | after_n_hits | off
     save_after_hits: 2         # with after_n_hits: save a block once its prefix was requested this many times
     load_timeout_s: 2.0
+    retry_after_s: 5.0         # after a pool fault, recompute without asking the pool for this long
     min_hit_tokens: 32         # shorter pool hits are recomputed
     load_policy: auto          # auto (load only when faster than recompute) | always
     tenant: default
@@ -38,6 +39,7 @@ class ConnectorConfig:
     save_policy: SavePolicy = SavePolicy.WRITE_THROUGH
     save_after_hits: int = 2
     load_timeout_s: float = 2.0
+    retry_after_s: float = 5.0          # after a pool fault, skip the pool this long (a dead pool costs nothing)
     min_hit_tokens: int = 16
     load_policy: LoadPolicy = LoadPolicy.AUTO
     tenant: str = "default"
@@ -73,8 +75,10 @@ class ConnectorConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-        if not isinstance(self.load_timeout_s, (int, float)) or not self.load_timeout_s > 0:
-            raise ValueError(f"load_timeout_s must be > 0 seconds, got {self.load_timeout_s!r}")
+        for name in ("load_timeout_s", "retry_after_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
         if not isinstance(self.tenant, str) or not self.tenant:
             raise ValueError("tenant must be a non-empty string")
         if self.transport not in ("auto", "tcp"):

@@ -56,8 +56,6 @@ class _RequestState:
 
 
 class PoolConnector(KVConnectorBase):
-    retry_after_s = 5.0
-
     def __init__(self, config: ConnectorConfig | None = None, *, pool=None) -> None:
         self.config = config or ConnectorConfig()
         self.stats = ConnectorStats()
@@ -71,6 +69,8 @@ class PoolConnector(KVConnectorBase):
         self._staging: torch.Tensor | None = None
         self.namespace = None
         self.cost: LoadCostModel | None = None
+        self._metrics = None
+        self._pool_reports_tiers = pool is not None and _reports_tiers(pool)
         self._saver = BlockSaver(self._get_pool, max_blocks=self.config.save_queue_blocks,
                                  on_saved=self._on_saved, on_error=lambda exc: self._fault(exc, "save"))
 
@@ -91,9 +91,7 @@ class PoolConnector(KVConnectorBase):
         max_blocks = (request.num_tokens - 1) // bt
         if not state.counted:
             state.counted = True
-            self.stats.requests += 1
-            self.stats.requested_tokens += max_blocks * bt
-            self.stats.local_hit_tokens += min(num_local_cached_tokens, max_blocks * bt)
+            self._count_request(max_blocks * bt, min(num_local_cached_tokens, max_blocks * bt))
             if self.config.save_policy is SavePolicy.AFTER_N_HITS:
                 self._remember(state.keys[:max_blocks])
         first = num_local_cached_tokens // bt
@@ -114,7 +112,7 @@ class PoolConnector(KVConnectorBase):
         if tokens == 0 or tokens < self.config.min_hit_tokens:
             return 0
         if self.config.load_policy is LoadPolicy.AUTO and not self.cost.should_load(tokens):
-            self.stats.add_fallback("slower_than_recompute")
+            self._count_fallback("slower_than_recompute")
             return 0
         state.lookup_hits = hits
         return tokens
@@ -128,16 +126,20 @@ class PoolConnector(KVConnectorBase):
             return 0
         staging = self._staging_for(n)
         views = staging.view(n, -1).view(torch.uint8).numpy()
+        tiers: list[str] = []
         start = time.perf_counter()
         try:
-            got = pool.get_many_into(state.keys[first:first + n], list(views))
+            if self._pool_reports_tiers:
+                got = pool.get_many_into(state.keys[first:first + n], list(views), tiers_out=tiers)
+            else:
+                got = pool.get_many_into(state.keys[first:first + n], list(views))
         except Exception as exc:
             self._fault(exc, "load")
             return 0
         seconds = time.perf_counter() - start
         if got < n:
             # Evicted between lookup and load, or a block failed its checksum: recompute from there.
-            self.stats.add_fallback("partial_load")
+            self._count_fallback("partial_load")
         if got:
             scatter_blocks(self.info.kv_cache, block_ids[first:first + got], staging[:got])
             nbytes = got * self.namespace.block_bytes
@@ -145,7 +147,8 @@ class PoolConnector(KVConnectorBase):
             self.stats.loads += 1
             self.stats.load_seconds += seconds
             self.stats.load_bytes += nbytes
-            self.stats.add_hit("pool", got * bt)
+            for tier in tiers[:got] if len(tiers) >= got else ["unknown"] * got:
+                self._count_hit(tier, bt)
         state.saved_blocks = max(state.saved_blocks, first + got)
         state.mark_time, state.mark_tokens = time.perf_counter(), (first + got) * bt
         return got * bt
@@ -211,15 +214,54 @@ class PoolConnector(KVConnectorBase):
         positions = list(positions)
         if not positions:
             return
+        if self._get_pool() is None:  # pool down: do not copy blocks out only to fail in the saver
+            self._count_dropped(len(positions))
+            return
         blocks = torch.empty((len(positions), *self._shape), dtype=self.info.kv_cache.dtype)
         gather_blocks(self.info.kv_cache, [block_ids[i] for i in positions], blocks)
         batch = SaveBatch([state.keys[i] for i in positions], blocks, self.namespace)
         if not self._saver.offer(batch):
-            self.stats.save_dropped_blocks += len(positions)
+            self._count_dropped(len(positions))
+
+    # ------------------------------------------------------------------ counting (stats record + Prometheus)
+
+    def register_metrics(self, registry) -> None:
+        """Export this connector's counters into `registry` (called by `kvpool serve`)."""
+        from kvpool.metrics import ConnectorMetrics
+
+        self._metrics = ConnectorMetrics.create(registry)
+
+    @property
+    def _ns_label(self) -> str:
+        return f"{self.namespace.model}/{self.namespace.tenant}" if self.namespace is not None else ""
+
+    def _count_request(self, requested: int, local: int) -> None:
+        self.stats.requests += 1
+        self.stats.requested_tokens += requested
+        self.stats.local_hit_tokens += local
+        if self._metrics is not None:
+            self._metrics.requested_tokens.labels(namespace=self._ns_label).inc(requested)
+
+    def _count_hit(self, tier: str, tokens: int) -> None:
+        self.stats.add_hit(tier, tokens)
+        if self._metrics is not None:
+            self._metrics.hit_tokens.labels(namespace=self._ns_label, tier=tier).inc(tokens)
+
+    def _count_fallback(self, reason: str) -> None:
+        self.stats.add_fallback(reason)
+        if self._metrics is not None and not reason.startswith("save_"):
+            self._metrics.fallback(reason)
+
+    def _count_dropped(self, blocks: int) -> None:
+        self.stats.save_dropped_blocks += blocks
+        if self._metrics is not None:
+            self._metrics.save_dropped.inc(blocks)
 
     def _on_saved(self, stored: int, skipped: int) -> None:
         self.stats.saved_blocks += stored
         self.stats.save_skipped_blocks += skipped
+        if self._metrics is not None:
+            self._metrics.saved_blocks.inc(stored)
 
     def _remember(self, keys: list[bytes]) -> None:
         seen = self._seen
@@ -242,10 +284,11 @@ class PoolConnector(KVConnectorBase):
                 return None
             try:
                 self._pool = open_pool(self.config)
+                self._pool_reports_tiers = _reports_tiers(self._pool)
                 log.info("connector: pool %s connected", self.config.pool)
                 self._logged.discard("unreachable")
             except Exception as exc:
-                self._retry_at = time.monotonic() + self.retry_after_s
+                self._retry_at = time.monotonic() + self.config.retry_after_s
                 self._fault(exc, "connect", reopen=False)
             return self._pool
 
@@ -260,18 +303,27 @@ class PoolConnector(KVConnectorBase):
             reason = "error"
         if where == "save":
             reason = "save_" + reason
-        self.stats.add_fallback(reason)
+        self._count_fallback(reason)
         if reason not in self._logged:
             self._logged.add(reason)
             log.warning("connector: pool %s failed during %s (%s: %s); recomputing, will retry in %.0fs",
-                        self.config.pool, where, type(exc).__name__, exc, self.retry_after_s)
+                        self.config.pool, where, type(exc).__name__, exc, self.config.retry_after_s)
         if reopen and reason != "checksum" and self._owns_pool:
             # Back off: a dead pool must not cost every request a timeout.
             with self._pool_lock:
                 pool, self._pool = self._pool, None
-                self._retry_at = time.monotonic() + self.retry_after_s
+                self._retry_at = time.monotonic() + self.config.retry_after_s
             if pool is not None:
                 threading.Thread(target=_close_quietly, args=(pool,), daemon=True).start()
+
+
+def _reports_tiers(pool) -> bool:
+    import inspect
+
+    try:
+        return "tiers_out" in inspect.signature(pool.get_many_into).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _close_quietly(pool) -> None:

@@ -119,10 +119,11 @@ class EmbeddedPool:
         check_keys(keys, "keys")
         return self.master.lookup(keys, self._ns(namespace), lease=False).hits
 
-    def get_many_into(self, keys: Sequence[bytes], buffers: Sequence[Any], *, namespace: Namespace | None = None
-                      ) -> int:
+    def get_many_into(self, keys: Sequence[bytes], buffers: Sequence[Any], *, namespace: Namespace | None = None,
+                      tiers_out: list[str] | None = None) -> int:
         """Fill buffers[i] with object keys[i] in order, stopping at the first miss; returns how many were filled.
-        Each buffer must have exactly the object's size (checked for every hit before anything is copied)."""
+        Each buffer must have exactly the object's size (checked for every hit before anything is copied).
+        `tiers_out`, if given, receives the tier label ("dram", "ssd", ...) each filled buffer was read from."""
         self._check_open()
         check_keys(keys, "keys")
         views = self._views(keys, buffers, as_writable_bytes)
@@ -141,6 +142,8 @@ class EmbeddedPool:
                 elif not self.node.read_into(loc.tier, loc.offset, keys[i], loc.size, views[i]):
                     self.master.report_corrupt(result.lease_id, [keys[i]])
                     break
+                if tiers_out is not None:
+                    tiers_out.append(loc.tier.label)
                 filled += 1
         finally:
             self.master.release([result.lease_id])

@@ -38,7 +38,7 @@ OP_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 
 # 10 ms .. 60 s: a pool hit on a short prompt vs a cold 4K-token prefill on a CPU.
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
 OPS = ("put", "get", "lookup")
-FALLBACK_REASONS = ("unreachable", "timeout", "checksum", "slower_than_recompute")
+FALLBACK_REASONS = ("unreachable", "timeout", "checksum", "partial_load", "slower_than_recompute", "error")
 
 # name -> (type, labels, help). The single list of stats-derived metric families; PoolStatsCollector emits
 # exactly these, and `describe()` announces them even before the first stats arrive.

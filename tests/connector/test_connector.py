@@ -38,7 +38,7 @@ def test_b_reuses_what_a_saved_with_identical_output(reference_b):
         assert out_b.num_cached_tokens_external >= shared - 16
         assert out_b.token_ids == reference_b
         stats = b.engine.connector.stats
-        assert stats.pool_hit_tokens == {"pool": out_b.num_cached_tokens_external}
+        assert stats.pool_hit_tokens == {"dram": out_b.num_cached_tokens_external}
         assert stats.fallbacks == {}
         assert pool.stats()["hit_tokens_by_tier"]["dram"] == out_b.num_cached_tokens_external
 
@@ -53,6 +53,8 @@ def test_b_reads_from_ssd_when_dram_is_too_small(tmp_path, reference_b):
         out_b = run(b, QUESTION_B)
         assert out_b.num_cached_tokens_external > 0
         assert pool.stats()["hit_tokens_by_tier"]["ssd"] > 0
+        assert b.engine.connector.stats.pool_hit_tokens.get("ssd", 0) > 0
+        assert sum(b.engine.connector.stats.pool_hit_tokens.values()) == out_b.num_cached_tokens_external
         assert out_b.token_ids == reference_b
 
 
@@ -69,7 +71,7 @@ def test_two_namespaces_never_hit_each_other():
 
 
 def test_unreachable_pool_recomputes_with_identical_output(port, reference_b):
-    connector = PoolConnector(ConnectorConfig(pool=f"127.0.0.1:{port}", load_timeout_s=0.5))
+    connector = PoolConnector(ConnectorConfig(pool=f"127.0.0.1:{port}", load_timeout_s=0.5, retry_after_s=3600))
     from kvpool.engine_adapter.llm import LLM
     from tests.connector.engines import ENGINE_ARGS
 
@@ -78,10 +80,11 @@ def test_unreachable_pool_recomputes_with_identical_output(port, reference_b):
     assert out.token_ids == reference_b
     assert out.num_cached_tokens_external == 0
     assert connector.stats.fallbacks.get("unreachable", 0) >= 1
-    # Backed off: a second request does not pay the connect timeout again.
-    before = dict(connector.stats.fallbacks)
+    assert connector.stats.fallbacks == {"unreachable": 1}   # one connect attempt, then backed off
+    # Backed off: a second request neither tries the pool again nor copies blocks out for a save.
     run(b, QUESTION_A)
-    assert connector.stats.fallbacks.get("unreachable", 0) == before.get("unreachable", 0)
+    assert connector.stats.fallbacks == {"unreachable": 1}
+    assert connector.stats.saved_blocks == 0 and connector.stats.save_dropped_blocks > 0
 
 
 def test_corrupted_ssd_block_is_recomputed(tmp_path, reference_b):
@@ -148,3 +151,23 @@ def test_block_tokens_mismatch_is_a_clear_error():
 
     with pytest.raises(ValueError, match="block_tokens"):
         LLM(connector=PoolConnector(ConnectorConfig(block_tokens=32), pool=None), **ENGINE_ARGS)
+
+
+def test_connector_metrics_match_its_stats(reference_b):
+    from prometheus_client import CollectorRegistry
+
+    reg = CollectorRegistry()
+    with EmbeddedPool(dram_bytes=128 << 20) as pool:
+        a = make_engine(pool)
+        a.engine.connector.register_metrics(reg)
+        run(a, QUESTION_A)
+        b = make_engine(pool)
+        b.engine.connector.register_metrics(reg2 := CollectorRegistry())
+        out = run(b, QUESTION_B)
+    label = {"namespace": "smollm2-135m/default"}
+    sa = a.engine.connector.stats
+    assert reg.get_sample_value("kvpool_connector_requested_tokens_total", label) == sa.requested_tokens
+    assert reg.get_sample_value("kvpool_connector_saved_blocks_total") == sa.saved_blocks > 0
+    assert reg2.get_sample_value("kvpool_connector_hit_tokens_total", {**label, "tier": "dram"}) == \
+        out.num_cached_tokens_external > 0
+    assert out.token_ids == reference_b

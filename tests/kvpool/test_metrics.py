@@ -115,7 +115,7 @@ def test_event_metrics_count_exactly_and_reject_undocumented_labels():
     assert reg.get_sample_value("kvpool_engine_ttft_seconds_bucket", {"engine": "engine-1", "le": "0.5"}) == 1
     conn.fallback("timeout", 3)
     with pytest.raises(ValueError, match=r"reason must be one of unreachable, timeout, checksum, "
-                                         r"slower_than_recompute, got 'oops'"):
+                                         r"partial_load, slower_than_recompute, error, got 'oops'"):
         conn.fallback("oops")
     assert reg.get_sample_value("kvpool_connector_fallbacks_total", {"reason": "timeout"}) == 3
     assert reg.get_sample_value("kvpool_connector_fallbacks_total", {"reason": "oops"}) is None
