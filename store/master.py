@@ -206,7 +206,7 @@ class Master:
             self._tick()
             index = self.index
             ok: list[bool] = []
-            chains: dict[tuple[int, int], list[bytes]] = {}
+            chains: dict[tuple[int, int], tuple[list[int], list[bytes]]] = {}
             for grant_id, checksum in zip(grant_ids, checksums):
                 entry = self._grants.pop(grant_id, None)
                 if entry is None:
@@ -215,11 +215,15 @@ class Master:
                 slot = entry[0]
                 index.state[slot] = State.COMMITTED
                 index.checksum[slot] = checksum
-                chains.setdefault((int(index.node[slot]), int(index.tier[slot])), []).append(index.key_at(slot))
+                chain = chains.get((n_t := (int(index.node[slot]), int(index.tier[slot]))))
+                if chain is None:
+                    chain = chains[n_t] = ([], [])
+                chain[0].append(slot)
+                chain[1].append(index.key_at(slot))
                 self.placement.touched.add(slot)
                 ok.append(True)
-            for (number, tier), keys in chains.items():
-                self.placement.by_number[number].spaces[Tier(tier)].policy.insert_chain(keys)
+            for (number, tier), (slots, keys) in chains.items():
+                self.placement.by_number[number].spaces[_TIERS[tier]].policy.insert_chain(slots, keys)
             self._flush()
             return ok
 
@@ -421,15 +425,14 @@ class Master:
         if not len(slots):
             return
         index = self.index
-        keys = index._keys
         nodes, tiers = index.node[slots], index.tier[slots]
         by_number = self.placement.by_number
         if (nodes == nodes[0]).all() and (tiers == tiers[0]).all():  # the common case: one chain, one tier
-            by_number[int(nodes[0])].spaces[_TIERS[int(tiers[0])]].policy.touch_chain([keys[s] for s in slots.tolist()])
+            by_number[int(nodes[0])].spaces[_TIERS[int(tiers[0])]].policy.touch_chain(slots.tolist())
             return
-        chains: dict[tuple[int, int], list[bytes]] = {}
+        chains: dict[tuple[int, int], list[int]] = {}
         for slot, n, t in zip(slots.tolist(), nodes.tolist(), tiers.tolist()):
-            chains.setdefault((n, t), []).append(keys[slot])
+            chains.setdefault((n, t), []).append(slot)
         for (number, tier), chain in chains.items():
             by_number[number].spaces[_TIERS[tier]].policy.touch_chain(chain)
 

@@ -124,7 +124,7 @@ class Placement:
                 self.gone.append(key)
                 self.touched.discard(slot)
                 if space is not None:
-                    space.policy.remove(key)
+                    space.policy.remove(slot, key)
             if index.leases[slot] > 0:
                 index.unlink_key(slot)
                 index.state[slot] = State.DOOMED
@@ -167,9 +167,8 @@ class Placement:
         index = self.index
         victims: list[int] = []
         freed = 0
-        for key in space.policy.victims():
-            slot = index.slot_of(key)
-            if slot < 0 or index.leases[slot] > 0 or index.state[slot] != State.COMMITTED:
+        for slot in space.policy.victims():
+            if index.leases[slot] > 0 or index.state[slot] != _COMMITTED:
                 continue
             victims.append(slot)
             freed += alloc.rounded(space.extent_size(int(index.size[slot])))
@@ -205,10 +204,10 @@ class Placement:
                 continue
             key = index.key_at(slot)
             dram.allocator.free(int(index.offset[slot]))
-            dram.policy.remove(key)
+            dram.policy.remove(slot, key)
             index.tier[slot] = Tier.SSD
             index.offset[slot] = target
-            ssd.policy.insert_chain([key])
+            ssd.policy.insert_chain([slot], [key])
             self.touched.add(slot)
             self.counters.demotions += 1
 
@@ -234,10 +233,10 @@ class Placement:
         node.ops.drop([Drop(key, Tier.SSD, src, size)])
         ssd = node.spaces[Tier.SSD]
         ssd.allocator.free(src)
-        ssd.policy.remove(key)
+        ssd.policy.remove(slot, key)
         index.tier[slot] = Tier.DRAM
         index.offset[slot] = target
-        node.spaces[Tier.DRAM].policy.insert_chain([key])
+        node.spaces[Tier.DRAM].policy.insert_chain([slot], [key])
         self.touched.add(slot)
         self.counters.promotions += 1
         return True
@@ -269,11 +268,13 @@ class Placement:
                         kept.append(r)
                     except ValueError:
                         dropped.append(r.key)
+            slots = []
             for r in kept:
                 slot = self.index.add(r.key, node=node.number, tier=tier, state=State.COMMITTED, offset=r.offset,
                                       size=r.size, ns=self.index.intern_ns(r.ns_digest), checksum=r.checksum)
                 self.touched.add(slot)
-            for r in kept:  # recency is unknown after a restart: scan order, one key at a time (not a chain)
-                space.policy.insert_chain([r.key])
+                slots.append(slot)
+            for slot, r in zip(slots, kept):  # recency is unknown after a restart: scan order, one at a time
+                space.policy.insert_chain([slot], [r.key])
             adopted += len(kept)
         return adopted

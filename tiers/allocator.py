@@ -7,10 +7,17 @@ Choice: best-fit over free extents, coalescing neighbours on free.
 ```
   [0 ............................................................................ capacity)
   | used A | free 8K | used B | used C |      free 64K       | used D |   free tail    |
+  ^        ^         ^        ^        ^                     ^        ^                 _starts: one bit per
+                                                                                      alignment unit, set at
+                                                                                      every extent's start
              ^ _free_start[off] = size, _free_end[off + size] = off   (O(1) neighbour lookup)
   _sizes = [8K, 64K, tail]   sorted distinct free sizes      (bisect -> smallest size that fits)
   _buckets[size] = heap of offsets                             (lowest offset among equal sizes)
 ```
+Used extents cost nothing per object: an extent starting at `off` (bit set, not in `_free_start`) ends where the
+next start bit is (or at capacity), because extents tile [0, capacity). A dict of used extents would cost ~116 B
+per object at 1M objects; the bitmap costs 1 bit per alignment unit (128 KiB for 4 GiB at 4 KiB), which is what
+lets the whole master stay under 200 B per object.
 * allocate(n): n is rounded up to `alignment`; take the smallest free extent that fits (lowest offset on a tie),
   split off the remainder. Deterministic, so tests can assert exact offsets.
 * free(off): merge with the free extent ending at `off` and the one starting at `off + size` (two dict
@@ -35,15 +42,18 @@ from __future__ import annotations
 import bisect
 import heapq
 import operator
+import re
 from collections.abc import Iterable
+
+_NONZERO = re.compile(rb"[^\x00]")   # first non-zero byte of the start bitmap: a C-speed scan
 
 
 class OffsetAllocator:
     """Best-fit, coalescing allocator of `alignment`-aligned extents in [0, capacity). Not thread-safe: the owner
     (the master, per tier) serialises calls."""
 
-    __slots__ = ("_capacity", "_alignment", "_used", "_used_bytes", "_free_start", "_free_end", "_sizes",
-                 "_buckets", "_size_counts")
+    __slots__ = ("_capacity", "_alignment", "_shift", "_starts", "_num_used", "_used_bytes", "_free_start",
+                 "_free_end", "_sizes", "_buckets", "_size_counts")
 
     def __init__(self, capacity: int, alignment: int = 4096) -> None:
         if not isinstance(capacity, int) or capacity < 0:
@@ -52,7 +62,10 @@ class OffsetAllocator:
             raise ValueError(f"alignment must be a power of two > 0, got {alignment!r}")
         self._capacity = capacity
         self._alignment = alignment
-        self._used: dict[int, int] = {}            # offset -> rounded size
+        self._shift = alignment.bit_length() - 1
+        units = (capacity + alignment - 1) >> self._shift
+        self._starts = bytearray((units + 7) >> 3)  # bit u set: an extent (used or free) starts at u * alignment
+        self._num_used = 0
         self._used_bytes = 0
         self._free_start: dict[int, int] = {}      # offset -> size
         self._free_end: dict[int, int] = {}        # offset + size -> offset
@@ -85,7 +98,7 @@ class OffsetAllocator:
 
     @property
     def num_allocations(self) -> int:
-        return len(self._used)
+        return self._num_used
 
     def rounded(self, size: int) -> int:
         """The extent size `allocate(size)` would take."""
@@ -94,13 +107,13 @@ class OffsetAllocator:
 
     def size_of(self, offset: int) -> int:
         """Rounded size of the allocation at `offset`; ValueError if there is none."""
-        try:
-            return self._used[offset]
-        except KeyError:
-            raise ValueError(f"offset {offset!r} is not an allocated extent") from None
+        off = self._used_start(offset)
+        if off < 0:
+            raise ValueError(f"offset {offset!r} is not an allocated extent")
+        return self._next_start(off) - off
 
     def __contains__(self, offset: object) -> bool:
-        return offset in self._used
+        return self._used_start(offset) >= 0
 
     # ---------------------------------------------------------------- allocate / free
     def can_allocate(self, size: int) -> bool:
@@ -121,28 +134,28 @@ class OffsetAllocator:
         self._remove_free(off, fsize)
         if fsize > need:
             self._add_free(off + need, fsize - need)
-        self._used[off] = need
+        self._num_used += 1
         self._used_bytes += need
         return off
 
     def free(self, offset: int) -> int:
         """Release the extent at `offset`; returns its (rounded) size. ValueError if `offset` is not allocated."""
-        try:
-            offset = operator.index(offset)
-        except TypeError:
-            raise ValueError(f"offset {offset!r} is not an allocated extent") from None
-        size = self._used.pop(offset, None)
-        if size is None:
+        off = self._used_start(offset)
+        if off < 0:
             raise ValueError(f"offset {offset!r} is not an allocated extent")
+        size = self._next_start(off) - off
+        self._num_used -= 1
         self._used_bytes -= size
-        start, end = offset, offset + size
+        start, end = off, off + size
         prev = self._free_end.get(start)
         if prev is not None:
             self._remove_free(prev, start - prev)
+            self._clear_bit(start)
             start = prev
         nxt = self._free_start.get(end)
         if nxt is not None:
             self._remove_free(end, nxt)
+            self._clear_bit(end)
             end += nxt
         self._add_free(start, end - start)
         return size
@@ -194,15 +207,21 @@ class OffsetAllocator:
                 cur_start, cur_end = free[fi][0], free[fi][0] + free[fi][1]
         # commit: nothing above mutated state
         for offset, size in wanted:
-            self._used[offset] = size
+            self._set_bit(offset)
             self._used_bytes += size
+        self._num_used += len(wanted)
         self._rebuild_free(pieces)
 
     # ---------------------------------------------------------------- invariants
     def check_invariants(self) -> None:
         """Raise AssertionError naming the first broken invariant."""
         free = sorted(self._free_start.items())
-        used = sorted(self._used.items())
+        used = [(off, self._next_start(off) - off) for off in self._start_offsets() if off not in self._free_start]
+        assert len(used) == self._num_used, f"num_allocations {self._num_used} != used extents {len(used)}"
+        for off, size in used:
+            assert size % self._alignment == 0, f"used extent at {off} has unaligned size {size}"
+        for off, _ in free:
+            assert self._bit(off), f"free extent at {off} has no start bit"
         free_total = 0
         for i, (off, size) in enumerate(free):
             assert size > 0, f"free extent at {off} has size {size}"
@@ -242,7 +261,55 @@ class OffsetAllocator:
             raise ValueError(f"size must be an int > 0, got {size!r}")
         return n
 
+    def _used_start(self, offset: object) -> int:
+        """`offset` as an int if a used extent starts there, else -1."""
+        try:
+            off = operator.index(offset)
+        except TypeError:
+            return -1
+        if off < 0 or off >= self._capacity or off & (self._alignment - 1) or not self._bit(off) \
+                or off in self._free_start:
+            return -1
+        return off
+
+    def _bit(self, off: int) -> int:
+        u = off >> self._shift
+        return self._starts[u >> 3] & (1 << (u & 7))
+
+    def _set_bit(self, off: int) -> None:
+        u = off >> self._shift
+        self._starts[u >> 3] |= 1 << (u & 7)
+
+    def _clear_bit(self, off: int) -> None:
+        u = off >> self._shift
+        self._starts[u >> 3] &= ~(1 << (u & 7)) & 0xFF
+
+    def _next_start(self, off: int) -> int:
+        """Start of the extent after the one starting at `off` (capacity if it is the last one)."""
+        u = (off >> self._shift) + 1
+        bits = self._starts
+        i = u >> 3
+        if i >= len(bits):
+            return self._capacity
+        b = bits[i] >> (u & 7)
+        if b:
+            return min((u + (b & -b).bit_length() - 1) << self._shift, self._capacity)
+        m = _NONZERO.search(bits, i + 1)
+        if m is None:
+            return self._capacity
+        j = m.start()
+        b = bits[j]
+        return min(((j << 3) + (b & -b).bit_length() - 1) << self._shift, self._capacity)
+
+    def _start_offsets(self) -> list[int]:
+        out = []
+        for m in _NONZERO.finditer(self._starts):
+            j, b = m.start(), self._starts[m.start()]
+            out.extend(((j << 3) + bit) << self._shift for bit in range(8) if b >> bit & 1)
+        return out
+
     def _add_free(self, off: int, size: int) -> None:
+        self._set_bit(off)
         self._free_start[off] = size
         self._free_end[off + size] = off
         n = self._size_counts.get(size, 0)
@@ -275,10 +342,11 @@ class OffsetAllocator:
         self._buckets = {}
         self._size_counts = {}
         for off, size in pieces:                 # pieces are sorted by offset, so each bucket is a valid heap
+            self._set_bit(off)
             self._buckets.setdefault(size, []).append(off)
             self._size_counts[size] = self._size_counts.get(size, 0) + 1
         self._sizes = sorted(self._size_counts)
 
     def __repr__(self) -> str:
         return (f"OffsetAllocator(capacity={self._capacity}, used={self._used_bytes}, "
-                f"allocations={len(self._used)}, largest_free={self.largest_free})")
+                f"allocations={self._num_used}, largest_free={self.largest_free})")

@@ -1,68 +1,125 @@
-"""LRUPolicy: least recently used first, on an OrderedDict (cold end first, hot end last).
+"""LRUPolicy: least recently used first, as a doubly linked list threaded through the index's slots.
 
+The master tracks up to millions of objects per tier, so the policy holds no per-object Python object: `prev` and
+`next` are int32 arrays indexed by slot (8 B per slot, grown by doubling), in the spirit of vLLM's free-block queue.
+An OrderedDict of 16-byte keys cost ~105 B per object.
+```
+ head (cold) ─▶ c ⇄ b ⇄ a ◀─ tail (hot)      _next[c] = b, _prev[a] = b, _next[a] = NIL, untracked: _next = OUT
+```
 A chain (prefix order, parent first) is moved to the hot end tail-first, so the parent ends up hotter than its
-tail and ties are broken tails-before-parents:
-```
- insert_chain([a, b, c])      cold ─▶ ... c b a ◀─ hot          victims: c, b, a
-```
+tail and ties are broken tails-before-parents: insert_chain([a, b, c]) gives victims c, b, a.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from array import array
 from collections.abc import Iterator, Sequence
-from itertools import islice
+
+NIL = -1   # end of the list
+OUT = -2   # _next of an untracked slot
+
+
+def grow(arr: array, size: int, fill: int) -> None:
+    """Extend `arr` to at least `size` entries (doubling) with `fill`."""
+    if len(arr) < size:
+        arr.extend(array(arr.typecode, [fill]) * (max(size, 2 * len(arr), 64) - len(arr)))
 
 
 class LRUPolicy:
-    """O(1) insert/touch/remove per key. Not thread-safe: the master serialises calls."""
+    """O(1) insert/touch/remove per slot. Not thread-safe: the master serialises calls. Slots are ints >= 0."""
 
     name = "lru"
-    __slots__ = ("_order",)
+    __slots__ = ("_prev", "_next", "_head", "_tail", "_len")
 
     def __init__(self) -> None:
-        self._order: OrderedDict[bytes, None] = OrderedDict()
+        self._prev = array("i")
+        self._next = array("i")
+        self._head = NIL
+        self._tail = NIL
+        self._len = 0
 
-    def insert_chain(self, keys: Sequence[bytes]) -> None:
-        order = self._order
-        for key in reversed(keys):
-            order[key] = None
-            order.move_to_end(key)
+    def insert_chain(self, slots: Sequence[int], keys: Sequence[bytes] | None = None) -> None:
+        """`keys` is accepted for the interface's sake (S3-FIFO's ghost needs them); LRU does not use them."""
+        if slots:
+            top = max(slots)
+            if top >= len(self._next):
+                grow(self._prev, top + 1, NIL)
+                grow(self._next, top + 1, OUT)
+        nxt = self._next
+        for slot in reversed(slots):
+            if nxt[slot] == OUT:
+                self._len += 1
+            elif slot == self._tail:
+                continue
+            else:
+                self._unlink(slot)
+            self._push_hot(slot)
 
-    def touch_chain(self, keys: Sequence[bytes]) -> None:
-        order = self._order
-        for key in reversed(keys):
-            if key in order:
-                order.move_to_end(key)
+    def touch_chain(self, slots: Sequence[int]) -> None:
+        nxt = self._next
+        n = len(nxt)
+        for slot in reversed(slots):
+            if slot < n and nxt[slot] != OUT and slot != self._tail:
+                self._unlink(slot)
+                self._push_hot(slot)
 
-    def remove(self, key: bytes) -> bool:
-        return self._order.pop(key, 0) is None
+    def remove(self, slot: int, key: bytes | None = None) -> bool:
+        if slot not in self:
+            return False
+        self._unlink(slot)
+        self._next[slot] = OUT
+        self._len -= 1
+        return True
 
-    def victims(self) -> Iterator[bytes]:
-        # An OrderedDict iterator breaks when the dict changes, and the caller evicts while iterating. So take
-        # small snapshots of the cold end, growing geometrically; keys already yielded (e.g. skipped because
-        # leased) are passed over on the next snapshot. Total cost stays linear in the keys yielded.
-        yielded: set[bytes] = set()
-        batch = 64
-        while True:
-            snapshot = list(islice(self._order, len(yielded) + batch))
-            fresh = [k for k in snapshot if k not in yielded]
-            if not fresh:
-                return
-            for key in fresh:
-                if key in self._order and key not in yielded:
-                    yielded.add(key)
-                    yield key
-            batch *= 2
+    def victims(self) -> Iterator[int]:
+        # The caller evicts (removes) and skips (leased) while iterating. The next slot is read before yielding;
+        # if the caller removed or moved it meanwhile, restart from the cold end past what was already yielded.
+        yielded: set[int] = set()
+        cur = self._head
+        while cur != NIL:
+            after = self._next[cur]
+            yielded.add(cur)
+            yield cur
+            if after != NIL and self._next[after] != OUT and after not in yielded:
+                cur = after
+                continue
+            cur = self._head
+            while cur != NIL and cur in yielded:
+                cur = self._next[cur]
 
     def clear(self) -> None:
-        self._order.clear()
+        self._prev = array("i")
+        self._next = array("i")
+        self._head = self._tail = NIL
+        self._len = 0
 
     def __len__(self) -> int:
-        return len(self._order)
+        return self._len
 
-    def __contains__(self, key: object) -> bool:
-        return key in self._order
+    def __contains__(self, slot: object) -> bool:
+        return isinstance(slot, int) and 0 <= slot < len(self._next) and self._next[slot] != OUT
 
     def __repr__(self) -> str:
-        return f"LRUPolicy({len(self._order)} keys)"
+        return f"LRUPolicy({self._len} slots)"
+
+    def _unlink(self, slot: int) -> None:
+        prev, nxt = self._prev, self._next
+        p, n = prev[slot], nxt[slot]
+        if p == NIL:
+            self._head = n
+        else:
+            nxt[p] = n
+        if n == NIL:
+            self._tail = p
+        else:
+            prev[n] = p
+
+    def _push_hot(self, slot: int) -> None:
+        tail = self._tail
+        self._prev[slot] = tail
+        self._next[slot] = NIL
+        if tail == NIL:
+            self._head = slot
+        else:
+            self._next[tail] = slot
+        self._tail = slot

@@ -1,7 +1,12 @@
 """EvictionPolicy: which object of a (node, tier) to evict first. One policy object per node per tier, owned by
 the master (which serialises calls and skips victims that are leased or uncommitted).
 
-"Chain" methods take keys in prefix order (parent first). A batch put or a hit touches a whole chain at once, so
+Policies track the index's SLOTS (plain ints >= 0, reused by the index once an object is gone), not keys: the
+master tracks millions of objects and a per-object Python object costs more than the whole budget (docs/internals.md,
+200 B per object). The caller removes a slot before the index reuses it. Keys are passed alongside where a policy
+may need to remember an object beyond its slot's life (S3-FIFO's ghost).
+
+"Chain" methods take slots in prefix order (parent first). A batch put or a hit touches a whole chain at once, so
 its keys tie on recency; the policy must then rank the TAIL colder than its parent, because a tail is only useful
 while its parents are present: evicting a parent first would strand every descendant.
 """
@@ -16,18 +21,19 @@ POLICY_NAMES = ("lru", "s3fifo")
 
 @runtime_checkable
 class EvictionPolicy(Protocol):
-    def insert_chain(self, keys: Sequence[bytes]) -> None:
-        """Track newly committed keys (prefix order) as the hottest; an already-tracked key is touched."""
+    def insert_chain(self, slots: Sequence[int], keys: Sequence[bytes] | None = None) -> None:
+        """Track newly committed slots (prefix order) as the hottest; an already-tracked slot is touched. `keys`
+        (one per slot, same order) are the objects' keys, for policies that remember evicted keys."""
 
-    def touch_chain(self, keys: Sequence[bytes]) -> None:
-        """Record a use of these keys (prefix order); untracked keys are ignored."""
+    def touch_chain(self, slots: Sequence[int]) -> None:
+        """Record a use of these slots (prefix order); untracked slots are ignored."""
 
-    def remove(self, key: bytes) -> bool:
-        """Stop tracking `key`; False if it was not tracked."""
+    def remove(self, slot: int, key: bytes | None = None) -> bool:
+        """Stop tracking `slot` (whose object has key `key`, if given); False if it was not tracked."""
 
-    def victims(self) -> Iterator[bytes]:
-        """Tracked keys, coldest first, each at most once. The caller may remove/insert/touch keys while
-        iterating; removed keys are not yielded."""
+    def victims(self) -> Iterator[int]:
+        """Tracked slots, coldest first, each at most once. The caller may remove/insert/touch slots while
+        iterating; removed slots are not yielded."""
 
     def __len__(self) -> int: ...
 

@@ -5,7 +5,8 @@ SSD record in the page cache of the data file) it times put_many and get_many_in
 batches, best of `repeat` rounds, and prints GB/s and the ratio to np.copyto of the same objects from the same
 source buffers into the same destination buffers (the physical limit of a same-process copy). Rounds interleave
 memcpy, put and get so a shared machine's load hits all three alike. Goal: DRAM get >= 0.7x memcpy at 2 MiB.
-Also: hashing 128K tokens into block keys, and index memory per object at 1M objects (tracemalloc).
+Also: hashing 128K tokens into block keys, index memory per object at 1M objects, and the whole master's memory per
+committed object at 1M objects (tracemalloc, LRU and S3-FIFO; RSS growth of a fresh process as a cross-check).
 """
 
 from __future__ import annotations
@@ -126,29 +127,70 @@ def index_bytes_per_object(n: int = 1_000_000) -> float:
         tracemalloc.stop()
 
 
-def master_bytes_per_object(n: int) -> float:
-    """Whole master (index + per-tier allocator + eviction policy) per committed object, through put_start/commit."""
+class _NoBytes:  # the master never moves bytes here (nothing is evicted)
+    def demote(self, moves): return [False] * len(moves)
+    def promote(self, moves): return [False] * len(moves)
+    def drop(self, drops): return 0
+
+
+def _fill_master(n: int, policy: str, measure) -> float:
+    """Commit `n` 4 KiB objects (1,000-key batches) into a fresh Master; returns measure() after minus before."""
     from kvpool.store.config import MasterConfig
     from kvpool.store.master import Master
     from kvpool.store.records import NodeInfo
 
-    class NoBytes:  # the master never moves bytes here (nothing is evicted)
-        def demote(self, moves): return [False] * len(moves)
-        def promote(self, moves): return [False] * len(moves)
-        def drop(self, drops): return 0
+    before = measure()
+    master = Master(MasterConfig(policy=policy))
+    master.register_node(NodeInfo(node_id="n", dram_bytes=(n + 1) * 4096), _NoBytes(), expires=False)
+    for start in range(0, n, 1000):
+        keys = [i.to_bytes(16, "little") for i in range(start, min(n, start + 1000))]
+        grants = master.put_start(keys, [4096] * len(keys))
+        master.put_commit([g.grant.grant_id for g in grants], [0] * len(keys))
+    assert len(master.index) == n
+    return measure() - before
 
-    master = Master(MasterConfig())
-    master.register_node(NodeInfo(node_id="n", dram_bytes=(n + 1) * 4096), NoBytes(), expires=False)
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _rss_child(n: int, policy: str, conn) -> None:
+    conn.send(_fill_master(n, policy, _rss_bytes))
+
+
+def master_bytes_per_object(n: int, policy: str = "lru") -> float:
+    """Whole master (index + placement + per-tier allocator + eviction policy + stats) per committed object, through
+    put_start/put_commit: Python heap growth under tracemalloc, so a module-import or interpreter cost is not in it."""
     tracemalloc.start()
     try:
-        before = tracemalloc.get_traced_memory()[0]
-        for start in range(0, n, 1000):
-            keys = [i.to_bytes(16, "little") for i in range(start, min(n, start + 1000))]
-            grants = master.put_start(keys, [4096] * len(keys))
-            master.put_commit([g.grant.grant_id for g in grants], [0] * len(keys))
-        return (tracemalloc.get_traced_memory()[0] - before) / n
+        return _fill_master(n, policy, lambda: tracemalloc.get_traced_memory()[0]) / n
     finally:
         tracemalloc.stop()
+
+
+def master_rss_per_object(n: int, policy: str = "lru") -> float:
+    """Cross-check of master_bytes_per_object: RSS growth of a fresh process (no tracemalloc) filling a master.
+    Includes allocator slack (pymalloc arenas, numpy over-allocation) that tracemalloc does not see; NaN where
+    /proc is missing."""
+    import multiprocessing
+
+    if not os.path.exists("/proc/self/statm"):
+        return float("nan")
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_rss_child, args=(n, policy, child))
+    proc.start()
+    try:
+        deadline = time.monotonic() + 600
+        while not parent.poll(1):
+            if not proc.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"master RSS child ended (exit code {proc.exitcode}) or took > 600 s")
+        return parent.recv() / n
+    finally:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
 
 
 def _fmt_size(size: int) -> str:
@@ -176,7 +218,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ssd-dir", default=tempfile.gettempdir(), help="directory for the SSD-tier data file")
     p.add_argument("--shm-dir", default="/dev/shm", help="directory of the DRAM arena file")
     p.add_argument("--index-objects", type=int, default=1_000_000, help="objects for the index-memory figure")
-    p.add_argument("--master-objects", type=int, default=200_000, help="objects for the whole-master figure (0=skip)")
+    p.add_argument("--master-objects", type=int, default=1_000_000,
+                   help="objects for the whole-master figure (0=skip)")
     p.add_argument("--no-progress", action="store_true")
 
 
@@ -192,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
     steps = [(t, s) for t in tiers for s in SIZES]
     rows: list[Row] = []
     extra: dict[str, float] = {}
-    total_steps = len(steps) + 2 + (args.master_objects > 0)
+    total_steps = len(steps) + 2 + 3 * (args.master_objects > 0)
     with tqdm(total=total_steps, desc="bench pool", disable=args.no_progress, leave=False) as bar:
         for tier, size in steps:
             bar.set_postfix_str(f"{tier} {_fmt_size(size)}")
@@ -208,6 +251,12 @@ def run(args: argparse.Namespace) -> int:
             bar.set_postfix_str("master memory")
             extra["master_b"] = master_bytes_per_object(args.master_objects)
             bar.update()
+            bar.set_postfix_str("master memory (s3fifo)")
+            extra["master_s3_b"] = master_bytes_per_object(args.master_objects, "s3fifo")
+            bar.update()
+            bar.set_postfix_str("master RSS")
+            extra["master_rss_b"] = master_rss_per_object(args.master_objects)
+            bar.update()
     print(format_table(rows))
     for r in rows:
         if r.tier == "dram" and r.op == "get" and r.size == 2 << 20:
@@ -216,8 +265,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"key hashing: 128K tokens -> {128 * 1024 // 16} block keys in {extra['hash_ms']:.2f} ms")
     print(f"index memory: {extra['index_b']:.0f} bytes/object at {args.index_objects:,} objects (goal <= 200)")
     if "master_b" in extra:
-        print(f"master memory (index + allocator + LRU): {extra['master_b']:.0f} bytes/object at "
-              f"{args.master_objects:,} objects")
+        n = args.master_objects
+        at = "1M" if n == 1_000_000 else f"{n:,}"
+        verdict = "ok" if extra["master_b"] <= 200 else "MISSED"
+        print(f"master bytes/object at {at} objects: {extra['master_b']:.0f} (goal <= 200): {verdict}  "
+              f"[index + placement + allocator + LRU + stats, tracemalloc]")
+        print(f"master bytes/object at {at} objects with policy=s3fifo: {extra['master_s3_b']:.0f}")
+        print(f"master RSS growth/object at {at} objects (cross-check, fresh process, no tracemalloc): "
+              f"{extra['master_rss_b']:.0f}")
     return 0
 
 

@@ -135,10 +135,24 @@ def test_check_invariants_detects_corruption():
         a.check_invariants()
     b = OffsetAllocator(4 * K)
     b.allocate(K)
-    b._used[K] = K                                # overlaps the free extent
-    b._used_bytes += K
+    b._starts[0] |= 1 << 2                        # a start bit inside the free extent [K, 4K): a phantom extent
     with pytest.raises(AssertionError):
         b.check_invariants()
+
+
+def test_used_extents_live_in_a_start_bitmap_not_a_dict():
+    a = OffsetAllocator(64 * K)
+    offs = [a.allocate(K * (1 + i % 3)) for i in range(10)]
+    assert [a.size_of(o) for o in offs] == [K * (1 + i % 3) for i in range(10)]
+    assert not hasattr(a, "_used") and len(a._starts) == 8     # 64 units -> 8 bytes of bits
+    for bad in (offs[1] + K, 63 * K, -K, 64 * K, 1.0):          # inside an extent, free, out of range, not an int
+        with pytest.raises(ValueError, match="is not an allocated extent"):
+            a.free(bad)
+        assert bad not in a
+    assert a.free(offs[1]) == 2 * K and offs[1] not in a
+    with pytest.raises(ValueError, match=f"offset {offs[1]} is not an allocated extent"):
+        a.free(offs[1])                                         # double free
+    a.check_invariants()
 
 
 def test_randomized_10k_ops_keep_invariants_and_never_overlap():

@@ -8,18 +8,33 @@ from kvpool.tiers.lru import LRUPolicy
 from kvpool.tiers.policy import EvictionPolicy, make_policy
 
 
-def k(name: str) -> bytes:
-    return name.encode().ljust(16, b".")
+_SLOTS: dict[str, int] = {}
 
 
-def names(keys) -> list[str]:
-    return [x.rstrip(b".").decode() for x in keys]
+def k(name: str) -> int:
+    """The slot standing for `name` (policies track index slots, plain ints; sparse on purpose)."""
+    return _SLOTS.setdefault(name, 3 * len(_SLOTS) + 1)
+
+
+def names(slots) -> list[str]:
+    by_slot = {s: n for n, s in _SLOTS.items()}
+    return [by_slot[s] for s in slots]
 
 
 def test_make_policy():
     p = make_policy("lru")
     assert isinstance(p, LRUPolicy) and isinstance(p, EvictionPolicy)
     assert len(p) == 0
+
+
+def test_no_per_object_python_objects():
+    p = LRUPolicy()
+    p.insert_chain(list(range(1000)))
+    assert p._next.itemsize == p._prev.itemsize == 4 and len(p._next) == 1000    # grown to the top slot
+    p.remove(500)
+    assert 500 not in p and 499 in p and -1 not in p and "x" not in p and len(p) == 999
+    p.insert_chain([5000])                          # a far slot doubles past it
+    assert len(p._next) == 5001 and list(p.victims())[:2] == [999, 998] and list(p.victims())[-1] == 5000
     with pytest.raises(ValueError, match=r"policy must be one of \['lru', 's3fifo'\], got 'mru'"):
         make_policy("mru")
 
@@ -69,7 +84,7 @@ def test_caller_may_evict_and_skip_while_iterating():
         seen.append(victim)
         if victim == k("n250"):
             p.remove(k("n249"))                    # removed before it is reached: never yielded
-        if int(victim[1:4]) % 2 == 0:
+        if int(names([victim])[0][1:4]) % 2 == 0:
             p.remove(victim)                       # evicted; odd ones are "leased" and skipped
     expected = [x for x in reversed(chain) if x != k("n249")]
     assert seen == expected                        # each exactly once, coldest first
@@ -87,3 +102,13 @@ def test_keys_inserted_during_iteration_come_last():
             p.insert_chain([k("new")])
     assert names(out) == ["b", "a", "new"]
     assert len(p) == 0
+
+
+def test_no_per_object_python_objects():
+    p = LRUPolicy()
+    p.insert_chain(list(range(1000)))
+    assert p._next.itemsize == p._prev.itemsize == 4 and len(p._next) == 1000    # grown to the top slot
+    p.remove(500)
+    assert 500 not in p and 499 in p and -1 not in p and "x" not in p and len(p) == 999
+    p.insert_chain([5000])                          # a far slot doubles past it
+    assert len(p._next) == 5001 and list(p.victims())[:2] == [999, 998] and list(p.victims())[-1] == 5000
