@@ -21,7 +21,8 @@ def register(sub) -> None:
                        description="Remove objects from the pool: by key, by namespace, or all of them.",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("keys", nargs="*", metavar="KEY", help="block keys, 32 hex digits each")
-    p.add_argument("--namespace", default="", metavar="HEX", help="evict every object of this namespace (32 hex digits)")
+    p.add_argument("--namespace", default="", metavar="HEX",
+                   help="evict every object of this namespace (32 hex digits)")
     p.add_argument("--all", action="store_true", help="evict every object of every namespace")
     from kvpool.admin import add_master_args
 

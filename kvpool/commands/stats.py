@@ -11,7 +11,7 @@ import time
 EPILOG = """\
 examples:
   kvpool stats                               # every counter, one per line (nested fields joined with dots)
-  kvpool stats --json                        # the stats dict + hit_rate, hit_rate_by_tier (= the dashboard's /api/stats)
+  kvpool stats --json                        # stats dict + hit_rate, hit_rate_by_tier (= dashboard /api/stats)
   kvpool stats --watch                       # refresh every 2 s in place until Ctrl-C
   kvpool stats --watch --interval 1 --count 10 --json   # 10 samples, one JSON object per line
 

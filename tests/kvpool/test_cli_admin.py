@@ -290,6 +290,18 @@ def test_unreachable_master_exits_1_with_one_line(argv, capsys):
                                        f"{UNREACHABLE_HINT}\n")
 
 
+def test_a_silent_listener_is_a_timeout_not_a_hang(capsys):
+    """Something accepts TCP at the address but never answers gRPC: the deadline ends the call."""
+    import socket
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        assert run(capsys, "stats", "--master", address, "--timeout", "0.5") == (
+            1, "", f"kvpool stats: no kvpool master answering at {address}: Stats got no answer in 0.5s (--timeout)\n")
+
+
 def test_exit_codes_of_real_processes(pool):
     address, _ = pool
     nobody = f"127.0.0.1:{free_port()}"
@@ -297,7 +309,8 @@ def test_exit_codes_of_real_processes(pool):
     assert (down.returncode, down.stdout, down.stderr) == (
         1, "", f"kvpool status: no kvpool master answering at {nobody} {UNREACHABLE_HINT}\n")
     unknown = cli("inspect", "--master", address, "cd" * 16)
-    assert (unknown.returncode, unknown.stdout, unknown.stderr) == (1, "", f"kvpool inspect: KEY {'cd' * 16}: not found\n")
+    assert (unknown.returncode, unknown.stdout, unknown.stderr) == (
+        1, "", f"kvpool inspect: KEY {'cd' * 16}: not found\n")
     bad = cli("inspect", "--master", address, "nothex")
     assert (bad.returncode, bad.stderr) == (2, "kvpool inspect: KEY 'nothex' is not hex: expected 32 hex digits\n")
     typo = cli("ls", "--master", address, "--limit", "many")
