@@ -269,10 +269,11 @@ class Master:
                 self.stats_counters.count(ns, len(keys), index.tier[slots].tolist())
                 return LookupResult(hits=len(found))
             np.add.at(index.leases, slots, 1)
+            found_tiers = index.tier[slots].tolist()  # a hit counts where it was FOUND, before any promotion
             if self.config.promote_on_hit:
                 slots = self._promote_hits(slots)
             tiers = index.tier[slots].tolist()
-            self.stats_counters.count(ns, len(keys), tiers)
+            self.stats_counters.count(ns, len(keys), found_tiers[: len(slots)])
             self._touch(slots)
             result = LookupResult(hits=len(slots))
             if len(slots):

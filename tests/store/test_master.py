@@ -196,6 +196,23 @@ def test_token_counting_by_namespace_and_tier(make):
     assert (s["requested_keys"], s["hit_keys"], s["miss_keys"]) == (3, 1, 2)
 
 
+def test_ssd_hit_promoted_on_lookup_counts_under_ssd(make):
+    master, node = make(dram_objects=1, ssd_objects=2)          # promote_on_hit defaults to True
+    put(master, node, [key(1)])
+    put(master, node, [key(2)])                                 # demotes key 1 to SSD
+    assert tiers(master, [key(1), key(2)]) == ["ssd", "dram"]
+    ns = NsRef(digest=b"d" * 16, label="m/t", block_tokens=16)
+    result = master.lookup([key(1)], ns)
+    assert result.hits == 1 and result.locations[0].tier is Tier.DRAM   # read from where it now is
+    assert tiers(master, [key(1), key(2)]) == ["dram", "ssd"]           # promoted; key 2 demoted for room
+    s = master.stats()
+    assert (s["hit_tokens_by_tier"], s["hit_keys_by_tier"]) == ({"hbm": 0, "dram": 0, "ssd": 16},
+                                                                {"hbm": 0, "dram": 0, "ssd": 1})
+    assert s["namespaces"]["m/t"]["hit_tokens_by_tier"] == {"hbm": 0, "dram": 0, "ssd": 16}
+    assert s["promotions"] == 1
+    master.release([result.lease_id])
+
+
 def test_silent_node_is_dropped_and_its_objects_become_misses(tmp_path, clock):
     node = StorageNode(NodeConfig(node_id="n", dram_bytes=2 * OBJ, shm_dir=str(tmp_path)))
     try:
