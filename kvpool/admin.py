@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 
 import grpc
 
-from kvpool.errors import PoolError, PoolTimeout, PoolUnavailable
+from kvpool.errors import PoolError, PoolProtocolError, PoolTimeout, PoolUnavailable
 
 DEFAULT_MASTER = "127.0.0.1:50051"
 KEY_HEX_DIGITS = 32
@@ -112,7 +112,11 @@ class AdminClient:
 
     def stats(self) -> dict:
         """`raw_stats()` plus the derived hit rates (`with_hit_rates`): what `kvpool stats|status --json` print."""
-        return with_hit_rates(self.raw_stats())
+        raw = self.raw_stats()
+        try:
+            return with_hit_rates(raw)
+        except ValueError as exc:  # the master's fault, not the caller's: exit 1, not 2
+            raise PoolProtocolError(f"the master at {self.address} sent stats this kvpool cannot read: {exc}") from None
 
     status = stats  # the name the first CLI used
 
