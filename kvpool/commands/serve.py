@@ -14,8 +14,9 @@ def register(subparsers) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--config", default=None, help="engine config file (YAML/TOML, EngineConfig fields; "
                                                   "KVPOOL_ENGINE_<FIELD> environment variables override it)")
-    p.add_argument("--connector-config", default=None,
-                   help="connect the engine to a kvpool pool (kvpool.connector config file)")
+    p.add_argument("--connector-config", default=None, metavar="FILE",
+                   help="connect this engine to a kvpool (YAML/TOML ConnectorConfig; see README 'Connector'); "
+                        "KVPOOL_* variables override the file")
     p.add_argument("--engine-name", default=None, help="`engine` label of the metrics (default: HOST:PORT)")
     p.add_argument("--block-tokens", type=int, default=None)
     p.add_argument("--num-kv-blocks", type=int, default=None)
@@ -71,8 +72,8 @@ def _run(args: argparse.Namespace) -> int:
     name = args.engine_name or f"{socket.gethostname()}:{args.port}"
     ttft = metrics.ttft_seconds.labels(engine=name)
     server = EngineServer(engine, args.host, args.port, metrics_registry=registry, on_ttft=ttft.observe)
-    print(f"kvpool serve: {engine.model_path} on {server.url} ({engine.num_kv_blocks} KV blocks"
-          f"{', pool connector' if connector is not None else ''})", flush=True)
+    pool = f", pool {connector.config.pool}" if connector is not None else ""
+    print(f"kvpool serve: {engine.model_path} on {server.url} ({engine.num_kv_blocks} KV blocks{pool})", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:
