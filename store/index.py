@@ -5,8 +5,12 @@ A dataclass per object costs ~150 B on its own, so fields live in parallel numpy
 
     _slot_of: dict[bytes(16) -> int]   key -> slot         (~56 B key object + ~32 B int + ~40 B dict entry)
     _keys:    list[bytes | None]       slot -> key          (8 B pointer, shares the dict's key object)
-    _rows:    numpy structured array, one packed 36 B row per slot, columns exposed as views (index.offset[slot]):
-              node u16 | tier u8 | state u8 | ns u32 | leases u32 | offset i64 | size i64 | checksum u64
+    _rows:    numpy structured array, one packed 40 B row per slot, columns exposed as views (index.offset[slot]):
+              node u16 | tier u8 | state u8 | ns u32 | leases u32 | offset i64 | size i64 | checksum u64 | atime u32
+
+`atime` is the last access (commit or lookup hit) in the master's ticks: tenths of a second since the master
+started (store/master.py ATIME_TICKS_PER_S), saturating at 2**32 - 1 (13.6 years). Four bytes instead of a float64
+because it is per object; 0.1 s is plenty for "evict what nobody used for an hour".
 
 Invariants: a slot is FREE iff it is on the free list and its `_keys` entry is None; every key in `_slot_of` maps to
 a non-FREE slot whose `_keys` entry is that key. Namespace digests and node ids are interned into small tables.
@@ -44,10 +48,12 @@ class ObjectMeta:
     offset: int
     size: int
     checksum: int
+    atime: int = 0
 
 
 ROW = np.dtype([("node", np.uint16), ("tier", np.uint8), ("state", np.uint8), ("ns", np.uint32),
-                ("leases", np.uint32), ("offset", np.int64), ("size", np.int64), ("checksum", np.uint64)])  # 36 B
+                ("leases", np.uint32), ("offset", np.int64), ("size", np.int64), ("checksum", np.uint64),
+                ("atime", np.uint32)])  # 40 B
 _COLUMNS = ROW.names
 
 
@@ -60,6 +66,7 @@ class Index:
     offset: np.ndarray
     size: np.ndarray
     checksum: np.ndarray
+    atime: np.ndarray
 
     def __init__(self, initial_slots: int = 1024) -> None:
         self._slot_of: dict[bytes, int] = {}
@@ -109,7 +116,7 @@ class Index:
         return self._ns_digests[ns_id]
 
     def add(self, key: bytes, *, node: int, tier: Tier, state: State, offset: int, size: int, ns: int,
-            checksum: int = 0) -> int:
+            checksum: int = 0, atime: int = 0) -> int:
         """Index a new object; the key must not be present."""
         if key in self._slot_of:
             raise KeyError(f"key {key.hex()} already indexed")
@@ -119,7 +126,7 @@ class Index:
         key = bytes(key)
         self._slot_of[key] = slot
         self._keys[slot] = key
-        self._rows[slot] = (node, tier, state, ns, 0, offset, size, checksum)  # one numpy call, not eight
+        self._rows[slot] = (node, tier, state, ns, 0, offset, size, checksum, atime)  # one numpy call, not nine
         return slot
 
     def unlink_key(self, slot: int) -> None:
@@ -140,7 +147,7 @@ class Index:
         return ObjectMeta(key=self.key_at(slot), slot=slot, node=int(self.node[slot]), tier=Tier(int(self.tier[slot])),
                           state=State(int(self.state[slot])), ns=int(self.ns[slot]), leases=int(self.leases[slot]),
                           offset=int(self.offset[slot]), size=int(self.size[slot]),
-                          checksum=int(self.checksum[slot]))
+                          checksum=int(self.checksum[slot]), atime=int(self.atime[slot]))
 
     def slots(self) -> np.ndarray:
         """Every non-free slot (including DOOMED ones whose key is unlinked)."""

@@ -4,7 +4,7 @@ Every public method is one batched call that maps 1:1 onto a MasterService RPC (
 in and out (store/records.py), no callables, caller mistakes raise ValueError naming the argument before anything
 changes. One lock serialises them; node byte moves (NodeOps) run under it, so the master never races itself.
 
-Object life:   put_start ──▶ PENDING ──put_commit──▶ COMMITTED ──remove/evict──▶ gone
+Object life:   put_start ──▶ PENDING ──put_commit──▶ COMMITTED ──remove/evict/evict()──▶ gone
                               │ put_abort / grant expiry      │ remove while leased ──▶ DOOMED ──last release──▶ gone
                               ▼                               └ demote / promote: same key, new tier+offset
                              gone
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 import threading
 import time
 from typing import Callable, Sequence
@@ -41,6 +42,8 @@ _TIERS = tuple(Tier)  # Tier(int) through the enum machinery costs ~1 us; a tupl
 _PENDING = int(State.PENDING)
 _PLACE_ORDER = (Tier.DRAM, Tier.SSD)
 _STORED, _EXISTS, _NO_SPACE = PutStatus.STORED, PutStatus.EXISTS, PutStatus.NO_SPACE
+ATIME_TICKS_PER_S = 10      # the index's last-access column counts tenths of a second since the master started
+_ATIME_MAX = 2**32 - 1
 
 
 class SizeMismatch(ValueError):
@@ -84,6 +87,7 @@ class Master:
         self._leases: dict[int, tuple[np.ndarray, float]] = {}  # lease_id -> (slots, expires_at)
         self._next_id = 1
         self._next_reap = 0.0
+        self._t0 = clock()          # atime 0; a reloaded object counts as accessed when the master started
         self._load()
 
     # ------------------------------------------------------------------ nodes
@@ -143,7 +147,7 @@ class Master:
                 else:
                     seen.add(r.key)
                     fresh.append(r)
-            result.adopted = self.placement.adopt(node, fresh, result.dropped_keys)
+            result.adopted = self.placement.adopt(node, fresh, result.dropped_keys, self._ticks(self.clock()))
             self._flush()
             return result
 
@@ -203,7 +207,7 @@ class Master:
         if len(checksums) != len(grant_ids):
             raise ValueError(f"checksums has {len(checksums)} entries, grant_ids has {len(grant_ids)}")
         with self._lock:
-            self._tick()
+            atime = self._ticks(self._tick())
             index = self.index
             ok: list[bool] = []
             chains: dict[tuple[int, int], tuple[list[int], list[bytes]]] = {}
@@ -215,6 +219,7 @@ class Master:
                 slot = entry[0]
                 index.state[slot] = State.COMMITTED
                 index.checksum[slot] = checksum
+                index.atime[slot] = atime
                 chain = chains.get((n_t := (int(index.node[slot]), int(index.tier[slot]))))
                 if chain is None:
                     chain = chains[n_t] = ([], [])
@@ -265,6 +270,7 @@ class Master:
                 if len(wrong):
                     i = int(wrong[0])
                     raise SizeMismatch(i, int(expect_sizes[i]), int(index.size[found[i]]))
+            index.atime[slots] = self._ticks(now)  # a probe without a lease is a use too (someone wants it)
             if not lease:
                 self.stats_counters.count(ns, len(keys), index.tier[slots].tolist())
                 return LookupResult(hits=len(found))
@@ -363,6 +369,41 @@ class Master:
             more = start + limit < len(keys)
             return [self._record(index.slot_of(k)) for k in page], (page[-1] if more and page else b"")
 
+    def evict(self, ns_digest: bytes = b"", older_than_s: float | None = None) -> int:
+        """Evict committed objects of one namespace (`ns_digest`, empty = any) and/or idle for at least
+        `older_than_s` seconds since their last commit or lookup hit (resolution 1 / ATIME_TICKS_PER_S). At least one filter
+        is required (older_than_s=0 with no namespace evicts everything). Leased, uncommitted and already removed
+        objects are never touched. Returns how many were evicted (counted in stats()["evictions"])."""
+        if not isinstance(ns_digest, (bytes, bytearray)) or len(ns_digest) not in (0, KEY_BYTES):
+            raise ValueError(f"ns_digest must be empty or a {KEY_BYTES}-byte namespace digest, got {ns_digest!r}")
+        if older_than_s is not None and (isinstance(older_than_s, bool) or not isinstance(older_than_s, (int, float))
+                                         or not math.isfinite(older_than_s) or older_than_s < 0):
+            raise ValueError(f"older_than_s must be None or a finite number of seconds >= 0, got {older_than_s!r}")
+        if not ns_digest and older_than_s is None:
+            raise ValueError("ns_digest or older_than_s must be given (older_than_s=0 evicts every unleased object)")
+        with self._lock:
+            now = self._tick()
+            index = self.index
+            slots = index.slots()
+            mask = (index.state[slots] == _COMMITTED) & (index.leases[slots] == 0)
+            if ns_digest:
+                ns_id = index._ns_ids.get(bytes(ns_digest), -1)
+                mask &= index.ns[slots] == ns_id
+            if older_than_s is not None:
+                need = math.ceil(older_than_s * ATIME_TICKS_PER_S - 1e-9)
+                idle = self._ticks(now) - index.atime[slots].astype(np.int64)
+                mask &= idle >= need
+            drops: dict[int, list] = {}
+            for slot in slots[mask].tolist():
+                number, tier = int(index.node[slot]), _TIERS[int(index.tier[slot])]
+                self.placement.forget(slot, drops=drops.setdefault(number, []))
+                self.placement.counters.evictions[tier.label] += 1
+            for number, node_drops in drops.items():
+                if node_drops:
+                    self.placement.by_number[number].ops.drop(node_drops)
+            self._flush()
+            return int(mask.sum())
+
     def stats(self) -> dict:
         with self._lock:
             return stats_mod.snapshot(self)
@@ -377,6 +418,10 @@ class Master:
             return out
 
     # ------------------------------------------------------------------ internals (lock held)
+
+    def _ticks(self, now: float) -> int:
+        """`now` as the index's atime: ticks (1 / ATIME_TICKS_PER_S s) since the master started, saturating."""
+        return min(max(int((now - self._t0) * ATIME_TICKS_PER_S), 0), _ATIME_MAX)
 
     def _tick(self) -> float:
         now = self.clock()

@@ -248,9 +248,10 @@ class Placement:
         return (int(i.node[slot]) == node.number and int(i.tier[slot]) == r.tier and int(i.offset[slot]) == r.offset
                 and int(i.size[slot]) == r.size)
 
-    def adopt(self, node: NodeState, records: list[ObjectRecord], dropped: list[bytes]) -> int:
-        """Index records (new keys, on tiers the node has) as committed objects at their reported extents. Records
-        whose extent overlaps anything already allocated are appended to `dropped`. Returns how many were adopted."""
+    def adopt(self, node: NodeState, records: list[ObjectRecord], dropped: list[bytes], atime: int = 0) -> int:
+        """Index records (new keys, on tiers the node has) as committed objects at their reported extents, last
+        accessed at `atime` (master ticks). Records whose extent overlaps anything already allocated are appended to
+        `dropped`. Returns how many were adopted."""
         by_tier: dict[Tier, list[ObjectRecord]] = {}
         for r in records:
             by_tier.setdefault(Tier(r.tier), []).append(r)
@@ -271,7 +272,8 @@ class Placement:
             slots = []
             for r in kept:
                 slot = self.index.add(r.key, node=node.number, tier=tier, state=State.COMMITTED, offset=r.offset,
-                                      size=r.size, ns=self.index.intern_ns(r.ns_digest), checksum=r.checksum)
+                                      size=r.size, ns=self.index.intern_ns(r.ns_digest), checksum=r.checksum,
+                                      atime=atime)
                 self.touched.add(slot)
                 slots.append(slot)
             for slot, r in zip(slots, kept):  # recency is unknown after a restart: scan order, one at a time

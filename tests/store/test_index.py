@@ -2,6 +2,7 @@
 
 import tracemalloc
 
+import numpy as np
 import pytest
 
 from kvpool.store.index import Index, State
@@ -62,3 +63,12 @@ def test_memory_per_object_at_one_million_is_within_budget():
     assert len(idx) == n
     print(f"index bytes/object at 1M: {per_object:.1f}")
     assert per_object <= 200
+
+
+def test_rows_are_40_bytes_with_a_u32_last_access_column():
+    from kvpool.store.index import ROW
+
+    assert ROW.itemsize == 40 and ROW["atime"] == np.dtype(np.uint32)
+    idx = Index()
+    slot = idx.add(key(1), node=0, tier=Tier.DRAM, state=State.COMMITTED, offset=0, size=1, ns=0, atime=4_000_000_000)
+    assert idx.meta(slot).atime == 4_000_000_000 and int(idx.atime[slot]) == 4_000_000_000

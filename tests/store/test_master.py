@@ -299,3 +299,81 @@ def test_leased_ssd_objects_are_not_evicted_to_make_room_for_demotions(make):
     master.release([lease])
     s = master.stats()
     assert (s["demotions"], s["evictions"]) == (3, {"dram": 0, "ssd": 1})
+
+
+def put_ns(master, node, keys, ns):
+    results = master.put_start(keys, [OBJ] * len(keys), ns)
+    for k, r in zip(keys, results):
+        data = np.full(OBJ, k[0], np.uint8)
+        node.write(r.grant.location.tier, r.grant.location.offset, k, ns.digest, data, xxhash.xxh3_64_intdigest(data))
+    assert master.put_commit([r.grant.grant_id for r in results], [0] * len(keys)) == [True] * len(keys)
+
+
+def test_last_access_is_set_on_commit_and_on_lookup_hits(make, clock):
+    master, node = make(dram_objects=3)
+    clock.now += 12.34                                    # ticks are tenths of a second since the master started
+    put(master, node, [key(1), key(2)])
+    atime = lambda k: int(master.index.atime[master.index.slot_of(k)])  # noqa: E731
+    assert (atime(key(1)), atime(key(2))) == (123, 123)
+    clock.now += 5
+    master.lookup([key(1), key(9), key(2)], lease=False)  # only the leading hit is a hit
+    assert (atime(key(1)), atime(key(2))) == (173, 123)
+    clock.now += 1
+    master.release([master.lookup([key(2)]).lease_id])
+    assert (atime(key(1)), atime(key(2))) == (173, 183)
+
+
+def test_evict_by_namespace_and_idle_age(make, clock):
+    master, node = make(dram_objects=3, ssd_objects=2)
+    a, b = NsRef(digest=b"a" * 16, label="a"), NsRef(digest=b"b" * 16, label="b")
+    put_ns(master, node, [key(1)], a)                     # t=1000
+    clock.now += 10
+    put_ns(master, node, [key(2)], b)                     # t=1010
+    clock.now += 10
+    put_ns(master, node, [key(3)], a)                     # t=1020
+    clock.now += 10
+    assert master.lookup([key(1)], lease=False).hits == 1  # t=1030: key 1 used again
+    clock.now += 10                                       # t=1040: idle 10, 30, 20
+    assert master.evict(older_than_s=25) == 1
+    assert master.contains([key(1), key(2), key(3)]) == [True, False, True]
+    assert master.evict(ns_digest=b"a" * 16, older_than_s=20.05) == 0  # key 3 is idle 20.0 s
+    assert master.evict(ns_digest=b"a" * 16, older_than_s=20) == 1
+    assert master.contains([key(1), key(3)]) == [True, False]
+    assert master.evict(ns_digest=b"z" * 16) == 0         # a namespace never seen
+    lease = master.lookup([key(1)]).lease_id              # leased: never evicted
+    assert master.evict(ns_digest=b"a" * 16) == 0 and master.contains([key(1)]) == [True]
+    master.release([lease])
+    assert master.evict(ns_digest=b"a" * 16) == 1 and master.contains([key(1)]) == [False]
+    assert master.stats()["evictions"] == {"dram": 3, "ssd": 0}
+
+
+def test_evict_never_touches_uncommitted_and_drops_ssd_records(make, clock):
+    master, node = make(dram_objects=1, ssd_objects=2, promote_on_hit=False)
+    put(master, node, [key(1)])
+    put(master, node, [key(2)])                           # key 1 demoted to SSD
+    assert tiers(master, [key(1), key(2)]) == ["ssd", "dram"]
+    master.remove([key(2)])
+    clock.now += 100
+    pending = master.put_start([key(3)], [OBJ])[0].grant  # (a grant outlived by the clock would expire)
+    assert master.evict(older_than_s=0) == 1              # key 1 only: key 3 is being written
+    assert master.contains([key(1)]) == [False] and [r.key for r in node.scan_ssd()] == []
+    assert master.put_commit([pending.grant_id], [0]) == [True] and master.contains([key(3)]) == [True]
+    assert master.stats()["evictions"] == {"dram": 0, "ssd": 1}
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({}, "ns_digest or older_than_s must be given"),
+    ({"ns_digest": b"short"}, "ns_digest must be empty or a 16-byte namespace digest"),
+    ({"ns_digest": "a" * 16}, "ns_digest must be empty or a 16-byte namespace digest"),
+    ({"older_than_s": -1}, "older_than_s must be None or a finite number of seconds >= 0, got -1"),
+    ({"older_than_s": float("nan")}, "older_than_s must be None or a finite number"),
+    ({"older_than_s": True}, "older_than_s must be None or a finite number"),
+    ({"older_than_s": "5"}, "older_than_s must be None or a finite number"),
+])
+def test_evict_bad_arguments_change_nothing(make, clock, kwargs, match):
+    master, node = make(dram_objects=2)
+    put(master, node, [key(1)])
+    clock.now += 100
+    with pytest.raises(ValueError, match=match):
+        master.evict(**kwargs)
+    assert master.contains([key(1)]) == [True] and master.stats()["evictions"] == {"dram": 0, "ssd": 0}
