@@ -474,7 +474,7 @@ class Master:
         nodes, tiers = index.node[slots], index.tier[slots]
         by_number = self.placement.by_number
         if (nodes == nodes[0]).all() and (tiers == tiers[0]).all():  # the common case: one chain, one tier
-            by_number[int(nodes[0])].spaces[_TIERS[int(tiers[0])]].policy.touch_chain(slots.tolist())
+            by_number[int(nodes[0])].spaces[_TIERS[int(tiers[0])]].policy.touch_chain(slots)  # numpy: see LRUPolicy
             return
         chains: dict[tuple[int, int], list[int]] = {}
         for slot, n, t in zip(slots.tolist(), nodes.tolist(), tiers.tolist()):

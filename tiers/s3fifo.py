@@ -74,6 +74,8 @@ class S3FIFOPolicy:
         self._trim_ghost()
 
     def touch_chain(self, slots: Sequence[int]) -> None:
+        if hasattr(slots, "tolist"):                # a numpy array from the master: plain ints index faster
+            slots = slots.tolist()
         queue = self._queue
         n = len(queue)
         for slot in slots:

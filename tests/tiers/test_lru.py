@@ -112,3 +112,40 @@ def test_no_per_object_python_objects():
     assert 500 not in p and 499 in p and -1 not in p and "x" not in p and len(p) == 999
     p.insert_chain([5000])                          # a far slot doubles past it
     assert len(p._next) == 5001 and list(p.victims())[:2] == [999, 998] and list(p.victims())[-1] == 5000
+
+
+def test_long_chains_match_a_reference_lru_under_random_touches():
+    """Chains > 16 slots take the block-splice path when already adjacent, the per-slot path otherwise; both must
+    give exactly the order of a plain reference LRU (a list, hot end last)."""
+    import random
+
+    import numpy as np
+
+    rng = random.Random(7)
+    p, ref = LRUPolicy(), []
+    chains = [list(range(c * 40, c * 40 + rng.randint(17, 40))) for c in range(12)]
+
+    def ref_touch(chain, insert):
+        for s in reversed(chain):
+            if s in ref:
+                ref.remove(s)
+            elif not insert:
+                continue
+            ref.append(s)
+
+    for step in range(400):
+        chain = rng.choice(chains)
+        if rng.random() < 0.3:
+            chain = chain[: rng.randint(17, len(chain))]          # a prefix hit
+        op = rng.random()
+        if op < 0.3:
+            p.insert_chain(chain)
+            ref_touch(chain, True)
+        elif op < 0.85:
+            p.touch_chain(np.array(chain) if step % 2 else chain)
+            ref_touch(chain, False)
+        elif ref:
+            victim = rng.choice(ref)
+            assert p.remove(victim)
+            ref.remove(victim)
+        assert list(p.victims()) == ref, step
