@@ -302,17 +302,13 @@ class MasterServicer(pbg.MasterServiceServicer):
 
     @_rpc
     def Evict(self, request, context):
-        if request.idle_seconds:
-            raise ValueError("idle_seconds: not supported yet (the index keeps no access times); use 0")
         if request.namespace and len(request.namespace) != 16:
             raise ValueError(f"namespace: must be a 16-byte namespace digest, got {len(request.namespace)} bytes")
-        removed, start = 0, b""
-        while True:  # pages of list_limit keys; ends when the listing has no next page
-            records, start = self.master.list_objects(bytes(request.namespace), start, self.config.list_limit)
-            removed += self.master.remove([r.key for r in records])
-            if not start:
-                break
-        return pb.EvictResponse(evicted=removed)
+        if not request.idle_seconds >= 0:  # also NaN
+            raise ValueError(f"idle_seconds: must be >= 0 (0 = any age), got {request.idle_seconds}")
+        # idle_seconds 0 = any age: a namespace alone evicts all of it, an empty request everything (unleased).
+        older = request.idle_seconds if request.idle_seconds or not request.namespace else None
+        return pb.EvictResponse(evicted=self.master.evict(bytes(request.namespace), older))
 
     def stats(self) -> dict:
         """The master's stats plus what only the server knows (node addresses); also the dashboard's feed."""
