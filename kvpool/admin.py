@@ -173,8 +173,8 @@ class AdminClient:
         return self._call("Remove", pb.RemoveRequest(keys=keys)).removed
 
     def evict(self, *, namespace: str = "", older_than_s: float | None = None) -> int:
-        """Evict committed objects of one namespace (empty = all) not accessed for `older_than_s` (None = any age).
-        Leased objects are hidden at once and freed when their readers finish, as with `remove`."""
+        """Evict committed objects of one namespace (empty = all) not put or hit for `older_than_s` seconds (None =
+        any age). Objects being read right now (leased) are skipped. Counted in stats()["evictions"]."""
         from kvpool.proto import kvpool_pb2 as pb
 
         ns = parse_hex16(namespace, "--namespace") if namespace else b""

@@ -13,8 +13,9 @@ examples:
   kvpool evict --older-than 30m --json       # {"evicted": N, "namespace": ..., "older_than_s": 1800.0}
 
 DURATION is a number with a unit: ms, s, m, h, d (a bare number is seconds). The namespace is the digest shown in
-the namespace column of `kvpool ls --json`. Evicted objects are misses from now on; objects being read are freed
-when their readers finish. To remove single keys use `kvpool rm KEY...`.
+the namespace column of `kvpool ls --json`. Idle = not stored or hit by a lookup since then (the master keeps
+access times in tenths of a second). Evicted objects are misses from now on and count in the evictions stats;
+objects being read at that moment are skipped (run it again). To remove single keys: `kvpool rm KEY...`.
 exit codes: 0 ok (also when nothing matched), 1 master unreachable or failing, 2 bad argument."""
 
 

@@ -11,8 +11,9 @@ examples:
   kvpool rm --namespace 3f2a...(32 hex)      # same as kvpool evict --namespace
   kvpool rm --all                            # empty the pool
 
-Removed objects are misses from now on; their space is reused once readers holding them finish. Keys that are not
-in the pool are skipped: the count says how many were removed.
+Removed objects are misses from now on. By key: removed even while being read (the space is reused once the
+readers finish); keys not in the pool are skipped, the count says how many were removed. --namespace / --all go
+through the master's eviction (as kvpool evict): objects being read at that moment are kept.
 exit codes: 0 ok (also when 0 objects were removed), 1 master unreachable or failing, 2 bad argument."""
 
 
