@@ -55,12 +55,6 @@ def _pool_error(exc: grpc.RpcError, what: str) -> Exception:
     return PoolError(f"{what}: {code.name}: {details}")
 
 
-def _log_release_failure(future) -> None:
-    exc = future.exception()
-    if exc is not None:
-        log.warning("release of a read lease failed (it expires by itself): %s", exc)
-
-
 class _Route:
     """How to reach one node: its arena mapped here (same host) and/or its data channel."""
 
@@ -102,6 +96,7 @@ class PoolClient:
         self._routes: dict[tuple[str, str, str], _Route] = {}
         self._routes_lock = threading.Lock()
         self._puts = {"stored": 0, "exists": 0, "no_space": 0}
+        self._releases: set[grpc.Future] = set()  # lease releases in flight (sent without waiting)
         self._closed = False
         try:
             grpc.channel_ready_future(self._channel).result(timeout=connect_timeout or self.timeout)
@@ -196,7 +191,9 @@ class PoolClient:
             # Fire and forget: the bytes are already in the caller's buffers, so the caller need not wait a round
             # trip for the master to unpin them (a lost release only delays eviction until the lease expires).
             future = self._master.Release.future(pb.ReleaseRequest(lease_ids=[reply.lease_id]), timeout=self.timeout)
-            future.add_done_callback(_log_release_failure)
+            with self._routes_lock:
+                self._releases.add(future)
+            future.add_done_callback(self._release_done)
         return min(failed) if failed else reply.hits
 
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
@@ -225,6 +222,13 @@ class PoolClient:
         if self._closed:
             return
         self._closed = True
+        with self._routes_lock:
+            pending = list(self._releases)
+        for future in pending:  # let in-flight releases land, so leases do not linger until they expire
+            try:
+                future.result(timeout=min(self.timeout, 2.0))
+            except (grpc.RpcError, grpc.FutureTimeoutError, grpc.FutureCancelledError):
+                pass
         with self._routes_lock:
             routes, self._routes = list(self._routes.values()), {}
         for route in routes:
@@ -294,6 +298,12 @@ class PoolClient:
             kind = PoolTimeout if isinstance(exc, TimeoutError) else PoolUnavailable
             raise kind(f"node {route.node_id} ({route.data_address}): {exc}") from exc
         return failed
+
+    def _release_done(self, future) -> None:
+        with self._routes_lock:
+            self._releases.discard(future)
+        if not future.cancelled() and future.exception() is not None:
+            log.warning("release of a read lease failed (it expires by itself): %s", future.exception())
 
     def _check_read(self, reply, i: int, keys, views, failed: set[int]) -> None:
         if xxhash.xxh3_64_intdigest(views[i]) != reply.checksums[i]:
