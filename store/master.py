@@ -29,6 +29,7 @@ from kvpool.store import tokens
 from kvpool.store.config import MasterConfig
 from kvpool.store.index import Index, State
 from kvpool.store.metadata import MemoryMetadata, MetadataBackend
+from kvpool.store.migration import Drains, MigrateStartResult
 from kvpool.store.node import NodeOps
 from kvpool.store.placement import NodeState, Placement
 from kvpool.store.records import (NO_NS, Grant, Location, LookupResult, NodeInfo, NsRef, ObjectRecord, PutStartResult,
@@ -88,6 +89,7 @@ class Master:
         self._next_id = 1
         self._next_reap = 0.0
         self._t0 = clock()          # atime 0; a reloaded object counts as accessed when the master started
+        self.drains = Drains(self)  # draining nodes and the object moves in flight (store/migration.py)
         self._load()
 
     # ------------------------------------------------------------------ nodes
@@ -152,12 +154,50 @@ class Master:
             return result
 
     def drain_node(self, node_id: str) -> int:
-        """Forget a node and its objects (they become misses). Returns the number of committed objects dropped."""
+        """Forget a node and its objects (they become misses). Returns the number of committed objects dropped.
+        Moving them elsewhere first is `begin_drain` + `migrate_*` (store/migration.py)."""
         with self._lock:
-            self._node(node_id)
+            node = self._node(node_id)
+            self.drains.forget_node(node.number, node_id)
             n = self.placement.remove_node(node_id)
             if self.metadata.persistent:
                 self.metadata.delete_node(node_id)
+            self._flush()
+            return n
+
+    # ------------------------------------------------------------------ drain (moves: store/migration.py)
+
+    def begin_drain(self, node_id: str) -> tuple[int, int]:
+        """Mark a node draining: nothing new is placed on it, its objects are still served. Idempotent. Returns
+        (committed objects still on it, uncommitted grants on it): a drain is complete when both are 0."""
+        with self._lock:
+            self._tick()
+            return self.drains.begin(node_id)
+
+    def migrate_start(self, keys: Sequence[bytes]) -> MigrateStartResult:
+        """Per key: a move of a committed object on a draining node to another node (MigrateStatus per key)."""
+        keys = self._check_batch(keys)
+        with self._lock:
+            result = self.drains.start(keys)
+            self._flush()  # placing may have evicted or demoted objects on the destination
+            return result
+
+    def migrate_commit(self, move_ids: Sequence[int], checksums: Sequence[int]) -> list[bool]:
+        """Switch moved objects to their destination. False = the move is gone (unknown, expired, the object was
+        removed meanwhile, the destination left) or `checksums[i]` is not the object's: nothing moved, cleaned up."""
+        if len(checksums) != len(move_ids):
+            raise ValueError(f"checksums has {len(checksums)} entries, move_ids has {len(move_ids)}")
+        self._check_ids(move_ids, "move_ids")
+        with self._lock:
+            self._tick()
+            ok = self.drains.commit(move_ids, checksums)
+            self._flush()
+            return ok
+
+    def migrate_abort(self, move_ids: Sequence[int]) -> int:
+        self._check_ids(move_ids, "move_ids")
+        with self._lock:
+            n = self.drains.abort(move_ids)
             self._flush()
             return n
 
@@ -345,11 +385,11 @@ class Master:
             return [self._record(s) if (s := self.index.slot_of(k)) >= 0 and self.index.state[s] == State.COMMITTED
                     else None for k in keys]
 
-    def list_objects(self, ns_digest: bytes = b"", start_after: bytes = b"", limit: int = 1000
-                     ) -> tuple[list[ObjectRecord], bytes]:
-        """Committed objects in key order after `start_after` (empty = from the start), optionally of one namespace;
-        returns (records, next_start_after) with next empty when there are no more. Sorts the matching keys: an
-        admin call, O(n log n) in the index size."""
+    def list_objects(self, ns_digest: bytes = b"", start_after: bytes = b"", limit: int = 1000, *,
+                     node_id: str = "") -> tuple[list[ObjectRecord], bytes]:
+        """Committed objects in key order after `start_after` (empty = from the start), optionally of one namespace
+        and/or one node (KeyError if it is not registered); returns (records, next_start_after) with next empty when
+        there are no more. Sorts the matching keys: an admin call, O(n log n) in the index size."""
         if ns_digest and len(ns_digest) != KEY_BYTES:
             raise ValueError(f"ns_digest must be a {KEY_BYTES}-byte namespace digest, got {len(ns_digest)} bytes")
         if start_after and len(start_after) != KEY_BYTES:
@@ -363,6 +403,8 @@ class Master:
             if ns_digest:
                 ns_id = index._ns_ids.get(bytes(ns_digest), -1)
                 mask &= index.ns[slots] == ns_id
+            if node_id:
+                mask &= index.node[slots] == self._node(node_id).number
             keys = sorted(index.key_at(s) for s in slots[mask].tolist())
             start = bisect.bisect_right(keys, bytes(start_after)) if start_after else 0
             page = keys[start:start + limit]
@@ -406,7 +448,10 @@ class Master:
 
     def stats(self) -> dict:
         with self._lock:
-            return stats_mod.snapshot(self)
+            out = stats_mod.snapshot(self)
+            out["draining"] = sorted(self.drains.draining)
+            out["moves_open"] = self.drains.pinned()
+            return out
 
     # ------------------------------------------------------------------ time
 
@@ -442,7 +487,10 @@ class Master:
                   if n.expires and n.last_heartbeat + cfg.node_ttl_s <= now]
         for node_id in silent:
             log.warning("node %s silent for %.1fs: dropping it and its objects", node_id, cfg.node_ttl_s)
+            self.drains.forget_node(self.placement.nodes[node_id].number, node_id)
             self.placement.remove_node(node_id)
+        if moves := self.drains.reap(now):
+            log.info("%d drain move(s) expired before their commit: destinations freed, sources unpinned", moves)
         return {"grants": len(grants), "leases": len(leases), "nodes": len(silent)}
 
     def _release(self, lease_id: int) -> int:
@@ -482,17 +530,20 @@ class Master:
         for (number, tier), chain in chains.items():
             by_number[number].spaces[_TIERS[tier]].policy.touch_chain(chain)
 
-    def _place(self, size: int, prefer_node: str | None) -> tuple[NodeState, Tier, int] | None:
+    def _place(self, size: int, prefer_node: str | None, *, max_atime: int | None = None
+               ) -> tuple[NodeState, Tier, int] | None:
         """DRAM on the preferred node, else on the node with the most free DRAM (evicting there if needed), else the
-        same order on SSD (objects larger than any DRAM tier, or DRAM full of leased/uncommitted objects)."""
-        nodes = list(self.placement.nodes.values())
+        same order on SSD (objects larger than any DRAM tier, or DRAM full of leased/uncommitted objects). Never on
+        a draining node. `max_atime`: see Placement.allocate."""
+        draining = self.drains.draining
+        nodes = [n for n in self.placement.nodes.values() if n.node_id not in draining]
         if len(nodes) > 1:
             nodes.sort(key=lambda n: (n.node_id != prefer_node, -self._free(n)))
         for tier in _PLACE_ORDER:
             for node in nodes:
                 if isinstance(node.ops, _Disconnected):
                     continue
-                offset = self.placement.allocate(node, tier, size)
+                offset = self.placement.allocate(node, tier, size, max_atime)
                 if offset is not None:
                     return node, tier, offset
         return None
@@ -557,6 +608,12 @@ class Master:
             if len(key) != KEY_BYTES:
                 raise ValueError(f"keys[{i}] must be a {KEY_BYTES}-byte key, got {len(key)}")
         return [bytes(k) for k in keys] if convert else keys
+
+    @staticmethod
+    def _check_ids(ids: Sequence[int], name: str) -> None:
+        for i, v in enumerate(ids):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise ValueError(f"{name}[{i}] must be an id (int >= 0), got {v!r}")
 
     def _new_id(self) -> int:
         self._next_id += 1

@@ -101,6 +101,8 @@ class Placement:
         for slot in self.index.slots():
             if self.index.node[slot] == state.number:
                 n += self.index.state[slot] == State.COMMITTED
+                if self.index.state[slot] == State.DOOMED and self.index.leases[slot] > 0:
+                    continue  # still leased: the last release frees the slot (the reader's lease names it)
                 self.forget(int(slot), free_extent=False)
         self.by_number[state.number] = None
         return n
@@ -142,7 +144,9 @@ class Placement:
 
     # ---- allocation with eviction ----
 
-    def allocate(self, node: NodeState, tier: Tier, size: int) -> int | None:
+    def allocate(self, node: NodeState, tier: Tier, size: int, max_atime: int | None = None) -> int | None:
+        """`max_atime` (a drain moving an object in): only victims last used at or before that tick may go, so a
+        departing node's cold objects never push out the hotter objects already here."""
         space = node.spaces.get(tier)
         if space is None:
             return None
@@ -151,17 +155,17 @@ class Placement:
             return None
         offset = space.allocator.allocate(extent)
         while offset is None:
-            victims = self._pick_victims(space, extent)
+            victims = self._pick_victims(space, extent, max_atime)
             if not victims:
                 return None
             if tier == Tier.DRAM and Tier.SSD in node.spaces:
-                self._demote(node, victims)
+                self._demote(node, victims, max_atime)
             else:
                 self._evict(node, space, victims)
             offset = space.allocator.allocate(extent)
         return offset
 
-    def _pick_victims(self, space: TierSpace, extent: int) -> list[int]:
+    def _pick_victims(self, space: TierSpace, extent: int, max_atime: int | None = None) -> list[int]:
         alloc = space.allocator
         need = alloc.rounded(extent) - alloc.free_bytes
         index = self.index
@@ -169,6 +173,8 @@ class Placement:
         freed = 0
         for slot in space.policy.victims():
             if index.leases[slot] > 0 or index.state[slot] != _COMMITTED:
+                continue
+            if max_atime is not None and int(index.atime[slot]) > max_atime:
                 continue
             victims.append(slot)
             freed += alloc.rounded(space.extent_size(int(index.size[slot])))
@@ -184,12 +190,12 @@ class Placement:
             node.ops.drop(drops)
         self.counters.evictions[space.tier.label] += len(victims)
 
-    def _demote(self, node: NodeState, victims: list[int]) -> None:
+    def _demote(self, node: NodeState, victims: list[int], max_atime: int | None = None) -> None:
         index = self.index
         dram = node.spaces[Tier.DRAM]
         ssd = node.spaces[Tier.SSD]
         # SSD room first (it may evict SSD objects, never these DRAM victims), then one batched copy.
-        targets = [self.allocate(node, Tier.SSD, int(index.size[s])) for s in victims]
+        targets = [self.allocate(node, Tier.SSD, int(index.size[s]), max_atime) for s in victims]
         moves = [Move(index.key_at(s), index.ns_digest(int(index.ns[s])), int(index.size[s]),
                       int(index.checksum[s]), Tier.DRAM, int(index.offset[s]), Tier.SSD, t)
                  for s, t in zip(victims, targets) if t is not None]

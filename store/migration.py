@@ -1,0 +1,221 @@
+"""Draining a node: the master's side of moving its objects to the other nodes before it leaves.
+
+The master decides, a client moves the bytes (docs/internals.md "Ownership"), exactly like a put:
+
+    begin_drain(node)      node is DRAINING: no new placement on it; its objects are still served from it
+    migrate_start(keys)    per committed key on a draining node: a destination extent on another (non-draining)
+                           node, placed like put_start (evicting there only objects not used more recently than this
+                           one, see `Placement.allocate(max_atime=)`), plus a pin on the source (a lease the master
+                           holds itself, so nothing evicts, demotes, promotes or frees the source while it is read)
+                           -> read token for the source, write token for the destination
+    (client)               reads the source, writes the destination through the normal data path
+    migrate_commit(ids, checksums)  the checksum must equal the object's: the key's index entry is re-made at the
+                           destination; the old source slot becomes DOOMED, so readers that still hold a lease on the
+                           source keep their bytes until their last release, which frees the source extent (the same
+                           rule as `remove` of a leased object). No commit ever waits for or races with a reader.
+    migrate_abort(ids)     destination extent freed (erased first if it is on SSD), source unpinned
+    drain_node(node)       (Master) forgets the node with whatever is left on it (counted as dropped)
+
+A move that is neither committed nor aborted within grant_ttl_s is reaped like a grant. A move whose object vanished
+in the meantime (removed, evicted by `evict()`... though pinned objects are skipped) or whose destination node left
+is refused at commit (False) and cleaned up. Called only with the master lock held; not thread-safe by itself.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+from kvpool.store import tokens
+from kvpool.store.index import State
+from kvpool.store.node import Drop
+from kvpool.store.records import Location
+from kvpool.tiers.types import Tier
+
+if TYPE_CHECKING:
+    from kvpool.store.master import Master
+
+_COMMITTED, _DOOMED, _PENDING = int(State.COMMITTED), int(State.DOOMED), int(State.PENDING)
+_TIERS = tuple(Tier)
+
+
+class MigrateStatus(str, enum.Enum):
+    MOVING = "moving"      # a move was set up: copy the bytes, then migrate_commit
+    GONE = "gone"          # not a committed object on a draining node (removed, never there, already moved)
+    NO_SPACE = "no_space"  # no other node has room for it (the object stays where it is, and is dropped with it)
+    BUSY = "busy"          # already being moved by another call
+
+
+@dataclass(slots=True)
+class Migration:
+    """One key's answer from migrate_start. `source` + `read_token` (signed with the call's read_id) read the object,
+    `dest` + `write_token` (signed with move_id) write it, exactly like a lease location and a grant."""
+
+    status: MigrateStatus
+    move_id: int = 0
+    source: Location | None = None
+    dest: Location | None = None
+    checksum: int = 0
+    ns_digest: bytes = b""
+    read_token: bytes = b""
+    write_token: bytes = b""
+
+
+@dataclass(slots=True)
+class MigrateStartResult:
+    moves: list[Migration] = field(default_factory=list)
+    read_id: int = 0         # the id the read tokens are signed with (a lease id as far as the node can tell)
+    expires_at: float = 0.0  # every move of one call expires together
+
+
+@dataclass(slots=True)
+class _Move:
+    slot: int
+    key: bytes
+    src_number: int
+    dst_number: int
+    dst_tier: Tier
+    dst_offset: int
+    size: int
+    expires_at: float
+
+
+class Drains:
+    """Draining node ids and the moves in flight. Owned by the Master; every method runs under its lock."""
+
+    def __init__(self, master: "Master") -> None:
+        self.master = master
+        self.draining: set[str] = set()
+        self._moves: dict[int, _Move] = {}
+        self._by_slot: dict[int, int] = {}  # source slot -> move_id (one move per object at a time)
+
+    # ---- node state
+
+    def begin(self, node_id: str) -> tuple[int, int]:
+        """Mark a node draining (idempotent). Returns (committed objects on it, uncommitted grants on it)."""
+        m = self.master
+        node = m._node(node_id)
+        self.draining.add(node_id)
+        index = m.index
+        slots = index.slots()
+        on_node = index.node[slots] == node.number
+        committed = int((on_node & (index.state[slots] == _COMMITTED)).sum())
+        pending = int((on_node & (index.state[slots] == _PENDING)).sum())
+        return committed, pending
+
+    def forget_node(self, number: int, node_id: str) -> None:
+        """A node leaves (drained or silent): end every move from or to it, and its uncommitted grants (their slots
+        are freed with the node, so a late commit must find no grant rather than a reused slot)."""
+        self.draining.discard(node_id)
+        for move_id in [i for i, mv in self._moves.items() if number in (mv.src_number, mv.dst_number)]:
+            self._end(move_id, drop_dest=True)
+        m = self.master
+        for grant_id in [g for g, (slot, _) in m._grants.items() if int(m.index.node[slot]) == number]:
+            del m._grants[grant_id]
+
+    # ---- moves
+
+    def start(self, keys: Sequence[bytes]) -> MigrateStartResult:
+        m = self.master
+        index, placement = m.index, m.placement
+        now = m._tick()
+        expires_at = now + m.config.grant_ttl_s
+        exp_ms = int(expires_at * 1000)
+        secret = m.token_secret
+        result = MigrateStartResult(read_id=m._new_id(), expires_at=expires_at)
+        for key in keys:
+            slot = index.slot_of(key)
+            src = placement.node_of(slot) if slot >= 0 and index.state[slot] == _COMMITTED else None
+            if src is None or src.node_id not in self.draining:
+                result.moves.append(Migration(MigrateStatus.GONE))
+                continue
+            if slot in self._by_slot:
+                result.moves.append(Migration(MigrateStatus.BUSY))
+                continue
+            size, atime = int(index.size[slot]), int(index.atime[slot])
+            placed = m._place(size, None, max_atime=atime)
+            if placed is None:
+                result.moves.append(Migration(MigrateStatus.NO_SPACE))
+                continue
+            dst, tier, offset = placed
+            # Placing may have evicted or demoted objects on the destination, never this one (it is on a draining
+            # node, which is never a destination), so `slot` is still ours; pin it now.
+            index.leases[slot] += 1
+            move_id = m._new_id()
+            self._moves[move_id] = _Move(slot, bytes(key), src.number, dst.number, tier, offset, size, expires_at)
+            self._by_slot[slot] = move_id
+            src_tier, src_offset = _TIERS[int(index.tier[slot])], int(index.offset[slot])
+            mv = Migration(MigrateStatus.MOVING, move_id, Location(src.node_id, src_tier, src_offset, size),
+                           Location(dst.node_id, tier, offset, size), int(index.checksum[slot]),
+                           index.ns_digest(int(index.ns[slot])))
+            if secret is not None:
+                mv.read_token = tokens.sign(secret, tokens.READ, result.read_id, src_tier, src_offset, size, exp_ms)
+                mv.write_token = tokens.sign(secret, tokens.WRITE, move_id, tier, offset, size, exp_ms)
+            result.moves.append(mv)
+        return result
+
+    def commit(self, move_ids: Sequence[int], checksums: Sequence[int]) -> list[bool]:
+        m = self.master
+        index, placement = m.index, m.placement
+        ok: list[bool] = []
+        for move_id, checksum in zip(move_ids, checksums):
+            mv = self._moves.get(move_id)
+            if mv is None:
+                ok.append(False)
+                continue
+            slot = mv.slot
+            dst = placement.by_number[mv.dst_number]
+            same = (index.slot_of(mv.key) == slot and int(index.state[slot]) == _COMMITTED
+                    and int(index.node[slot]) == mv.src_number)
+            if not same or dst is None or int(index.checksum[slot]) != int(checksum):
+                self._end(move_id, drop_dest=True)
+                ok.append(False)
+                continue
+            del self._moves[move_id]
+            del self._by_slot[slot]
+            ns, stored, atime = int(index.ns[slot]), int(index.checksum[slot]), int(index.atime[slot])
+            # Our pin keeps leases > 0, so forget() only unlinks the key and marks the slot DOOMED: the source
+            # extent stays allocated until the last lease on it (ours, or a reader's) is released.
+            placement.forget(slot)
+            new = index.add(mv.key, node=mv.dst_number, tier=mv.dst_tier, state=State.COMMITTED,
+                            offset=mv.dst_offset, size=mv.size, ns=ns, checksum=stored, atime=atime)
+            dst.spaces[mv.dst_tier].policy.insert_chain([new], [mv.key])
+            placement.touched.add(new)
+            self._unpin(slot)
+            ok.append(True)
+        return ok
+
+    def abort(self, move_ids: Sequence[int]) -> int:
+        return sum(self._end(move_id, drop_dest=True) for move_id in move_ids)
+
+    def reap(self, now: float) -> int:
+        expired = [i for i, mv in self._moves.items() if mv.expires_at <= now]
+        for move_id in expired:
+            self._end(move_id, drop_dest=True)
+        return len(expired)
+
+    def pinned(self) -> int:
+        return len(self._moves)
+
+    # ---- internals
+
+    def _end(self, move_id: int, *, drop_dest: bool) -> int:
+        mv = self._moves.pop(move_id, None)
+        if mv is None:
+            return 0
+        self._by_slot.pop(mv.slot, None)
+        dst = self.master.placement.by_number[mv.dst_number]
+        if drop_dest and dst is not None:
+            space = dst.spaces[mv.dst_tier]
+            if mv.dst_tier is Tier.SSD:  # the client may have written a record there: erase before reuse
+                dst.ops.drop([Drop(mv.key, Tier.SSD, mv.dst_offset, mv.size)])
+            space.allocator.free(mv.dst_offset)
+        self._unpin(mv.slot)
+        return 1
+
+    def _unpin(self, slot: int) -> None:
+        index = self.master.index
+        index.leases[slot] -= 1
+        if index.leases[slot] == 0 and index.state[slot] == _DOOMED:
+            self.master.placement.forget(slot)
