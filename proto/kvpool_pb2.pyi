@@ -25,6 +25,14 @@ class CommitStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMMIT_STATUS_UNSPECIFIED: _ClassVar[CommitStatus]
     COMMITTED: _ClassVar[CommitStatus]
     EXPIRED: _ClassVar[CommitStatus]
+
+class MigrateStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    MIGRATE_STATUS_UNSPECIFIED: _ClassVar[MigrateStatus]
+    MOVING: _ClassVar[MigrateStatus]
+    GONE: _ClassVar[MigrateStatus]
+    NO_ROOM: _ClassVar[MigrateStatus]
+    BUSY: _ClassVar[MigrateStatus]
 HBM: Tier
 DRAM: Tier
 SSD: Tier
@@ -35,6 +43,11 @@ NO_SPACE: PutStatus
 COMMIT_STATUS_UNSPECIFIED: CommitStatus
 COMMITTED: CommitStatus
 EXPIRED: CommitStatus
+MIGRATE_STATUS_UNSPECIFIED: MigrateStatus
+MOVING: MigrateStatus
+GONE: MigrateStatus
+NO_ROOM: MigrateStatus
+BUSY: MigrateStatus
 
 class TierCapacity(_message.Message):
     __slots__ = ("tier", "capacity_bytes", "path")
@@ -305,14 +318,16 @@ class ObjectInfo(_message.Message):
     def __init__(self, key: _Optional[bytes] = ..., namespace: _Optional[bytes] = ..., node_id: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., last_access_unix: _Optional[float] = ..., leases: _Optional[int] = ...) -> None: ...
 
 class ListRequest(_message.Message):
-    __slots__ = ("namespace", "start_after", "limit")
+    __slots__ = ("namespace", "start_after", "limit", "node_id")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     START_AFTER_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
     namespace: bytes
     start_after: bytes
     limit: int
-    def __init__(self, namespace: _Optional[bytes] = ..., start_after: _Optional[bytes] = ..., limit: _Optional[int] = ...) -> None: ...
+    node_id: str
+    def __init__(self, namespace: _Optional[bytes] = ..., start_after: _Optional[bytes] = ..., limit: _Optional[int] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class ListResponse(_message.Message):
     __slots__ = ("objects", "next_start_after")
@@ -349,6 +364,88 @@ class EvictResponse(_message.Message):
     EVICTED_FIELD_NUMBER: _ClassVar[int]
     evicted: int
     def __init__(self, evicted: _Optional[int] = ...) -> None: ...
+
+class BeginDrainRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class BeginDrainResponse(_message.Message):
+    __slots__ = ("objects", "pending")
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    objects: int
+    pending: int
+    def __init__(self, objects: _Optional[int] = ..., pending: _Optional[int] = ...) -> None: ...
+
+class MigrateStartRequest(_message.Message):
+    __slots__ = ("keys",)
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class MigrateStartResponse(_message.Message):
+    __slots__ = ("statuses", "move_ids", "read_id", "src_node_index", "src_tiers", "src_offsets", "src_tokens", "dst_node_index", "dst_tiers", "dst_offsets", "dst_tokens", "sizes", "checksums", "namespaces", "nodes", "expires_unix_ms")
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    MOVE_IDS_FIELD_NUMBER: _ClassVar[int]
+    READ_ID_FIELD_NUMBER: _ClassVar[int]
+    SRC_NODE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SRC_TIERS_FIELD_NUMBER: _ClassVar[int]
+    SRC_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    SRC_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DST_NODE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    DST_TIERS_FIELD_NUMBER: _ClassVar[int]
+    DST_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    DST_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACES_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    statuses: _containers.RepeatedScalarFieldContainer[MigrateStatus]
+    move_ids: _containers.RepeatedScalarFieldContainer[int]
+    read_id: int
+    src_node_index: _containers.RepeatedScalarFieldContainer[int]
+    src_tiers: _containers.RepeatedScalarFieldContainer[Tier]
+    src_offsets: _containers.RepeatedScalarFieldContainer[int]
+    src_tokens: _containers.RepeatedScalarFieldContainer[bytes]
+    dst_node_index: _containers.RepeatedScalarFieldContainer[int]
+    dst_tiers: _containers.RepeatedScalarFieldContainer[Tier]
+    dst_offsets: _containers.RepeatedScalarFieldContainer[int]
+    dst_tokens: _containers.RepeatedScalarFieldContainer[bytes]
+    sizes: _containers.RepeatedScalarFieldContainer[int]
+    checksums: _containers.RepeatedScalarFieldContainer[int]
+    namespaces: _containers.RepeatedScalarFieldContainer[bytes]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeEndpoint]
+    expires_unix_ms: int
+    def __init__(self, statuses: _Optional[_Iterable[_Union[MigrateStatus, str]]] = ..., move_ids: _Optional[_Iterable[int]] = ..., read_id: _Optional[int] = ..., src_node_index: _Optional[_Iterable[int]] = ..., src_tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., src_offsets: _Optional[_Iterable[int]] = ..., src_tokens: _Optional[_Iterable[bytes]] = ..., dst_node_index: _Optional[_Iterable[int]] = ..., dst_tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., dst_offsets: _Optional[_Iterable[int]] = ..., dst_tokens: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., namespaces: _Optional[_Iterable[bytes]] = ..., nodes: _Optional[_Iterable[_Union[NodeEndpoint, _Mapping]]] = ..., expires_unix_ms: _Optional[int] = ...) -> None: ...
+
+class MigrateCommitRequest(_message.Message):
+    __slots__ = ("move_ids", "checksums")
+    MOVE_IDS_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    move_ids: _containers.RepeatedScalarFieldContainer[int]
+    checksums: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, move_ids: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class MigrateCommitResponse(_message.Message):
+    __slots__ = ("moved",)
+    MOVED_FIELD_NUMBER: _ClassVar[int]
+    moved: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, moved: _Optional[_Iterable[bool]] = ...) -> None: ...
+
+class MigrateAbortRequest(_message.Message):
+    __slots__ = ("move_ids",)
+    MOVE_IDS_FIELD_NUMBER: _ClassVar[int]
+    move_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, move_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class MigrateAbortResponse(_message.Message):
+    __slots__ = ("aborted",)
+    ABORTED_FIELD_NUMBER: _ClassVar[int]
+    aborted: int
+    def __init__(self, aborted: _Optional[int] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ()

@@ -109,6 +109,26 @@ class MasterServiceStub:
                 request_serializer=kvpool_dot_proto_dot_kvpool__pb2.StatsRequest.SerializeToString,
                 response_deserializer=kvpool_dot_proto_dot_kvpool__pb2.StatsResponse.FromString,
                 _registered_method=True)
+        self.BeginDrain = channel.unary_unary(
+                '/kvpool.v1.MasterService/BeginDrain',
+                request_serializer=kvpool_dot_proto_dot_kvpool__pb2.BeginDrainRequest.SerializeToString,
+                response_deserializer=kvpool_dot_proto_dot_kvpool__pb2.BeginDrainResponse.FromString,
+                _registered_method=True)
+        self.MigrateStart = channel.unary_unary(
+                '/kvpool.v1.MasterService/MigrateStart',
+                request_serializer=kvpool_dot_proto_dot_kvpool__pb2.MigrateStartRequest.SerializeToString,
+                response_deserializer=kvpool_dot_proto_dot_kvpool__pb2.MigrateStartResponse.FromString,
+                _registered_method=True)
+        self.MigrateCommit = channel.unary_unary(
+                '/kvpool.v1.MasterService/MigrateCommit',
+                request_serializer=kvpool_dot_proto_dot_kvpool__pb2.MigrateCommitRequest.SerializeToString,
+                response_deserializer=kvpool_dot_proto_dot_kvpool__pb2.MigrateCommitResponse.FromString,
+                _registered_method=True)
+        self.MigrateAbort = channel.unary_unary(
+                '/kvpool.v1.MasterService/MigrateAbort',
+                request_serializer=kvpool_dot_proto_dot_kvpool__pb2.MigrateAbortRequest.SerializeToString,
+                response_deserializer=kvpool_dot_proto_dot_kvpool__pb2.MigrateAbortResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -204,6 +224,30 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BeginDrain(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MigrateStart(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MigrateCommit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MigrateAbort(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -281,6 +325,26 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=kvpool_dot_proto_dot_kvpool__pb2.StatsRequest.FromString,
                     response_serializer=kvpool_dot_proto_dot_kvpool__pb2.StatsResponse.SerializeToString,
+            ),
+            'BeginDrain': grpc.unary_unary_rpc_method_handler(
+                    servicer.BeginDrain,
+                    request_deserializer=kvpool_dot_proto_dot_kvpool__pb2.BeginDrainRequest.FromString,
+                    response_serializer=kvpool_dot_proto_dot_kvpool__pb2.BeginDrainResponse.SerializeToString,
+            ),
+            'MigrateStart': grpc.unary_unary_rpc_method_handler(
+                    servicer.MigrateStart,
+                    request_deserializer=kvpool_dot_proto_dot_kvpool__pb2.MigrateStartRequest.FromString,
+                    response_serializer=kvpool_dot_proto_dot_kvpool__pb2.MigrateStartResponse.SerializeToString,
+            ),
+            'MigrateCommit': grpc.unary_unary_rpc_method_handler(
+                    servicer.MigrateCommit,
+                    request_deserializer=kvpool_dot_proto_dot_kvpool__pb2.MigrateCommitRequest.FromString,
+                    response_serializer=kvpool_dot_proto_dot_kvpool__pb2.MigrateCommitResponse.SerializeToString,
+            ),
+            'MigrateAbort': grpc.unary_unary_rpc_method_handler(
+                    servicer.MigrateAbort,
+                    request_deserializer=kvpool_dot_proto_dot_kvpool__pb2.MigrateAbortRequest.FromString,
+                    response_serializer=kvpool_dot_proto_dot_kvpool__pb2.MigrateAbortResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -688,6 +752,114 @@ class MasterService:
             '/kvpool.v1.MasterService/Stats',
             kvpool_dot_proto_dot_kvpool__pb2.StatsRequest.SerializeToString,
             kvpool_dot_proto_dot_kvpool__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BeginDrain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvpool.v1.MasterService/BeginDrain',
+            kvpool_dot_proto_dot_kvpool__pb2.BeginDrainRequest.SerializeToString,
+            kvpool_dot_proto_dot_kvpool__pb2.BeginDrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MigrateStart(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvpool.v1.MasterService/MigrateStart',
+            kvpool_dot_proto_dot_kvpool__pb2.MigrateStartRequest.SerializeToString,
+            kvpool_dot_proto_dot_kvpool__pb2.MigrateStartResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MigrateCommit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvpool.v1.MasterService/MigrateCommit',
+            kvpool_dot_proto_dot_kvpool__pb2.MigrateCommitRequest.SerializeToString,
+            kvpool_dot_proto_dot_kvpool__pb2.MigrateCommitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MigrateAbort(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvpool.v1.MasterService/MigrateAbort',
+            kvpool_dot_proto_dot_kvpool__pb2.MigrateAbortRequest.SerializeToString,
+            kvpool_dot_proto_dot_kvpool__pb2.MigrateAbortResponse.FromString,
             options,
             channel_credentials,
             insecure,
