@@ -31,6 +31,7 @@ from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
 from kvpool.store.config import MasterConfig
 from kvpool.store.master import BatchTooLarge, Master
+from kvpool.store.migration import MigrateStatus
 from kvpool.store.remote_node import GRPC_OPTIONS, RemoteNodeOps
 from kvpool.store.records import NO_NS, NsRef, PutStatus
 from kvpool.store.tokens import TokenError
@@ -38,6 +39,8 @@ from kvpool.store.tokens import TokenError
 log = logging.getLogger(__name__)
 
 _PUT_STATUS = {PutStatus.STORED: pb.STORED, PutStatus.EXISTS: pb.EXISTS, PutStatus.NO_SPACE: pb.NO_SPACE}
+_MIGRATE_STATUS = {MigrateStatus.MOVING: pb.MOVING, MigrateStatus.GONE: pb.GONE, MigrateStatus.NO_SPACE: pb.NO_ROOM,
+                   MigrateStatus.BUSY: pb.BUSY}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -289,7 +292,8 @@ class MasterServicer(pbg.MasterServiceServicer):
         if request.start_after and len(request.start_after) != 16:
             raise ValueError(f"start_after: must be a 16-byte key, got {len(request.start_after)} bytes")
         limit = min(request.limit or self.config.list_limit, self.config.list_limit)
-        records, next_key = self.master.list_objects(bytes(request.namespace), bytes(request.start_after), limit)
+        records, next_key = self.master.list_objects(bytes(request.namespace), bytes(request.start_after), limit,
+                                                     node_id=request.node_id)
         return pb.ListResponse(objects=[convert.object_info(r) for r in records], next_start_after=next_key)
 
     @_rpc
@@ -322,6 +326,63 @@ class MasterServicer(pbg.MasterServiceServicer):
     @_rpc
     def Stats(self, request, context):
         return pb.StatsResponse(json=json.dumps(self.stats(), sort_keys=True))
+
+    # ---------------------------------------------------------------- drain with moves (store/migration.py)
+    @_rpc
+    def BeginDrain(self, request, context):
+        if not request.node_id:
+            raise ValueError("node_id: must be a non-empty string")
+        objects, pending = self.master.begin_drain(request.node_id)
+        return pb.BeginDrainResponse(objects=objects, pending=pending)
+
+    @_rpc
+    def MigrateStart(self, request, context):
+        result = self.master.migrate_start(list(request.keys))
+        moves = result.moves
+        live = [m for m in moves if m.status is MigrateStatus.MOVING]
+        index, nodes = self._node_table([n for m in live for n in (m.source.node_id, m.dest.node_id)])
+        reply = pb.MigrateStartResponse(read_id=result.read_id if live else 0,
+                                        expires_unix_ms=int(result.expires_at * 1000) if live else 0)
+        reply.statuses.extend(_MIGRATE_STATUS[m.status] for m in moves)
+        it = iter(index)
+        src_index, dst_index = [], []
+        for m in moves:
+            if m.status is MigrateStatus.MOVING:
+                src_index.append(next(it))
+                dst_index.append(next(it))
+            else:
+                src_index.append(0)
+                dst_index.append(0)
+        moving = [m.status is MigrateStatus.MOVING for m in moves]
+        reply.move_ids.extend(m.move_id for m in moves)
+        reply.src_node_index.extend(src_index)
+        reply.src_tiers.extend(int(m.source.tier) if ok else 0 for m, ok in zip(moves, moving))
+        reply.src_offsets.extend(m.source.offset if ok else 0 for m, ok in zip(moves, moving))
+        reply.src_tokens.extend(m.read_token for m in moves)
+        reply.dst_node_index.extend(dst_index)
+        reply.dst_tiers.extend(int(m.dest.tier) if ok else 0 for m, ok in zip(moves, moving))
+        reply.dst_offsets.extend(m.dest.offset if ok else 0 for m, ok in zip(moves, moving))
+        reply.dst_tokens.extend(m.write_token for m in moves)
+        reply.sizes.extend(m.source.size if ok else 0 for m, ok in zip(moves, moving))
+        reply.checksums.extend(m.checksum for m in moves)
+        reply.namespaces.extend(m.ns_digest for m in moves)
+        reply.nodes.extend(nodes)
+        return reply
+
+    @_rpc
+    def MigrateCommit(self, request, context):
+        n = convert.check_columns(request, "move_ids", "checksums")
+        if n > self.config.max_batch_keys:
+            raise BatchTooLarge(f"move_ids: batch of {n} exceeds max_batch_keys={self.config.max_batch_keys}")
+        return pb.MigrateCommitResponse(moved=self.master.migrate_commit(list(request.move_ids),
+                                                                         list(request.checksums)))
+
+    @_rpc
+    def MigrateAbort(self, request, context):
+        n = len(request.move_ids)
+        if n > self.config.max_batch_keys:
+            raise BatchTooLarge(f"move_ids: batch of {n} exceeds max_batch_keys={self.config.max_batch_keys}")
+        return pb.MigrateAbortResponse(aborted=self.master.migrate_abort(list(request.move_ids)))
 
     def close(self) -> None:
         with self._lock:
