@@ -183,10 +183,26 @@ class AdminClient:
         request = pb.EvictRequest(namespace=ns, idle_seconds=older_than_s or 0.0)
         return self._call("Evict", request).evicted
 
-    def drain(self, node_id: str) -> int:
+    def drain(self, node_id: str, *, migrate: bool = True, deadline_s: float = 120.0) -> dict:
+        """Take a node out of the pool: move its objects to the other nodes first (`migrate`, kvpool/drain.py; the
+        bytes pass through this process), then remove it. Returns {"node", "moved", "dropped", "no_room", "failed",
+        "passes"}: `dropped` objects were still on the node when it left (misses from now on)."""
+        from kvpool.drain import DrainResult, drain
         from kvpool.proto import kvpool_pb2 as pb
 
-        return self._call("DrainNode", pb.DrainNodeRequest(node_id=node_id)).objects_dropped
+        if not isinstance(node_id, str) or not node_id:
+            raise ValueError(f"NODE must be a non-empty node id, got {node_id!r}")
+        if not migrate:
+            dropped = self._call("DrainNode", pb.DrainNodeRequest(node_id=node_id)).objects_dropped
+            return DrainResult(node_id, dropped=dropped).as_dict()
+        from kvpool.client import PoolClient
+
+        self._call("BeginDrain", pb.BeginDrainRequest(node_id=node_id))  # unknown node / no master: this error
+        with PoolClient(self.address, timeout=self.timeout, connect_timeout=self.timeout) as client:
+            try:
+                return drain(client, node_id, deadline_s=deadline_s).as_dict()
+            except PoolError as exc:
+                raise PoolError(f"drain of {node_id} at {self.address} stopped: {exc}") from None
 
     def close(self) -> None:
         self._channel.close()
