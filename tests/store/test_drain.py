@@ -69,6 +69,13 @@ def _inspect(address: str, indices: list[int]) -> list[str | None]:
     return [next(found).node_id if ok else None for ok in reply.found]
 
 
+def _places(address: str) -> list[tuple[str, str]]:
+    from kvpool.admin import AdminClient
+
+    with AdminClient(address) as admin:
+        return [(o["node"], o["tier"]) for o in admin.list()]
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kvpool.cli", *args], capture_output=True, text=True, timeout=120)
 
@@ -182,3 +189,19 @@ def test_drain_rpcs_reject_bad_input_with_codes_that_name_the_field(cluster):
     bad = _cli("drain", "n1", "--deadline", "0", "--master", master.address)
     assert (bad.returncode, bad.stderr.strip()) == (2, "kvpool drain: --deadline 0.0 must be > 0 seconds")
     assert _inspect(master.address, [1]) == ["n1"]
+
+
+def test_drain_moves_ssd_objects_and_writes_ssd_records_on_the_destination(cluster):
+    master = cluster.start_master(node_ttl_s=3.0)
+    cluster.start_node("n1", dram=str(4 * SIZE), ssd="1MiB")
+    cluster.start_node("n2", dram="0", ssd="1MiB")  # SSD only: every move writes a record through the node
+    indices = list(range(12))
+    with PoolClient(master.address, timeout=5) as c:
+        for i in indices:  # one at a time: the 8 oldest are demoted to n1's SSD
+            assert c.put_many([key_of(i)], [pattern(i, SIZE)]) == ["stored"]
+        assert sorted(_places(master.address)) == [("n1", "dram")] * 4 + [("n1", "ssd")] * 8
+        result = drain(c, "n1")
+        assert (result.moved, result.dropped) == (12, 0)
+    assert sorted(_places(master.address)) == [("n2", "ssd")] * 12
+    for transport in ("auto", "tcp"):
+        assert _read_all(master.address, indices, transport) == [pattern(i, SIZE) for i in indices]
