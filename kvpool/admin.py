@@ -124,8 +124,7 @@ class AdminClient:
         """One row per registered node, by id: addresses, state, and objects/bytes/capacity of each tier it has."""
         stats = self.raw_stats() if stats is None else stats
         endpoints = stats.get("endpoints", {})
-        # A master that keeps draining nodes visible lists them under "draining"; today's master forgets a node
-        # the moment it is drained, so every listed node is alive.
+        # A node being drained (`kvpool drain`, moving its objects away) is listed under "draining" until it leaves.
         draining = set(stats.get("draining", ()))
         rows = []
         for node_id, tiers in sorted(stats.get("nodes", {}).items()):
