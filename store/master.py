@@ -116,6 +116,7 @@ class Master:
             epoch = 1
             if old is not None:
                 epoch = old.epoch + 1
+                self.drains.forget_node(old.number, info.node_id, leaving=False)
                 self.placement.remove_node(info.node_id)
             state = self.placement.add_node(info, ops, expires=expires, now=now)
             state.epoch = epoch

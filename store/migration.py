@@ -104,10 +104,12 @@ class Drains:
         pending = int((on_node & (index.state[slots] == _PENDING)).sum())
         return committed, pending
 
-    def forget_node(self, number: int, node_id: str) -> None:
-        """A node leaves (drained or silent): end every move from or to it, and its uncommitted grants (their slots
-        are freed with the node, so a late commit must find no grant rather than a reused slot)."""
-        self.draining.discard(node_id)
+    def forget_node(self, number: int, node_id: str, *, leaving: bool = True) -> None:
+        """A node leaves (drained or silent; `leaving`) or restarted: end every move from or to it, and its
+        uncommitted grants (their slots are freed with the node, so a late commit must find no grant rather than a
+        reused slot). A restarted node that was draining stays draining."""
+        if leaving:
+            self.draining.discard(node_id)
         for move_id in [i for i, mv in self._moves.items() if number in (mv.src_number, mv.dst_number)]:
             self._end(move_id, drop_dest=True)
         m = self.master

@@ -204,3 +204,24 @@ def test_bad_input_names_the_argument_and_changes_nothing(pool):
         master.migrate_abort([1, -1])
     assert master.stats()["draining"] == [] and master.contains([key(1)]) == [True]
     assert master.migrate_start([key(1)]).moves[0].status == MigrateStatus.GONE  # n1 is not draining
+
+
+def test_a_node_restarting_mid_move_cancels_its_moves_and_grants(pool):
+    import dataclasses
+
+    master, nodes, _ = pool()
+    put(master, nodes, [1, 2], "n1")
+    master.register_node(nodes["n2"].info(), nodes["n2"], expires=False)
+    master.begin_drain("n1")
+    res = master.migrate_start([key(1)])
+    grant = master.put_start([key(5)], [OBJ])[0].grant
+    assert grant.location.node_id == "n2"
+    master.register_node(dataclasses.replace(nodes["n2"].info(), incarnation="restarted"), nodes["n2"],
+                         expires=False)  # n2 restarted: its extents (and the move's destination) are gone
+    assert master.migrate_commit([res.moves[0].move_id], [res.moves[0].checksum]) == [False]
+    assert master.put_commit([grant.grant_id], [0]) == [False]
+    assert master.inspect([key(1)])[0].node_id == "n1" and read(master, nodes, 1) == data(1).tobytes()
+    assert master.index.leases[master.index.slot_of(key(1))] == 0
+    master.register_node(dataclasses.replace(nodes["n1"].info(), incarnation="again"), nodes["n1"], expires=False)
+    assert master.stats()["draining"] == ["n1"]  # a restarted node that was draining stays draining
+    master.index.check_invariants()
