@@ -180,6 +180,16 @@ def test_tokens_sign_grants_and_leases(tmp_path, clock):
         res = master.lookup([key(1)])
         tokens.verify(b"s" * 32, tokens.READ, res.lease_id, Tier.DRAM, 0, OBJ, int(res.expires_at * 1000),
                       res.tokens[0], now=int(clock.now * 1000))
+        # The same token does not cover a stretched extent, nor a write, nor another secret.
+        with pytest.raises(tokens.TokenError, match="does not match"):
+            tokens.verify(b"s" * 32, tokens.READ, res.lease_id, Tier.DRAM, 0, OBJ + 1, int(res.expires_at * 1000),
+                          res.tokens[0], now=int(clock.now * 1000))
+        with pytest.raises(tokens.TokenError, match="does not match"):
+            tokens.verify(b"s" * 32, tokens.WRITE, res.lease_id, Tier.DRAM, 0, OBJ, int(res.expires_at * 1000),
+                          res.tokens[0], now=int(clock.now * 1000))
+        with pytest.raises(tokens.TokenError, match="does not match"):
+            tokens.verify(b"t" * 32, tokens.READ, res.lease_id, Tier.DRAM, 0, OBJ, int(res.expires_at * 1000),
+                          res.tokens[0], now=int(clock.now * 1000))
     finally:
         node.close()
 
