@@ -178,8 +178,11 @@ class MasterServicer(pbg.MasterServiceServicer):
             if self._drained.get(ep.node_id) == ep.incarnation:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                               f"node_id {ep.node_id!r} was drained; restart the node process to rejoin")
-            old = self._ops.pop(ep.node_id, None)
-            ops = self._ops[ep.node_id] = RemoteNodeOps(ep.control_address, self.config.node_rpc_timeout_s)
+            old = self._ops.get(ep.node_id)
+            if old is not None and old.address == ep.control_address:
+                ops, old = old, None  # same node address: keep the channel (a move may be using it right now)
+            else:
+                ops = self._ops[ep.node_id] = RemoteNodeOps(ep.control_address, self.config.node_rpc_timeout_s)
             self._endpoints[ep.node_id] = pb.NodeEndpoint.FromString(ep.SerializeToString())
         if old is not None:
             old.close()
@@ -187,8 +190,8 @@ class MasterServicer(pbg.MasterServiceServicer):
         if self._metadata is not None and hasattr(self._metadata, "put_node_endpoint"):
             self._metadata.put_node_endpoint(ep.node_id, ep.SerializeToString())
         log.info("node %s registered (epoch %d, data %s, host %s)", ep.node_id, epoch, ep.data_address, ep.host_id)
-        return pb.RegisterNodeResponse(token_secret=self.master.token_secret, heartbeat_interval_s=self.config.heartbeat_s,
-                                       node_ttl_s=self.config.node_ttl_s, epoch=epoch)
+        return pb.RegisterNodeResponse(token_secret=self.master.token_secret, node_ttl_s=self.config.node_ttl_s,
+                                       heartbeat_interval_s=self.config.heartbeat_s, epoch=epoch)
 
     @_rpc
     def Heartbeat(self, request, context):
