@@ -320,9 +320,14 @@ class MasterServicer(pbg.MasterServiceServicer):
     def stats(self) -> dict:
         """The master's stats plus what only the server knows (node addresses); also the dashboard's feed."""
         stats = self.master.stats()
+        known = self.master.placement.nodes  # read without the master lock: a snapshot for display only
         with self._lock:
+            # Nodes the master dropped (silent past the TTL) are not listed; "connected" is False for a node known
+            # from the metadata backend that has not registered with this master process yet.
             stats["endpoints"] = {n: {"data_address": e.data_address, "control_address": e.control_address,
-                                      "host_id": e.host_id} for n, e in self._endpoints.items()}
+                                      "host_id": e.host_id,
+                                      "connected": isinstance(getattr(known.get(n), "ops", None), RemoteNodeOps)}
+                                  for n, e in self._endpoints.items() if n in known}
         stats["nodes_alive"] = len(stats.get("nodes", {}))
         return stats
 

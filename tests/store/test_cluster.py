@@ -106,8 +106,10 @@ def test_master_sigkilled_and_restarted_on_redis_loses_no_committed_key(cluster,
         with PoolClient(master.address, timeout=5) as c:
             assert c.contains_many([key_of(i) for i in stored]) == [True] * len(stored)
             deadline = time.monotonic() + 10
+            endpoints = c.stats()["endpoints"]
+            assert sorted(endpoints) == ["n1", "n2"]  # known from Redis before the nodes call in
             for _ in range(100):  # nodes notice the new master at their next heartbeat and re-register
-                if sorted(c.stats()["endpoints"]) == ["n1", "n2"]:
+                if all(e["connected"] for e in c.stats()["endpoints"].values()):
                     break
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
