@@ -284,3 +284,33 @@ def test_bytes_changed_under_a_committed_object_are_a_miss_not_returned(pool):
 
 def stub_address(stub) -> str:
     return stub._address  # set by the pool fixture
+
+
+def test_bad_node_rpcs_answer_exact_codes_and_change_nothing(pool):
+    stub, node, client = pool
+    before = _snapshot(stub)
+    lookup = stub.Lookup(pb.LookupRequest(keys=[key_of(0)], lease=True), timeout=5)
+    try:
+        read = pb.ReadRequest(lease_id=lookup.lease_id, tier=lookup.tiers[0], offset=lookup.offsets[0],
+                              size=lookup.sizes[0], expires_unix_ms=lookup.expires_unix_ms, token=lookup.tokens[0])
+        assert b"".join(c.data for c in node.Read(read, timeout=5)) == pattern(0, SIZE)  # the genuine lease reads
+        for field, value, fragment in [("token", bytes(16), "token: does not match the grant"),
+                                       ("offset", 0 if lookup.offsets[0] else 4096, "token: does not match"),
+                                       ("size", SIZE * 2, "token: does not match")]:
+            bad = pb.ReadRequest()
+            bad.CopyFrom(read)
+            setattr(bad, field, value)
+            _expect(lambda: b"".join(c.data for c in node.Read(bad, timeout=5)),
+                    grpc.StatusCode.PERMISSION_DENIED, fragment)
+    finally:
+        stub.Release(pb.ReleaseRequest(lease_ids=[lookup.lease_id]), timeout=5)
+    _expect(lambda: node.Drop(pb.DropRequest(keys=[K], tiers=[2], offsets=[0, 1], sizes=[1]), timeout=5),
+            grpc.StatusCode.INVALID_ARGUMENT, "offsets: has 2 entries, keys has 1")
+    move = pb.MoveRequest(keys=[K], namespaces=[K], sizes=[1], checksums=[0], src_tiers=[7], src_offsets=[0],
+                          dst_tiers=[2], dst_offsets=[0])
+    for rpc in (node.Demote, node.Promote):
+        _expect(lambda: rpc(move, timeout=5), grpc.StatusCode.INVALID_ARGUMENT, "src_tiers[0]: unknown tier 7")
+    _wait_no_leases(stub)
+    assert _snapshot(stub) == before
+    out = bytearray(SIZE)
+    assert client.get_many_into([key_of(0)], [out]) == 1 and out == pattern(0, SIZE)
