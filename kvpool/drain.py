@@ -2,7 +2,7 @@
 
     BeginDrain(node)                      nothing new lands on the node; (objects, pending grants) still there
     List(node_id=node) page by page  ─▶  per batch: MigrateStart ─▶ read sources ─▶ write destinations
-                                          ─▶ MigrateCommit(xxh3_64 of the bytes copied)   (failed copies: MigrateAbort)
+                                          ─▶ MigrateCommit(xxh3_64 of the bytes copied)  (failed copies: MigrateAbort)
     repeat until the node holds nothing and has no pending grant (bounded: passes and a deadline)
     DrainNode(node)                       the node leaves; whatever is still on it is dropped (counted)
 
@@ -107,8 +107,8 @@ def _pages(client: PoolClient, node_id: str):
 
 
 def _move_batch(client: PoolClient, keys: list[bytes], result: DrainResult, no_room: set[bytes]) -> None:
-    reply = client._call(client._master.MigrateStart, pb.MigrateStartRequest(keys=keys), "migrate_start",  # noqa: SLF001
-                         retry=False)
+    stub = client._master  # noqa: SLF001
+    reply = client._call(stub.MigrateStart, pb.MigrateStartRequest(keys=keys), "migrate_start", retry=False)
     moving = []
     for i, status in enumerate(reply.statuses):
         if status == pb.MOVING:
@@ -144,14 +144,15 @@ def _move_batch(client: PoolClient, keys: list[bytes], result: DrainResult, no_r
     if ok:
         commit = pb.MigrateCommitRequest(move_ids=[reply.move_ids[i] for i in ok],
                                          checksums=[xxhash.xxh3_64_intdigest(views[i]) for i in ok])
-        moved = client._call(client._master.MigrateCommit, commit, "migrate_commit", retry=False).moved  # noqa: SLF001
+        moved = client._call(stub.MigrateCommit, commit, "migrate_commit", retry=False).moved
         result.moved += sum(moved)
         result.failed += len(ok) - sum(moved)
 
 
 def _abort(client: PoolClient, move_ids: list[int]) -> None:
     try:
-        client._call(client._master.MigrateAbort, pb.MigrateAbortRequest(move_ids=move_ids), "migrate_abort")  # noqa: SLF001
+        stub = client._master  # noqa: SLF001
+        client._call(stub.MigrateAbort, pb.MigrateAbortRequest(move_ids=move_ids), "migrate_abort")
     except Exception as exc:  # noqa: BLE001 - the moves expire by themselves
         log.warning("migrate_abort failed (the moves expire by themselves): %s", exc)
 
