@@ -2,7 +2,7 @@
 
     BeginDrain(node)                      nothing new lands on the node; (objects, pending grants) still there
     List(node_id=node) page by page  ─▶  per batch: MigrateStart ─▶ read sources ─▶ write destinations
-                                          ─▶ MigrateCommit(xxh3_64 of the bytes copied)  (failed copies: MigrateAbort)
+                                          ─▶ MigrateCommit(xxh3_64 of the bytes copied)  (failed: MigrateAbort)
     repeat until the node holds nothing and has no pending grant (bounded: passes and a deadline)
     DrainNode(node)                       the node leaves; whatever is still on it is dropped (counted)
 
