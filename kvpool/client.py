@@ -28,12 +28,12 @@ import grpc
 import xxhash
 
 from kvpool.buffers import as_bytes, as_writable_bytes
-from kvpool.errors import PoolDataError, PoolError, PoolTimeout, PoolUnavailable
+from kvpool.errors import PoolError, PoolTimeout, PoolUnavailable
 from kvpool.keys import KEY_BYTES, Namespace, check_keys
 from kvpool.proto import convert
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
-from kvpool.store.data_channel import DataChannelError, DataClient, Extent
+from kvpool.store.data_channel import DataClient, Extent
 from kvpool.store.hostid import host_id
 
 log = logging.getLogger(__name__)
@@ -381,4 +381,4 @@ class PoolClient:
         return namespace.digest, namespace.block_tokens, f"{namespace.model}/{namespace.tenant}"
 
 
-__all__ = ["PoolClient", "PoolDataError"]
+__all__ = ["PoolClient"]

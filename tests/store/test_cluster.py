@@ -7,11 +7,8 @@ import multiprocessing as mp
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-import pytest
-
 from kvpool import PoolClient
-from tests.store.cluster import (cluster, client_get, client_put, key_of, pattern, redis_server,  # noqa: F401
-                                 start_redis)
+from tests.store.cluster import cluster, client_get, client_put, key_of, pattern, start_redis  # noqa: F401
 
 SIZE = 64 << 10
 TTL = 1.5

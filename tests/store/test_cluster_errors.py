@@ -15,7 +15,6 @@ import pytest
 from kvpool import PoolClient
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
-from kvpool.store import tokens
 from kvpool.store.data_channel import DENIED, DataClient, Extent
 from tests.store.cluster import Cluster, check_pattern, key_of, pattern
 
