@@ -183,6 +183,24 @@ class Master:
             self._flush()  # placing may have evicted or demoted objects on the destination
             return result
 
+    def migrate_next(self, node_id: str, cursor: int = 0, limit: int = 256, max_bytes: int = 0
+                     ) -> MigrateStartResult:
+        """migrate_start on the next batch of a draining node's objects in index order from `cursor` (0 = the
+        start): up to `limit` keys and (beyond the first) `max_bytes` bytes, 0 = no byte bound. `result.keys` are
+        the keys picked, `result.next_cursor` continues the pass (0 = done). KeyError for an unknown node,
+        ValueError if it is not draining."""
+        for name, value in (("cursor", cursor), ("limit", limit), ("max_bytes", max_bytes)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        if not 0 < limit <= self.config.max_batch_keys:
+            raise ValueError(f"limit must be in [1, max_batch_keys={self.config.max_batch_keys}], got {limit}")
+        with self._lock:
+            keys, next_cursor = self.drains.pick(node_id, int(cursor), int(limit), int(max_bytes))
+            result = self.drains.start(keys)
+            result.next_cursor = next_cursor
+            self._flush()
+            return result
+
     def migrate_commit(self, move_ids: Sequence[int], checksums: Sequence[int]) -> list[bool]:
         """Switch moved objects to their destination. False = the move is gone (unknown, expired, the object was
         removed meanwhile, the destination left) or `checksums[i]` is not the object's: nothing moved, cleaned up."""

@@ -27,6 +27,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
+import numpy as np
+
 from kvpool.store import tokens
 from kvpool.store.index import State
 from kvpool.store.node import Drop
@@ -67,6 +69,8 @@ class MigrateStartResult:
     moves: list[Migration] = field(default_factory=list)
     read_id: int = 0         # the id the read tokens are signed with (a lease id as far as the node can tell)
     expires_at: float = 0.0  # every move of one call expires together
+    keys: list[bytes] = field(default_factory=list)  # the keys `moves` answer (picked ones for migrate_next)
+    next_cursor: int = 0     # migrate_next: pass it back for the next batch; 0 = this pass saw every slot
 
 
 @dataclass(slots=True)
@@ -118,6 +122,25 @@ class Drains:
 
     # ---- moves
 
+    def pick(self, node_id: str, cursor: int, limit: int, max_bytes: int) -> tuple[list[bytes], int]:
+        """Up to `limit` committed objects of a draining node (at least one, then at most `max_bytes` in total), in
+        index slot order from slot `cursor`; returns (keys, next cursor, 0 = no more). Vectorised over the index,
+        so paging through a node of n objects costs O(n) per batch in numpy, not a sort of its keys."""
+        m = self.master
+        node = m._node(node_id)
+        if node_id not in self.draining:
+            raise ValueError(f"node_id {node_id!r} is not draining: call begin_drain (BeginDrain) first")
+        index = m.index
+        rest = np.flatnonzero((index.node[cursor:] == node.number) & (index.state[cursor:] == _COMMITTED))
+        if not len(rest):
+            return [], 0
+        slots = rest[:limit] + cursor
+        sizes = np.cumsum(index.size[slots])
+        take = max(1, int(np.searchsorted(sizes, max_bytes, side="right"))) if max_bytes else len(slots)
+        slots = slots[:take]
+        more = len(rest) > take
+        return [index.key_at(int(s)) for s in slots], (int(slots[-1]) + 1 if more else 0)
+
     def start(self, keys: Sequence[bytes]) -> MigrateStartResult:
         m = self.master
         index, placement = m.index, m.placement
@@ -125,7 +148,7 @@ class Drains:
         expires_at = now + m.config.grant_ttl_s
         exp_ms = int(expires_at * 1000)
         secret = m.token_secret
-        result = MigrateStartResult(read_id=m._new_id(), expires_at=expires_at)
+        result = MigrateStartResult(read_id=m._new_id(), expires_at=expires_at, keys=list(keys))
         for key in keys:
             slot = index.slot_of(key)
             src = placement.node_of(slot) if slot >= 0 and index.state[slot] == _COMMITTED else None

@@ -225,3 +225,27 @@ def test_a_node_restarting_mid_move_cancels_its_moves_and_grants(pool):
     master.register_node(dataclasses.replace(nodes["n1"].info(), incarnation="again"), nodes["n1"], expires=False)
     assert master.stats()["draining"] == ["n1"]  # a restarted node that was draining stays draining
     master.index.check_invariants()
+
+
+def test_migrate_next_pages_a_draining_node_by_cursor_and_bytes(pool):
+    master, nodes, _ = pool(n1_objects=8, n2_objects=8)
+    put(master, nodes, [1, 2, 3, 4, 5], "n1")
+    master.register_node(nodes["n2"].info(), nodes["n2"], expires=False)
+    with pytest.raises(ValueError, match="node_id 'n1' is not draining: call begin_drain"):
+        master.migrate_next("n1")
+    with pytest.raises(KeyError, match="node_id 'nope' is not registered"):
+        master.migrate_next("nope")
+    with pytest.raises(ValueError, match=r"limit must be in \[1, max_batch_keys=65536\], got 0"):
+        master.migrate_next("n1", limit=0)
+    with pytest.raises(ValueError, match="cursor must be an int >= 0, got -1"):
+        master.migrate_next("n1", cursor=-1)
+    master.begin_drain("n1")
+    first = master.migrate_next("n1", limit=3, max_bytes=2 * OBJ + 1)  # the byte bound stops it at two
+    assert first.keys == [key(1), key(2)] and first.next_cursor == 2
+    assert [m.status for m in first.moves] == [MigrateStatus.MOVING] * 2
+    rest = master.migrate_next("n1", cursor=first.next_cursor, limit=3)
+    assert rest.keys == [key(3), key(4), key(5)] and rest.next_cursor == 0
+    moves = first.moves + rest.moves
+    assert master.migrate_commit([m.move_id for m in moves], [copy(nodes, m) for m in moves]) == [True] * 5
+    assert master.migrate_next("n1").keys == [] and master.begin_drain("n1") == (0, 0)
+    assert [read(master, nodes, i) for i in range(1, 6)] == [data(i).tobytes() for i in range(1, 6)]
