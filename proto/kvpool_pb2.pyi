@@ -380,13 +380,21 @@ class BeginDrainResponse(_message.Message):
     def __init__(self, objects: _Optional[int] = ..., pending: _Optional[int] = ...) -> None: ...
 
 class MigrateStartRequest(_message.Message):
-    __slots__ = ("keys",)
+    __slots__ = ("keys", "node_id", "cursor", "limit", "max_bytes")
     KEYS_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CURSOR_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    node_id: str
+    cursor: int
+    limit: int
+    max_bytes: int
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., node_id: _Optional[str] = ..., cursor: _Optional[int] = ..., limit: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
 
 class MigrateStartResponse(_message.Message):
-    __slots__ = ("statuses", "move_ids", "read_id", "src_node_index", "src_tiers", "src_offsets", "src_tokens", "dst_node_index", "dst_tiers", "dst_offsets", "dst_tokens", "sizes", "checksums", "namespaces", "nodes", "expires_unix_ms")
+    __slots__ = ("statuses", "move_ids", "read_id", "src_node_index", "src_tiers", "src_offsets", "src_tokens", "dst_node_index", "dst_tiers", "dst_offsets", "dst_tokens", "sizes", "checksums", "namespaces", "nodes", "expires_unix_ms", "keys", "next_cursor")
     STATUSES_FIELD_NUMBER: _ClassVar[int]
     MOVE_IDS_FIELD_NUMBER: _ClassVar[int]
     READ_ID_FIELD_NUMBER: _ClassVar[int]
@@ -403,6 +411,8 @@ class MigrateStartResponse(_message.Message):
     NAMESPACES_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_CURSOR_FIELD_NUMBER: _ClassVar[int]
     statuses: _containers.RepeatedScalarFieldContainer[MigrateStatus]
     move_ids: _containers.RepeatedScalarFieldContainer[int]
     read_id: int
@@ -419,7 +429,9 @@ class MigrateStartResponse(_message.Message):
     namespaces: _containers.RepeatedScalarFieldContainer[bytes]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeEndpoint]
     expires_unix_ms: int
-    def __init__(self, statuses: _Optional[_Iterable[_Union[MigrateStatus, str]]] = ..., move_ids: _Optional[_Iterable[int]] = ..., read_id: _Optional[int] = ..., src_node_index: _Optional[_Iterable[int]] = ..., src_tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., src_offsets: _Optional[_Iterable[int]] = ..., src_tokens: _Optional[_Iterable[bytes]] = ..., dst_node_index: _Optional[_Iterable[int]] = ..., dst_tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., dst_offsets: _Optional[_Iterable[int]] = ..., dst_tokens: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., namespaces: _Optional[_Iterable[bytes]] = ..., nodes: _Optional[_Iterable[_Union[NodeEndpoint, _Mapping]]] = ..., expires_unix_ms: _Optional[int] = ...) -> None: ...
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    next_cursor: int
+    def __init__(self, statuses: _Optional[_Iterable[_Union[MigrateStatus, str]]] = ..., move_ids: _Optional[_Iterable[int]] = ..., read_id: _Optional[int] = ..., src_node_index: _Optional[_Iterable[int]] = ..., src_tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., src_offsets: _Optional[_Iterable[int]] = ..., src_tokens: _Optional[_Iterable[bytes]] = ..., dst_node_index: _Optional[_Iterable[int]] = ..., dst_tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., dst_offsets: _Optional[_Iterable[int]] = ..., dst_tokens: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., namespaces: _Optional[_Iterable[bytes]] = ..., nodes: _Optional[_Iterable[_Union[NodeEndpoint, _Mapping]]] = ..., expires_unix_ms: _Optional[int] = ..., keys: _Optional[_Iterable[bytes]] = ..., next_cursor: _Optional[int] = ...) -> None: ...
 
 class MigrateCommitRequest(_message.Message):
     __slots__ = ("move_ids", "checksums")
