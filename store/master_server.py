@@ -345,7 +345,13 @@ class MasterServicer(pbg.MasterServiceServicer):
 
     @_rpc
     def MigrateStart(self, request, context):
-        result = self.master.migrate_start(list(request.keys))
+        if request.node_id:
+            if len(request.keys):
+                raise ValueError("keys: give keys or node_id, not both")
+            result = self.master.migrate_next(request.node_id, request.cursor, request.limit or 256,
+                                              request.max_bytes)
+        else:
+            result = self.master.migrate_start(list(request.keys))
         moves = result.moves
         live = [m for m in moves if m.status is MigrateStatus.MOVING]
         index, nodes = self._node_table([n for m in live for n in (m.source.node_id, m.dest.node_id)])
@@ -375,6 +381,8 @@ class MasterServicer(pbg.MasterServiceServicer):
         reply.checksums.extend(m.checksum for m in moves)
         reply.namespaces.extend(m.ns_digest for m in moves)
         reply.nodes.extend(nodes)
+        reply.keys.extend(result.keys)
+        reply.next_cursor = result.next_cursor
         return reply
 
     @_rpc
