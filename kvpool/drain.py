@@ -1,7 +1,7 @@
 """Drain a node with moves: the client half of store/migration.py (the master decides, this process moves bytes).
 
     BeginDrain(node)                      nothing new lands on the node; (objects, pending grants) still there
-    List(node_id=node) page by page  ─▶  per batch: MigrateStart ─▶ read sources ─▶ write destinations
+    MigrateStart(node, cursor) batches ─▶  read sources ─▶ write destinations
                                           ─▶ MigrateCommit(xxh3_64 of the bytes copied)  (failed: MigrateAbort)
     repeat until the node holds nothing and has no pending grant (bounded: passes and a deadline)
     DrainNode(node)                       the node leaves; whatever is still on it is dropped (counted)
@@ -29,7 +29,6 @@ log = logging.getLogger(__name__)
 
 BATCH_KEYS = 256
 BATCH_BYTES = 64 << 20   # bytes held in this process per batch (each object is copied through one buffer)
-LIST_PAGE = 1000
 
 
 @dataclass(slots=True)
@@ -72,19 +71,15 @@ def drain(client: PoolClient, node_id: str, *, migrate: bool = True, max_passes:
                 time.sleep(0.05)  # an uncommitted write to the node: it commits (moved next pass) or expires
                 continue
             result.passes += 1
-            for page in _pages(client, node_id):
-                batch: list[tuple[bytes, int]] = []
-                size = 0
-                for key, nbytes in page:
-                    if key in no_room:
-                        continue
-                    if batch and (len(batch) >= batch_keys or size + nbytes > batch_bytes):
-                        _move_batch(client, [k for k, _ in batch], result, no_room)
-                        batch, size = [], 0
-                    batch.append((key, nbytes))
-                    size += nbytes
-                if batch:
-                    _move_batch(client, [k for k, _ in batch], result, no_room)
+            cursor = 0
+            while time.monotonic() < end:  # one pass: the node's objects in the master's index order
+                request = pb.MigrateStartRequest(node_id=node_id, cursor=cursor, limit=batch_keys,
+                                                 max_bytes=batch_bytes)
+                reply = client._call(master.MigrateStart, request, "migrate_start", retry=False)
+                _move_batch(client, reply, result, no_room)
+                if not reply.next_cursor:
+                    break
+                cursor = reply.next_cursor
         result.no_room = len(no_room)
     result.dropped = client._call(master.DrainNode, pb.DrainNodeRequest(node_id=node_id), "drain_node",
                                   retry=False).objects_dropped
@@ -93,22 +88,10 @@ def drain(client: PoolClient, node_id: str, *, migrate: bool = True, max_passes:
     return result
 
 
-def _pages(client: PoolClient, node_id: str):
-    """(key, size) of the node's committed objects, one List page at a time (moved keys leave the listing, so
-    paging by start_after stays correct while we move)."""
-    start = b""
-    while True:
-        reply = client._call(client._master.List, pb.ListRequest(node_id=node_id, start_after=start,  # noqa: SLF001
-                                                                 limit=LIST_PAGE), "list")
-        yield [(bytes(o.key), int(o.size)) for o in reply.objects]
-        if not reply.next_start_after:
-            return
-        start = reply.next_start_after
-
-
-def _move_batch(client: PoolClient, keys: list[bytes], result: DrainResult, no_room: set[bytes]) -> None:
+def _move_batch(client: PoolClient, reply, result: DrainResult, no_room: set[bytes]) -> None:
+    """Copy one MigrateStart batch (source -> buffer -> destination) and commit or abort each move."""
     stub = client._master  # noqa: SLF001
-    reply = client._call(stub.MigrateStart, pb.MigrateStartRequest(keys=keys), "migrate_start", retry=False)
+    keys = [bytes(k) for k in reply.keys]
     moving = []
     for i, status in enumerate(reply.statuses):
         if status == pb.MOVING:
@@ -147,6 +130,7 @@ def _move_batch(client: PoolClient, keys: list[bytes], result: DrainResult, no_r
         moved = client._call(stub.MigrateCommit, commit, "migrate_commit", retry=False).moved
         result.moved += sum(moved)
         result.failed += len(ok) - sum(moved)
+        no_room.difference_update(keys[i] for i, done in zip(ok, moved) if done)
 
 
 def _abort(client: PoolClient, move_ids: list[int]) -> None:

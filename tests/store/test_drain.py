@@ -148,7 +148,7 @@ def test_drain_with_too_little_room_moves_what_fits_and_drops_the_rest(cluster):
         assert set(_inspect(master.address, new)) == {"n2"}
         result = drain(c, "n1")  # through the TCP data channel: read and write tokens checked by the nodes
     assert (result.moved, result.dropped, result.no_room, result.failed) == (4, 12, 12, 0)
-    # List order is key order: the first four keys found room, the rest stayed and left with n1.
+    # Batches follow the index order (= put order here): the first four found room, the rest left with n1.
     assert _inspect(master.address, old + new) == ["n2"] * 4 + [None] * 12 + ["n2"] * 6
     for transport in ("auto", "tcp"):
         got = _read_all(master.address, old + new, transport)
@@ -166,6 +166,11 @@ def test_drain_rpcs_reject_bad_input_with_codes_that_name_the_field(cluster):
         ("List", pb.ListRequest(node_id="nope"), "NOT_FOUND", "node_id 'nope' is not registered"),
         ("MigrateStart", pb.MigrateStartRequest(keys=[b"abc"]), "INVALID_ARGUMENT",
          "keys[0] must be a 16-byte key, got 3"),
+        ("MigrateStart", pb.MigrateStartRequest(keys=[key_of(1)], node_id="n1"), "INVALID_ARGUMENT",
+         "keys: give keys or node_id, not both"),
+        ("MigrateStart", pb.MigrateStartRequest(node_id="n1"), "INVALID_ARGUMENT",
+         "node_id 'n1' is not draining: call begin_drain (BeginDrain) first"),
+        ("MigrateStart", pb.MigrateStartRequest(node_id="nope"), "NOT_FOUND", "node_id 'nope' is not registered"),
         ("MigrateCommit", pb.MigrateCommitRequest(move_ids=[1]), "INVALID_ARGUMENT",
          "checksums: has 0 entries, move_ids has 1"),
         ("DrainNode", pb.DrainNodeRequest(node_id="nope"), "NOT_FOUND", "node_id 'nope' is not registered"),
