@@ -13,12 +13,18 @@ numpy.copyto run at the same speed for 2 MiB, ~14-15 GB/s here, equal to a plain
 memoryview form so any buffer-protocol object works without numpy conversions).
 
 The arena knows nothing about which extents are in use; that is the allocator's job (in the master).
+
+Crash hygiene: the creating process holds an exclusive `flock` on its arena file for the arena's life. The kernel
+drops it when the process dies, even by SIGKILL, so a file under the prefix that nobody holds is a leftover of a
+crashed node: `create` unlinks such files (`sweep_stale_arenas`) before reserving its own, or a node that crashed
+and restarted would keep its old arena's RAM pinned in /dev/shm until reboot. Peers that `attach` never lock.
 `pin()` registers the mapping with CUDA (cudaHostRegister) where a GPU exists so device copies are direct DMA.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import mmap
 import operator
@@ -52,6 +58,39 @@ def as_byte_view(data: Any, argname: str = "data") -> memoryview:
     return m
 
 
+def sweep_stale_arenas(directory: str = "/dev/shm") -> list[str]:
+    """Unlink `kvpool-*` arena files in `directory` whose creating process is gone (no flock held on them).
+    Returns the paths removed. Files of live nodes, and anything not named like an arena, are left alone."""
+    removed: list[str] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        if not name.startswith(PREFIX):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            if not os.path.isfile(path):
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue                                # a live process owns it
+            os.unlink(path)
+            removed.append(path)
+            log.warning("removed stale DRAM arena %s (its node is gone)", path)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return removed
+
+
 class DramArena:
     """One shared-memory file of `capacity` bytes, mapped read-write. Use `create` (owner) or `attach` (peer)."""
 
@@ -78,7 +117,19 @@ class DramArena:
         if not os.path.isdir(directory):
             raise ValueError(f"directory {directory!r} does not exist")
         path = os.path.join(directory, PREFIX + name)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        sweep_stale_arenas(directory)
+        # Created under a name the sweep ignores, locked, then linked into place: a concurrent sweep in another
+        # process can never see the new arena unlocked.
+        tmp = os.path.join(directory, f".{PREFIX}new-{secrets.token_hex(8)}")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.link(tmp, path)                          # fails if `path` exists: two nodes never share an arena
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp)
+            raise
+        os.unlink(tmp)
         try:
             try:
                 os.posix_fallocate(fd, 0, capacity)    # reserve the pages now (tmpfs honours this)

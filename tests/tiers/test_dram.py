@@ -157,3 +157,41 @@ def test_pin_registers_with_cuda(arena):
     assert arena.pinned
     arena.unpin()
     assert not arena.pinned
+
+
+def test_arena_of_a_killed_process_is_swept_and_a_live_one_is_not(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    from kvpool.tiers.dram import DramArena, sweep_stale_arenas
+
+    code = ("import sys, time; from kvpool.tiers.dram import DramArena;"
+            "a = DramArena.create(1 << 20, name=sys.argv[1], directory=sys.argv[2]);"
+            "print(a.path, flush=True); time.sleep(60)")
+    dead = subprocess.Popen([sys.executable, "-c", code, "dead", str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    live = subprocess.Popen([sys.executable, "-c", code, "live", str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        dead_path, live_path = dead.stdout.readline().strip(), live.stdout.readline().strip()
+        dead.send_signal(signal.SIGKILL)
+        dead.wait(timeout=10)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["kvpool-dead", "kvpool-live"]
+        (tmp_path / "not-an-arena").write_bytes(b"x")
+        with DramArena.create(1 << 20, name="mine", directory=str(tmp_path)) as mine:
+            assert sweep_stale_arenas(str(tmp_path)) == []      # the create already swept; nothing else is stale
+            assert sorted(p.name for p in tmp_path.iterdir()) == ["kvpool-live", "kvpool-mine", "not-an-arena"]
+            assert mine.path == str(tmp_path / "kvpool-mine")
+        assert dead_path == str(tmp_path / "kvpool-dead") and live_path == str(tmp_path / "kvpool-live")
+    finally:
+        live.kill()
+        live.wait(timeout=10)
+    assert sweep_stale_arenas(str(tmp_path)) == [str(tmp_path / "kvpool-live")]
+
+
+def test_create_refuses_an_existing_live_arena(tmp_path):
+    from kvpool.tiers.dram import DramArena
+
+    with DramArena.create(1 << 16, name="x", directory=str(tmp_path)):
+        with pytest.raises(FileExistsError):
+            DramArena.create(1 << 16, name="x", directory=str(tmp_path))
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["kvpool-x"]
