@@ -35,6 +35,7 @@ from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
 from kvpool.store.data_channel import DataClient, Extent
 from kvpool.store.hostid import host_id
+from kvpool.tiers.types import Tier
 
 log = logging.getLogger(__name__)
 
@@ -162,10 +163,11 @@ class PoolClient:
         req.keys.extend(bytes(k) for k in keys)
         return self._call(self._master.Lookup, req, "lookup").hits
 
-    def get_many_into(self, keys: Sequence[bytes], buffers: Sequence[Any], *, namespace: Namespace | None = None
-                      ) -> int:
+    def get_many_into(self, keys: Sequence[bytes], buffers: Sequence[Any], *, namespace: Namespace | None = None,
+                      tiers_out: list[str] | None = None) -> int:
         """Fill buffers[i] with object keys[i] in order, stopping at the first miss; returns how many were filled.
-        Each buffer must have exactly the object's size (checked by the master for every hit before any copy)."""
+        Each buffer must have exactly the object's size (checked by the master for every hit before any copy).
+        `tiers_out`, if given, receives the tier label ("dram", "ssd", ...) each filled buffer was read from."""
         self._check_open()
         check_keys(keys, "keys")
         views = self._views(keys, buffers, as_writable_bytes)
@@ -194,7 +196,10 @@ class PoolClient:
             with self._routes_lock:
                 self._releases.add(future)
             future.add_done_callback(self._release_done)
-        return min(failed) if failed else reply.hits
+        filled = min(failed) if failed else reply.hits
+        if tiers_out is not None:
+            tiers_out.extend(Tier(int(t)).label for t in reply.tiers[:filled])
+        return filled
 
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
         self._check_open()
@@ -250,8 +255,6 @@ class PoolClient:
                   write: bool) -> set[int]:
         """Move bytes for `positions` (indexes into the reply's columns = into keys); returns the positions that
         failed. Same-host DRAM extents are copied here; everything else goes per node over the data channel."""
-        from kvpool.tiers.types import Tier
-
         failed: set[int] = set()
         unreachable: list[tuple[_Route, OSError]] = []
         remote: dict[int, list[int]] = {}

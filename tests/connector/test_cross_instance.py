@@ -71,6 +71,24 @@ def test_b_reuses_a_prefix_across_processes_from_dram_and_ssd(deployment):
     assert out_b["cached_tokens_external"] >= len(prefix) // 8  # most of the ~600-token prefix
     assert out_b["text"] == reference["text"]
     assert after["ssd"] - before["ssd"] > 0
+    # B's own counters (its /metrics) say the same: every loaded token by the tier it was read from.
+    loaded = connector_hit_tokens(urls["B"])
+    assert sum(loaded.values()) == out_b["cached_tokens_external"]
+    assert set(loaded) <= {"dram", "ssd"} and loaded.get("ssd", 0) > 0
+
+
+def connector_hit_tokens(url: str) -> dict[str, float]:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "kvpool_connector_hit_tokens_total" and sample.value:
+                out[sample.labels["tier"]] = sample.value
+    return out
 
 
 def test_other_namespace_never_hits(deployment):
