@@ -69,7 +69,14 @@ def spawn(name: str, args: list[str], workdir: Path, env: dict | None = None, *,
     return Proc(name=name, popen=popen, log_path=log_path)
 
 
-def wait_grpc_serving(address: str, deadline_s: float = 30.0, proc: Proc | None = None) -> None:
+def _check_alive(proc: Proc | subprocess.Popen | None) -> None:
+    if isinstance(proc, Proc):
+        proc.check_alive()
+    elif proc is not None and proc.poll() is not None:
+        raise RuntimeError(f"process {proc.args!r} exited with {proc.returncode}")
+
+
+def wait_grpc_serving(address: str, deadline_s: float = 30.0, proc: Proc | subprocess.Popen | None = None) -> None:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -78,8 +85,7 @@ def wait_grpc_serving(address: str, deadline_s: float = 30.0, proc: Proc | None 
     with grpc.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < end:
-            if proc is not None:
-                proc.check_alive()
+            _check_alive(proc)
             try:
                 reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
@@ -90,12 +96,11 @@ def wait_grpc_serving(address: str, deadline_s: float = 30.0, proc: Proc | None 
     raise TimeoutError(f"{address} not SERVING after {deadline_s}s: {last}")
 
 
-def wait_http_ok(url: str, deadline_s: float = 120.0, proc: Proc | None = None) -> None:
+def wait_http_ok(url: str, deadline_s: float = 120.0, proc: Proc | subprocess.Popen | None = None) -> None:
     end = time.monotonic() + deadline_s
     last: Exception | None = None
     while time.monotonic() < end:
-        if proc is not None:
-            proc.check_alive()
+        _check_alive(proc)
         try:
             with urllib.request.urlopen(url, timeout=2) as reply:
                 if reply.status == 200:

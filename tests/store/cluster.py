@@ -4,12 +4,8 @@ fixture's finalizer. Import the fixtures into a test module with `from tests.sto
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -17,75 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from kvpool.launcher import Proc, free_port, spawn, wait_grpc_serving  # noqa: F401 - re-exported
+
 
 STARTUP_DEADLINE_S = 20.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_serving(address: str, deadline_s: float = STARTUP_DEADLINE_S, proc: subprocess.Popen | None = None) -> None:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    end = time.monotonic() + deadline_s
-    last = None
-    with grpc.insecure_channel(address) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < end:
-            if proc is not None and proc.poll() is not None:
-                raise RuntimeError(f"process for {address} exited with {proc.returncode}")
-            try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError as exc:
-                last = exc
-            time.sleep(0.05)
-    raise TimeoutError(f"{address} not SERVING after {deadline_s}s: {last}")
-
-
-@dataclass
-class Proc:
-    """A child process with its log file; `kill()` is SIGKILL, `stop()` is SIGTERM then SIGKILL."""
-
-    name: str
-    popen: subprocess.Popen
-    log_path: Path
-    address: str = ""
-
-    def kill(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGKILL)
-        self.popen.wait(timeout=10)
-
-    def stop(self, timeout: float = 10.0) -> int:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(timeout=10)
-        return self.popen.returncode
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-
-def spawn(name: str, args: list[str], workdir: Path, env: dict | None = None) -> Proc:
-    log_path = workdir / f"{name}.log"
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    for var in [v for v in full_env if v.startswith("KVPOOL_")]:
-        if env is None or var not in env:
-            del full_env[var]
-    with open(log_path, "ab") as log_file:
-        popen = subprocess.Popen([sys.executable, "-m", "kvpool.cli", "--log-level", "INFO", *args],
-                                 stdout=log_file, stderr=subprocess.STDOUT, cwd=str(workdir), env=full_env)
-    return Proc(name=name, popen=popen, log_path=log_path)
+    wait_grpc_serving(address, deadline_s, proc)
 
 
 @dataclass
