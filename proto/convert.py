@@ -37,6 +37,8 @@ def tier_of(value: int, field: str) -> Tier:
 
 def endpoint_from_info(info: NodeInfo, *, host_id: str, data_address: str, ssd_path: str = "") -> pb.NodeEndpoint:
     tiers = []
+    if info.hbm_bytes:
+        tiers.append(pb.TierCapacity(tier=pb.HBM, capacity_bytes=info.hbm_bytes))
     if info.dram_bytes:
         tiers.append(pb.TierCapacity(tier=pb.DRAM, capacity_bytes=info.dram_bytes, path=info.dram_path))
     if info.ssd_bytes:
@@ -50,10 +52,12 @@ def info_from_endpoint(ep: pb.NodeEndpoint) -> NodeInfo:
     sizes = {int(t.tier): t for t in ep.tiers}
     dram = sizes.get(int(Tier.DRAM))
     ssd = sizes.get(int(Tier.SSD))
+    hbm = sizes.get(int(Tier.HBM))
     return NodeInfo(node_id=ep.node_id, address=ep.control_address,
                     dram_bytes=dram.capacity_bytes if dram else 0, ssd_bytes=ssd.capacity_bytes if ssd else 0,
                     ssd_record_overhead=ep.ssd_record_overhead, alignment=ep.alignment or 4096,
-                    dram_path=dram.path if dram else "", incarnation=ep.incarnation)
+                    dram_path=dram.path if dram else "", incarnation=ep.incarnation,
+                    hbm_bytes=hbm.capacity_bytes if hbm else 0)
 
 
 def dram_path(ep: pb.NodeEndpoint) -> str:

@@ -25,6 +25,17 @@ def _check_positive(obj, *names: str) -> None:
             raise ValueError(f"{name} must be a number > 0, got {value!r}")
 
 
+def _check_hbm(hbm_bytes: int, hbm_device: int) -> None:
+    """HBM is a tier only where a CUDA device is: asking for one elsewhere is a config error, caught before start."""
+    if hbm_bytes > 0:
+        from kvpool.tiers.gpu import cuda_available
+        if not cuda_available():
+            raise ValueError(f"hbm_bytes={hbm_bytes} asks for an HBM tier but no CUDA device is present "
+                             "(set hbm_bytes=0)")
+    if not isinstance(hbm_device, int) or isinstance(hbm_device, bool) or hbm_device < 0:
+        raise ValueError(f"hbm_device must be an integer >= 0 (CUDA device index), got {hbm_device!r}")
+
+
 def _check_policy(policy: str) -> None:
     if policy not in _POLICIES:
         raise ValueError(f"policy must be one of {list(_POLICIES)}, got {policy!r}")
@@ -61,11 +72,14 @@ class NodeConfig:
     ssd_bytes: int = 0
     shm_dir: str = "/dev/shm"
     share_dram: bool = False         # keep the /dev/shm file linked so same-host clients can attach it
+    hbm_bytes: int = 0               # device memory reserved as the fastest tier; > 0 needs a CUDA device
+    hbm_device: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.node_id, str) or not self.node_id:
             raise ValueError(f"node_id must be a non-empty string, got {self.node_id!r}")
-        _check_nonneg_int(self, "dram_bytes", "ssd_bytes")
+        _check_nonneg_int(self, "dram_bytes", "ssd_bytes", "hbm_bytes")
+        _check_hbm(self.hbm_bytes, self.hbm_device)
         if self.ssd_path is not None and self.ssd_bytes == 0:
             raise ValueError(f"ssd_bytes must be > 0 when ssd_path is set (ssd_path={self.ssd_path!r})")
 
@@ -84,6 +98,8 @@ class EmbeddedConfig:
     policy: str = "lru"
     shm_dir: str = "/dev/shm"
     node_id: str = "local"
+    hbm_bytes: int = 0
+    hbm_device: int = 0
 
     def __post_init__(self) -> None:
         # Build both parts now so a bad value fails here, naming its field.
@@ -96,4 +112,5 @@ class EmbeddedConfig:
 
     def node_config(self) -> NodeConfig:
         return NodeConfig(node_id=self.node_id, dram_bytes=self.dram_bytes, ssd_path=self.ssd_path,
-                          ssd_bytes=self.ssd_bytes, shm_dir=self.shm_dir, share_dram=False)
+                          ssd_bytes=self.ssd_bytes, shm_dir=self.shm_dir, share_dram=False,
+                          hbm_bytes=self.hbm_bytes, hbm_device=self.hbm_device)

@@ -30,6 +30,8 @@ class UpConfig:
     lease_ttl_s: float = 30.0
     grant_ttl_s: float = 30.0
     http_listen: str = "127.0.0.1:8080"  # dashboard + /metrics; "" = none; taken port = warning, pool still starts
+    hbm_bytes: int = 0                   # HBM tier of the node (needs a CUDA device)
+    hbm_device: int = 0
 
     def __post_init__(self) -> None:
         if self.ssd_path in ("", "none", "None"):
@@ -47,7 +49,8 @@ class UpConfig:
         return NodeServerConfig(node_id=self.node_id, master=master_address,
                                 listen=self.node_listen or f"{host}:0", dram_bytes=self.dram_bytes,
                                 ssd_path=self.ssd_path, ssd_bytes=self.ssd_bytes if self.ssd_path else 0,
-                                shm_dir=self.shm_dir, heartbeat_s=self.heartbeat_s)
+                                shm_dir=self.shm_dir, heartbeat_s=self.heartbeat_s, hbm_bytes=self.hbm_bytes,
+                                hbm_device=self.hbm_device)
 
 
 class LocalCluster:

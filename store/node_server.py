@@ -56,6 +56,8 @@ class NodeServerConfig:
     rpc_timeout_s: float = 5.0
     workers: int = 8
     metrics_listen: str = ""          # host:port of /metrics ("" = none)
+    hbm_bytes: int = 0                # HBM tier (needs a CUDA device)
+    hbm_device: int = 0
 
     def __post_init__(self) -> None:
         for name in ("listen", "master"):
@@ -74,7 +76,8 @@ class NodeServerConfig:
 
     def node_config(self) -> NodeConfig:
         return NodeConfig(node_id=self.node_id, dram_bytes=self.dram_bytes, ssd_path=self.ssd_path,
-                          ssd_bytes=self.ssd_bytes, shm_dir=self.shm_dir, share_dram=self.share_dram)
+                          ssd_bytes=self.ssd_bytes, shm_dir=self.shm_dir, share_dram=self.share_dram,
+                          hbm_bytes=self.hbm_bytes, hbm_device=self.hbm_device)
 
 
 class NodeDataHandler:
@@ -94,13 +97,16 @@ class NodeDataHandler:
         self._verify(tokens.WRITE, e)
         if e.tier == Tier.DRAM and self.node.dram is not None:
             return self.node.dram.view(e.offset, e.size)
-        if e.tier == Tier.SSD and self.node.ssd is not None:
-            return memoryview(bytearray(e.size))  # staged: an SSD record is written whole, header last
+        if (e.tier == Tier.SSD and self.node.ssd is not None) or (e.tier == Tier.HBM and self.node.hbm is not None):
+            # staged: an SSD record is written whole, header last; HBM takes one host -> device copy
+            return memoryview(bytearray(e.size))
         raise ValueError(f"tier: {e.tier} is not a tier of node {self.node.node_id}")
 
     def write_done(self, e: Extent, view: memoryview) -> None:
         if e.tier == Tier.SSD:
             self.node.ssd.write(e.offset, e.key, e.ns, view)
+        elif e.tier == Tier.HBM:
+            self.node.hbm.write(e.offset, view)
 
     def read_view(self, e: Extent) -> memoryview:
         self._verify(tokens.READ, e)
@@ -110,6 +116,10 @@ class NodeDataHandler:
             buf = bytearray(e.size)
             if not self.node.read_into(Tier.SSD, e.offset, e.key, e.size, buf):
                 raise KeyError("checksum: SSD record failed verification (served as a miss)")
+            return memoryview(buf)
+        if e.tier == Tier.HBM and self.node.hbm is not None:
+            buf = bytearray(e.size)
+            self.node.hbm.read_into(e.offset, buf)
             return memoryview(buf)
         raise ValueError(f"tier: {e.tier} is not a tier of node {self.node.node_id}")
 

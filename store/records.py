@@ -107,3 +107,4 @@ class NodeInfo:
     alignment: int = 4096
     dram_path: str = ""
     incarnation: str = ""   # random per node process start: same value on re-registration = the node kept its DRAM
+    hbm_bytes: int = 0      # device memory tier (only on a node with a CUDA device)
