@@ -1,11 +1,13 @@
 """A storage node holds bytes; the master decides where. `NodeOps` is everything the master ever asks a node to do.
 
-    master ── demote(moves) ──▶ node: copy DRAM extent -> SSD record (header + payload + checksum)
-           ── promote(moves) ─▶ node: SSD record -> DRAM extent, verifying the checksum (False = lost, a miss)
+    master ── demote(moves) ──▶ node: copy to a slower tier (HBM -> DRAM; DRAM -> SSD record: header+payload+checksum)
+           ── promote(moves) ─▶ node: copy to a faster tier (SSD record -> DRAM/HBM, verifying the checksum:
+                                False = lost, a miss; DRAM -> HBM)
            ── drop(drops) ────▶ node: forget an extent (SSD: erase the header so a restart does not re-adopt it)
 
 Calls are batched and take plain records, so a gRPC proxy (issue 3, NodeService Demote/Promote/Drop) implements the
-same protocol. `StorageNode` is the in-process implementation over one `DramArena` and an optional `SsdFile`; it also
+same protocol. `StorageNode` is the in-process implementation over one `DramArena`, an optional `SsdFile` and, where a
+CUDA device is, an optional `HbmArena` (host <-> device copies through its `write`/`read_into`); it also
 serves client reads/writes at granted locations (`write`, `read_into`) and `scan_ssd()` for re-registration.
 It does no bounds bookkeeping of its own: extents come from the master's allocators.
 """
@@ -62,7 +64,9 @@ class StorageNode:
     """One node's tiers in this process. Thread-safety: distinct extents may be read/written concurrently; the
     master guarantees an extent is never moved or reused while granted or leased."""
 
-    def __init__(self, config: NodeConfig) -> None:
+    def __init__(self, config: NodeConfig, *, hbm=None) -> None:
+        """`hbm`: an arena with the HbmArena interface (capacity, write, read_into, close) to use instead of creating
+        one from config.hbm_bytes; the node owns and closes it."""
         from kvpool.tiers.dram import DramArena
         from kvpool.tiers.ssd import SsdFile
 
@@ -72,6 +76,10 @@ class StorageNode:
         self.dram = None
         self._dram_np = None
         self.ssd = None
+        self.hbm = hbm
+        if hbm is None and config.hbm_bytes > 0:
+            from kvpool.tiers.hbm import HbmArena
+            self.hbm = HbmArena.create(config.hbm_bytes, config.hbm_device)
         if config.dram_bytes > 0:
             self.dram = DramArena.create(config.dram_bytes, directory=config.shm_dir)
             self._dram_np = self.dram.array(0, config.dram_bytes)  # sliced per object: no per-call checks
@@ -86,7 +94,8 @@ class StorageNode:
         return NodeInfo(node_id=self.node_id, dram_bytes=self.config.dram_bytes, incarnation=self.incarnation,
                         ssd_bytes=self.config.ssd_bytes if self.ssd is not None else 0,
                         ssd_record_overhead=overhead,
-                        dram_path=str(self.dram.path) if self.dram is not None and self.config.share_dram else "")
+                        dram_path=str(self.dram.path) if self.dram is not None and self.config.share_dram else "",
+                        hbm_bytes=self.hbm.capacity if self.hbm is not None else 0)
 
     # ---- client data path (same process) ----
 
@@ -99,6 +108,8 @@ class StorageNode:
             np.copyto(self.dram.array(offset, len(payload)), np.frombuffer(payload, dtype=np.uint8))
         elif tier == Tier.SSD:
             self.ssd.write(offset, key, ns_digest, payload, checksum)
+        elif tier == Tier.HBM and self.hbm is not None:
+            self.hbm.write(offset, payload)
         else:
             raise ValueError(f"tier {tier!r} is not on this node")
 
@@ -109,6 +120,9 @@ class StorageNode:
             return True
         if tier == Tier.SSD:
             return bool(self.ssd.read_into(offset, key, size, out))
+        if tier == Tier.HBM and self.hbm is not None:
+            self.hbm.read_into(offset, memoryview(out).cast("B")[:size])
+            return True
         raise ValueError(f"tier {tier!r} is not on this node")
 
     # ---- NodeOps ----
@@ -117,16 +131,28 @@ class StorageNode:
         ok = []
         for m in moves:
             try:
-                self.ssd.write(m.dst_offset, m.key, m.ns_digest, self.dram.view(m.src_offset, m.size), m.checksum)
-                ok.append(True)
+                ok.append(self._move(m))
             except OSError:
                 log.exception("demote of %s failed", m.key.hex())
                 ok.append(False)
         return ok
 
     def promote(self, moves: list[Move]) -> list[bool]:
-        return [bool(self.ssd.read_into(m.src_offset, m.key, m.size, self.dram.view(m.dst_offset, m.size)))
-                for m in moves]
+        return [self._move(m) for m in moves]
+
+    def _move(self, m: Move) -> bool:
+        """Copy one object between two tiers. DRAM is the host side of every HBM copy; without it (or SSD <-> HBM)
+        the bytes pass through a temporary host buffer. False = the SSD source failed verification."""
+        if m.src_tier == Tier.DRAM:
+            src = self.dram.view(m.src_offset, m.size)
+        elif m.dst_tier == Tier.DRAM:  # read straight into the destination extent
+            return self.read_into(m.src_tier, m.src_offset, m.key, m.size, self.dram.view(m.dst_offset, m.size))
+        else:
+            src = bytearray(m.size)
+            if not self.read_into(m.src_tier, m.src_offset, m.key, m.size, src):
+                return False
+        self.write(m.dst_tier, m.dst_offset, m.key, m.ns_digest, src, m.checksum)
+        return True
 
     def drop(self, drops: list[Drop]) -> int:
         n = 0
@@ -148,6 +174,9 @@ class StorageNode:
         return int(getattr(self.ssd, "corrupt_reads", 0)) if self.ssd is not None else 0
 
     def close(self) -> None:
+        if self.hbm is not None:
+            self.hbm.close()
+            self.hbm = None
         if self.ssd is not None:
             self.ssd.close()
             self.ssd = None
