@@ -41,7 +41,7 @@ KEY_BYTES = 16
 _COMMITTED, _DOOMED, _SSD = int(State.COMMITTED), int(State.DOOMED), int(Tier.SSD)
 _TIERS = tuple(Tier)  # Tier(int) through the enum machinery costs ~1 us; a tuple index does not
 _PENDING = int(State.PENDING)
-_PLACE_ORDER = (Tier.DRAM, Tier.SSD)
+_PLACE_ORDER = (Tier.HBM, Tier.DRAM, Tier.SSD)  # fastest first: a put lands on the fastest tier with room
 _STORED, _EXISTS, _NO_SPACE = PutStatus.STORED, PutStatus.EXISTS, PutStatus.NO_SPACE
 ATIME_TICKS_PER_S = 10      # the index's last-access column counts tenths of a second since the master started
 _ATIME_MAX = 2**32 - 1
@@ -100,14 +100,14 @@ class Master:
         held is dropped, and it re-adopts its SSD objects with `report_objects`."""
         if not isinstance(info.node_id, str) or not info.node_id:
             raise ValueError(f"node_id must be a non-empty string, got {info.node_id!r}")
-        for name in ("dram_bytes", "ssd_bytes", "ssd_record_overhead"):
+        for name in ("dram_bytes", "ssd_bytes", "ssd_record_overhead", "hbm_bytes"):
             if getattr(info, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(info, name)}")
         with self._lock:
             now = self.clock()
             old = self.placement.nodes.get(info.node_id)
             if old is not None and old.info.incarnation == info.incarnation and old.info.dram_bytes == info.dram_bytes \
-                    and old.info.ssd_bytes == info.ssd_bytes:
+                    and old.info.ssd_bytes == info.ssd_bytes and old.info.hbm_bytes == info.hbm_bytes:
                 old.ops, old.info, old.expires, old.last_heartbeat = ops, info, expires, now
                 old.epoch += 1
                 if self.metadata.persistent:
@@ -458,7 +458,7 @@ class Master:
             for slot in slots[mask].tolist():
                 number, tier = int(index.node[slot]), _TIERS[int(index.tier[slot])]
                 self.placement.forget(slot, drops=drops.setdefault(number, []))
-                self.placement.counters.evictions[tier.label] += 1
+                self.placement.count_evictions(tier, 1)
             for number, node_drops in drops.items():
                 if node_drops:
                     self.placement.by_number[number].ops.drop(node_drops)
@@ -524,8 +524,10 @@ class Master:
 
     def _promote_hits(self, slots: np.ndarray) -> np.ndarray:
         index = self.index
-        # Only an object nobody else is reading may move (leases == 1: ours).
-        movable = np.flatnonzero((index.tier[slots] == _SSD) & (index.leases[slots] == 1)).tolist()
+        # Only an object nobody else is reading may move (leases == 1: ours). SSD hits move up; DRAM hits too once
+        # some node has HBM (Placement.promote leaves an object already on its node's fastest tier where it is).
+        slow = index.tier[slots] >= (int(Tier.DRAM) if self.placement.has_hbm else _SSD)
+        movable = np.flatnonzero(slow & (index.leases[slots] == 1)).tolist()
         for i in movable:
             slot = int(slots[i])
             if self.placement.promote(slot) is False:
@@ -551,9 +553,10 @@ class Master:
 
     def _place(self, size: int, prefer_node: str | None, *, max_atime: int | None = None
                ) -> tuple[NodeState, Tier, int] | None:
-        """DRAM on the preferred node, else on the node with the most free DRAM (evicting there if needed), else the
-        same order on SSD (objects larger than any DRAM tier, or DRAM full of leased/uncommitted objects). Never on
-        a draining node. `max_atime`: see Placement.allocate."""
+        """The fastest tier first (HBM where a node has it, then DRAM, then SSD): on the preferred node, else on the
+        node with the most free DRAM (evicting/demoting there if needed), else the same order one tier down, down to
+        SSD (objects larger than any DRAM tier, or DRAM full of leased/uncommitted objects). Never on a draining node.
+        `max_atime`: see Placement.allocate."""
         draining = self.drains.draining
         nodes = [n for n in self.placement.nodes.values() if n.node_id not in draining]
         if len(nodes) > 1:

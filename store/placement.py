@@ -1,14 +1,16 @@
 """Placement: the master's view of every node's tiers, and the one place that moves objects between them.
 
     NodeState (one per registered node)
+      ├─ spaces[HBM]  = TierSpace(OffsetAllocator, EvictionPolicy)   only on a node with a CUDA device
       ├─ spaces[DRAM] = TierSpace(OffsetAllocator, EvictionPolicy)   DRAM extents hold the payload
       └─ spaces[SSD]  = TierSpace(OffsetAllocator, EvictionPolicy)   SSD extents hold header + payload
 
 `allocate(node, tier, size)` makes room by the rules of docs/internals.md: take victims coldest-first from the
 tier's policy, skipping leased objects (uncommitted ones are never in a policy: objects enter it on commit);
-a DRAM victim is demoted to SSD when the node has an SSD tier and room can be made there (SSD victims are evicted
-to make it), else evicted. Victims are taken in rounds of "just enough bytes", so with equal-sized objects the
-order of eviction is exactly the policy order. Every byte move goes through the node's `NodeOps`, batched per round.
+a victim is demoted to the node's next slower tier (HBM -> DRAM -> SSD) when it has one and room can be made there
+(by the same rule, one tier down: the chain ends at the slowest tier, whose victims are evicted), else evicted.
+Victims are taken in rounds of "just enough bytes", so with equal-sized objects the order of eviction is exactly
+the policy order. Every byte move goes through the node's `NodeOps`, batched per round.
 Drops are sent before the writes that may reuse their extents (an SSD erase must never land on a new record).
 """
 
@@ -57,10 +59,18 @@ class NodeState:
 
 @dataclass(slots=True)
 class Counters:
-    evictions: dict[str, int] = field(default_factory=lambda: {"dram": 0, "ssd": 0})
+    evictions: dict[str, int] = field(default_factory=lambda: {"dram": 0, "ssd": 0})  # "hbm" appears on first use
     demotions: int = 0
     promotions: int = 0
     ssd_corrupt: int = 0
+
+
+def _slower(node: NodeState, tier: Tier) -> Tier | None:
+    """The node's next tier below `tier` (where its victims are demoted), or None: `tier` is its slowest."""
+    for t in node.spaces:  # fastest first
+        if t > tier:
+            return t
+    return None
 
 
 class Placement:
@@ -74,11 +84,16 @@ class Placement:
         self.counters = Counters()
         self.touched: set[int] = set()  # slots whose location changed
         self.gone: list[bytes] = []     # keys that left the index
+        self.has_hbm = False            # some node registered an HBM tier: DRAM hits are worth promoting
 
     # ---- nodes ----
 
     def add_node(self, info: NodeInfo, ops: NodeOps, *, expires: bool, now: float) -> NodeState:
         spaces = {}
+        if info.hbm_bytes > 0:
+            self.has_hbm = True
+            spaces[Tier.HBM] = TierSpace(Tier.HBM, OffsetAllocator(info.hbm_bytes, info.alignment),
+                                         make_policy(self.policy_name))
         if info.dram_bytes > 0:
             spaces[Tier.DRAM] = TierSpace(Tier.DRAM, OffsetAllocator(info.dram_bytes, info.alignment),
                                           make_policy(self.policy_name))
@@ -158,8 +173,9 @@ class Placement:
             victims = self._pick_victims(space, extent, max_atime)
             if not victims:
                 return None
-            if tier == Tier.DRAM and Tier.SSD in node.spaces:
-                self._demote(node, victims, max_atime)
+            lower = _slower(node, tier)
+            if lower is not None:
+                self._demote(node, tier, lower, victims, max_atime)
             else:
                 self._evict(node, space, victims)
             offset = space.allocator.allocate(extent)
@@ -188,61 +204,72 @@ class Placement:
             self.forget(slot, drops=drops)
         if drops:
             node.ops.drop(drops)
-        self.counters.evictions[space.tier.label] += len(victims)
+        self.count_evictions(space.tier, len(victims))
 
-    def _demote(self, node: NodeState, victims: list[int], max_atime: int | None = None) -> None:
+    def count_evictions(self, tier: Tier, n: int) -> None:
+        ev = self.counters.evictions
+        ev[tier.label] = ev.get(tier.label, 0) + n
+
+    def _demote(self, node: NodeState, src_tier: Tier, dst_tier: Tier, victims: list[int],
+                max_atime: int | None = None) -> None:
         index = self.index
-        dram = node.spaces[Tier.DRAM]
-        ssd = node.spaces[Tier.SSD]
-        # SSD room first (it may evict SSD objects, never these DRAM victims), then one batched copy.
-        targets = [self.allocate(node, Tier.SSD, int(index.size[s]), max_atime) for s in victims]
+        src = node.spaces[src_tier]
+        dst = node.spaces[dst_tier]
+        # Room below first (it may push that tier's own victims further down, never these), then one batched copy.
+        targets = [self.allocate(node, dst_tier, int(index.size[s]), max_atime) for s in victims]
         moves = [Move(index.key_at(s), index.ns_digest(int(index.ns[s])), int(index.size[s]),
-                      int(index.checksum[s]), Tier.DRAM, int(index.offset[s]), Tier.SSD, t)
+                      int(index.checksum[s]), src_tier, int(index.offset[s]), dst_tier, t)
                  for s, t in zip(victims, targets) if t is not None]
         results = iter(node.ops.demote(moves) if moves else [])
         for slot, target in zip(victims, targets):
             ok = target is not None and next(results)
             if not ok:
                 if target is not None:
-                    ssd.allocator.free(target)
+                    dst.allocator.free(target)
                 self.forget(slot)
-                self.counters.evictions["dram"] += 1
+                self.count_evictions(src_tier, 1)
                 continue
             key = index.key_at(slot)
-            dram.allocator.free(int(index.offset[slot]))
-            dram.policy.remove(slot, key)
-            index.tier[slot] = Tier.SSD
+            src.allocator.free(int(index.offset[slot]))
+            src.policy.remove(slot, key)
+            index.tier[slot] = dst_tier
             index.offset[slot] = target
-            ssd.policy.insert_chain([slot], [key])
+            dst.policy.insert_chain([slot], [key])
             self.touched.add(slot)
             self.counters.demotions += 1
 
     def promote(self, slot: int) -> bool | None:
-        """Move an SSD object to DRAM on its node. True = moved, None = no room (stays on SSD), False = the SSD copy
-        failed verification (the caller forgets the object). The object must be pinned by the caller's lease."""
+        """Move an object to the fastest tier of its node (SSD -> DRAM on a node without HBM; SSD or DRAM -> HBM on
+        one with it). True = moved, None = no faster tier or no room (it stays), False = the SSD copy failed
+        verification (the caller forgets the object). The object must be pinned by the caller's lease."""
         index = self.index
         node = self.node_of(slot)
-        if node is None or Tier.DRAM not in node.spaces:
+        if node is None:
+            return None
+        src_tier = _TIERS[int(index.tier[slot])]
+        dst_tier = next(iter(node.spaces), None)  # spaces are built fastest first
+        if dst_tier is None or dst_tier >= src_tier:
             return None
         size = int(index.size[slot])
-        target = self.allocate(node, Tier.DRAM, size)
+        target = self.allocate(node, dst_tier, size)
         if target is None:
             return None
         key = index.key_at(slot)
-        src = int(index.offset[slot])
-        move = Move(key, index.ns_digest(int(index.ns[slot])), size, int(index.checksum[slot]), Tier.SSD, src,
-                    Tier.DRAM, target)
+        src = int(index.offset[slot])  # read after allocate: its demotions never move this leased object
+        move = Move(key, index.ns_digest(int(index.ns[slot])), size, int(index.checksum[slot]), src_tier, src,
+                    dst_tier, target)
         if not node.ops.promote([move])[0]:
-            node.spaces[Tier.DRAM].allocator.free(target)
+            node.spaces[dst_tier].allocator.free(target)
             self.counters.ssd_corrupt += 1
             return False
-        node.ops.drop([Drop(key, Tier.SSD, src, size)])
-        ssd = node.spaces[Tier.SSD]
-        ssd.allocator.free(src)
-        ssd.policy.remove(slot, key)
-        index.tier[slot] = Tier.DRAM
+        if src_tier is _SSD:
+            node.ops.drop([Drop(key, _SSD, src, size)])
+        space = node.spaces[src_tier]
+        space.allocator.free(src)
+        space.policy.remove(slot, key)
+        index.tier[slot] = dst_tier
         index.offset[slot] = target
-        node.spaces[Tier.DRAM].policy.insert_chain([slot], [key])
+        node.spaces[dst_tier].policy.insert_chain([slot], [key])
         self.touched.add(slot)
         self.counters.promotions += 1
         return True
