@@ -44,6 +44,7 @@ class ConnectorConfig:
     load_policy: LoadPolicy = LoadPolicy.AUTO
     tenant: str = "default"
     save_queue_blocks: int = 1024
+    load_chunk_blocks: int = 64          # staging buffer for loads, reserved at start (64 x 720 KiB here)
     transport: str = "auto"
     embedded_dram_bytes: int = 256 << 20
     embedded_ssd_path: str | None = None
@@ -67,7 +68,7 @@ class ConnectorConfig:
             host, _, port = self.pool.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ValueError(f"pool must be 'embedded' or host:port, got {self.pool!r}")
-        for name in ("block_tokens", "save_after_hits", "save_queue_blocks"):
+        for name in ("block_tokens", "save_after_hits", "save_queue_blocks", "load_chunk_blocks"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")

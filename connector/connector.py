@@ -84,6 +84,8 @@ class PoolConnector(KVConnectorBase):
         self.namespace = dataclasses.replace(info.namespace, tenant=self.config.tenant)
         self.cost = LoadCostModel(bytes_per_token=self.namespace.block_bytes // info.block_tokens)
         self._shape = object_shape(info.kv_cache)
+        blocks = min(self.config.load_chunk_blocks, info.kv_cache.shape[2])
+        self._staging = torch.zeros((blocks, *self._shape), dtype=info.kv_cache.dtype)  # zeros: touched now
 
     def get_num_external_tokens(self, request, num_local_cached_tokens: int) -> int:
         bt = self.config.block_tokens
@@ -124,24 +126,36 @@ class PoolConnector(KVConnectorBase):
         pool = self._get_pool()
         if pool is None or n <= 0:
             return 0
-        staging = self._staging_for(n)
-        views = staging.view(n, -1).view(torch.uint8).numpy()
+        # Chunks through one staging buffer reserved (and touched) at attach: no request pays page faults for it,
+        # and memory stays bounded however long the hit is.
+        chunk = self._staging.shape[0]
+        flat = self._staging.view(chunk, -1).view(torch.uint8).numpy()
         tiers: list[str] = []
-        start = time.perf_counter()
+        got = 0
+        seconds = 0.0
         try:
-            if self._pool_reports_tiers:
-                got = pool.get_many_into(state.keys[first:first + n], list(views), tiers_out=tiers)
-            else:
-                got = pool.get_many_into(state.keys[first:first + n], list(views))
+            while got < n:
+                k = min(chunk, n - got)
+                keys = state.keys[first + got:first + got + k]
+                start = time.perf_counter()
+                if self._pool_reports_tiers:
+                    done = pool.get_many_into(keys, list(flat[:k]), tiers_out=tiers)
+                else:
+                    done = pool.get_many_into(keys, list(flat[:k]))
+                seconds += time.perf_counter() - start
+                if done:
+                    scatter_blocks(self.info.kv_cache, block_ids[first + got:first + got + done],
+                                   self._staging[:done])
+                got += done
+                if done < k:
+                    break
+            if got < n:
+                # Evicted between lookup and load, or a block failed its checksum: recompute from there.
+                self._count_fallback("partial_load")
         except Exception as exc:
+            # Blocks scattered before the fault are valid KV: report them, recompute only the rest.
             self._fault(exc, "load")
-            return 0
-        seconds = time.perf_counter() - start
-        if got < n:
-            # Evicted between lookup and load, or a block failed its checksum: recompute from there.
-            self._count_fallback("partial_load")
         if got:
-            scatter_blocks(self.info.kv_cache, block_ids[first:first + got], staging[:got])
             nbytes = got * self.namespace.block_bytes
             self.cost.observe_load(nbytes, seconds)
             self.stats.loads += 1
@@ -271,10 +285,6 @@ class PoolConnector(KVConnectorBase):
         while len(seen) > _SEEN_CAPACITY:
             seen.popitem(last=False)
 
-    def _staging_for(self, n: int) -> torch.Tensor:
-        if self._staging is None or self._staging.shape[0] < n:
-            self._staging = torch.empty((max(n, 16), *self._shape), dtype=self.info.kv_cache.dtype)
-        return self._staging[:n]
 
     def _get_pool(self):
         with self._pool_lock:

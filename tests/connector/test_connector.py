@@ -171,3 +171,15 @@ def test_connector_metrics_match_its_stats(reference_b):
     assert reg2.get_sample_value("kvpool_connector_hit_tokens_total", {**label, "tier": "dram"}) == \
         out.num_cached_tokens_external > 0
     assert out.token_ids == reference_b
+
+
+def test_load_in_chunks_of_the_staging_buffer(reference_b):
+    with EmbeddedPool(dram_bytes=128 << 20) as pool:
+        run(make_engine(pool), QUESTION_A)
+        b = make_engine(pool, load_chunk_blocks=3)
+        assert b.engine.connector._staging.shape[0] == 3
+        out = run(b, QUESTION_B)
+        assert out.num_cached_tokens_external >= 6 * 16      # several chunks' worth
+        assert out.token_ids == reference_b
+        assert b.engine.connector.stats.pool_hit_tokens == {"dram": out.num_cached_tokens_external}
+        assert b.engine.connector.stats.fallbacks == {}
