@@ -266,7 +266,8 @@ class Master:
         if len(checksums) != len(grant_ids):
             raise ValueError(f"checksums has {len(checksums)} entries, grant_ids has {len(grant_ids)}")
         with self._lock:
-            atime = self._ticks(self._tick())
+            now = self._tick()
+            atime = self._ticks(now)
             index = self.index
             ok: list[bool] = []
             chains: dict[tuple[int, int], tuple[list[int], list[bytes]]] = {}
@@ -275,7 +276,13 @@ class Master:
                 if entry is None:
                     ok.append(False)
                     continue
-                slot = entry[0]
+                slot, expires_at = entry
+                if expires_at <= now:
+                    # Expired but not reaped yet (the reaper runs every ttl/4): refuse exactly as a reaped grant
+                    # is refused, since the node already refuses writes under it.
+                    self.placement.forget(slot)
+                    ok.append(False)
+                    continue
                 index.state[slot] = State.COMMITTED
                 index.checksum[slot] = checksum
                 index.atime[slot] = atime

@@ -387,3 +387,20 @@ def test_evict_bad_arguments_change_nothing(make, clock, kwargs, match):
     with pytest.raises(ValueError, match=match):
         master.evict(**kwargs)
     assert master.contains([key(1)]) == [True] and master.stats()["evictions"] == {"dram": 0, "ssd": 0}
+
+
+def test_commit_of_an_expired_grant_is_refused_before_the_reaper_runs(tmp_path, clock):
+    node = StorageNode(NodeConfig(node_id="n", dram_bytes=4 * OBJ, shm_dir=str(tmp_path)))
+    try:
+        master = Master(MasterConfig(grant_ttl_s=1.0), clock=clock)
+        master.register_node(node.info(), node, expires=False)
+        early = master.put_start([key(1)], [OBJ])[0].grant
+        late = master.put_start([key(2)], [OBJ])[0].grant
+        clock.now += 0.9
+        assert master.put_commit([early.grant_id], [0]) == [True]   # this tick reaps; the next reap is at 1.15
+        clock.now += 0.15                                            # 1.05: past `late`'s expiry, before that reap
+        assert master.put_commit([late.grant_id], [0]) == [False]
+        assert master.contains([key(1), key(2)]) == [True, False]
+        assert master.stats()["grants_open"] == 0
+    finally:
+        node.close()
