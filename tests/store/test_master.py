@@ -12,20 +12,11 @@ from kvpool.store.metadata import MemoryMetadata
 from kvpool.store.node import StorageNode
 from kvpool.store.records import NsRef, ObjectRecord, PutStatus
 from kvpool.tiers.types import Tier
+from tests.store.fakes import Clock, key  # noqa: F401 - Clock is used by fixtures
 
 OBJ = 4096
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def key(i: int) -> bytes:
-    return bytes([i]) * 16
 
 
 @pytest.fixture
