@@ -17,8 +17,6 @@ from tests.store.fakes import Clock, key  # noqa: F401 - Clock is used by fixtur
 OBJ = 4096
 
 
-
-
 @pytest.fixture
 def clock():
     return Clock()

@@ -20,8 +20,6 @@ from tests.store.fakes import Clock, key  # noqa: F401 - Clock is used by fixtur
 OBJ = 4096
 
 
-
-
 def data(i: int) -> np.ndarray:
     return np.full(OBJ, i, np.uint8)
 
