@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from kvpool.tiers.dram import as_byte_view
+
 
 def _is_torch_tensor(obj: Any) -> bool:
     return hasattr(obj, "__dlpack__") and hasattr(obj, "numpy") and hasattr(obj, "is_contiguous") \
@@ -32,7 +34,8 @@ def _torch_bytes(obj: Any, arg: str) -> memoryview:
 
 
 def as_bytes(obj: Any, arg: str) -> memoryview:
-    """Flat, C-contiguous uint8 view of `obj` (may be read-only)."""
+    """Flat, C-contiguous uint8 view of `obj` (may be read-only). Torch tensors are turned into a buffer here;
+    the contiguity check and the flattening are the tier layer's `as_byte_view`."""
     if _is_torch_tensor(obj):
         view = _torch_bytes(obj, arg)
     else:
@@ -41,11 +44,7 @@ def as_bytes(obj: Any, arg: str) -> memoryview:
         except TypeError:
             raise ValueError(f"{arg} must be bytes-like, a numpy array or a CPU torch tensor, got "
                              f"{type(obj).__name__}") from None
-    if not view.c_contiguous:
-        raise ValueError(f"{arg} must be C-contiguous")
-    if view.ndim != 1 or view.format != "B":
-        view = view.cast("B") if view.nbytes else memoryview(b"")
-    return view
+    return as_byte_view(view, arg)
 
 
 def as_writable_bytes(obj: Any, arg: str) -> memoryview:

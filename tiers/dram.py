@@ -54,7 +54,7 @@ def as_byte_view(data: Any, argname: str = "data") -> memoryview:
     if not m.c_contiguous:
         raise ValueError(f"{argname} must be C-contiguous")
     if m.format != "B" or m.ndim != 1:
-        m = m.cast("B")
+        m = m.cast("B") if m.nbytes else memoryview(b"")  # cast refuses zeros in the shape
     return m
 
 
