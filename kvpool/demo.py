@@ -87,7 +87,6 @@ def run_demo(*, sections: int = 40, max_tokens: int = 16, dram: str = "1GiB", ss
 
         prefix = shared_prefix(sections)
         client = PoolClient(pool_addr)
-        before = client.stats()
         out_a = _complete(engines["A"][1], prefix + "Question: how fast are refunds handled?\nAnswer:", max_tokens)
         _wait_saves_settled(client)
         question_b = prefix + "Question: which team handles security escalations?\nAnswer:"
@@ -98,7 +97,6 @@ def run_demo(*, sections: int = 40, max_tokens: int = 16, dram: str = "1GiB", ss
         client.close()
         by_tier = {t: after["hit_tokens_by_tier"][t] - mid["hit_tokens_by_tier"].get(t, 0)
                    for t in after["hit_tokens_by_tier"]}
-        del before
         return DemoResult(prompt_tokens=out_b["usage"]["prompt_tokens"],
                           ttft_cold_a=out_a["usage"]["ttft_seconds"],
                           ttft_b_without_pool=out_b0["usage"]["ttft_seconds"],
