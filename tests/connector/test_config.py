@@ -31,7 +31,8 @@ def test_toml_file(tmp_path):
     ({"block_tokens": 0}, "block_tokens"), ({"min_hit_tokens": -1}, "min_hit_tokens"),
     ({"load_timeout_s": 0}, "load_timeout_s"), ({"load_policy": "never"}, "load_policy"),
     ({"embedded_ssd_bytes": "-5"}, "embedded_ssd_bytes"), ({"transport": "udp"}, "transport"),
-    ({"no_such_field": 1}, "no_such_field"),
+    ({"no_such_field": 1}, "no_such_field"), ({"load_chunk_blocks": 0}, "load_chunk_blocks"),
+    ({"retry_after_s": -1}, "retry_after_s"),
 ])
 def test_bad_values_name_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):
