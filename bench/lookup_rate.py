@@ -1,0 +1,188 @@
+"""Master throughput under concurrent clients: lookups and small gets per second with 1, 2, 4 and 8 client processes.
+
+One master process and one node process (`kvpool master` / `kvpool node`, DRAM + SSD), then for each number of
+client processes, each process a `PoolClient` of its own, running for a fixed time:
+
+  lookup 64      lookup_prefix of a 64-key chain (one Lookup RPC without a lease): the master's index path
+  get 8 (dram)   get_many_into of an 8-block chain whose blocks are in DRAM: Lookup with lease + copy + Release
+  get 8 (ssd)    the same on chains whose blocks sit on SSD, so every hit is promoted to DRAM (demoting others:
+                 the DRAM tier holds a fraction of the SSD chains), the case a promotion inside the master lock
+                 serialises
+
+Every result line is requests/s summed over the processes; the ratio lines compare each concurrency to one process.
+Repeats are interleaved (case, concurrency) x rounds and the median is printed. The bench uses only the public
+client API and the CLI, so the same file measures any build (`--python` picks the interpreter of the build: the
+master, node and clients all run under it):
+
+    python bench/lookup_rate.py [--seconds 2] [--rounds 3] [--procs 1,2,4,8] [--python /path/to/python]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from tqdm import tqdm
+
+OBJECT_BYTES = 16 << 10
+CHAIN = 64
+GET_BLOCKS = 8
+DRAM_CHAINS = 64          # get-from-DRAM chains (8 blocks each) written last, so they stay in DRAM
+SSD_CHAINS = 256          # get-from-SSD chains: 256 x 8 x 16 KiB = 32 MiB on SSD, DRAM holds a fraction of them
+
+
+def _keys(prefix: int, chain: int, n: int) -> list[bytes]:
+    return [prefix.to_bytes(4, "little") + chain.to_bytes(4, "little") + i.to_bytes(8, "little") for i in range(n)]
+
+
+def _client(argv: list[str]) -> None:
+    """Child: run one case against the pool for `seconds`, print {"ops": n, "seconds": s, "misses": m}."""
+    import random
+
+    import numpy as np
+
+    from kvpool import PoolClient
+
+    address, case, seconds, seed = argv[0], argv[1], float(argv[2]), int(argv[3])
+    rng = random.Random(seed)
+    bufs = [np.empty(OBJECT_BYTES, dtype=np.uint8) for _ in range(GET_BLOCKS)]
+    lookups = [_keys(1, c, CHAIN) for c in range(16)]
+    dram = [_keys(2, c, GET_BLOCKS) for c in range(DRAM_CHAINS)]
+    ssd = [_keys(3, c, GET_BLOCKS) for c in range(SSD_CHAINS)]
+    with PoolClient(address, timeout=30) as pool:
+        ops = misses = 0
+        end = time.perf_counter() + seconds
+        start = time.perf_counter()
+        while time.perf_counter() < end:
+            for _ in range(16):
+                if case == "lookup":
+                    misses += pool.lookup_prefix(rng.choice(lookups)) != CHAIN
+                else:
+                    keys = rng.choice(dram if case == "get_dram" else ssd)
+                    misses += pool.get_many_into(keys, bufs) != GET_BLOCKS
+                ops += 1
+        print(json.dumps({"ops": ops, "seconds": time.perf_counter() - start, "misses": misses}), flush=True)
+
+
+def _populate(address: str) -> None:
+    import numpy as np
+
+    from kvpool import PoolClient
+
+    rng = np.random.default_rng(7)
+    with PoolClient(address, timeout=60) as pool:
+        def put(chains):
+            for keys in chains:
+                vals = [rng.integers(0, 256, OBJECT_BYTES, dtype=np.uint8) for _ in keys]
+                statuses = pool.put_many(keys, vals)
+                assert all(s in ("stored", "exists") for s in statuses), statuses
+        put([_keys(3, c, GET_BLOCKS) for c in range(SSD_CHAINS)])
+        put([_keys(1, c, CHAIN) for c in range(16)])
+        put([_keys(2, c, GET_BLOCKS) for c in range(DRAM_CHAINS)])
+        assert pool.lookup_prefix(_keys(3, 0, GET_BLOCKS)) == GET_BLOCKS
+
+
+class Pool:
+    """Master and node processes of the build under test (DRAM sized so the SSD chains do not fit in it)."""
+
+    def __init__(self, python: str, workdir: str) -> None:
+        from kvpool.launcher import free_port, wait_grpc_serving
+
+        self.shm = tempfile.mkdtemp(prefix="kvpool-bench-", dir="/dev/shm")
+        self.address = f"127.0.0.1:{free_port()}"
+        node = f"127.0.0.1:{free_port()}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KVPOOL_")}
+        log = open(os.path.join(workdir, "pool.log"), "ab")
+        cli = [python, "-m", "kvpool.cli"]
+        self.procs = [subprocess.Popen(cli + ["master", "--listen", self.address], stdout=log, stderr=log, env=env)]
+        wait_grpc_serving(self.address, 30, self.procs[0])
+        # DRAM: the lookup chains + the DRAM get chains + about a quarter of the SSD chains.
+        dram = (16 * CHAIN + DRAM_CHAINS * GET_BLOCKS + SSD_CHAINS * GET_BLOCKS // 4) * OBJECT_BYTES
+        self.procs.append(subprocess.Popen(cli + ["node", "--master", self.address, "--listen", node,
+                                                  "--dram-bytes", str(dram), "--shm-dir", self.shm,
+                                                  "--ssd-path", os.path.join(workdir, "ssd"), "--ssd-bytes", "256MiB",
+                                                  "--node-id", "bench"], stdout=log, stderr=log, env=env))
+        wait_grpc_serving(node, 30, self.procs[1])
+
+    def close(self) -> None:
+        for p in reversed(self.procs):
+            p.terminate()
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(self.shm, ignore_errors=True)
+
+
+def run_case(python: str, address: str, case: str, procs: int, seconds: float, seed: int) -> tuple[float, int]:
+    children = [subprocess.Popen([python, __file__, "--child", address, case, str(seconds), str(seed + i)],
+                                 stdout=subprocess.PIPE, text=True) for i in range(procs)]
+    total, misses = 0.0, 0
+    for child in children:
+        out, _ = child.communicate(timeout=seconds + 120)
+        if child.returncode != 0:
+            raise RuntimeError(f"client process failed ({child.returncode})")
+        row = json.loads(out.strip().splitlines()[-1])
+        total += row["ops"] / row["seconds"]
+        misses += row["misses"]
+    return total, misses
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=2.0, help="run time of each client process per repeat")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved repeats; the median is printed")
+    ap.add_argument("--procs", default="1,2,4,8", help="client process counts")
+    ap.add_argument("--python", default=sys.executable, help="interpreter of the build to measure")
+    ap.add_argument("--json", default="", help="also write the medians to this JSON file")
+    args = ap.parse_args(argv)
+    procs = [int(p) for p in args.procs.split(",")]
+    if args.seconds <= 0 or args.rounds < 1 or any(p < 1 for p in procs):
+        ap.error("--seconds must be > 0, --rounds >= 1, --procs positive integers")
+    cases = ["lookup", "get_dram", "get_ssd"]
+    workdir = tempfile.mkdtemp(prefix="kvpool-lookup-rate-")
+    print(f"# lookup rate {datetime.date.today()} {platform.machine()} {os.cpu_count()} cores, "
+          f"python {args.python}", flush=True)
+    pool = Pool(args.python, workdir)
+    results: dict[tuple[str, int], list[float]] = {}
+    missed = 0
+    try:
+        subprocess.run([args.python, __file__, "--populate", pool.address], check=True, timeout=600)
+        plan = [(c, p) for _ in range(args.rounds) for c in cases for p in procs]
+        for i, (case, p) in enumerate(tqdm(plan, desc="lookup rate", unit="run")):
+            rate, misses = run_case(args.python, pool.address, case, p, args.seconds, seed=1000 * i)
+            results.setdefault((case, p), []).append(rate)
+            missed += misses if case != "get_ssd" else 0
+    finally:
+        pool.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    medians = {f"{c}/{p}": statistics.median(v) for (c, p), v in results.items()}
+    for case in cases:
+        base = medians[f"{case}/{procs[0]}"]
+        row = "  ".join(f"{p} proc {medians[f'{case}/{p}']:8.0f}/s ({medians[f'{case}/{p}'] / base:4.2f}x)"
+                        for p in procs)
+        print(f"{case:9s} {row}")
+    if missed:
+        print(f"WARNING: {missed} lookups/gets of DRAM-resident chains missed")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(medians, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        _client(sys.argv[2:])
+    elif len(sys.argv) > 1 and sys.argv[1] == "--populate":
+        _populate(sys.argv[2])
+    else:
+        sys.exit(main())
