@@ -14,7 +14,7 @@ The master decides, a client moves the bytes (docs/internals.md "Ownership"), ex
                            source keep their bytes until their last release, which frees the source extent (the same
                            rule as `remove` of a leased object). No commit ever waits for or races with a reader.
     migrate_abort(ids)     destination extent freed (erased first if it is on SSD), source unpinned
-    drain_node(node)       (Master) forgets the node with whatever is left on it (counted as dropped)
+    remove_node(node)      (Master) forgets the node with whatever is left on it (counted as dropped)
 
 A move that is neither committed nor aborted within grant_ttl_s is reaped like a grant. A move whose object vanished
 in the meantime (removed, evicted by `evict()`... though pinned objects are skipped) or whose destination node left
@@ -25,20 +25,18 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from kvpool.store import tokens
-from kvpool.store.index import State
+from kvpool.store.index import COMMITTED, PENDING, Index
+from kvpool.store.leases import Leases
 from kvpool.store.node import Drop
+from kvpool.store.placement import Placement
 from kvpool.store.records import Location
 from kvpool.tiers.types import Tier
 
-if TYPE_CHECKING:
-    from kvpool.store.master import Master
-
-_COMMITTED, _DOOMED, _PENDING = int(State.COMMITTED), int(State.DOOMED), int(State.PENDING)
 _TIERS = tuple(Tier)
 
 
@@ -88,37 +86,38 @@ class _Move:
 class Drains:
     """Draining node ids and the moves in flight. Owned by the Master; every method runs under its lock."""
 
-    def __init__(self, master: "Master") -> None:
-        self.master = master
+    def __init__(self, index: Index, placement: Placement, leases: Leases) -> None:
+        self.index = index
+        self.placement = placement
+        self.leases = leases
         self.draining: set[str] = set()
         self._moves: dict[int, _Move] = {}
         self._by_slot: dict[int, int] = {}  # source slot -> move_id (one move per object at a time)
+
+    def draining_numbers(self) -> set[int]:
+        nodes = self.placement.nodes
+        return {nodes[n].number for n in self.draining if n in nodes}
 
     # ---- node state
 
     def begin(self, node_id: str) -> tuple[int, int]:
         """Mark a node draining (idempotent). Returns (committed objects on it, uncommitted grants on it)."""
-        m = self.master
-        node = m._node(node_id)
+        node = self.placement.node(node_id)
         self.draining.add(node_id)
-        index = m.index
+        index = self.index
         slots = index.slots()
         on_node = index.node[slots] == node.number
-        committed = int((on_node & (index.state[slots] == _COMMITTED)).sum())
-        pending = int((on_node & (index.state[slots] == _PENDING)).sum())
+        committed = int((on_node & (index.state[slots] == COMMITTED)).sum())
+        pending = int((on_node & (index.state[slots] == PENDING)).sum())
         return committed, pending
 
     def forget_node(self, number: int, node_id: str, *, leaving: bool = True) -> None:
-        """A node leaves (drained or silent; `leaving`) or restarted: end every move from or to it, and its
-        uncommitted grants (their slots are freed with the node, so a late commit must find no grant rather than a
-        reused slot). A restarted node that was draining stays draining."""
+        """A node leaves (drained or silent; `leaving`) or restarted: end every move from or to it. A restarted
+        node that was draining stays draining."""
         if leaving:
             self.draining.discard(node_id)
         for move_id in [i for i, mv in self._moves.items() if number in (mv.src_number, mv.dst_number)]:
             self._end(move_id, drop_dest=True)
-        m = self.master
-        for grant_id in [g for g, (slot, _) in m._grants.items() if int(m.index.node[slot]) == number]:
-            del m._grants[grant_id]
 
     # ---- moves
 
@@ -126,12 +125,11 @@ class Drains:
         """Up to `limit` committed objects of a draining node (at least one, then at most `max_bytes` in total), in
         index slot order from slot `cursor`; returns (keys, next cursor, 0 = no more). Vectorised over the index,
         so paging through a node of n objects costs O(n) per batch in numpy, not a sort of its keys."""
-        m = self.master
-        node = m._node(node_id)
+        node = self.placement.node(node_id)
         if node_id not in self.draining:
             raise ValueError(f"node_id {node_id!r} is not draining: call begin_drain (BeginDrain) first")
-        index = m.index
-        rest = np.flatnonzero((index.node[cursor:] == node.number) & (index.state[cursor:] == _COMMITTED))
+        index = self.index
+        rest = np.flatnonzero((index.node[cursor:] == node.number) & (index.state[cursor:] == COMMITTED))
         if not len(rest):
             return [], 0
         slots = rest[:limit] + cursor
@@ -141,17 +139,17 @@ class Drains:
         more = len(rest) > take
         return [index.key_at(int(s)) for s in slots], (int(slots[-1]) + 1 if more else 0)
 
-    def start(self, keys: Sequence[bytes]) -> MigrateStartResult:
-        m = self.master
-        index, placement = m.index, m.placement
-        now = m._tick()
-        expires_at = now + m.config.grant_ttl_s
-        exp_ms = int(expires_at * 1000)
-        secret = m.token_secret
-        result = MigrateStartResult(read_id=m._new_id(), expires_at=expires_at, keys=list(keys))
+    def moving(self, slot: int) -> bool:
+        return slot in self._by_slot
+
+    def start(self, keys: Sequence[bytes], expires_at: float, exclude: set[int]) -> MigrateStartResult:
+        """`exclude`: node numbers nothing may be placed on besides the draining ones (not connected)."""
+        index, placement, leases = self.index, self.placement, self.leases
+        exclude = exclude | self.draining_numbers()
+        result = MigrateStartResult(read_id=leases.new_id(), expires_at=expires_at, keys=list(keys))
         for key in keys:
-            slot = index.slot_of(key)
-            src = placement.node_of(slot) if slot >= 0 and index.state[slot] == _COMMITTED else None
+            slot = index.find(key, -1)
+            src = placement.node_of(slot) if slot >= 0 and index.state[slot] == COMMITTED else None
             if src is None or src.node_id not in self.draining:
                 result.moves.append(Migration(MigrateStatus.GONE))
                 continue
@@ -159,30 +157,28 @@ class Drains:
                 result.moves.append(Migration(MigrateStatus.BUSY))
                 continue
             size, atime = int(index.size[slot]), int(index.atime[slot])
-            placed = m._place(size, None, max_atime=atime)
+            placed = placement.place(size, None, exclude, max_atime=atime)
             if placed is None:
                 result.moves.append(Migration(MigrateStatus.NO_SPACE))
                 continue
             dst, tier, offset = placed
             # Placing may have evicted or demoted objects on the destination, never this one (it is on a draining
             # node, which is never a destination), so `slot` is still ours; pin it now.
-            index.leases[slot] += 1
-            move_id = m._new_id()
+            leases.pin(slot)
+            move_id = leases.new_id()
             self._moves[move_id] = _Move(slot, bytes(key), src.number, dst.number, tier, offset, size, expires_at)
             self._by_slot[slot] = move_id
             src_tier, src_offset = _TIERS[int(index.tier[slot])], int(index.offset[slot])
-            mv = Migration(MigrateStatus.MOVING, move_id, Location(src.node_id, src_tier, src_offset, size),
-                           Location(dst.node_id, tier, offset, size), int(index.checksum[slot]),
-                           index.ns_digest(int(index.ns[slot])))
-            if secret is not None:
-                mv.read_token = tokens.sign(secret, tokens.READ, result.read_id, src_tier, src_offset, size, exp_ms)
-                mv.write_token = tokens.sign(secret, tokens.WRITE, move_id, tier, offset, size, exp_ms)
-            result.moves.append(mv)
+            result.moves.append(Migration(
+                MigrateStatus.MOVING, move_id, Location(src.node_id, src_tier, src_offset, size),
+                Location(dst.node_id, tier, offset, size), int(index.checksum[slot]),
+                index.ns_digest(int(index.ns[slot])),
+                read_token=leases.sign(tokens.READ, result.read_id, src_tier, src_offset, size, expires_at),
+                write_token=leases.sign(tokens.WRITE, move_id, tier, offset, size, expires_at)))
         return result
 
     def commit(self, move_ids: Sequence[int], checksums: Sequence[int]) -> list[bool]:
-        m = self.master
-        index, placement = m.index, m.placement
+        index, placement = self.index, self.placement
         ok: list[bool] = []
         for move_id, checksum in zip(move_ids, checksums):
             mv = self._moves.get(move_id)
@@ -191,7 +187,7 @@ class Drains:
                 continue
             slot = mv.slot
             dst = placement.by_number[mv.dst_number]
-            same = (index.slot_of(mv.key) == slot and int(index.state[slot]) == _COMMITTED
+            same = (index.find(mv.key, -1) == slot and int(index.state[slot]) == COMMITTED
                     and int(index.node[slot]) == mv.src_number)
             if not same or dst is None or int(index.checksum[slot]) != int(checksum):
                 self._end(move_id, drop_dest=True)
@@ -199,14 +195,8 @@ class Drains:
                 continue
             del self._moves[move_id]
             del self._by_slot[slot]
-            ns, stored, atime = int(index.ns[slot]), int(index.checksum[slot]), int(index.atime[slot])
-            # Our pin keeps leases > 0, so forget() only unlinks the key and marks the slot DOOMED: the source
-            # extent stays allocated until the last lease on it (ours, or a reader's) is released.
-            placement.forget(slot)
-            new = index.add(mv.key, node=mv.dst_number, tier=mv.dst_tier, state=State.COMMITTED,
-                            offset=mv.dst_offset, size=mv.size, ns=ns, checksum=stored, atime=atime)
-            dst.spaces[mv.dst_tier].policy.insert_chain([new], [mv.key])
-            placement.touched.add(new)
+            # Our pin keeps the source extent allocated until the last lease on it (ours, or a reader's) ends.
+            placement.relocate(slot, dst, mv.dst_tier, mv.dst_offset)
             self._unpin(slot)
             ok.append(True)
         return ok
@@ -230,7 +220,7 @@ class Drains:
         if mv is None:
             return 0
         self._by_slot.pop(mv.slot, None)
-        dst = self.master.placement.by_number[mv.dst_number]
+        dst = self.placement.by_number[mv.dst_number]
         if drop_dest and dst is not None:
             space = dst.spaces[mv.dst_tier]
             if mv.dst_tier is Tier.SSD:  # the client may have written a record there: erase before reuse
@@ -240,7 +230,5 @@ class Drains:
         return 1
 
     def _unpin(self, slot: int) -> None:
-        index = self.master.index
-        index.leases[slot] -= 1
-        if index.leases[slot] == 0 and index.state[slot] == _DOOMED:
-            self.master.placement.forget(slot)
+        if self.leases.unpin(slot):
+            self.placement.forget(slot)

@@ -51,8 +51,17 @@ class Drop:
     size: int
 
 
+class NodeUnavailable(OSError):
+    """A node could not be asked to move bytes (not connected, RPC failed): nothing is known about its copies, so
+    the objects concerned stay where they are. Never a reason to call an object corrupt."""
+
+
 @runtime_checkable
 class NodeOps(Protocol):
+    """Byte moves the master asks of a node, batched. `demote` / `promote` answer one bool per move: False means the
+    node refused that copy (for a promotion: the source SSD record failed verification). `promote` raises
+    NodeUnavailable when the node cannot be asked at all."""
+
     def demote(self, moves: list[Move]) -> list[bool]: ...
 
     def promote(self, moves: list[Move]) -> list[bool]: ...

@@ -19,7 +19,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from kvpool.store.index import Index, State
+import numpy as np
+
+from kvpool.store.index import COMMITTED, PENDING, Index, State
+from kvpool.store.journal import Journal
 from kvpool.store.node import Drop, Move, NodeOps
 from kvpool.store.records import NodeInfo, ObjectRecord
 from kvpool.tiers.allocator import OffsetAllocator
@@ -31,7 +34,7 @@ log = logging.getLogger(__name__)
 # Enum attribute lookups cost ~1 us on Python 3.11; these run per object.
 _TIERS = tuple(Tier)
 _SSD = Tier.SSD
-_COMMITTED, _PENDING = int(State.COMMITTED), int(State.PENDING)
+_PLACE_ORDER = (Tier.HBM, Tier.DRAM, Tier.SSD)  # fastest first: a put lands on the fastest tier with room
 
 
 @dataclass(slots=True)
@@ -47,22 +50,28 @@ class TierSpace:
 
 @dataclass(slots=True)
 class NodeState:
+    """A node's place in the pool: its tiers' allocators and policies, and how to move bytes on it. Membership
+    (epoch, heartbeats, connected) is the NodeRegistry's (store/registry.py)."""
+
     node_id: str
     number: int                     # the u16 stored in the index
     info: NodeInfo
     ops: NodeOps
     spaces: dict[Tier, TierSpace]
-    expires: bool = True            # False: never dropped for silence (the embedded pool's own node)
-    last_heartbeat: float = 0.0
-    epoch: int = 0
 
 
 @dataclass(slots=True)
 class Counters:
-    evictions: dict[str, int] = field(default_factory=lambda: {"dram": 0, "ssd": 0})  # "hbm" appears on first use
-    demotions: int = 0
-    promotions: int = 0
+    """Object movements, each by the tier the object LEFT. The tiers every pool has start at 0 (so their series
+    exist from the start); "hbm" appears on first use."""
+
+    evictions: dict[str, int] = field(default_factory=lambda: {"dram": 0, "ssd": 0})
+    demotions: dict[str, int] = field(default_factory=lambda: {"dram": 0})
+    promotions: dict[str, int] = field(default_factory=lambda: {"ssd": 0})
     ssd_corrupt: int = 0
+
+    def count(self, what: dict[str, int], tier: Tier, n: int = 1) -> None:
+        what[tier.label] = what.get(tier.label, 0) + n
 
 
 def _slower(node: NodeState, tier: Tier) -> Tier | None:
@@ -74,21 +83,20 @@ def _slower(node: NodeState, tier: Tier) -> Tier | None:
 
 
 class Placement:
-    """Not thread-safe: called under the master lock. `touched` / `gone` collect index changes for the journal."""
+    """Not thread-safe: called under the master lock. Index changes are reported to the journal."""
 
-    def __init__(self, index: Index, policy_name: str) -> None:
+    def __init__(self, index: Index, policy_name: str, journal: Journal) -> None:
         self.index = index
         self.policy_name = policy_name
+        self.journal = journal
         self.nodes: dict[str, NodeState] = {}
         self.by_number: list[NodeState | None] = []
         self.counters = Counters()
-        self.touched: set[int] = set()  # slots whose location changed
-        self.gone: list[bytes] = []     # keys that left the index
         self.has_hbm = False            # some node registered an HBM tier: DRAM hits are worth promoting
 
     # ---- nodes ----
 
-    def add_node(self, info: NodeInfo, ops: NodeOps, *, expires: bool, now: float) -> NodeState:
+    def add_node(self, info: NodeInfo, ops: NodeOps) -> NodeState:
         spaces = {}
         if info.hbm_bytes > 0:
             self.has_hbm = True
@@ -104,7 +112,7 @@ class Placement:
         number = len(self.by_number)
         if number > 0xFFFF:
             raise ValueError("node_id: more than 65536 node registrations in one master lifetime")
-        state = NodeState(info.node_id, number, info, ops, spaces, expires=expires, last_heartbeat=now)
+        state = NodeState(info.node_id, number, info, ops, spaces)
         self.by_number.append(state)
         self.nodes[info.node_id] = state
         return state
@@ -125,6 +133,74 @@ class Placement:
     def node_of(self, slot: int) -> NodeState | None:
         return self.by_number[int(self.index.node[slot])]
 
+    def node(self, node_id: str) -> NodeState:
+        node = self.nodes.get(node_id)
+        if node is None:
+            raise KeyError(f"node_id {node_id!r} is not registered")
+        return node
+
+    def free_dram(self, node: NodeState) -> int:
+        space = node.spaces.get(Tier.DRAM)
+        return space.allocator.free_bytes if space is not None else 0
+
+    def fastest_tier(self, node: NodeState) -> Tier | None:
+        return next(iter(node.spaces), None)  # spaces are built fastest first
+
+    def record(self, slot: int) -> ObjectRecord:
+        i = self.index
+        return ObjectRecord(key=i.key_at(slot), ns_digest=i.ns_digest(int(i.ns[slot])),
+                            node_id=self.by_number[int(i.node[slot])].node_id, tier=Tier(int(i.tier[slot])),
+                            offset=int(i.offset[slot]), size=int(i.size[slot]), checksum=int(i.checksum[slot]))
+
+    # ---- where a new object goes ----
+
+    def place(self, size: int, prefer_node: str | None, exclude: set[int], max_atime: int | None = None
+              ) -> tuple[NodeState, Tier, int] | None:
+        """The fastest tier first (HBM where a node has it, then DRAM, then SSD): on the preferred node, else on the
+        node with the most free DRAM (evicting/demoting there if needed), else the same order one tier down, down to
+        SSD (objects larger than any DRAM tier, or DRAM full of leased/uncommitted objects). Never on a node whose
+        number is in `exclude` (draining, or not connected). `max_atime`: see `allocate`."""
+        nodes = [n for n in self.nodes.values() if n.number not in exclude]
+        if len(nodes) > 1:
+            nodes.sort(key=lambda n: (n.node_id != prefer_node, -self.free_dram(n)))
+        for tier in _PLACE_ORDER:
+            for node in nodes:
+                offset = self.allocate(node, tier, size, max_atime)
+                if offset is not None:
+                    return node, tier, offset
+        return None
+
+    # ---- policies ----
+
+    def insert_committed(self, slots: list[int], keys: list[bytes]) -> None:
+        """Newly committed objects enter their tier's policy, one chain per (node, tier) in the order given."""
+        index = self.index
+        chains: dict[tuple[int, int], tuple[list[int], list[bytes]]] = {}
+        for slot, key in zip(slots, keys):
+            chain = chains.get(n_t := (int(index.node[slot]), int(index.tier[slot])))
+            if chain is None:
+                chain = chains[n_t] = ([], [])
+            chain[0].append(slot)
+            chain[1].append(key)
+        for (number, tier), (chain_slots, chain_keys) in chains.items():
+            self.by_number[number].spaces[_TIERS[tier]].policy.insert_chain(chain_slots, chain_keys)
+
+    def touch(self, slots: np.ndarray) -> None:
+        """A hit on a chain: its policies see it used, parents before tails."""
+        if not len(slots):
+            return
+        index = self.index
+        nodes, tiers = index.node[slots], index.tier[slots]
+        by_number = self.by_number
+        if (nodes == nodes[0]).all() and (tiers == tiers[0]).all():  # the common case: one chain, one tier
+            by_number[int(nodes[0])].spaces[_TIERS[int(tiers[0])]].policy.touch_chain(slots)  # numpy: see LRUPolicy
+            return
+        chains: dict[tuple[int, int], list[int]] = {}
+        for slot, n, t in zip(slots.tolist(), nodes.tolist(), tiers.tolist()):
+            chains.setdefault((n, t), []).append(slot)
+        for (number, tier), chain in chains.items():
+            by_number[number].spaces[_TIERS[tier]].policy.touch_chain(chain)
+
     # ---- object lifecycle ----
 
     def forget(self, slot: int, *, free_extent: bool = True, drops: list[Drop] | None = None) -> None:
@@ -136,10 +212,9 @@ class Placement:
         node = self.node_of(slot)
         space = node.spaces.get(_TIERS[index.tier[slot]]) if node is not None else None
         state = int(index.state[slot])
-        if state == _COMMITTED or state == _PENDING:
-            if state == _COMMITTED:
-                self.gone.append(key)
-                self.touched.discard(slot)
+        if state == COMMITTED or state == PENDING:
+            if state == COMMITTED:
+                self.journal.gone(key, slot)
                 if space is not None:
                     space.policy.remove(slot, key)
             if index.leases[slot] > 0:
@@ -188,7 +263,7 @@ class Placement:
         victims: list[int] = []
         freed = 0
         for slot in space.policy.victims():
-            if index.leases[slot] > 0 or index.state[slot] != _COMMITTED:
+            if index.leases[slot] > 0 or index.state[slot] != COMMITTED:
                 continue
             if max_atime is not None and int(index.atime[slot]) > max_atime:
                 continue
@@ -207,8 +282,7 @@ class Placement:
         self.count_evictions(space.tier, len(victims))
 
     def count_evictions(self, tier: Tier, n: int) -> None:
-        ev = self.counters.evictions
-        ev[tier.label] = ev.get(tier.label, 0) + n
+        self.counters.count(self.counters.evictions, tier, n)
 
     def _demote(self, node: NodeState, src_tier: Tier, dst_tier: Tier, victims: list[int],
                 max_atime: int | None = None) -> None:
@@ -235,44 +309,24 @@ class Placement:
             index.tier[slot] = dst_tier
             index.offset[slot] = target
             dst.policy.insert_chain([slot], [key])
-            self.touched.add(slot)
-            self.counters.demotions += 1
+            self.journal.touched(slot)
+            self.counters.count(self.counters.demotions, src_tier)
 
-    def promote(self, slot: int) -> bool | None:
-        """Move an object to the fastest tier of its node (SSD -> DRAM on a node without HBM; SSD or DRAM -> HBM on
-        one with it). True = moved, None = no faster tier or no room (it stays), False = the SSD copy failed
-        verification (the caller forgets the object). The object must be pinned by the caller's lease."""
+    def relocate(self, slot: int, node: NodeState, tier: Tier, offset: int) -> int:
+        """Re-index a committed object at a new extent (its bytes were copied there): a new slot with the same key,
+        namespace, checksum and last use, entered into the new tier's policy as just used. The old slot must be
+        pinned by the caller: `forget` then only unlinks it (DOOMED), so readers holding a lease on the old extent
+        keep their bytes; the caller's unpin frees it once nobody reads it. Returns the new slot."""
         index = self.index
-        node = self.node_of(slot)
-        if node is None:
-            return None
-        src_tier = _TIERS[int(index.tier[slot])]
-        dst_tier = next(iter(node.spaces), None)  # spaces are built fastest first
-        if dst_tier is None or dst_tier >= src_tier:
-            return None
-        size = int(index.size[slot])
-        target = self.allocate(node, dst_tier, size)
-        if target is None:
-            return None
         key = index.key_at(slot)
-        src = int(index.offset[slot])  # read after allocate: its demotions never move this leased object
-        move = Move(key, index.ns_digest(int(index.ns[slot])), size, int(index.checksum[slot]), src_tier, src,
-                    dst_tier, target)
-        if not node.ops.promote([move])[0]:
-            node.spaces[dst_tier].allocator.free(target)
-            self.counters.ssd_corrupt += 1
-            return False
-        if src_tier is _SSD:
-            node.ops.drop([Drop(key, _SSD, src, size)])
-        space = node.spaces[src_tier]
-        space.allocator.free(src)
-        space.policy.remove(slot, key)
-        index.tier[slot] = dst_tier
-        index.offset[slot] = target
-        node.spaces[dst_tier].policy.insert_chain([slot], [key])
-        self.touched.add(slot)
-        self.counters.promotions += 1
-        return True
+        ns, checksum, atime, size = int(index.ns[slot]), int(index.checksum[slot]), int(index.atime[slot]), \
+            int(index.size[slot])
+        self.forget(slot)
+        new = index.add(key, node=node.number, tier=tier, state=State.COMMITTED, offset=offset, size=size, ns=ns,
+                        checksum=checksum, atime=atime)
+        node.spaces[tier].policy.insert_chain([new], [key])
+        self.journal.touched(new)
+        return new
 
     # ---- recovery ----
 
@@ -307,7 +361,7 @@ class Placement:
                 slot = self.index.add(r.key, node=node.number, tier=tier, state=State.COMMITTED, offset=r.offset,
                                       size=r.size, ns=self.index.intern_ns(r.ns_digest), checksum=r.checksum,
                                       atime=atime)
-                self.touched.add(slot)
+                self.journal.touched(slot)
                 slots.append(slot)
             for slot, r in zip(slots, kept):  # recency is unknown after a restart: scan order, one at a time
                 space.policy.insert_chain([slot], [r.key])

@@ -60,15 +60,25 @@ class PutStartResult:
 
 @dataclass(slots=True)
 class LookupResult:
-    """Leading hits of a lookup. With a lease: one location/checksum (and token, if the master signs) per hit and
-    `lease_id` to release; without (or with no hits) `lease_id` is 0 and the lists are empty."""
+    """Leading hits of a lookup, as columns (one entry per hit; what LookupResponse carries, built once). With a
+    lease: where each hit is now (`node_ids`, `tiers` as ints, `offsets`, `sizes`), its committed checksum, a read
+    token per hit if the master signs, and `lease_id` to release; without one (or with no hits) `lease_id` is 0 and
+    the columns are empty."""
 
     hits: int
     lease_id: int = 0
-    locations: list[Location] = field(default_factory=list)
+    expires_at: float = 0.0
+    node_ids: list[str] = field(default_factory=list)
+    tiers: list[int] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
     checksums: list[int] = field(default_factory=list)
     tokens: list[bytes] = field(default_factory=list)
-    expires_at: float = 0.0
+
+    @property
+    def locations(self) -> list[Location]:
+        """One Location per hit, built on demand (tests, tools); the data path reads the columns."""
+        return [Location(n, Tier(t), o, z) for n, t, o, z in zip(self.node_ids, self.tiers, self.offsets, self.sizes)]
 
 
 @dataclass(slots=True)

@@ -11,14 +11,18 @@ import numpy as np
 import pytest
 import xxhash
 
-from kvpool.proto import convert
-from kvpool.store import tokens
+from kvpool.store import tokens, wire
+from kvpool.store.config import (
+    EmbeddedConfig,
+    MasterConfig,
+    NodeConfig,
+    NodeServerConfig,
+    UpConfig,
+)
 from kvpool.store.data_channel import Extent
-from kvpool.store.config import EmbeddedConfig, MasterConfig, NodeConfig
-from kvpool.store.local_cluster import UpConfig
 from kvpool.store.master import Master
 from kvpool.store.node import Move, StorageNode
-from kvpool.store.node_server import NodeDataHandler, NodeServerConfig
+from kvpool.store.node_server import NodeDataHandler
 from kvpool.store.records import NodeInfo, PutStatus
 from kvpool.tiers.hbm import cuda_available
 from kvpool.tiers.types import Tier
@@ -85,10 +89,10 @@ def test_hbm_fields_validated(cls):
 
 def test_hbm_capacity_travels_in_the_node_endpoint():
     info = NodeInfo(node_id="n", dram_bytes=8192, ssd_bytes=0, hbm_bytes=12288, incarnation="x")
-    back = convert.info_from_endpoint(convert.endpoint_from_info(info, host_id="h", data_address="a:1"))
+    back = wire.info_from_endpoint(wire.endpoint_from_info(info, host_id="h", data_address="a:1"))
     assert back.hbm_bytes == 12288 and back.dram_bytes == 8192 and back.ssd_bytes == 0
     plain = NodeInfo(node_id="n", dram_bytes=8192)
-    assert convert.info_from_endpoint(convert.endpoint_from_info(plain, host_id="h", data_address="")).hbm_bytes == 0
+    assert wire.info_from_endpoint(wire.endpoint_from_info(plain, host_id="h", data_address="")).hbm_bytes == 0
 
 
 # ---------------------------------------------------------------- placement chain
@@ -170,15 +174,17 @@ def test_hits_are_promoted_into_hbm(pool):
     # SSD hit: 2 -> HBM; HBM's coldest (8) -> DRAM; DRAM's coldest (6) -> SSD, where the coldest unleased
     # object (3; 2 is ours, leased) is evicted for it.
     res = master.lookup([key(2)])
-    assert res.hits == 1 and res.locations[0].tier is Tier.HBM
-    rec = master.inspect([key(2)])[0]
-    assert read(node, rec) == payload(2).tobytes()
+    assert res.hits == 1 and res.locations[0].tier is Tier.SSD  # where it is now; promoted after the lookup
     master.release([res.lease_id])
+    assert master.promote_pending() == 1
+    rec = master.inspect([key(2)])[0]
+    assert rec.tier is Tier.HBM and read(node, rec) == payload(2).tobytes()
     assert where(master) == {"hbm": [2, 9], "dram": [7, 8], "ssd": [4, 5, 6], None: [1, 3]}
     # DRAM hit: 7 -> HBM; HBM's coldest (9) -> DRAM, whose coldest unleased (8) -> SSD (room there).
     res = master.lookup([key(7)])
-    assert res.hits == 1 and res.locations[0].tier is Tier.HBM
+    assert res.hits == 1 and res.locations[0].tier is Tier.DRAM
     master.release([res.lease_id])
+    assert master.promote_pending() == 1
     assert where(master) == {"hbm": [2, 7], "dram": [9], "ssd": [4, 5, 6, 8], None: [1, 3]}
     # An HBM hit stays where it is.
     res = master.lookup([key(2)])

@@ -202,7 +202,10 @@ def test_ssd_hit_promoted_on_lookup_counts_under_ssd(make):
     assert tiers(master, [key(1), key(2)]) == ["ssd", "dram"]
     ns = NsRef(digest=b"d" * 16, label="m/t", block_tokens=16)
     result = master.lookup([key(1)], ns)
-    assert result.hits == 1 and result.locations[0].tier is Tier.DRAM   # read from where it now is
+    # The reply says where the object is now; the promotion happens after the lookup, outside the master lock.
+    assert result.hits == 1 and result.locations[0].tier is Tier.SSD
+    assert tiers(master, [key(1), key(2)]) == ["ssd", "dram"] and master.promotions.pending == 1
+    assert master.promote_pending() == 1
     assert tiers(master, [key(1), key(2)]) == ["dram", "ssd"]           # promoted; key 2 demoted for room
     s = master.stats()
     assert (s["hit_tokens_by_tier"], s["hit_keys_by_tier"]) == ({"hbm": 0, "dram": 0, "ssd": 16},

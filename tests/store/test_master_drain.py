@@ -95,7 +95,7 @@ def test_moves_switch_objects_to_the_other_node_byte_exact(pool):
     assert master.stats()["nodes"]["n1"]["dram"]["objects"] == 0  # source extents freed
     assert {r.key: r.node_id for r in master.metadata.load_objects()} == {key(i): "n2" for i in (1, 2, 3)}
     assert master.begin_drain("n1") == (0, 0)
-    assert master.drain_node("n1") == 0
+    assert master.remove_node("n1") == 0
     assert master.stats()["draining"] == []
     master.index.check_invariants()
 
@@ -152,7 +152,7 @@ def test_nothing_placed_on_a_draining_node_and_no_space_is_per_key(pool):
     assert [m.status for m in res.moves] == [MigrateStatus.MOVING, MigrateStatus.NO_SPACE, MigrateStatus.NO_SPACE]
     assert master.migrate_abort([res.moves[0].move_id, 999]) == 1
     assert master.stats()["nodes"]["n2"]["dram"]["objects"] == 1 and master.contains([key(4)]) == [True]
-    assert master.drain_node("n1") == 3
+    assert master.remove_node("n1") == 3
     assert master.contains([key(1), key(2), key(3), key(4)]) == [False, False, False, True]
 
 
@@ -173,7 +173,7 @@ def test_expired_moves_are_reaped_and_a_pending_grant_dies_with_its_node(pool):
     master.register_node(nodes["n1"].info(), nodes["n1"], expires=False)
     late = master.put_start([key(8)], [OBJ])[0].grant
     assert late.location.node_id == "n2"  # still draining after re-registering
-    assert master.drain_node("n1") == 1
+    assert master.remove_node("n1") == 1
     assert master.put_commit([grant.grant_id], [0]) == [True]
     master.index.check_invariants()
 

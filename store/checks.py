@@ -1,0 +1,92 @@
+"""Argument checks of the Master's calls, done before its lock is taken and before anything changes. Each raises
+ValueError (BatchTooLarge for an oversized batch: RESOURCE_EXHAUSTED on the wire) naming the argument."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+KEY_BYTES = 16
+
+
+class BatchTooLarge(ValueError):
+    """More keys in one call than max_batch_keys (RESOURCE_EXHAUSTED on the wire)."""
+
+
+def keys(batch: Sequence[bytes], max_batch_keys: int) -> Sequence[bytes]:
+    """Validate a batch of keys; returns them as hashable bytes (bytearray keys are copied)."""
+    if len(batch) > max_batch_keys:
+        raise BatchTooLarge(f"keys: batch of {len(batch)} exceeds max_batch_keys={max_batch_keys}")
+    convert = False
+    for i, key in enumerate(batch):
+        if type(key) is not bytes:
+            if not isinstance(key, (bytes, bytearray)):
+                raise ValueError(f"keys[{i}] must be a {KEY_BYTES}-byte key, got {type(key).__name__}")
+            convert = True
+        if len(key) != KEY_BYTES:
+            raise ValueError(f"keys[{i}] must be a {KEY_BYTES}-byte key, got {len(key)}")
+    return [bytes(k) for k in batch] if convert else batch
+
+
+def ids(values: Sequence[int], name: str) -> None:
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise ValueError(f"{name}[{i}] must be an id (int >= 0), got {v!r}")
+
+
+def same_length(values: Sequence, name: str, other: Sequence, other_name: str) -> None:
+    if len(values) != len(other):
+        raise ValueError(f"{name} has {len(values)} entries, {other_name} has {len(other)}")
+
+
+def put_sizes(sizes: Sequence[int], n_keys: int, max_object_bytes: int) -> None:
+    same_length(sizes, "sizes", range(n_keys), "keys")
+    for i, size in enumerate(sizes):
+        if not isinstance(size, int) or isinstance(size, bool) or size <= 0 or size > max_object_bytes:
+            raise ValueError(f"sizes[{i}] must be an int in [1, max_object_bytes={max_object_bytes}], got {size!r}")
+
+
+def namespace_digest(digest: bytes) -> None:
+    if not isinstance(digest, bytes) or len(digest) != KEY_BYTES:
+        raise ValueError(f"namespace must be a {KEY_BYTES}-byte namespace digest, got {digest!r}")
+
+
+def list_args(ns_digest: bytes, start_after: bytes, limit: int) -> None:
+    if ns_digest and len(ns_digest) != KEY_BYTES:
+        raise ValueError(f"ns_digest must be a {KEY_BYTES}-byte namespace digest, got {len(ns_digest)} bytes")
+    if start_after and len(start_after) != KEY_BYTES:
+        raise ValueError(f"start_after must be a {KEY_BYTES}-byte key, got {len(start_after)} bytes")
+    if not isinstance(limit, int) or limit <= 0:
+        raise ValueError(f"limit must be an int > 0, got {limit!r}")
+
+
+def evict_args(ns_digest, older_than_s) -> None:
+    if not isinstance(ns_digest, (bytes, bytearray)) or len(ns_digest) not in (0, KEY_BYTES):
+        raise ValueError(f"ns_digest must be empty or a {KEY_BYTES}-byte namespace digest, got {ns_digest!r}")
+    if older_than_s is not None and (isinstance(older_than_s, bool) or not isinstance(older_than_s, (int, float))
+                                     or not math.isfinite(older_than_s) or older_than_s < 0):
+        raise ValueError(f"older_than_s must be None or a finite number of seconds >= 0, got {older_than_s!r}")
+    if not ns_digest and older_than_s is None:
+        raise ValueError("ns_digest or older_than_s must be given (older_than_s=0 evicts every unleased object)")
+
+
+def cursor_args(cursor: int, limit: int, max_bytes: int, max_batch_keys: int) -> None:
+    for name, value in (("cursor", cursor), ("limit", limit), ("max_bytes", max_bytes)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    if not 0 < limit <= max_batch_keys:
+        raise ValueError(f"limit must be in [1, max_batch_keys={max_batch_keys}], got {limit}")
+
+
+def node_info(info) -> None:
+    if not isinstance(info.node_id, str) or not info.node_id:
+        raise ValueError(f"node_id must be a non-empty string, got {info.node_id!r}")
+    for name in ("dram_bytes", "ssd_bytes", "ssd_record_overhead", "hbm_bytes"):
+        if getattr(info, name) < 0:
+            raise ValueError(f"{name} must be >= 0, got {getattr(info, name)}")
+
+
+__all__ = ["BatchTooLarge", "keys", "ids", "same_length", "put_sizes", "namespace_digest", "list_args",
+           "evict_args", "cursor_args", "node_info", "KEY_BYTES"]

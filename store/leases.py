@@ -1,0 +1,114 @@
+"""Grants and leases: who may write or read which index slot until when, and the tokens that let a node check it.
+
+    grant   one PENDING slot a writer may fill until `expires_at`; committing or aborting it ends it
+    lease   a set of COMMITTED slots a reader may copy out of until `expires_at`; `release` ends it
+    pin     +1 on a slot's `leases` column: what a lease holds per slot, and what the master holds itself while it
+            moves an object (drain, promotion). A pinned slot is never evicted, demoted or freed: `Placement.forget`
+            of a pinned object only unlinks its key (DOOMED), and the last unpin hands the slot back to be freed.
+
+One counter hands out every id (grants, leases, moves, the read ids of a move batch), so an id never means two
+things to a node checking a token. Tokens are HMACs over (kind, id, tier, offset, size, expiry) signed with the
+secret the nodes get at registration (store/tokens.py); with no secret (an in-process pool) they are empty.
+Owned by the Master and called under its lock; not thread-safe by itself.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+
+from kvpool.store import tokens
+from kvpool.store.index import DOOMED, Index
+
+
+class Leases:
+    def __init__(self, index: Index, token_secret: bytes | None) -> None:
+        self.index = index
+        self.token_secret = token_secret
+        self._grants: dict[int, tuple[int, float]] = {}         # grant_id -> (slot, expires_at)
+        self._leases: dict[int, tuple[np.ndarray, float]] = {}  # lease_id -> (slots, expires_at)
+        self._next_id = 1
+
+    def new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id - 1
+
+    @property
+    def open_grants(self) -> int:
+        return len(self._grants)
+
+    @property
+    def open_leases(self) -> int:
+        return len(self._leases)
+
+    def sign(self, kind: bytes, ident: int, tier: int, offset: int, size: int, expires_at: float) -> bytes:
+        if self.token_secret is None:
+            return b""
+        return tokens.sign(self.token_secret, kind, ident, tier, offset, size, int(expires_at * 1000))
+
+    # ---- grants
+
+    def grant(self, slot: int, expires_at: float) -> int:
+        grant_id = self.new_id()
+        self._grants[grant_id] = (slot, expires_at)
+        return grant_id
+
+    def take_grant(self, grant_id: int) -> tuple[int, float] | None:
+        """End a grant (commit or abort): its (slot, expires_at), or None if unknown or already ended."""
+        return self._grants.pop(grant_id, None)
+
+    def drop_grants_where(self, on_slot) -> int:
+        """End every grant whose slot satisfies `on_slot(slot)` (a node left or restarted); returns how many."""
+        gone = [g for g, (slot, _) in self._grants.items() if on_slot(slot)]
+        for grant_id in gone:
+            del self._grants[grant_id]
+        return len(gone)
+
+    def expired_grants(self, now: float) -> list[int]:
+        """End every grant expired at `now`; returns their slots (PENDING: the caller frees them)."""
+        gone = [g for g, (_, exp) in self._grants.items() if exp <= now]
+        return [self._grants.pop(g)[0] for g in gone]
+
+    # ---- leases
+
+    def lease(self, slots: np.ndarray, expires_at: float) -> int:
+        """Pin `slots` (int64 array, no repeats needed) under a new lease id."""
+        np.add.at(self.index.leases, slots, 1)
+        lease_id = self.new_id()
+        self._leases[lease_id] = (slots, expires_at)
+        return lease_id
+
+    def slots_of(self, lease_id: int) -> np.ndarray | None:
+        entry = self._leases.get(lease_id)
+        return None if entry is None else entry[0]
+
+    def release(self, lease_id: int) -> list[int] | None:
+        """End a lease: unpin its slots. Returns the DOOMED slots that nobody pins any more (the caller frees them),
+        or None if the lease was unknown (already released or expired)."""
+        entry = self._leases.pop(lease_id, None)
+        if entry is None:
+            return None
+        index, slots = self.index, entry[0]
+        np.subtract.at(index.leases, slots, 1)
+        return slots[(index.leases[slots] == 0) & (index.state[slots] == DOOMED)].tolist()
+
+    def expired_leases(self, now: float) -> list[int]:
+        return [lease for lease, (_, exp) in self._leases.items() if exp <= now]
+
+    # ---- pins held by the master itself
+
+    def pin(self, slot: int) -> None:
+        self.index.leases[slot] += 1
+
+    def unpin(self, slot: int) -> bool:
+        """True when this was the last pin of a DOOMED slot: the caller frees it."""
+        index = self.index
+        index.leases[slot] -= 1
+        return bool(index.leases[slot] == 0 and index.state[slot] == DOOMED)
+
+    def unpin_many(self, slots: Iterable[int]) -> list[int]:
+        return [s for s in slots if self.unpin(s)]
+
+
+__all__ = ["Leases"]

@@ -1,0 +1,113 @@
+"""Node membership: which storage nodes belong to the pool, which process of each is current, and which are alive.
+
+    register(info)   unknown node, or a new `incarnation` (the node process restarted, its DRAM is gone): a fresh
+                     member; the caller drops what the old incarnation held. Same incarnation and capacities (the
+                     MASTER restarted, or the node re-registers after a reregister answer): the same member, epoch+1,
+                     objects kept.
+    heartbeat        refreshes `last_heartbeat`; answers "register again" for an unknown node, a stale epoch, or a
+                     node known only from the journal (`connected` False: its ops cannot move bytes yet).
+    silent(now)      members past node_ttl_s without a heartbeat (never the embedded pool's own node).
+
+The registry owns the membership fields; the node's tiers (allocators, policies, ops) are the Placement's
+`NodeState`, which `register` creates and `remove` drops through Placement's interface. Owned by the Master; called
+under its lock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvpool.store.node import NodeOps, NodeUnavailable
+from kvpool.store.placement import NodeState, Placement
+from kvpool.store.records import NodeInfo
+
+
+class DisconnectedOps:
+    """NodeOps of a node known from the journal that has not registered with this master yet: every move fails."""
+
+    def demote(self, moves):
+        return [False] * len(moves)
+
+    def promote(self, moves):
+        raise NodeUnavailable("node has not registered with this master yet")
+
+    def drop(self, drops):
+        return 0
+
+
+@dataclass(slots=True)
+class Member:
+    node_id: str
+    epoch: int = 0
+    last_heartbeat: float = 0.0
+    expires: bool = True            # False: never dropped for silence (the embedded pool's own node)
+    connected: bool = True          # False: known from the journal, not registered with this master process
+
+
+@dataclass(slots=True)
+class Registration:
+    """What `register` did: the node's epoch, and the old NodeState it replaced (a restarted node) or None."""
+
+    epoch: int
+    node: NodeState
+    replaced: NodeState | None = None
+
+
+class NodeRegistry:
+    def __init__(self, placement: Placement) -> None:
+        self.placement = placement
+        self._members: dict[str, Member] = {}
+
+    def member(self, node_id: str) -> Member | None:
+        return self._members.get(node_id)
+
+    def disconnected_numbers(self) -> set[int]:
+        nodes = self.placement.nodes
+        return {nodes[m.node_id].number for m in self._members.values() if not m.connected and m.node_id in nodes}
+
+    def register(self, info: NodeInfo, ops: NodeOps, *, expires: bool, now: float) -> Registration:
+        placement = self.placement
+        old = placement.nodes.get(info.node_id)
+        member = self._members.get(info.node_id)
+        if old is not None and member is not None and old.info.incarnation == info.incarnation \
+                and old.info.dram_bytes == info.dram_bytes and old.info.ssd_bytes == info.ssd_bytes \
+                and old.info.hbm_bytes == info.hbm_bytes:
+            old.ops, old.info = ops, info
+            member.expires, member.last_heartbeat, member.connected = expires, now, True
+            member.epoch += 1
+            return Registration(member.epoch, old)
+        epoch = member.epoch + 1 if member is not None else 1
+        if old is not None:
+            placement.remove_node(info.node_id)
+        node = placement.add_node(info, ops)
+        self._members[info.node_id] = Member(info.node_id, epoch, now, expires, True)
+        return Registration(epoch, node, old)
+
+    def add_disconnected(self, info: NodeInfo, now: float) -> NodeState:
+        """A node known from the journal: placed (its objects can be indexed) but not connected."""
+        node = self.placement.add_node(info, DisconnectedOps())
+        self._members[info.node_id] = Member(info.node_id, 0, now, True, False)
+        return node
+
+    def heartbeat(self, node_id: str, epoch: int, now: float) -> bool:
+        """True when the node must register again."""
+        member = self._members.get(node_id)
+        if member is None or not member.connected or node_id not in self.placement.nodes \
+                or (epoch and epoch != member.epoch):
+            return True
+        member.last_heartbeat = now
+        return False
+
+    def remove(self, node_id: str) -> tuple[NodeState, int]:
+        """Forget a node and its objects; returns its last NodeState and how many committed objects it held."""
+        node = self.placement.node(node_id)
+        n = self.placement.remove_node(node_id)
+        self._members.pop(node_id, None)
+        return node, n
+
+    def silent(self, now: float, ttl: float) -> list[str]:
+        return [m.node_id for m in self._members.values()
+                if m.expires and m.last_heartbeat + ttl <= now and m.node_id in self.placement.nodes]
+
+
+__all__ = ["NodeRegistry", "Member", "Registration", "DisconnectedOps"]
