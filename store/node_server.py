@@ -16,16 +16,14 @@ import dataclasses
 import logging
 import threading
 from concurrent import futures
-from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from kvpool.proto import convert
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
-from kvpool.store import tokens
-from kvpool.store.config import NodeConfig
+from kvpool.store import tokens, wire
+from kvpool.store.config import NodeServerConfig
 from kvpool.store.data_channel import DataServer, Extent
 from kvpool.store.hostid import host_id
 from kvpool.store.node import Drop, StorageNode
@@ -36,48 +34,6 @@ from kvpool.tiers.types import Tier
 log = logging.getLogger(__name__)
 
 _REPORT_BATCH = 4096
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NodeServerConfig:
-    """The `kvpool node` process: NodeConfig fields plus where it listens and which master it joins."""
-
-    node_id: str = "node-0"
-    master: str = "127.0.0.1:50051"
-    listen: str = "127.0.0.1:50052"   # gRPC NodeService
-    data_listen: str = ""             # raw TCP data channel; "" = listen's host, any free port
-    advertise_host: str = ""          # host clients dial; "" = listen's host
-    dram_bytes: int = 256 << 20
-    ssd_path: str | None = None
-    ssd_bytes: int = 0
-    shm_dir: str = "/dev/shm"
-    share_dram: bool = True           # same-host clients map the arena (one memcpy per transfer)
-    heartbeat_s: float = 1.0
-    rpc_timeout_s: float = 5.0
-    workers: int = 8
-    metrics_listen: str = ""          # host:port of /metrics ("" = none)
-    hbm_bytes: int = 0                # HBM tier (needs a CUDA device)
-    hbm_device: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("listen", "master"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or ":" not in value:
-                raise ValueError(f"{name} must be host:port, got {value!r}")
-        if self.metrics_listen and ":" not in self.metrics_listen:
-            raise ValueError(f"metrics_listen must be host:port or empty, got {self.metrics_listen!r}")
-        if self.data_listen and ":" not in self.data_listen:
-            raise ValueError(f"data_listen must be host:port or empty, got {self.data_listen!r}")
-        for name in ("heartbeat_s", "rpc_timeout_s"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"{name} must be a number > 0, got {value!r}")
-        self.node_config()
-
-    def node_config(self) -> NodeConfig:
-        return NodeConfig(node_id=self.node_id, dram_bytes=self.dram_bytes, ssd_path=self.ssd_path,
-                          ssd_bytes=self.ssd_bytes, shm_dir=self.shm_dir, share_dram=self.share_dram,
-                          hbm_bytes=self.hbm_bytes, hbm_device=self.hbm_device)
 
 
 class NodeDataHandler:
@@ -172,7 +128,7 @@ class NodeServicer(pbg.NodeServiceServicer):
 
     def Demote(self, request, context):
         try:
-            moves = convert.moves_from_msg(request)
+            moves = wire.moves_from_msg(request)
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         reply = pb.MoveResponse()
@@ -181,7 +137,7 @@ class NodeServicer(pbg.NodeServiceServicer):
 
     def Promote(self, request, context):
         try:
-            moves = convert.moves_from_msg(request)
+            moves = wire.moves_from_msg(request)
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         reply = pb.MoveResponse()
@@ -190,7 +146,7 @@ class NodeServicer(pbg.NodeServiceServicer):
 
     def Drop(self, request, context):
         try:
-            drops = convert.drops_from_msg(request)
+            drops = wire.drops_from_msg(request)
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return pb.DropResponse(dropped=self.node.drop(drops))
@@ -199,7 +155,7 @@ class NodeServicer(pbg.NodeServiceServicer):
 class NodeServer:
     def __init__(self, config: NodeServerConfig) -> None:
         self.config = config
-        self.node = StorageNode(config.node_config())
+        self.node = StorageNode(config)
         self.incarnation = self.node.incarnation
         self.handler = NodeDataHandler(self.node)
         host = config.listen.rsplit(":", 1)[0]
@@ -221,24 +177,14 @@ class NodeServer:
         self._stop = threading.Event()
         self._epoch = 0
         self.registered = threading.Event()
-        self.metrics_server = None  # set after the first successful registration
         self._thread = threading.Thread(target=self._liveness_loop, name="kvpool-heartbeat", daemon=True)
 
     def endpoint(self) -> pb.NodeEndpoint:
         info = dataclasses.replace(self.node.info(), address=self.address, incarnation=self.incarnation)
-        return convert.endpoint_from_info(info, host_id=host_id(), data_address=self.data_address,
+        return wire.endpoint_from_info(info, host_id=host_id(), data_address=self.data_address,
                                           ssd_path=self.config.ssd_path or "")
 
     def start(self) -> "NodeServer":
-        if self.config.metrics_listen:
-            from prometheus_client import CollectorRegistry
-
-            from kvpool.metrics import PoolMetrics, start_metrics_server
-
-            registry = CollectorRegistry()
-            PoolMetrics.create(registry)
-            host, port = self.config.metrics_listen.rsplit(":", 1)
-            self.metrics_server = start_metrics_server(int(port), registry, host)
         self.data_server.start()
         self.server.start()
         self._set_health(False)
@@ -260,7 +206,7 @@ class NodeServer:
         records = self.node.scan_ssd()
         adopted = dropped = 0
         for i in range(0, len(records), _REPORT_BATCH):
-            rep = self._master.ReportObjects(convert.report_to_msg(self.config.node_id, records[i:i + _REPORT_BATCH]),
+            rep = self._master.ReportObjects(wire.report_to_msg(self.config.node_id, records[i:i + _REPORT_BATCH]),
                                              timeout=timeout)
             adopted += rep.adopted
             dropped += rep.dropped
@@ -300,7 +246,5 @@ class NodeServer:
         self.health.enter_graceful_shutdown()
         self.server.stop(grace).wait()
         self.data_server.close()
-        if self.metrics_server is not None:
-            self.metrics_server.stop()
         self._channel.close()
         self.node.close()

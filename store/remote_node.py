@@ -1,8 +1,9 @@
 """RemoteNodeOps: the master's `NodeOps` (store/node.py) for a node in another process, over its gRPC NodeService.
 
-The master calls NodeOps with its lock held (no distributed locking: one place decides), so every call carries a
-short deadline: a node that does not answer makes the move fail (the master then drops the object, a miss) instead
-of stalling every client of the master.
+Demotions and drops run with the master's lock held (no distributed locking: one place decides), so every call
+carries a short deadline: a node that does not answer makes the demotion fail (the master then drops the object, a
+miss) instead of stalling every client of the master. Promotions run outside the lock; a failed call raises
+NodeUnavailable, and the objects stay where they are.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import logging
 
 import grpc
 
-from kvpool.proto import convert
 from kvpool.proto import kvpool_pb2_grpc as pbg
-from kvpool.store.node import Drop, Move
+from kvpool.store import wire
+from kvpool.store.node import Drop, Move, NodeUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -31,22 +32,27 @@ class RemoteNodeOps:
         self._stub = pbg.NodeServiceStub(self._channel)
 
     def demote(self, moves: list[Move]) -> list[bool]:
-        return self._move(self._stub.Demote, moves)
+        try:
+            return self._move(self._stub.Demote, moves)
+        except NodeUnavailable:
+            return [False] * len(moves)
 
     def promote(self, moves: list[Move]) -> list[bool]:
         return self._move(self._stub.Promote, moves)
 
     def _move(self, rpc, moves: list[Move]) -> list[bool]:
         try:
-            ok = list(rpc(convert.moves_to_msg(moves), timeout=self.timeout).ok)
+            ok = list(rpc(wire.moves_to_msg(moves), timeout=self.timeout).ok)
         except grpc.RpcError as exc:
             log.warning("node %s: move of %d objects failed: %s", self.address, len(moves), exc.code())
-            return [False] * len(moves)
-        return ok if len(ok) == len(moves) else [False] * len(moves)
+            raise NodeUnavailable(f"node {self.address}: {exc.code().name}") from None
+        if len(ok) != len(moves):
+            raise NodeUnavailable(f"node {self.address}: answered {len(ok)} results for {len(moves)} moves")
+        return ok
 
     def drop(self, drops: list[Drop]) -> int:
         try:
-            return self._stub.Drop(convert.drops_to_msg(drops), timeout=self.timeout).dropped
+            return self._stub.Drop(wire.drops_to_msg(drops), timeout=self.timeout).dropped
         except grpc.RpcError as exc:
             log.warning("node %s: drop of %d extents failed: %s", self.address, len(drops), exc.code())
             return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 def register(sub) -> None:
     from kvpool.process import add_config_flags
-    from kvpool.store.master_server import MasterServerConfig
+    from kvpool.store.config import MasterServerConfig
 
     p = sub.add_parser("master", help="run the pool's metadata master",
                        description="Run the metadata master. Index in memory, or journalled to Redis with "
@@ -16,10 +16,11 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from kvpool.process import config_from_args, run_until_signal
-    from kvpool.store.master_server import MasterServer, MasterServerConfig
+    from kvpool.services import MasterProcess
+    from kvpool.store.config import MasterServerConfig
 
     try:
-        server = MasterServer(config_from_args(MasterServerConfig, args, "KVPOOL_")).start()
+        server = MasterProcess(config_from_args(MasterServerConfig, args, "KVPOOL_")).start()
     except ValueError as exc:
         print(f"kvpool master: {exc}")
         return 2

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 def register(sub) -> None:
     from kvpool.process import add_config_flags
-    from kvpool.store.local_cluster import UpConfig
+    from kvpool.store.config import UpConfig
 
     p = sub.add_parser("up", help="start a pool here: master + one DRAM/SSD node, until Ctrl-C",
                        description="Start a master and one storage node (DRAM arena + SSD file) in this process. "
@@ -17,10 +17,11 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from kvpool.process import config_from_args, run_until_signal
-    from kvpool.store.local_cluster import LocalCluster, UpConfig
+    from kvpool.services import UpProcess
+    from kvpool.store.config import UpConfig
 
     try:
-        cluster = LocalCluster(config_from_args(UpConfig, args, "KVPOOL_")).start()
+        cluster = UpProcess(config_from_args(UpConfig, args, "KVPOOL_")).start()
     except (ValueError, RuntimeError, OSError) as exc:
         print(f"kvpool up: {exc}")
         return 2

@@ -22,8 +22,7 @@ from kvpool.connector.config import ConnectorConfig
 from kvpool.dashboard import DashboardServer
 from kvpool.engine_adapter.config import EngineConfig
 from kvpool.metrics import ConnectorMetrics, EngineMetrics, PoolMetrics, exported_names
-from kvpool.store.master_server import MasterServerConfig
-from kvpool.store.node_server import NodeServerConfig
+from kvpool.store.config import MasterServerConfig, NodeServerConfig
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 K8S = DEPLOY / "k8s"
@@ -87,8 +86,7 @@ def config_via_cli(argv: list[str], env: dict[str, str], monkeypatch) -> object:
     """Run `kvpool master|node ...` through the real CLI with exactly `env`, up to the point where the server would
     start, and return the config it built. So the test follows whatever file/env/flag precedence and environment
     prefix the commands really use; /etc/kvpool/X is read from deploy/config/X."""
-    from kvpool import cli
-    from kvpool.store import master_server, node_server
+    from kvpool import cli, services
 
     captured: dict[str, object] = {}
 
@@ -99,8 +97,8 @@ def config_via_cli(argv: list[str], env: dict[str, str], monkeypatch) -> object:
         def start(self):
             raise _Captured
 
-    monkeypatch.setattr(master_server, "MasterServer", Capture)
-    monkeypatch.setattr(node_server, "NodeServer", Capture)
+    monkeypatch.setattr(services, "MasterProcess", Capture)
+    monkeypatch.setattr(services, "NodeProcess", Capture)
     for name in [k for k in os.environ if k.startswith("KVPOOL")]:
         monkeypatch.delenv(name)
     for name, value in env.items():

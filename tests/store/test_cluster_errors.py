@@ -253,7 +253,7 @@ def test_evict_by_namespace_removes_only_that_namespace(pool):
 
 
 def test_bytes_changed_under_a_committed_object_are_a_miss_not_returned(pool):
-    from kvpool.proto import convert
+    from kvpool.store import wire
     from kvpool.tiers.dram import DramArena
 
     stub, _, _ = pool
@@ -262,7 +262,7 @@ def test_bytes_changed_under_a_committed_object_are_a_miss_not_returned(pool):
             PoolClient(stub_address(stub), transport="tcp", timeout=5) as t:
         assert c.put_many([key_of(6, salt=5), k], [pattern(6, SIZE), pattern(7, SIZE)]) == ["stored"] * 2
         reply = stub.Lookup(pb.LookupRequest(keys=[k], lease=True), timeout=5)
-        arena = DramArena.attach(convert.dram_path(reply.nodes[0]))
+        arena = DramArena.attach(wire.dram_path(reply.nodes[0]))
         try:
             arena.view(reply.offsets[0], 1)[0] ^= 0xFF  # what a writer past its grant or a bad DIMM would do
         finally:

@@ -1,0 +1,281 @@
+"""MasterServicer: the kvpool.v1.MasterService handlers over a `Master`, plus what only the server knows about
+nodes (their endpoints and the gRPC channels the master reaches them by).
+
+    clients ──PutStart/Lookup/...──▶ MasterServicer ──wire──▶ Master (index, placement, leases)
+    nodes   ──RegisterNode/Heartbeat/ReportObjects──▶   │        │ NodeOps
+                                                        ▼        ▼
+                                   endpoints table   RemoteNodeOps ──Demote/Promote/Drop──▶ node's NodeService
+
+Error mapping (every message names the field; a rejected call changes nothing because `Master` validates before
+it mutates): BatchTooLarge -> RESOURCE_EXHAUSTED, ValueError -> INVALID_ARGUMENT, KeyError (unknown node) ->
+NOT_FOUND, TokenError -> PERMISSION_DENIED. Each refusal is reported to `on_rpc_error(method, code)` when the
+process exports metrics (kvpool/services.py wires it); store/ itself knows nothing of Prometheus.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import threading
+from typing import Callable
+
+import grpc
+
+from kvpool.proto import kvpool_pb2 as pb
+from kvpool.proto import kvpool_pb2_grpc as pbg
+from kvpool.store import wire
+from kvpool.store.master import BatchTooLarge, Master
+from kvpool.store.remote_node import RemoteNodeOps
+from kvpool.store.stats import PoolStats
+from kvpool.store.tokens import TokenError
+
+log = logging.getLogger(__name__)
+
+
+def _rpc(method):
+    """Run a handler, turning caller mistakes into status codes that name the field (and counting them)."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def wrapper(self, request, context):
+        try:
+            return method(self, request, context)
+        except BatchTooLarge as exc:
+            code, msg = grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
+        except TokenError as exc:
+            code, msg = grpc.StatusCode.PERMISSION_DENIED, str(exc)
+        except ValueError as exc:
+            code, msg = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+        except KeyError as exc:
+            code, msg = grpc.StatusCode.NOT_FOUND, str(exc.args[0] if exc.args else exc)
+        log.info("%s -> %s: %s", name, code.name, msg)
+        if self.on_rpc_error is not None:
+            self.on_rpc_error(name, code.name)
+        context.abort(code, msg)
+
+    return wrapper
+
+
+class MasterServicer(pbg.MasterServiceServicer):
+    def __init__(self, master: Master, *, max_batch_keys: int, list_limit: int, heartbeat_s: float,
+                 node_ttl_s: float, node_rpc_timeout_s: float, metadata=None) -> None:
+        self.master = master
+        self.max_batch_keys = max_batch_keys
+        self.list_limit = list_limit
+        self.heartbeat_s = heartbeat_s
+        self.node_ttl_s = node_ttl_s
+        self.node_rpc_timeout_s = node_rpc_timeout_s
+        self._metadata = metadata
+        self._endpoints: dict[str, pb.NodeEndpoint] = {}
+        self._ops: dict[str, RemoteNodeOps] = {}
+        self._drained: dict[str, str] = {}  # node_id -> incarnation that was drained (a new process may rejoin)
+        self._lock = threading.Lock()
+        self.on_rpc_error: Callable[[str, str], None] | None = None
+        if metadata is not None and hasattr(metadata, "load_node_endpoints"):
+            for node_id, data in metadata.load_node_endpoints().items():
+                self._endpoints[node_id] = pb.NodeEndpoint.FromString(data)
+
+    # ---------------------------------------------------------------- helpers
+    def endpoint(self, node_id: str) -> pb.NodeEndpoint:
+        with self._lock:
+            ep = self._endpoints.get(node_id)
+        return ep if ep is not None else pb.NodeEndpoint(node_id=node_id)
+
+    def _prefer(self, host_id: str) -> str | None:
+        if not host_id:
+            return None
+        with self._lock:
+            local = [node_id for node_id, ep in self._endpoints.items() if ep.host_id == host_id]
+            if len(local) == len(self._endpoints):
+                return None  # every node is local: let the master spread by free space
+        # Among the caller's host's nodes, the one with the most free DRAM (a racy read is fine: it is a hint).
+        return max(local, key=self.master.free_dram, default=None)
+
+    def _check_batch(self, n: int, field: str) -> None:
+        if n > self.max_batch_keys:
+            raise BatchTooLarge(f"{field}: batch of {n} exceeds max_batch_keys={self.max_batch_keys}")
+
+    # ---------------------------------------------------------------- nodes
+    @_rpc
+    def RegisterNode(self, request, context):
+        ep = request.node
+        if not ep.node_id:
+            raise ValueError("node.node_id: must be a non-empty string")
+        if not ep.control_address or not ep.data_address:
+            raise ValueError("node.control_address/data_address: a node must advertise both")
+        info = wire.info_from_endpoint(ep)
+        with self._lock:
+            if self._drained.get(ep.node_id) == ep.incarnation:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                              f"node_id {ep.node_id!r} was drained; restart the node process to rejoin")
+            old = self._ops.get(ep.node_id)
+            if old is not None and old.address == ep.control_address:
+                ops, old = old, None  # same node address: keep the channel (a move may be using it right now)
+            else:
+                ops = self._ops[ep.node_id] = RemoteNodeOps(ep.control_address, self.node_rpc_timeout_s)
+            self._endpoints[ep.node_id] = pb.NodeEndpoint.FromString(ep.SerializeToString())
+        if old is not None:
+            old.close()
+        epoch = self.master.register_node(info, ops)
+        if self._metadata is not None and hasattr(self._metadata, "put_node_endpoint"):
+            self._metadata.put_node_endpoint(ep.node_id, ep.SerializeToString())
+        log.info("node %s registered (epoch %d, data %s, host %s)", ep.node_id, epoch, ep.data_address, ep.host_id)
+        return pb.RegisterNodeResponse(token_secret=self.master.token_secret, node_ttl_s=self.node_ttl_s,
+                                       heartbeat_interval_s=self.heartbeat_s, epoch=epoch)
+
+    @_rpc
+    def Heartbeat(self, request, context):
+        return pb.HeartbeatResponse(reregister=self.master.heartbeat(request.node_id, request.epoch))
+
+    @_rpc
+    def ReportObjects(self, request, context):
+        records = wire.report_from_msg(request)
+        self._check_batch(len(records), "keys")
+        return wire.report_reply(self.master.report_objects(request.node_id, records))
+
+    @_rpc
+    def DrainNode(self, request, context):
+        """The wire name predates the split: this REMOVES the node (its objects become misses). Moving its objects
+        first is BeginDrain + Migrate* (`kvpool drain` does both)."""
+        n = self.master.remove_node(request.node_id)
+        with self._lock:
+            ops = self._ops.pop(request.node_id, None)
+            ep = self._endpoints.pop(request.node_id, None)
+            if ep is not None:
+                self._drained[request.node_id] = ep.incarnation
+        if ops is not None:
+            ops.close()
+        return pb.DrainNodeResponse(objects_dropped=n)
+
+    # ---------------------------------------------------------------- put
+    @_rpc
+    def PutStart(self, request, context):
+        ns = wire.ns_from_msg(request.namespace, request.block_tokens, request.namespace_label)
+        results = self.master.put_start(list(request.keys), list(request.sizes), ns,
+                                        prefer_node=self._prefer(request.client_host_id))
+        return wire.put_start_reply(results, self.endpoint)
+
+    @_rpc
+    def PutCommit(self, request, context):
+        self._check_batch(wire.check_columns(request, "grant_ids", "checksums"), "grant_ids")
+        ok = self.master.put_commit(list(request.grant_ids), list(request.checksums))
+        reply = pb.PutCommitResponse()
+        reply.statuses.extend(pb.COMMITTED if o else pb.EXPIRED for o in ok)
+        return reply
+
+    @_rpc
+    def PutAbort(self, request, context):
+        return pb.PutAbortResponse(aborted=self.master.put_abort(list(request.grant_ids)))
+
+    # ---------------------------------------------------------------- get
+    @_rpc
+    def Lookup(self, request, context):
+        ns = wire.ns_from_msg(request.namespace, request.block_tokens, request.namespace_label)
+        expect = list(request.expect_sizes) if len(request.expect_sizes) else None
+        result = self.master.lookup(list(request.keys), ns, lease=request.lease, expect_sizes=expect)
+        return wire.lookup_reply(result, self.endpoint)
+
+    @_rpc
+    def Release(self, request, context):
+        return pb.ReleaseResponse(released=self.master.release(list(request.lease_ids)))
+
+    @_rpc
+    def Contains(self, request, context):
+        reply = pb.ContainsResponse()
+        reply.present.extend(self.master.contains(list(request.keys)))
+        return reply
+
+    @_rpc
+    def Remove(self, request, context):
+        return pb.RemoveResponse(removed=self.master.remove(list(request.keys)))
+
+    # ---------------------------------------------------------------- admin
+    @_rpc
+    def List(self, request, context):
+        if request.namespace and len(request.namespace) != 16:
+            raise ValueError(f"namespace: must be a 16-byte namespace digest, got {len(request.namespace)} bytes")
+        if request.start_after and len(request.start_after) != 16:
+            raise ValueError(f"start_after: must be a 16-byte key, got {len(request.start_after)} bytes")
+        limit = min(request.limit or self.list_limit, self.list_limit)
+        records, next_key = self.master.list_objects(bytes(request.namespace), bytes(request.start_after), limit,
+                                                     node_id=request.node_id)
+        return pb.ListResponse(objects=[wire.object_info(r) for r in records], next_start_after=next_key)
+
+    @_rpc
+    def Inspect(self, request, context):
+        records = self.master.inspect(list(request.keys))
+        reply = pb.InspectResponse()
+        reply.found.extend(r is not None for r in records)
+        reply.objects.extend(wire.object_info(r) for r in records if r is not None)
+        return reply
+
+    @_rpc
+    def Evict(self, request, context):
+        if request.namespace and len(request.namespace) != 16:
+            raise ValueError(f"namespace: must be a 16-byte namespace digest, got {len(request.namespace)} bytes")
+        if not request.idle_seconds >= 0:  # also NaN
+            raise ValueError(f"idle_seconds: must be >= 0 (0 = any age), got {request.idle_seconds}")
+        # idle_seconds 0 = any age: a namespace alone evicts all of it, an empty request everything (unleased).
+        older = request.idle_seconds if request.idle_seconds or not request.namespace else None
+        return pb.EvictResponse(evicted=self.master.evict(bytes(request.namespace), older))
+
+    def stats_record(self) -> PoolStats:
+        """The master's stats plus what only the server knows (node endpoints); also the dashboard's feed."""
+        record = self.master.stats_record()
+        known = set(record.nodes)
+        with self._lock:
+            # Nodes the master dropped (silent past the TTL) are not listed; "connected" is False for a node known
+            # from the metadata backend that has not registered with this master process yet.
+            record.extra["endpoints"] = {
+                n: {"data_address": e.data_address, "control_address": e.control_address, "host_id": e.host_id,
+                    "connected": self.master.is_connected(n)}
+                for n, e in self._endpoints.items() if n in known}
+        record.nodes_alive = len(record.nodes)
+        return record
+
+    def stats(self) -> dict:
+        return self.stats_record().to_dict()
+
+    @_rpc
+    def Stats(self, request, context):
+        return pb.StatsResponse(json=json.dumps(self.stats(), sort_keys=True))
+
+    # ---------------------------------------------------------------- drain with moves (store/migration.py)
+    @_rpc
+    def BeginDrain(self, request, context):
+        if not request.node_id:
+            raise ValueError("node_id: must be a non-empty string")
+        objects, pending = self.master.begin_drain(request.node_id)
+        return pb.BeginDrainResponse(objects=objects, pending=pending)
+
+    @_rpc
+    def MigrateStart(self, request, context):
+        if request.node_id:
+            if len(request.keys):
+                raise ValueError("keys: give keys or node_id, not both")
+            result = self.master.migrate_next(request.node_id, request.cursor, request.limit or 256,
+                                              request.max_bytes)
+        else:
+            result = self.master.migrate_start(list(request.keys))
+        return wire.migrate_start_reply(result, self.endpoint)
+
+    @_rpc
+    def MigrateCommit(self, request, context):
+        self._check_batch(wire.check_columns(request, "move_ids", "checksums"), "move_ids")
+        return pb.MigrateCommitResponse(moved=self.master.migrate_commit(list(request.move_ids),
+                                                                         list(request.checksums)))
+
+    @_rpc
+    def MigrateAbort(self, request, context):
+        self._check_batch(len(request.move_ids), "move_ids")
+        return pb.MigrateAbortResponse(aborted=self.master.migrate_abort(list(request.move_ids)))
+
+    def close(self) -> None:
+        with self._lock:
+            ops, self._ops = list(self._ops.values()), {}
+        for o in ops:
+            o.close()
+
+
+__all__ = ["MasterServicer"]

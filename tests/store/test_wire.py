@@ -1,0 +1,38 @@
+"""store/wire.py: records <-> kvpool.v1 messages: exact round trips, and mismatched columns name the column."""
+
+import pytest
+
+from kvpool.proto import kvpool_pb2 as pb
+from kvpool.store import wire
+from kvpool.store.node import Drop, Move
+from kvpool.store.records import NodeInfo, ObjectRecord
+from kvpool.tiers.types import Tier
+
+
+def test_moves_drops_and_reports_round_trip():
+    moves = [Move(b"k" * 16, b"n" * 16, 100, 2**64 - 1, Tier.DRAM, 4096, Tier.SSD, 0),
+             Move(b"j" * 16, b"m" * 16, 7, 0, Tier.SSD, 8192, Tier.DRAM, 12288)]
+    assert wire.moves_from_msg(pb.MoveRequest.FromString(wire.moves_to_msg(moves).SerializeToString())) == moves
+    drops = [Drop(b"k" * 16, Tier.SSD, 4096, 100)]
+    assert wire.drops_from_msg(wire.drops_to_msg(drops)) == drops
+    records = [ObjectRecord(key=b"k" * 16, ns_digest=b"n" * 16, node_id="n1", tier=Tier.SSD, offset=0, size=5,
+                            checksum=9)]
+    assert wire.report_from_msg(wire.report_to_msg("n1", records)) == records
+
+
+def test_node_info_round_trips_through_the_endpoint():
+    info = NodeInfo(node_id="n1", address="h:1", dram_bytes=1 << 20, ssd_bytes=2 << 20, ssd_record_overhead=4096,
+                    alignment=4096, dram_path="/dev/shm/kvpool-x", incarnation="abc")
+    ep = wire.endpoint_from_info(info, host_id="H", data_address="h:2", ssd_path="/ssd")
+    assert (ep.host_id, ep.data_address, wire.dram_path(ep)) == ("H", "h:2", "/dev/shm/kvpool-x")
+    assert wire.info_from_endpoint(ep) == info
+
+
+def test_mismatched_columns_and_unknown_tiers_name_the_field():
+    msg = wire.moves_to_msg([Move(b"k" * 16, b"n" * 16, 1, 0, Tier.DRAM, 0, Tier.SSD, 0)])
+    msg.dst_offsets.append(5)
+    with pytest.raises(ValueError, match=r"^dst_offsets: has 2 entries, keys has 1$"):
+        wire.moves_from_msg(msg)
+    bad = pb.DropRequest(keys=[b"k" * 16], tiers=[7], offsets=[0], sizes=[1])
+    with pytest.raises(ValueError, match=r"^tiers\[0\]: unknown tier 7$"):
+        wire.drops_from_msg(bad)
