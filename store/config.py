@@ -1,14 +1,48 @@
-"""Frozen, validated configs of the master and of a storage node, and the flat config of the embedded pool.
+"""Every process config of the pool, composed from field groups so that each field is defined (and validated)
+exactly once.
 
-All three load through `kvpool.config.load_config` (defaults < YAML/TOML file < KVPOOL_* env < kwargs). An invalid
-value raises ValueError naming the field and what would be valid; nothing else in store/ re-validates them.
+    group                     fields                                               used by
+    MasterConfig              max_object_bytes max_batch_keys lease_ttl_s          Master (the pool's rules)
+                              grant_ttl_s node_ttl_s promote_on_hit policy
+    NodeConfig                node_id dram_bytes ssd_path ssd_bytes shm_dir        StorageNode (a node's tiers)
+                              share_dram hbm_bytes hbm_device
+    MasterServerFields        redis_url redis_prefix node_rpc_timeout_s            the master process
+                              list_limit http_listen
+    NodeServerFields          data_listen advertise_host rpc_timeout_s             the node process
+                              metrics_listen
+    Liveness                  heartbeat_s                                          both (the node beats, the master
+                                                                                   tells nodes the interval)
+
+    process config            = groups (+ the fields only it has: where it listens, its worker threads)
+    MasterServerConfig        MasterServerFields + Liveness + MasterConfig + listen, workers
+    NodeServerConfig          NodeServerFields + Liveness + NodeConfig + master, listen, workers
+    UpConfig (`kvpool up`)    all five groups + listen, node_listen
+    EmbeddedConfig            MasterConfig + NodeConfig
+
+A process config IS an instance of each of its groups (`isinstance(cfg, MasterConfig)`), so `Master(cfg)` takes a
+MasterServerConfig directly; `project(Group, cfg)` cuts a group out where a plain one is wanted. Every group
+validates its own fields in a cooperative `__post_init__`; an invalid value raises ValueError naming the field and
+what would be valid. All of them load through `kvpool.config.load_config` (defaults < YAML/TOML file < KVPOOL_* env
+< kwargs). A default may differ per process (a node process shares its DRAM arena, the embedded pool does not): the
+process class redeclares the default, never the validation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from kvpool.tiers.policy import POLICY_NAMES as _POLICIES
+
+T = TypeVar("T")
+
+
+def project(cls: type[T], source: Any, **extra: Any) -> T:
+    """An instance of group/config `cls` with every field of it taken from `source` (plus `extra`)."""
+    values = {f.name: getattr(source, f.name) for f in dataclasses.fields(cls) if hasattr(source, f.name)}
+    values.update(extra)
+    return cls(**values)
 
 
 def _check_nonneg_int(obj, *names: str) -> None:
@@ -25,24 +59,36 @@ def _check_positive(obj, *names: str) -> None:
             raise ValueError(f"{name} must be a number > 0, got {value!r}")
 
 
-def _check_hbm(hbm_bytes: int, hbm_device: int) -> None:
-    """HBM is a tier only where a CUDA device is: asking for one elsewhere is a config error, caught before start."""
-    if hbm_bytes > 0:
-        from kvpool.tiers.gpu import cuda_available
-        if not cuda_available():
-            raise ValueError(f"hbm_bytes={hbm_bytes} asks for an HBM tier but no CUDA device is present "
-                             "(set hbm_bytes=0)")
-    if not isinstance(hbm_device, int) or isinstance(hbm_device, bool) or hbm_device < 0:
-        raise ValueError(f"hbm_device must be an integer >= 0 (CUDA device index), got {hbm_device!r}")
+def _check_positive_int(obj, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{name} must be an int > 0, got {value!r}")
 
 
-def _check_policy(policy: str) -> None:
-    if policy not in _POLICIES:
-        raise ValueError(f"policy must be one of {list(_POLICIES)}, got {policy!r}")
+def _check_address(obj, *names: str, optional: bool = False) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if optional and value == "":
+            continue
+        if not isinstance(value, str) or ":" not in value:
+            raise ValueError(f"{name} must be host:port{' or empty' if optional else ''}, got {value!r}")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MasterConfig:
+class _Group:
+    """The end of the cooperative `__post_init__` chain of the field groups."""
+
+    def __post_init__(self) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------- groups
+
+
+@dataclass(frozen=True, kw_only=True)
+class MasterConfig(_Group):
+    """How the master runs the pool."""
+
     max_object_bytes: int = 64 << 20
     max_batch_keys: int = 65536      # one RPC carries at most this many keys
     lease_ttl_s: float = 30.0        # a read lease ends by itself after this
@@ -50,7 +96,6 @@ class MasterConfig:
     node_ttl_s: float = 10.0         # a node silent this long is dropped (nodes registered with expires=False never)
     promote_on_hit: bool = True      # an SSD hit is moved to DRAM when DRAM has (or can make) room
     policy: str = "lru"
-    grant_secret: bytes = b""        # HMAC key for grant tokens; empty = random per master process
 
     def __post_init__(self) -> None:
         _check_nonneg_int(self, "max_object_bytes", "max_batch_keys")
@@ -61,11 +106,15 @@ class MasterConfig:
         _check_positive(self, "lease_ttl_s", "grant_ttl_s", "node_ttl_s")
         if not isinstance(self.promote_on_hit, bool):
             raise ValueError(f"promote_on_hit must be true or false, got {self.promote_on_hit!r}")
-        _check_policy(self.policy)
+        if self.policy not in _POLICIES:
+            raise ValueError(f"policy must be one of {list(_POLICIES)}, got {self.policy!r}")
+        super().__post_init__()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NodeConfig:
+@dataclass(frozen=True, kw_only=True)
+class NodeConfig(_Group):
+    """A storage node's tiers."""
+
     node_id: str = "node-0"
     dram_bytes: int = 256 << 20
     ssd_path: str | None = None      # directory of the SSD file; None = no SSD tier
@@ -76,41 +125,142 @@ class NodeConfig:
     hbm_device: int = 0
 
     def __post_init__(self) -> None:
+        if self.ssd_path in ("", "none", "None"):
+            object.__setattr__(self, "ssd_path", None)
         if not isinstance(self.node_id, str) or not self.node_id:
             raise ValueError(f"node_id must be a non-empty string, got {self.node_id!r}")
         _check_nonneg_int(self, "dram_bytes", "ssd_bytes", "hbm_bytes")
-        _check_hbm(self.hbm_bytes, self.hbm_device)
+        if not isinstance(self.hbm_device, int) or isinstance(self.hbm_device, bool) or self.hbm_device < 0:
+            raise ValueError(f"hbm_device must be an integer >= 0 (CUDA device index), got {self.hbm_device!r}")
+        if self.hbm_bytes > 0:
+            # HBM is a tier only where a CUDA device is: asking for one elsewhere is a config error, caught here.
+            from kvpool.tiers.gpu import cuda_available
+
+            if not cuda_available():
+                raise ValueError(f"hbm_bytes={self.hbm_bytes} asks for an HBM tier but no CUDA device is present "
+                                 "(set hbm_bytes=0)")
         if self.ssd_path is not None and self.ssd_bytes == 0:
             raise ValueError(f"ssd_bytes must be > 0 when ssd_path is set (ssd_path={self.ssd_path!r})")
+        if not isinstance(self.share_dram, bool):
+            raise ValueError(f"share_dram must be true or false, got {self.share_dram!r}")
+        super().__post_init__()
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EmbeddedConfig:
-    """Everything `EmbeddedPool` takes, flat, so one file or one set of KVPOOL_* variables configures it."""
-
-    dram_bytes: int = 256 << 20
-    ssd_path: str | None = None
-    ssd_bytes: int = 0
-    max_object_bytes: int = 64 << 20
-    lease_ttl_s: float = 30.0
-    grant_ttl_s: float = 30.0
-    promote_on_hit: bool = True
-    policy: str = "lru"
-    shm_dir: str = "/dev/shm"
-    node_id: str = "local"
-    hbm_bytes: int = 0
-    hbm_device: int = 0
+@dataclass(frozen=True, kw_only=True)
+class MasterServerFields(_Group):
+    redis_url: str | None = None      # None = in-memory metadata (lost with the process)
+    redis_prefix: str = "kvpool"
+    node_rpc_timeout_s: float = 5.0   # deadline of master -> node control calls (demote/promote/drop)
+    list_limit: int = 1000
+    http_listen: str = ""             # host:port of the dashboard + /metrics ("" = none)
 
     def __post_init__(self) -> None:
-        # Build both parts now so a bad value fails here, naming its field.
-        self.master_config()
-        self.node_config()
+        _check_positive(self, "node_rpc_timeout_s")
+        _check_positive_int(self, "list_limit")
+        _check_address(self, "http_listen", optional=True)
+        if not isinstance(self.redis_prefix, str) or not self.redis_prefix:
+            raise ValueError(f"redis_prefix must be a non-empty string, got {self.redis_prefix!r}")
+        super().__post_init__()
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeServerFields(_Group):
+    data_listen: str = ""             # raw TCP data channel; "" = the node's listen host, any free port
+    advertise_host: str = ""          # host clients dial; "" = the node's listen host
+    rpc_timeout_s: float = 5.0        # deadline of node -> master calls (register, report, heartbeat)
+    metrics_listen: str = ""          # host:port of the node's /metrics ("" = none)
+
+    def __post_init__(self) -> None:
+        _check_address(self, "data_listen", "metrics_listen", optional=True)
+        _check_positive(self, "rpc_timeout_s")
+        super().__post_init__()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Liveness(_Group):
+    heartbeat_s: float = 1.0          # a node's heartbeat interval (the master tells nodes its own at registration)
+
+    def __post_init__(self) -> None:
+        _check_positive(self, "heartbeat_s")
+        super().__post_init__()
+
+
+# ---------------------------------------------------------------------------------------------- processes
+
+
+@dataclass(frozen=True, kw_only=True)
+class MasterServerConfig(MasterServerFields, Liveness, MasterConfig):
+    """The `kvpool master` process."""
+
+    listen: str = "127.0.0.1:50051"
+    workers: int = 16
+
+    def __post_init__(self) -> None:
+        _check_address(self, "listen")
+        _check_positive_int(self, "workers")
+        super().__post_init__()
+        if self.heartbeat_s >= self.node_ttl_s:
+            raise ValueError(f"heartbeat_s ({self.heartbeat_s}) must be below node_ttl_s ({self.node_ttl_s}), "
+                             "or every node is dropped between two heartbeats")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeServerConfig(NodeServerFields, Liveness, NodeConfig):
+    """The `kvpool node` process."""
+
+    master: str = "127.0.0.1:50051"
+    listen: str = "127.0.0.1:50052"   # gRPC NodeService
+    workers: int = 8
+    share_dram: bool = True           # same-host clients map the arena (one memcpy per transfer)
+
+    def __post_init__(self) -> None:
+        _check_address(self, "listen", "master")
+        _check_positive_int(self, "workers")
+        super().__post_init__()
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpConfig(MasterServerFields, NodeServerFields, Liveness, MasterConfig, NodeConfig):
+    """`kvpool up`: a master and one node in one process; every field of both processes, but where each listens
+    (`listen` is the master's, `node_listen` the node's) and their worker threads."""
+
+    listen: str = "127.0.0.1:50051"       # the master: what clients and `kvpool status` dial
+    node_listen: str = ""                 # "" = the master's host, any free port
+    node_id: str = "local"
+    ssd_path: str | None = "/var/tmp/kvpool"
+    ssd_bytes: int = 1 << 30
+    share_dram: bool = True
+    http_listen: str = "127.0.0.1:8080"   # dashboard + /metrics; "" = none; taken port = warning, pool still starts
+
+    def __post_init__(self) -> None:
+        _check_address(self, "listen")
+        _check_address(self, "node_listen", optional=True)
+        super().__post_init__()
+        if self.ssd_path is None and self.ssd_bytes:
+            object.__setattr__(self, "ssd_bytes", 0)  # `--ssd-path none` turns the SSD tier off whatever its size
+        self.master_server_config()
+        self.node_server_config("127.0.0.1:1")
+
+    def master_server_config(self) -> MasterServerConfig:
+        return project(MasterServerConfig, self)
+
+    def node_server_config(self, master_address: str) -> NodeServerConfig:
+        host = self.listen.rsplit(":", 1)[0]
+        return project(NodeServerConfig, self, master=master_address, listen=self.node_listen or f"{host}:0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmbeddedConfig(MasterConfig, NodeConfig):
+    """Everything `EmbeddedPool` takes, flat, so one file or one set of KVPOOL_* variables configures it."""
+
+    node_id: str = "local"
 
     def master_config(self) -> MasterConfig:
-        return MasterConfig(max_object_bytes=self.max_object_bytes, lease_ttl_s=self.lease_ttl_s,
-                            grant_ttl_s=self.grant_ttl_s, promote_on_hit=self.promote_on_hit, policy=self.policy)
+        return project(MasterConfig, self)
 
     def node_config(self) -> NodeConfig:
-        return NodeConfig(node_id=self.node_id, dram_bytes=self.dram_bytes, ssd_path=self.ssd_path,
-                          ssd_bytes=self.ssd_bytes, shm_dir=self.shm_dir, share_dram=False,
-                          hbm_bytes=self.hbm_bytes, hbm_device=self.hbm_device)
+        return project(NodeConfig, self)
+
+
+__all__ = ["MasterConfig", "NodeConfig", "MasterServerFields", "NodeServerFields", "Liveness", "MasterServerConfig",
+           "NodeServerConfig", "UpConfig", "EmbeddedConfig", "project"]

@@ -32,3 +32,29 @@ def test_frozen_and_split():
         cfg.dram_bytes = 1
     assert cfg.master_config().promote_on_hit is False
     assert (cfg.node_config().dram_bytes, cfg.node_config().ssd_path) == (4096, "/x")
+
+
+def test_every_process_field_is_a_kvpool_up_flag_with_one_validation():
+    from kvpool.process import add_config_flags, config_from_args
+    from kvpool.store.config import MasterServerConfig, NodeServerConfig, UpConfig
+
+    up = {f.name for f in dataclasses.fields(UpConfig)}
+    # Where each server listens and its worker threads are per process; `kvpool up` names the node's node_listen.
+    shared = ({f.name for f in dataclasses.fields(MasterServerConfig)} - {"workers"}) \
+        | ({f.name for f in dataclasses.fields(NodeServerConfig)} - {"workers", "master", "listen"})
+    assert shared <= up and "node_listen" in up
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser, UpConfig)
+    args = parser.parse_args(["--policy", "s3fifo", "--promote-on-hit", "false", "--max-batch-keys", "10",
+                              "--ssd-path", "none", "--data-listen", "127.0.0.1:0"])
+    cfg = config_from_args(UpConfig, args, env_prefix="KVPOOL_TEST_UNSET_")
+    assert (cfg.policy, cfg.promote_on_hit, cfg.max_batch_keys, cfg.ssd_path, cfg.ssd_bytes) == \
+        ("s3fifo", False, 10, None, 0)
+    assert cfg.master_server_config().policy == "s3fifo"
+    assert cfg.node_server_config("127.0.0.1:1").data_listen == "127.0.0.1:0"
+    # A field shared by several configs is validated by its one group: the same message everywhere.
+    for cls in (UpConfig, MasterServerConfig, EmbeddedConfig, MasterConfig):
+        with pytest.raises(ValueError, match=r"^max_batch_keys must be > 0, got 0$"):
+            cls(max_batch_keys=0)
