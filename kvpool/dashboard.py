@@ -2,7 +2,7 @@
 
     GET /                 the page (kvpool/static/index.html + dashboard.js + dashboard.css; no CDN, works offline)
     GET /api/stats        the pool's stats dict as `pool.stats()` returns it (the numbers `kvpool stats --json` prints),
-                          plus hit_rate, nodes_alive, active_tiers (StatsSnapshot.derived())
+                          plus hit_rate, nodes_alive, active_tiers (PoolStats.derived())
     GET /api/history      ring buffer of sampled points, oldest first; ?since=<unix time>&limit=<n>
     GET /metrics          Prometheus text of `registry`
     GET /health           {"status": "ok"}
@@ -34,7 +34,7 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CollectorRegistry
 
 from kvpool.metrics import render_metrics
-from kvpool.stats import TIER_LABELS, StatsSnapshot
+from kvpool.store.stats import PoolStats, counters, rates, went_backwards
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,6 @@ STATIC_DIR = Path(__file__).with_name("static")
 _CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
                   ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml", ".png": "image/png"}
 MAX_HISTORY_LIMIT = 86_400  # a day of 1 s samples; larger asks are a client bug, not a wish for everything
-_COUNTERS = ("requested_tokens", "hit_tokens", "lookups", "stored")
 
 StatsProvider = Callable[[], Mapping[str, Any]]
 
@@ -51,13 +50,6 @@ class _BadParam(ValueError):
     def __init__(self, param: str, message: str):
         super().__init__(f"{param}: {message}")
         self.param = param
-
-
-def _counters(snap: StatsSnapshot) -> dict[str, Any]:
-    c: dict[str, Any] = {name: getattr(snap, name) for name in _COUNTERS}
-    c["hit_tokens_by_tier"] = snap.hit_tokens_by_tier
-    c["tiers"] = snap.active_tiers()
-    return c
 
 
 class History:
@@ -71,41 +63,23 @@ class History:
         self.capacity = capacity
         self.window = window
 
-    def add(self, t: float, snap: StatsSnapshot) -> dict[str, Any] | None:
-        cur = _counters(snap)
+    def add(self, t: float, snap: PoolStats) -> dict[str, Any] | None:
+        cur = counters(snap)
         with self._lock:
-            if self._base and (t <= self._base[-1][0] or self._went_backwards(self._base[-1][1], cur)):
+            if self._base and (t <= self._base[-1][0] or went_backwards(self._base[-1][1], cur)):
                 self._base.clear()  # master restarted (or the clock stepped back): start a fresh window
             self._base.append((t, cur))
             if len(self._base) < 2:
                 return None
             t0, old = self._base[0]
-            point = _rates(t0, old, t, cur)
+            point = rates(t0, old, t, cur)
             self._points.append(point)
             return point
-
-    @staticmethod
-    def _went_backwards(old: Mapping[str, Any], cur: Mapping[str, Any]) -> bool:
-        return any(cur[name] < old[name] for name in _COUNTERS)
 
     def points(self, since: float | None = None, limit: int | None = None) -> list[dict[str, Any]]:
         with self._lock:
             pts = [p for p in self._points if since is None or p["t"] > since]
         return pts[-limit:] if limit else pts
-
-
-def _rates(t0: float, old: Mapping[str, Any], t: float, cur: Mapping[str, Any]) -> dict[str, Any]:
-    dt = t - t0
-    d_req = cur["requested_tokens"] - old["requested_tokens"]
-    hit_rate: dict[str, float | None] = {"all": (cur["hit_tokens"] - old["hit_tokens"]) / d_req if d_req else None}
-    for tier in TIER_LABELS:
-        if tier in cur["tiers"]:
-            d_hit = cur["hit_tokens_by_tier"].get(tier, 0) - old["hit_tokens_by_tier"].get(tier, 0)
-            hit_rate[tier] = d_hit / d_req if d_req else None
-    point: dict[str, Any] = {"t": t, "hit_rate": hit_rate}
-    for name in _COUNTERS:
-        point[f"{name}_per_s"] = (cur[name] - old[name]) / dt
-    return point
 
 
 class DashboardServer:
@@ -179,13 +153,13 @@ class DashboardServer:
         return f"http://{host}:{self.port}/"
 
     # -- sampling -------------------------------------------------------------------------------------------------
-    def snapshot(self) -> StatsSnapshot:
-        return StatsSnapshot.from_dict(self.stats_provider())
+    def snapshot(self) -> PoolStats:
+        return PoolStats.from_dict(self.stats_provider())
 
     def stats(self) -> dict[str, Any]:
         """What /api/stats answers: the provider's dict, unchanged, plus the derived values."""
         raw = self.stats_provider()
-        return {**raw, **StatsSnapshot.from_dict(raw).derived()}
+        return {**raw, **PoolStats.from_dict(raw).derived()}
 
     def sample(self) -> dict[str, Any] | None:
         """Take one sample now; returns the new history point (None for the first sample: no rate yet)."""

@@ -4,7 +4,7 @@ tests/deploy check against what this module registers.
 
 Two kinds of metric, on purpose:
   * Pool state the master already counts (tokens, objects, bytes, capacity, evictions, nodes alive) is exported by
-    `PoolStatsCollector`, which reads the master's `StatsSnapshot` at scrape time. One source of truth: /metrics,
+    `PoolStatsCollector`, which reads the master's `PoolStats` at scrape time. One source of truth: /metrics,
     `kvpool stats` and the dashboard can never disagree, and a node that leaves drops its series by itself (a
     labelled Gauge would keep reporting its last value forever).
   * Events only the caller sees (op latency, RPC errors, TTFT, connector fallbacks) are ordinary prometheus_client
@@ -28,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, MetricsHandler, generate_latest
 from prometheus_client.registry import Collector
 
-from kvpool.stats import StatsSnapshot
+from kvpool.store.stats import PoolStats
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class PoolStatsCollector(Collector):
         fams = {name: (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(name, doc, labels=labels)
                 for name, (kind, labels, doc) in STATS_FAMILIES.items()}
         try:
-            snap = StatsSnapshot.from_dict(self._provider())
+            snap = PoolStats.from_dict(self._provider())
             self._failing = False
         except Exception:  # noqa: BLE001 - a broken provider must not take the other metrics down
             if not self._failing:  # once per outage, not once per scrape
@@ -89,7 +89,7 @@ class PoolStatsCollector(Collector):
         yield from fams.values()
 
 
-def fill_families(fams: dict, snap: StatsSnapshot) -> None:
+def fill_families(fams: dict, snap: PoolStats) -> None:
     """Put one snapshot's values into the metric families of STATS_FAMILIES (sorted, so output is stable)."""
     for ns in sorted(snap.namespaces):
         c = snap.namespaces[ns]

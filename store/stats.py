@@ -1,28 +1,265 @@
-"""Hit accounting (keys and tokens, by tier and by namespace) and the master's stats() snapshot.
+"""The pool's stats: one typed record (`PoolStats`), how the master counts into it, and every value derived from it.
 
-Tokens are the unit DESIGN.md measures hit rate in: a hit on a key is `block_tokens` hit tokens. A lookup that did
-not say its block size (NsRef.block_tokens == 0) counts keys only. The snapshot is a plain JSON-able dict: the same
-dict EmbeddedPool.stats() returns and the Stats RPC ships.
+    master   LookupStats (counted per lookup) + Placement counters + tier usage ──snapshot──▶ PoolStats
+    wire     PoolStats.to_dict() as JSON in StatsResponse (the shape `pool.stats()` has always returned)
+    readers  PoolStats.from_dict(d) validates (ValueError naming the field) ─▶ hit rates, active tiers,
+             windowed rates (`rates`): the ONE derivation that `kvpool stats/status`, the dashboard and /metrics use
+
+Tokens are the unit DESIGN.md measures hit rate in: a hit on a key is `block_tokens` hit tokens; a lookup that did
+not say its block size (NsRef.block_tokens == 0) counts keys only. Counters are cumulative since the master started
+(readers take differences; a restart resets them). Gauges (objects, bytes, capacity, nodes) are current values.
+
+    hit_rate = sum(hit_tokens_by_tier) / requested_tokens            (None before the first requested token)
+
+Movements (evictions, demotions, promotions) are counted by the tier the object LEFT. The dict keeps `demotions` and
+`promotions` as totals (ints) beside `demotions_by_tier` / `promotions_by_tier`; a dict without the by-tier fields
+(an older master) implies DRAM -> SSD demotions and SSD -> DRAM promotions, the only moves a pool without HBM makes.
+Keys a reader does not interpret (grants_open, recovered, endpoints, ...) are carried in `extra`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from kvpool.tiers.types import Tier
 
-_TIERS = tuple(t.label for t in Tier)
+TIER_LABELS: tuple[str, ...] = tuple(t.label for t in Tier)
+_REQUIRED = ("nodes", "namespaces", "lookups", "requested_tokens", "hit_tokens_by_tier")
+_IMPLIED_SOURCE = {"demotions": "dram", "promotions": "ssd"}
+# Keys `to_dict` writes from typed fields (everything else in a dict goes to `extra`).
+_TYPED = {"tiers", "nodes", "objects", "lookups", "requested_keys", "hit_keys", "miss_keys", "hit_keys_by_tier",
+          "requested_tokens", "hit_tokens", "hit_tokens_by_tier", "namespaces", "evictions", "demotions",
+          "promotions", "demotions_by_tier", "promotions_by_tier", "ssd_corrupt", "nodes_alive", "puts"}
 
 
 def _by_tier() -> dict[str, int]:
-    return {label: 0 for label in _TIERS}
+    return {label: 0 for label in TIER_LABELS}
+
+
+# ---------------------------------------------------------------------------------------------- the record
 
 
 @dataclass(slots=True)
-class NamespaceStats:
+class TierUsage:
+    """One tier of one node (gauges)."""
+
+    objects: int = 0
+    bytes: int = 0
+    capacity: int = 0
+
+
+@dataclass(slots=True)
+class NamespaceCounters:
+    """Token counters of one namespace label (cumulative)."""
+
     requested_tokens: int = 0
-    hit_tokens: int = 0
-    hit_tokens_by_tier: dict[str, int] = field(default_factory=_by_tier)
+    hit_tokens_by_tier: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def hit_tokens(self) -> int:
+        return sum(self.hit_tokens_by_tier.values())
+
+
+@dataclass(slots=True)
+class PoolStats:
+    nodes: dict[str, dict[str, TierUsage]] = field(default_factory=dict)
+    namespaces: dict[str, NamespaceCounters] = field(default_factory=dict)
+    objects: int = 0
+    lookups: int = 0
+    requested_keys: int = 0
+    hit_keys: int = 0
+    hit_keys_by_tier: dict[str, int] = field(default_factory=dict)
+    requested_tokens: int = 0
+    hit_tokens_by_tier: dict[str, int] = field(default_factory=dict)
+    evictions: dict[str, int] = field(default_factory=dict)
+    demotions: dict[str, int] = field(default_factory=dict)
+    promotions: dict[str, int] = field(default_factory=dict)
+    ssd_corrupt: int = 0
+    nodes_alive: int | None = None        # None: every listed node (the master lists only live ones)
+    puts: dict[str, int] | None = None    # a pool's own put outcomes (EmbeddedPool, PoolClient)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # ---- derived values (the one place they are computed)
+
+    @property
+    def hit_tokens(self) -> int:
+        return sum(self.hit_tokens_by_tier.values())
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Token hit rate in [0, 1]; None before the first requested token (0 of 0 is not 0%)."""
+        return self.hit_tokens / self.requested_tokens if self.requested_tokens else None
+
+    def hit_rate_by_tier(self) -> dict[str, float | None]:
+        req = self.requested_tokens
+        return {t: (n / req if req else None) for t, n in sorted(self.hit_tokens_by_tier.items())}
+
+    @property
+    def alive(self) -> int:
+        return len(self.nodes) if self.nodes_alive is None else self.nodes_alive
+
+    @property
+    def stored(self) -> int:
+        return (self.puts or {}).get("stored", 0)
+
+    def tier_totals(self) -> dict[str, dict[str, int]]:
+        totals = {label: {"objects": 0, "bytes": 0, "capacity": 0} for label in TIER_LABELS}
+        for tiers in self.nodes.values():
+            for tier, u in tiers.items():
+                row = totals[tier]
+                row["objects"] += u.objects
+                row["bytes"] += u.bytes
+                row["capacity"] += u.capacity
+        return totals
+
+    def active_tiers(self) -> list[str]:
+        """Tiers some node has, or that ever served a hit (fastest first) — the tiers worth drawing."""
+        present = {t for tiers in self.nodes.values() for t, u in tiers.items() if u.capacity}
+        present |= {t for t, n in self.hit_tokens_by_tier.items() if n}
+        return [t for t in TIER_LABELS if t in present]
+
+    def derived(self) -> dict[str, Any]:
+        """What /api/stats adds to the dict: hit_rate, nodes_alive, active_tiers."""
+        return {"hit_rate": self.hit_rate, "nodes_alive": self.alive, "active_tiers": self.active_tiers()}
+
+    def with_hit_rates(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """`raw` (this record's dict) plus the derived values and the TOKEN hit rate of each tier: what
+        `kvpool stats|status --json` print."""
+        return {**raw, **self.derived(), "hit_tokens": self.hit_tokens, "hit_rate_by_tier": self.hit_rate_by_tier()}
+
+    # ---- the dict (wire and public API shape)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "tiers": self.tier_totals(),
+            "nodes": {n: {t: {"objects": u.objects, "bytes": u.bytes, "capacity": u.capacity}
+                          for t, u in tiers.items()} for n, tiers in self.nodes.items()},
+            "objects": self.objects,
+            "lookups": self.lookups,
+            "requested_keys": self.requested_keys,
+            "hit_keys": self.hit_keys,
+            "miss_keys": self.requested_keys - self.hit_keys,
+            "hit_keys_by_tier": dict(self.hit_keys_by_tier),
+            "requested_tokens": self.requested_tokens,
+            "hit_tokens": self.hit_tokens,
+            "hit_tokens_by_tier": dict(self.hit_tokens_by_tier),
+            "namespaces": {label: {"requested_tokens": n.requested_tokens, "hit_tokens": n.hit_tokens,
+                                   "hit_tokens_by_tier": dict(n.hit_tokens_by_tier)}
+                           for label, n in self.namespaces.items()},
+            "evictions": dict(self.evictions),
+            "demotions": sum(self.demotions.values()),
+            "promotions": sum(self.promotions.values()),
+            "demotions_by_tier": dict(self.demotions),
+            "promotions_by_tier": dict(self.promotions),
+            "ssd_corrupt": self.ssd_corrupt,
+        }
+        if self.nodes_alive is not None:
+            out["nodes_alive"] = self.nodes_alive
+        if self.puts is not None:
+            out["puts"] = dict(self.puts)
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "PoolStats":
+        """Validate and convert a stats dict; raises ValueError naming the offending field."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"stats must be the mapping pool.stats() returns, got {type(d).__name__}")
+        missing = [k for k in _REQUIRED if k not in d]
+        if missing:
+            raise ValueError(f"stats: missing field(s) {missing}; is this the dict pool.stats() returns?")
+        s = cls()
+        for node, tiers in _mapping(d["nodes"], "nodes").items():
+            row: dict[str, TierUsage] = {}
+            for tier, usage in _mapping(tiers, f"nodes.{node}").items():
+                where = f"nodes.{node}.{_tier(tier, f'nodes.{node}')}"
+                u = _mapping(usage, where)
+                row[tier] = TierUsage(*(_count(u.get(k, 0), f"{where}.{k}") for k in ("objects", "bytes", "capacity")))
+            s.nodes[str(node)] = row
+        for label, c in _mapping(d["namespaces"], "namespaces").items():
+            where = f"namespaces.{label}"
+            c = _mapping(c, where)
+            s.namespaces[str(label)] = NamespaceCounters(
+                _count(c.get("requested_tokens", 0), f"{where}.requested_tokens"),
+                _tier_counts(c.get("hit_tokens_by_tier", {}), f"{where}.hit_tokens_by_tier"))
+        for name in ("objects", "lookups", "requested_tokens", "requested_keys", "hit_keys", "ssd_corrupt"):
+            setattr(s, name, _count(d.get(name, 0), name))
+        s.hit_tokens_by_tier = _tier_counts(d["hit_tokens_by_tier"], "hit_tokens_by_tier")
+        s.hit_keys_by_tier = _tier_counts(d.get("hit_keys_by_tier", {}), "hit_keys_by_tier")
+        s.evictions = _tier_counts(d.get("evictions", {}), "evictions")
+        for name, source in _IMPLIED_SOURCE.items():
+            if f"{name}_by_tier" in d:
+                setattr(s, name, _tier_counts(d[f"{name}_by_tier"], f"{name}_by_tier"))
+                continue
+            value = d.get(name, 0)
+            setattr(s, name, _tier_counts(value, name) if isinstance(value, Mapping)
+                    else {source: _count(value, name)})
+        s.nodes_alive = _count(d.get("nodes_alive", len(s.nodes)), "nodes_alive")
+        if "puts" in d:
+            puts = _mapping(d["puts"], "puts")
+            s.puts = {str(k): _count(v, f"puts.{k}") for k, v in puts.items()}
+        s.extra = {k: v for k, v in d.items() if k not in _TYPED}
+        return s
+
+
+def _count(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"stats.{where} must be a non-negative int, got {value!r}")
+    return value
+
+
+def _mapping(value: Any, where: str) -> Mapping:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"stats.{where} must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _tier(tier: Any, where: str) -> str:
+    if tier not in TIER_LABELS:
+        raise ValueError(f"stats.{where}: unknown tier {tier!r}; expected one of {', '.join(TIER_LABELS)}")
+    return tier
+
+
+def _tier_counts(value: Any, where: str) -> dict[str, int]:
+    return {_tier(t, where): _count(n, f"{where}.{t}") for t, n in _mapping(value, where).items()}
+
+
+# ---------------------------------------------------------------------------------------------- rates over a window
+
+RATE_COUNTERS = ("requested_tokens", "hit_tokens", "lookups", "stored")
+
+
+def counters(s: PoolStats) -> dict[str, Any]:
+    """The cumulative values `rates` compares (kept per sample by the dashboard's history)."""
+    c: dict[str, Any] = {name: getattr(s, name) for name in RATE_COUNTERS}
+    c["hit_tokens_by_tier"] = dict(s.hit_tokens_by_tier)
+    c["tiers"] = s.active_tiers()
+    return c
+
+
+def went_backwards(old: Mapping[str, Any], cur: Mapping[str, Any]) -> bool:
+    """A counter decreased: the master restarted, so a window must start afresh (no negative rates)."""
+    return any(cur[name] < old[name] for name in RATE_COUNTERS)
+
+
+def rates(t0: float, old: Mapping[str, Any], t: float, cur: Mapping[str, Any]) -> dict[str, Any]:
+    """Rates between two `counters` samples: hit rate overall and per active tier (None when no token was
+    requested in the window), and <counter>_per_s for each of RATE_COUNTERS."""
+    dt = t - t0
+    d_req = cur["requested_tokens"] - old["requested_tokens"]
+    hit_rate: dict[str, float | None] = {"all": (cur["hit_tokens"] - old["hit_tokens"]) / d_req if d_req else None}
+    for tier in TIER_LABELS:
+        if tier in cur["tiers"]:
+            d_hit = cur["hit_tokens_by_tier"].get(tier, 0) - old["hit_tokens_by_tier"].get(tier, 0)
+            hit_rate[tier] = d_hit / d_req if d_req else None
+    point: dict[str, Any] = {"t": t, "hit_rate": hit_rate}
+    for name in RATE_COUNTERS:
+        point[f"{name}_per_s"] = (cur[name] - old[name]) / dt
+    return point
+
+
+# ---------------------------------------------------------------------------------------------- counting (master)
 
 
 @dataclass(slots=True)
@@ -32,65 +269,44 @@ class LookupStats:
     hit_keys: int = 0
     hit_keys_by_tier: dict[str, int] = field(default_factory=_by_tier)
     requested_tokens: int = 0
-    hit_tokens: int = 0
     hit_tokens_by_tier: dict[str, int] = field(default_factory=_by_tier)
-    namespaces: dict[str, NamespaceStats] = field(default_factory=dict)
+    namespaces: dict[str, NamespaceCounters] = field(default_factory=dict)
 
     def count(self, ns, requested: int, hit_tiers: list[int]) -> None:
         self.lookups += 1
         self.requested_keys += requested
         self.hit_keys += len(hit_tiers)
         for t in hit_tiers:
-            self.hit_keys_by_tier[_TIERS[t]] += 1
+            self.hit_keys_by_tier[TIER_LABELS[t]] += 1
         bt = ns.block_tokens
         if bt <= 0:
             return
         per_ns = self.namespaces.get(ns.label)
         if per_ns is None:
-            per_ns = self.namespaces[ns.label] = NamespaceStats()
+            per_ns = self.namespaces[ns.label] = NamespaceCounters(0, _by_tier())
         self.requested_tokens += requested * bt
         per_ns.requested_tokens += requested * bt
-        self.hit_tokens += len(hit_tiers) * bt
-        per_ns.hit_tokens += len(hit_tiers) * bt
         for t in hit_tiers:
-            self.hit_tokens_by_tier[_TIERS[t]] += bt
-            per_ns.hit_tokens_by_tier[_TIERS[t]] += bt
+            self.hit_tokens_by_tier[TIER_LABELS[t]] += bt
+            per_ns.hit_tokens_by_tier[TIER_LABELS[t]] += bt
 
 
-def snapshot(master) -> dict:
-    """Called with the master lock held."""
-    tiers = {label: {"objects": 0, "bytes": 0, "capacity": 0} for label in _TIERS}
-    nodes = {}
-    for node in master.placement.nodes.values():
-        per_node = {}
-        for tier, space in node.spaces.items():
-            a = space.allocator
-            row = {"objects": a.num_allocations, "bytes": a.used_bytes, "capacity": a.capacity}
-            per_node[tier.label] = row
-            for name, value in row.items():
-                tiers[tier.label][name] += value
-        nodes[node.node_id] = per_node
-    s = master.stats_counters
-    c = master.placement.counters
-    return {
-        "tiers": tiers,
-        "nodes": nodes,
-        "objects": len(master.index),
-        "lookups": s.lookups,
-        "requested_keys": s.requested_keys,
-        "hit_keys": s.hit_keys,
-        "miss_keys": s.requested_keys - s.hit_keys,
-        "hit_keys_by_tier": dict(s.hit_keys_by_tier),
-        "requested_tokens": s.requested_tokens,
-        "hit_tokens": s.hit_tokens,
-        "hit_tokens_by_tier": dict(s.hit_tokens_by_tier),
-        "namespaces": {label: {"requested_tokens": n.requested_tokens, "hit_tokens": n.hit_tokens,
-                               "hit_tokens_by_tier": dict(n.hit_tokens_by_tier)}
-                       for label, n in s.namespaces.items()},
-        "evictions": dict(c.evictions),
-        "demotions": c.demotions,
-        "promotions": c.promotions,
-        "ssd_corrupt": c.ssd_corrupt,
-        "grants_open": len(master._grants),
-        "leases_open": len(master._leases),
-    }
+def snapshot(placement, lookups: LookupStats, objects: int) -> PoolStats:
+    """The record of the master's current state. Called with the master lock held; copies every mutable part."""
+    nodes = {node.node_id: {tier.label: TierUsage(space.allocator.num_allocations, space.allocator.used_bytes,
+                                                  space.allocator.capacity)
+                            for tier, space in node.spaces.items()}
+             for node in placement.nodes.values()}
+    c = placement.counters
+    return PoolStats(
+        nodes=nodes,
+        namespaces={label: NamespaceCounters(n.requested_tokens, dict(n.hit_tokens_by_tier))
+                    for label, n in lookups.namespaces.items()},
+        objects=objects, lookups=lookups.lookups, requested_keys=lookups.requested_keys, hit_keys=lookups.hit_keys,
+        hit_keys_by_tier=dict(lookups.hit_keys_by_tier), requested_tokens=lookups.requested_tokens,
+        hit_tokens_by_tier=dict(lookups.hit_tokens_by_tier), evictions=dict(c.evictions),
+        demotions=dict(c.demotions), promotions=dict(c.promotions), ssd_corrupt=c.ssd_corrupt)
+
+
+__all__ = ["PoolStats", "TierUsage", "NamespaceCounters", "LookupStats", "snapshot", "rates", "counters",
+           "went_backwards", "TIER_LABELS"]

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from kvpool import EmbeddedPool, Namespace, block_keys
 from kvpool.dashboard import DashboardServer
 from kvpool.metrics import PoolMetrics
-from kvpool import EmbeddedPool, Namespace, block_keys
-from kvpool.stats import StatsSnapshot
+from kvpool.store.stats import PoolStats
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
@@ -303,14 +303,14 @@ def _chrome_or_skip():
     return driver, profile
 
 
-def check_dashboard_page(driver, url: str, stats: dict) -> StatsSnapshot:
+def check_dashboard_page(driver, url: str, stats: dict) -> PoolStats:
     """Load the dashboard at `url` and check every number it shows against `stats`, the raw dict that
     `pool.stats()` / `kvpool stats --json` return. Written for any pool: point it at `kvpool up` the same way
     (stop the traffic first, so the page and `stats` see the same counters)."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    snap = StatsSnapshot.from_dict(stats)
+    snap = PoolStats.from_dict(stats)
     driver.get(url)
     WebDriverWait(driver, 30).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-updates"))
     text = lambda element_id: driver.find_element(By.ID, element_id).text  # noqa: E731
@@ -437,7 +437,7 @@ def test_dashboard_of_kvpool_up_matches_kvpool_status_json(tmp_path):
     import sys
 
     from kvpool import PoolClient
-    from kvpool.store.local_cluster import UpConfig
+    from kvpool.store.config import UpConfig
     from tests.store.cluster import free_port, wait_serving
 
     if "http_listen" not in {f.name for f in dataclasses.fields(UpConfig)}:

@@ -1,4 +1,4 @@
-"""kvpool/metrics.py and kvpool/stats.py: exact exported values from a fresh registry, the documented name set,
+"""kvpool/metrics.py and store/stats.py: exact exported values from a fresh registry, the documented name set,
 validation of the stats dict, and /metrics over a real HTTP socket."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from kvpool.metrics import (ConnectorMetrics, EngineMetrics, PoolMetrics, exported_names, render_metrics,
                             start_metrics_server)
 from kvpool import EmbeddedPool, Namespace, block_keys
-from kvpool.stats import NamespaceCounters, StatsSnapshot, TierUsage
+from kvpool.store.stats import NamespaceCounters, PoolStats, TierUsage
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -127,7 +127,7 @@ def test_event_metrics_count_exactly_and_reject_undocumented_labels():
 
 
 def test_snapshot_reads_the_master_shape():
-    snap = StatsSnapshot.from_dict(STATS)
+    snap = PoolStats.from_dict(STATS)
     assert (snap.requested_tokens, snap.hit_tokens, snap.hit_rate) == (96, 32, 32 / 96)
     assert snap.nodes_alive == 2  # not in the master's dict: the nodes it lists are the live ones
     assert snap.demotions == {"dram": 4} and snap.promotions == {"ssd": 2}  # ints: the only possible source tier
@@ -136,7 +136,7 @@ def test_snapshot_reads_the_master_shape():
     assert snap.active_tiers() == ["dram", "ssd"]  # hbm has no capacity and no hits: not drawn
     assert snap.derived() == {"hit_rate": 32 / 96, "nodes_alive": 2, "active_tiers": ["dram", "ssd"]}
     empty = {"nodes": {}, "namespaces": {}, "lookups": 0, "requested_tokens": 0, "hit_tokens_by_tier": {}}
-    assert StatsSnapshot.from_dict(empty).hit_rate is None  # 0 of 0 tokens is "no data", not 0%
+    assert PoolStats.from_dict(empty).hit_rate is None  # 0 of 0 tokens is "no data", not 0%
 
 
 def test_metrics_of_a_real_embedded_pool_equal_its_stats(tmp_path):
@@ -181,9 +181,9 @@ def test_snapshot_rejects_bad_stats_naming_the_field(bad, message):
     base = {} if "missing" in message else {k: STATS[k] for k in ("nodes", "namespaces", "lookups",
                                                                      "requested_tokens", "hit_tokens_by_tier")}
     with pytest.raises(ValueError, match=message):
-        StatsSnapshot.from_dict({**base, **bad})
+        PoolStats.from_dict({**base, **bad})
     with pytest.raises(ValueError, match=r"stats must be the mapping pool.stats\(\) returns, got list"):
-        StatsSnapshot.from_dict([])
+        PoolStats.from_dict([])
 
 
 def test_metrics_server_serves_registry_over_http():
