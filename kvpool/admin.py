@@ -17,18 +17,17 @@ import re
 import sys
 from typing import Callable, Iterator
 
-import grpc
-
-from kvpool.errors import PoolError, PoolProtocolError, PoolTimeout, PoolUnavailable
+from kvpool.errors import PoolError, PoolProtocolError
+from kvpool.proto import kvpool_pb2 as pb
+from kvpool.rpc import MasterRpc
+from kvpool.store import wire
+from kvpool.store.stats import PoolStats
 
 DEFAULT_MASTER = "127.0.0.1:50051"
+UNREACHABLE_HINT = "(start one with `kvpool up`, or point --master / KVPOOL_MASTER at it)"
 KEY_HEX_DIGITS = 32
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*$")
 _SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
-
-
-class NotFound(PoolError):
-    """The master does not hold the named object(s)."""
 
 
 def default_master() -> str:
@@ -57,68 +56,30 @@ def parse_duration(text: str, what: str = "--older-than") -> float:
     return seconds
 
 
-def _row(o) -> dict:
-    from kvpool.proto import kvpool_pb2 as pb
-
-    return {"key": o.key.hex(), "namespace": o.namespace.hex(), "node": o.node_id,
-            "tier": pb.Tier.Name(o.tier).lower(), "offset": o.offset, "size": o.size, "checksum": f"{o.checksum:016x}"}
-
-
-def with_hit_rates(raw: dict) -> dict:
-    """The stats dict plus what /api/stats adds (hit_rate, nodes_alive, active_tiers) and the TOKEN hit rate of each
-    tier (hit tokens served by that tier / all requested tokens; None before the first requested token)."""
-    from kvpool.stats import StatsSnapshot
-
-    snap = StatsSnapshot.from_dict(raw)
-    req = snap.requested_tokens
-    by_tier = {t: (n / req if req else None) for t, n in sorted(snap.hit_tokens_by_tier.items())}
-    return {**raw, **snap.derived(), "hit_tokens": snap.hit_tokens, "hit_rate_by_tier": by_tier}
-
-
 class AdminClient:
     def __init__(self, address: str | None = None, *, timeout: float = 5.0) -> None:
-        from kvpool.proto import kvpool_pb2_grpc as pbg
-
         self.address = address or default_master()
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(self.address)
-        self._stub = pbg.MasterServiceStub(self._channel)
+        self.rpc = MasterRpc(self.address, timeout=timeout, unavailable_hint=f" {UNREACHABLE_HINT}",
+                             timeout_hint=" (--timeout)")
 
     def _call(self, name: str, request):
-        try:
-            return getattr(self._stub, name)(request, timeout=self.timeout)
-        except grpc.RpcError as exc:
-            code = exc.code()
-            if code == grpc.StatusCode.UNAVAILABLE:
-                # gRPC's details name every address it tried; one line that says what to do reads better
-                raise PoolUnavailable(f"no kvpool master answering at {self.address} (start one with `kvpool up`, "
-                                      f"or point --master / KVPOOL_MASTER at it)") from None
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                raise PoolTimeout(f"no kvpool master answering at {self.address}: {name} got no answer in "
-                                  f"{self.timeout}s (--timeout)") from None
-            if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED):
-                raise ValueError(exc.details()) from None
-            if code == grpc.StatusCode.NOT_FOUND:
-                raise NotFound(exc.details()) from None
-            raise PoolError(f"{name} at {self.address} failed: {code.name}: {exc.details()}") from None
+        return self.rpc.call(name, request)
 
     # ------------------------------------------------------------------ reads
 
     def raw_stats(self) -> dict:
         """The master's stats dict exactly as the Stats RPC ships it."""
-        from kvpool.proto import kvpool_pb2 as pb
-
         return json.loads(self._call("Stats", pb.StatsRequest()).json)
 
     def stats(self) -> dict:
-        """`raw_stats()` plus the derived hit rates (`with_hit_rates`): what `kvpool stats|status --json` print."""
+        """`raw_stats()` plus the derived hit rates (PoolStats.with_hit_rates): what `kvpool stats|status --json`
+        print."""
         raw = self.raw_stats()
         try:
-            return with_hit_rates(raw)
+            return PoolStats.from_dict(raw).with_hit_rates(raw)
         except ValueError as exc:  # the master's fault, not the caller's: exit 1, not 2
             raise PoolProtocolError(f"the master at {self.address} sent stats this kvpool cannot read: {exc}") from None
-
-    status = stats  # the name the first CLI used
 
     def nodes(self, stats: dict | None = None) -> list[dict]:
         """One row per registered node, by id: addresses, state, and objects/bytes/capacity of each tier it has."""
@@ -137,8 +98,6 @@ class AdminClient:
 
     def list(self, *, namespace: str = "", limit: int = 0, page: int = 1000) -> Iterator[dict]:
         """Committed objects in key order, paginated; `limit` 0 = all."""
-        from kvpool.proto import kvpool_pb2 as pb
-
         if not isinstance(limit, int) or limit < 0:
             raise ValueError(f"--limit {limit!r} must be an integer >= 0 (0 = all)")
         ns = parse_hex16(namespace, "--namespace") if namespace else b""
@@ -146,7 +105,7 @@ class AdminClient:
         while True:
             reply = self._call("List", pb.ListRequest(namespace=ns, start_after=start, limit=page))
             for o in reply.objects:
-                yield _row(o)
+                yield wire.object_row(o)
                 n += 1
                 if limit and n >= limit:
                     return
@@ -156,26 +115,20 @@ class AdminClient:
 
     def inspect(self, keys_hex: list[str]) -> list[dict | None]:
         """One row per key (None = not in the pool)."""
-        from kvpool.proto import kvpool_pb2 as pb
-
         keys = [parse_hex16(k, "KEY") for k in keys_hex]
         reply = self._call("Inspect", pb.InspectRequest(keys=keys))
         found = iter(reply.objects)
-        return [_row(next(found)) if ok else None for ok in reply.found]
+        return [wire.object_row(next(found)) if ok else None for ok in reply.found]
 
     # ------------------------------------------------------------------ changes
 
     def remove(self, keys_hex: list[str]) -> int:
-        from kvpool.proto import kvpool_pb2 as pb
-
         keys = [parse_hex16(k, "KEY") for k in keys_hex]
         return self._call("Remove", pb.RemoveRequest(keys=keys)).removed
 
     def evict(self, *, namespace: str = "", older_than_s: float | None = None) -> int:
         """Evict committed objects of one namespace (empty = all) not put or hit for `older_than_s` seconds (None =
         any age). Objects being read right now (leased) are skipped. Counted in stats()["evictions"]."""
-        from kvpool.proto import kvpool_pb2 as pb
-
         ns = parse_hex16(namespace, "--namespace") if namespace else b""
         if older_than_s is not None and not older_than_s > 0:
             raise ValueError(f"--older-than must be longer than 0 seconds, got {older_than_s!r}")
@@ -187,8 +140,6 @@ class AdminClient:
         bytes pass through this process), then remove it. Returns {"node", "moved", "dropped", "no_room", "failed",
         "passes"}: `dropped` objects were still on the node when it left (misses from now on)."""
         from kvpool.drain import DrainResult, drain
-        from kvpool.proto import kvpool_pb2 as pb
-
         if not isinstance(node_id, str) or not node_id:
             raise ValueError(f"NODE must be a non-empty node id, got {node_id!r}")
         if not migrate:
@@ -204,7 +155,7 @@ class AdminClient:
                 raise PoolError(f"drain of {node_id} at {self.address} stopped: {exc}") from None
 
     def close(self) -> None:
-        self._channel.close()
+        self.rpc.close()
 
     def __enter__(self) -> "AdminClient":
         return self

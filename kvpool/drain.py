@@ -6,7 +6,7 @@
     repeat until the node holds nothing and has no pending grant (bounded: passes and a deadline)
     DrainNode(node)                       the node leaves; whatever is still on it is dropped (counted)
 
-Bytes travel through PoolClient's data path (same-host arena memcpy, else the node's TCP data channel; SSD extents
+Bytes travel through PoolClient's data path (`client.transfers`, kvpool/transfer.py; RPCs through `client.rpc`) (same-host arena memcpy, else the node's TCP data channel; SSD extents
 always through the node), so a drain is exactly as fast and as checked as gets and puts are. The master only
 switches an object whose copied bytes hash to its committed checksum, so a drain never makes wrong bytes visible:
 every object ends either moved byte-exact or dropped (a miss). Objects that do not fit anywhere (`NO_ROOM`) stay
@@ -18,12 +18,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass
-from types import SimpleNamespace
 
 import xxhash
 
 from kvpool.client import PoolClient
 from kvpool.proto import kvpool_pb2 as pb
+from kvpool.store import wire
 
 log = logging.getLogger(__name__)
 
@@ -56,12 +56,12 @@ def drain(client: PoolClient, node_id: str, *, migrate: bool = True, max_passes:
     if not deadline_s > 0:
         raise ValueError(f"deadline_s must be > 0 seconds, got {deadline_s!r}")
     result = DrainResult(node_id)
-    master = client._master  # noqa: SLF001 - the drain is part of the client: same stub, same deadlines
+    rpc = client.rpc
     if migrate:
         end = time.monotonic() + deadline_s
         no_room: set[bytes] = set()
         while time.monotonic() < end:
-            state = client._call(master.BeginDrain, pb.BeginDrainRequest(node_id=node_id), "begin_drain")
+            state = rpc.call("BeginDrain", pb.BeginDrainRequest(node_id=node_id), retry=True, what="begin_drain")
             movable = state.objects - len(no_room)
             if movable <= 0 and state.pending == 0:
                 break  # nothing movable left and nothing can arrive (no grants, no placements on a draining node)
@@ -75,14 +75,13 @@ def drain(client: PoolClient, node_id: str, *, migrate: bool = True, max_passes:
             while time.monotonic() < end:  # one pass: the node's objects in the master's index order
                 request = pb.MigrateStartRequest(node_id=node_id, cursor=cursor, limit=batch_keys,
                                                  max_bytes=batch_bytes)
-                reply = client._call(master.MigrateStart, request, "migrate_start", retry=False)
+                reply = rpc.call("MigrateStart", request, what="migrate_start")
                 _move_batch(client, reply, result, no_room)
                 if not reply.next_cursor:
                     break
                 cursor = reply.next_cursor
         result.no_room = len(no_room)
-    result.dropped = client._call(master.DrainNode, pb.DrainNodeRequest(node_id=node_id), "drain_node",
-                                  retry=False).objects_dropped
+    result.dropped = rpc.call("DrainNode", pb.DrainNodeRequest(node_id=node_id), what="remove_node").objects_dropped
     log.info("drained %s: %d moved, %d dropped (%d found no room), %d pass(es)", node_id, result.moved,
              result.dropped, result.no_room, result.passes)
     return result
@@ -90,7 +89,6 @@ def drain(client: PoolClient, node_id: str, *, migrate: bool = True, max_passes:
 
 def _move_batch(client: PoolClient, reply, result: DrainResult, no_room: set[bytes]) -> None:
     """Copy one MigrateStart batch (source -> buffer -> destination) and commit or abort each move."""
-    stub = client._master  # noqa: SLF001
     keys = [bytes(k) for k in reply.keys]
     moving = []
     for i, status in enumerate(reply.statuses):
@@ -103,20 +101,15 @@ def _move_batch(client: PoolClient, reply, result: DrainResult, no_room: set[byt
     views: list[memoryview | None] = [None] * len(keys)
     for i in moving:
         views[i] = memoryview(bytearray(reply.sizes[i]))
-    common = dict(nodes=reply.nodes, sizes=reply.sizes, expires_unix_ms=reply.expires_unix_ms,
-                  checksums=reply.checksums)
-    src = SimpleNamespace(node_index=reply.src_node_index, tiers=reply.src_tiers, offsets=reply.src_offsets,
-                          tokens=reply.src_tokens, lease_id=reply.read_id, **common)
-    dst = SimpleNamespace(node_index=reply.dst_node_index, tiers=reply.dst_tiers, offsets=reply.dst_offsets,
-                          tokens=reply.dst_tokens, grant_ids=reply.move_ids, **common)
+    src, dst = wire.moves_of(reply)
     try:
-        failed = client._transfer(src, moving, keys, views, b"", write=False)  # noqa: SLF001
+        failed = client.transfers.read(src, moving, keys, views)
         by_ns: dict[bytes, list[int]] = {}
         for i in moving:
             if i not in failed:
                 by_ns.setdefault(bytes(reply.namespaces[i]), []).append(i)
         for ns, group in by_ns.items():  # an SSD destination record carries the object's namespace
-            failed |= client._transfer(dst, group, keys, views, ns, write=True)  # noqa: SLF001
+            failed |= client.transfers.write(dst, group, keys, views, ns)
     except BaseException:
         _abort(client, [reply.move_ids[i] for i in moving])
         raise
@@ -127,7 +120,7 @@ def _move_batch(client: PoolClient, reply, result: DrainResult, no_room: set[byt
     if ok:
         commit = pb.MigrateCommitRequest(move_ids=[reply.move_ids[i] for i in ok],
                                          checksums=[xxhash.xxh3_64_intdigest(views[i]) for i in ok])
-        moved = client._call(stub.MigrateCommit, commit, "migrate_commit", retry=False).moved
+        moved = client.rpc.call("MigrateCommit", commit, what="migrate_commit").moved
         result.moved += sum(moved)
         result.failed += len(ok) - sum(moved)
         no_room.difference_update(keys[i] for i, done in zip(ok, moved) if done)
@@ -135,8 +128,7 @@ def _move_batch(client: PoolClient, reply, result: DrainResult, no_room: set[byt
 
 def _abort(client: PoolClient, move_ids: list[int]) -> None:
     try:
-        stub = client._master  # noqa: SLF001
-        client._call(stub.MigrateAbort, pb.MigrateAbortRequest(move_ids=move_ids), "migrate_abort")
+        client.rpc.call("MigrateAbort", pb.MigrateAbortRequest(move_ids=move_ids), retry=True, what="migrate_abort")
     except Exception as exc:  # noqa: BLE001 - the moves expire by themselves
         log.warning("migrate_abort failed (the moves expire by themselves): %s", exc)
 

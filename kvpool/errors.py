@@ -20,3 +20,7 @@ class PoolDataError(PoolError):
 
 class PoolProtocolError(PoolError):
     """The server answered something this client does not understand (version skew)."""
+
+
+class PoolNotFound(PoolError):
+    """The master does not hold the named node or object (gRPC NOT_FOUND)."""

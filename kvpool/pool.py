@@ -1,0 +1,179 @@
+"""The pool contract (`Pool`) and the front half both implementations share (`PoolFront`).
+
+    Pool (Protocol)       what DESIGN.md's public API promises: put_many, lookup_prefix, get_many_into,
+                          contains_many, remove_many, stats, close, context manager
+    PoolFront             argument checks (keys, buffers, sizes, namespace), empty batches, put counters, closed
+                          state; then one backend call on checked input:
+                              _put(keys, views, ns)            -> statuses ("stored" | "exists" | "no_space")
+                              _lookup(keys, ns)                -> leading hits
+                              _get_into(keys, views, ns, tiers_out) -> buffers filled
+                              _contains(keys) / _remove(keys) / _stats() / _close()
+    EmbeddedPool          kvpool/embedded.py: the master and one node in this process
+    PoolClient            kvpool/client.py: through a master process and its storage nodes
+
+Every caller mistake raises ValueError naming the argument before anything is sent or changed.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+from kvpool.buffers import as_bytes, as_writable_bytes
+from kvpool.keys import Namespace, check_keys
+from kvpool.store.records import NO_NS, NsRef
+
+
+@runtime_checkable
+class Pool(Protocol):
+    def put_many(self, keys: Sequence[bytes], buffers: Sequence[Any], *, namespace: Namespace | None = None
+                 ) -> list[str]: ...
+
+    def lookup_prefix(self, keys: Sequence[bytes], *, namespace: Namespace | None = None) -> int: ...
+
+    def get_many_into(self, keys: Sequence[bytes], buffers: Sequence[Any], *, namespace: Namespace | None = None,
+                      tiers_out: list[str] | None = None) -> int: ...
+
+    def contains_many(self, keys: Sequence[bytes]) -> list[bool]: ...
+
+    def remove_many(self, keys: Sequence[bytes]) -> int: ...
+
+    def stats(self) -> dict: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self): ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+class PoolFront:
+    max_object_bytes: int
+
+    def __init__(self, max_object_bytes: int) -> None:
+        self.max_object_bytes = max_object_bytes
+        self._puts = {"stored": 0, "exists": 0, "no_space": 0}
+        self._puts_lock = threading.Lock()
+        self._ns_refs: dict[Namespace, NsRef] = {}
+        self._closed = False
+
+    # ------------------------------------------------------------------ public API
+
+    def put_many(self, keys: Sequence[bytes], buffers: Sequence[Any], *, namespace: Namespace | None = None
+                 ) -> list[str]:
+        """Store each buffer under its key. One status per key: "stored" | "exists" | "no_space"."""
+        self._check_open()
+        check_keys(keys, "keys")
+        views = self._views(keys, buffers, as_bytes)
+        limit = self.max_object_bytes
+        for i, view in enumerate(views):
+            if view.nbytes == 0:
+                raise ValueError(f"buffers[{i}] is empty; objects must have at least 1 byte")
+            if view.nbytes > limit:
+                raise ValueError(f"buffers[{i}] has {view.nbytes} bytes, over max_object_bytes={limit}")
+        ns = self._ns(namespace)
+        if not keys:
+            return []
+        statuses = self._put(keys, views, ns)
+        with self._puts_lock:
+            for status in statuses:
+                self._puts[status] += 1
+        return statuses
+
+    def lookup_prefix(self, keys: Sequence[bytes], *, namespace: Namespace | None = None) -> int:
+        """Number of leading keys present in any tier."""
+        self._check_open()
+        check_keys(keys, "keys")
+        ns = self._ns(namespace)
+        return self._lookup(keys, ns) if keys else 0
+
+    def get_many_into(self, keys: Sequence[bytes], buffers: Sequence[Any], *, namespace: Namespace | None = None,
+                      tiers_out: list[str] | None = None) -> int:
+        """Fill buffers[i] with object keys[i] in order, stopping at the first miss; returns how many were filled.
+        Each buffer must have exactly the object's size (checked for every hit before anything is copied).
+        `tiers_out`, if given, receives the tier label ("dram", "ssd", ...) each filled buffer was read from."""
+        self._check_open()
+        check_keys(keys, "keys")
+        views = self._views(keys, buffers, as_writable_bytes)
+        ns = self._ns(namespace)
+        return self._get_into(keys, views, ns, tiers_out) if keys else 0
+
+    def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
+        self._check_open()
+        check_keys(keys, "keys")
+        return self._contains(keys) if keys else []
+
+    def remove_many(self, keys: Sequence[bytes]) -> int:
+        """Remove objects; returns how many existed. An object being read is removed at once for new readers and
+        its space is reused only after the reader finishes."""
+        self._check_open()
+        check_keys(keys, "keys")
+        return self._remove(keys) if keys else 0
+
+    def stats(self) -> dict:
+        out = self._stats()
+        with self._puts_lock:
+            out["puts"] = dict(self._puts)
+        return out
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ backend (implemented by the pools)
+
+    def _put(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef) -> list[str]:
+        raise NotImplementedError
+
+    def _lookup(self, keys: Sequence[bytes], ns: NsRef) -> int:
+        raise NotImplementedError
+
+    def _get_into(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef,
+                  tiers_out: list[str] | None) -> int:
+        raise NotImplementedError
+
+    def _contains(self, keys: Sequence[bytes]) -> list[bool]:
+        raise NotImplementedError
+
+    def _remove(self, keys: Sequence[bytes]) -> int:
+        raise NotImplementedError
+
+    def _stats(self) -> dict:
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ helpers
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("pool is closed")
+
+    @staticmethod
+    def _views(keys: Sequence[bytes], buffers: Sequence[Any], convert) -> list[memoryview]:
+        if isinstance(buffers, (bytes, bytearray, memoryview)) or not hasattr(buffers, "__len__"):
+            raise ValueError(f"buffers must be a sequence of buffers (one per key), got {type(buffers).__name__}")
+        if len(buffers) != len(keys):
+            raise ValueError(f"buffers has {len(buffers)} entries, keys has {len(keys)}")
+        return [convert(b, f"buffers[{i}]") for i, b in enumerate(buffers)]
+
+    def _ns(self, namespace: Namespace | None) -> NsRef:
+        if namespace is None:
+            return NO_NS
+        if not isinstance(namespace, Namespace):
+            raise ValueError(f"namespace must be a kvpool.Namespace, got {type(namespace).__name__}")
+        ref = self._ns_refs.get(namespace)
+        if ref is None:
+            ref = self._ns_refs[namespace] = NsRef.of(namespace)
+        return ref
+
+
+__all__ = ["Pool", "PoolFront"]

@@ -1,0 +1,171 @@
+"""Moving bytes between caller buffers and storage nodes: the client half of the data path, used by PoolClient
+(puts and gets) and by `kvpool drain` (object moves).
+
+    write(batch, positions, keys, views, ns)   / read(batch, positions, keys, views)
+        batch: a `store.wire.ExtentBatch` (the master's reply: where each entry's bytes live, and the tokens)
+        per entry, by its node's route:
+          same host (node's host_id equals ours and its DRAM arena file is there), DRAM tier:
+              memcpy straight into / out of the node's arena, mapped once (`DramArena.attach`)
+          otherwise, or transport "tcp", or an SSD/HBM extent:
+              the node's raw TCP data channel (store/data_channel.py), pipelined per node, `recv_into` the buffer
+        -> the set of positions that failed (refused by the node, unreachable, or a read whose bytes do not hash to
+           the committed checksum: a miss, never returned bytes)
+
+`verify`: which reads are checked against the committed xxh3_64: "remote" (bytes that crossed the data channel),
+"all" (also same-host copies), "none". A node that cannot be reached fails only its own entries; a write where
+nothing could be written anywhere raises PoolUnavailable / PoolTimeout (an outage, not "no space").
+Thread-safe: routes are shared read-mostly, data connections are pooled per caller inside DataClient.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Sequence
+
+import xxhash
+
+from kvpool.errors import PoolTimeout, PoolUnavailable
+from kvpool.proto import kvpool_pb2 as pb
+from kvpool.store import wire
+from kvpool.store.data_channel import DataClient, Extent
+from kvpool.store.wire import ExtentBatch
+from kvpool.tiers.types import Tier
+
+log = logging.getLogger(__name__)
+
+VERIFY_MODES = ("remote", "all", "none")
+_DRAM = int(Tier.DRAM)
+
+
+class Route:
+    """How to reach one node: its arena mapped here (same host) and/or its data channel."""
+
+    __slots__ = ("node_id", "arena", "data", "data_address")
+
+    def __init__(self, node_id: str, arena, data: DataClient | None, data_address: str) -> None:
+        self.node_id, self.arena, self.data, self.data_address = node_id, arena, data, data_address
+
+
+class Transfers:
+    def __init__(self, host_id: str, *, transport: str = "auto", timeout: float = 10.0,
+                 verify: str = "remote") -> None:
+        if transport not in ("auto", "tcp"):
+            raise ValueError(f"transport must be 'auto' (shared memory when same host, else TCP) or 'tcp', "
+                             f"got {transport!r}")
+        if verify not in VERIFY_MODES:
+            raise ValueError(f"verify must be 'remote', 'all' or 'none', got {verify!r}")
+        self.host_id = host_id
+        self.transport = transport
+        self.timeout = timeout
+        self.verify = verify
+        self.checksum_failures = 0
+        self._routes: dict[tuple[str, str, str], Route] = {}
+        self._lock = threading.Lock()
+
+    def write(self, batch: ExtentBatch, positions: Sequence[int], keys: Sequence[bytes], views: Sequence[memoryview],
+              ns: bytes) -> set[int]:
+        """Write views[i] to entry i of `batch` for i in `positions` (`ns`: the namespace an SSD record carries)."""
+        return self._move(batch, positions, keys, views, ns, write=True)
+
+    def read(self, batch: ExtentBatch, positions: Sequence[int], keys: Sequence[bytes],
+             views: Sequence[memoryview]) -> set[int]:
+        """Read entry i of `batch` into views[i] for i in `positions`, checked as `verify` says."""
+        return self._move(batch, positions, keys, views, b"", write=False)
+
+    def close(self) -> None:
+        with self._lock:
+            routes, self._routes = list(self._routes.values()), {}
+        for route in routes:
+            if route.data is not None:
+                route.data.close()
+            if route.arena is not None:
+                route.arena.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _move(self, batch: ExtentBatch, positions: Sequence[int], keys, views, ns: bytes, *, write: bool) -> set[int]:
+        failed: set[int] = set()
+        unreachable: list[tuple[Route, OSError]] = []
+        remote: dict[int, list[int]] = {}
+        routes = [self._route(ep) for ep in batch.nodes]
+        node_index, tiers, offsets, sizes = batch.node_index, batch.tiers, batch.offsets, batch.sizes
+        check_local = not write and self.verify == "all"
+        for i in positions:
+            route = routes[node_index[i]]
+            if route.arena is not None and tiers[i] == _DRAM:
+                extent = route.arena.view(offsets[i], sizes[i])
+                if write:
+                    extent[:] = views[i]
+                else:
+                    views[i][:] = extent
+                    if check_local:
+                        self._check_read(batch, i, keys, views, failed)
+            else:
+                remote.setdefault(node_index[i], []).append(i)
+        for n, group in remote.items():
+            route = routes[n]
+            if route.data is None:
+                failed.update(group)
+                continue
+            extents = [Extent(batch.ids[i], tiers[i], offsets[i], sizes[i], batch.expires_ms, batch.tokens[i],
+                              bytes(keys[i]), ns) for i in group]
+            try:
+                run = route.data.write_many if write else route.data.read_many_into
+                results = run(extents, [views[i] for i in group])
+            except OSError as exc:  # includes timeouts: this node's keys fail, the other nodes' go on
+                log.warning("node %s (%s) failed during a %s: %s", route.node_id, route.data_address,
+                            "write" if write else "read", exc)
+                failed.update(group)
+                unreachable.append((route, exc))
+                continue
+            for i, err in zip(group, results):
+                if err is not None:
+                    log.info("node %s refused %s of key %s: %s", route.node_id, "write" if write else "read",
+                             bytes(keys[i]).hex(), err)
+                    failed.add(i)
+                elif not write and self.verify != "none":
+                    self._check_read(batch, i, keys, views, failed)
+        if write and unreachable and len(failed) == len(positions):
+            # Nothing could be written anywhere: that is an outage, not "no space".
+            route, exc = unreachable[0]
+            kind = PoolTimeout if isinstance(exc, TimeoutError) else PoolUnavailable
+            raise kind(f"node {route.node_id} ({route.data_address}): {exc}") from exc
+        return failed
+
+    def _check_read(self, batch: ExtentBatch, i: int, keys, views, failed: set[int]) -> None:
+        if xxhash.xxh3_64_intdigest(views[i]) != batch.checksums[i]:
+            self.checksum_failures += 1
+            log.warning("key %s: bytes read do not match the committed checksum; served as a miss",
+                        bytes(keys[i]).hex())
+            failed.add(i)
+
+    def _route(self, ep: pb.NodeEndpoint) -> Route:
+        path = wire.dram_path(ep) if self.transport == "auto" and ep.host_id == self.host_id else ""
+        cache_key = (ep.node_id, ep.data_address, path)
+        with self._lock:
+            route = self._routes.get(cache_key)
+            if route is not None:
+                return route
+        arena = None
+        if path and os.path.exists(path):
+            from kvpool.tiers.dram import DramArena
+
+            try:
+                arena = DramArena.attach(path)
+            except (OSError, ValueError) as exc:
+                log.info("cannot map %s of node %s, using TCP: %s", path, ep.node_id, exc)
+        data = DataClient(ep.data_address, timeout=self.timeout) if ep.data_address else None
+        route = Route(ep.node_id, arena, data, ep.data_address)
+        with self._lock:
+            existing = self._routes.setdefault(cache_key, route)
+        if existing is not route:
+            if data is not None:
+                data.close()
+            if arena is not None:
+                arena.close()
+        return existing
+
+
+__all__ = ["Transfers", "Route", "VERIFY_MODES"]
