@@ -1,4 +1,4 @@
-"""PoolConnector: the engine hooks (engine_adapter/connector_api.py) implemented on the public pool API.
+"""PoolConnector: the engine hooks (kvpool/hooks.py) implemented on the public pool API.
 
 Per request, on the engine's thread:
 
@@ -33,7 +33,7 @@ from kvpool.connector.cost import LoadCostModel
 from kvpool.connector.pool_factory import open_pool
 from kvpool.connector.saver import BlockSaver, SaveBatch
 from kvpool.connector.stats import ConnectorStats
-from kvpool.engine_adapter.connector_api import EngineInfo, KVConnectorBase
+from kvpool.hooks import EngineInfo, KVConnectorBase
 from kvpool.errors import PoolDataError, PoolError, PoolTimeout
 from kvpool.kernels.kv_transfer import gather_blocks, object_shape, scatter_blocks
 from kvpool.keys import block_keys
@@ -70,7 +70,6 @@ class PoolConnector(KVConnectorBase):
         self.namespace = None
         self.cost: LoadCostModel | None = None
         self._metrics = None
-        self._pool_reports_tiers = pool is not None and _reports_tiers(pool)
         self._saver = BlockSaver(self._get_pool, max_blocks=self.config.save_queue_blocks,
                                  on_saved=self._on_saved, on_error=lambda exc: self._fault(exc, "save"))
 
@@ -138,10 +137,7 @@ class PoolConnector(KVConnectorBase):
                 k = min(chunk, n - got)
                 keys = state.keys[first + got:first + got + k]
                 start = time.perf_counter()
-                if self._pool_reports_tiers:
-                    done = pool.get_many_into(keys, list(flat[:k]), tiers_out=tiers)
-                else:
-                    done = pool.get_many_into(keys, list(flat[:k]))
+                done = pool.get_many_into(keys, list(flat[:k]), tiers_out=tiers)
                 seconds += time.perf_counter() - start
                 if done:
                     scatter_blocks(self.info.kv_cache, block_ids[first + got:first + got + done],
@@ -294,7 +290,6 @@ class PoolConnector(KVConnectorBase):
                 return None
             try:
                 self._pool = open_pool(self.config)
-                self._pool_reports_tiers = _reports_tiers(self._pool)
                 log.info("connector: pool %s connected", self.config.pool)
                 self._logged.discard("unreachable")
             except Exception as exc:
@@ -325,15 +320,6 @@ class PoolConnector(KVConnectorBase):
                 self._retry_at = time.monotonic() + self.config.retry_after_s
             if pool is not None:
                 threading.Thread(target=_close_quietly, args=(pool,), daemon=True).start()
-
-
-def _reports_tiers(pool) -> bool:
-    import inspect
-
-    try:
-        return "tiers_out" in inspect.signature(pool.get_many_into).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _close_quietly(pool) -> None:

@@ -2,8 +2,8 @@
 
 The engine thread only copies the blocks out of its KV cache (they may be reused once the hook returns) and offers
 the batch to the queue; it never waits on the pool. A full queue drops the batch and counts it: losing a save costs
-a future hit, blocking decode would cost every request now. The worker skips keys the pool already holds
-(`contains_many`) before it spends bandwidth on `put_many`.
+a future hit, blocking decode would cost every request now. Keys the pool already holds cost no bandwidth: the
+pool's put answers them "exists" before any byte moves (PutStart), so the worker asks nothing beforehand.
 """
 
 from __future__ import annotations
@@ -76,12 +76,7 @@ class BlockSaver:
         pool = self._pool_getter()
         if pool is None:
             raise ConnectionError("pool not connected")
-        present = pool.contains_many(batch.keys)
-        todo = [i for i, have in enumerate(present) if not have]
-        stored = 0
-        if todo:
-            flat = batch.blocks.reshape(batch.blocks.shape[0], -1)
-            statuses = pool.put_many([batch.keys[i] for i in todo], [flat[i].numpy() for i in todo],
-                                     namespace=batch.namespace)
-            stored = sum(1 for s in statuses if s == "stored")
-        self._on_saved(stored, len(batch.keys) - len(todo))
+        flat = batch.blocks.reshape(batch.blocks.shape[0], -1)
+        statuses = pool.put_many(batch.keys, [flat[i].numpy() for i in range(len(batch.keys))],
+                                 namespace=batch.namespace)
+        self._on_saved(statuses.count("stored"), statuses.count("exists"))

@@ -9,8 +9,8 @@ _EXPORTS = {
     "RequestOutput": "kvpool.engine_adapter.llm_engine",
     "SamplingParams": "kvpool.engine_adapter.sampling",
     "EngineConfig": "kvpool.engine_adapter.config",
-    "KVConnectorBase": "kvpool.engine_adapter.connector_api",
-    "EngineInfo": "kvpool.engine_adapter.connector_api",
+    "KVConnectorBase": "kvpool.hooks",
+    "EngineInfo": "kvpool.hooks",
     "EngineServer": "kvpool.engine_adapter.server",
     "default_model_path": "kvpool.engine_adapter.model_files",
 }

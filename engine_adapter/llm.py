@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from kvpool.engine_adapter.config import EngineConfig
-from kvpool.engine_adapter.connector_api import KVConnectorBase
+from kvpool.hooks import KVConnectorBase
 from kvpool.engine_adapter.llm_engine import LLMEngine, RequestOutput
 from kvpool.engine_adapter.sampling import SamplingParams
 

@@ -18,7 +18,7 @@ import xxhash
 from kvpool.keys import Namespace
 from kvpool.engine_adapter.block_manager import BlockManager
 from kvpool.engine_adapter.config import EngineConfig
-from kvpool.engine_adapter.connector_api import EngineInfo, KVConnectorBase
+from kvpool.hooks import EngineInfo, KVConnectorBase
 from kvpool.engine_adapter.loader import load_model
 from kvpool.engine_adapter.model_files import resolve_model_path
 from kvpool.engine_adapter.model_runner import ModelRunner

@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from kvpool.engine_adapter.block_manager import BlockManager
-from kvpool.engine_adapter.connector_api import KVConnectorBase
+from kvpool.hooks import KVConnectorBase
 from kvpool.engine_adapter.request import Request, RequestStatus
 
 log = logging.getLogger(__name__)

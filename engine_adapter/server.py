@@ -224,6 +224,11 @@ def _make_handler(server: EngineServer):
                 self._error(404, f"path: {self.path} not found")
 
         def do_POST(self) -> None:
+            if self.path == "/v1/kvpool/flush":
+                # Saves are asynchronous: a caller that must see them in the pool (a demo, a test) waits here for
+                # the connector's queue to drain instead of guessing with sleeps.
+                self._json(200, {"flushed": bool(server.engine.connector.flush(60.0))})
+                return
             if self.path not in ("/v1/completions", "/v1/chat/completions"):
                 self._error(404, f"path: {self.path} not found")
                 return

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,7 +87,7 @@ def run_demo(*, sections: int = 40, max_tokens: int = 16, dram: str = "1GiB", ss
         prefix = shared_prefix(sections)
         client = PoolClient(pool_addr)
         out_a = _complete(engines["A"][1], prefix + "Question: how fast are refunds handled?\nAnswer:", max_tokens)
-        _wait_saves_settled(client)
+        wait_saves(engines["A"][1])
         question_b = prefix + "Question: which team handles security escalations?\nAnswer:"
         out_b0 = _complete(engines["B0"][1], question_b, max_tokens)
         mid = client.stats()
@@ -112,15 +111,10 @@ def run_demo(*, sections: int = 40, max_tokens: int = 16, dram: str = "1GiB", ss
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _wait_saves_settled(client, deadline_s: float = 60.0) -> None:
-    """A's saves are asynchronous: wait until the pool's object count stops growing."""
-    end = time.monotonic() + deadline_s
-    last, stable = -1, 0
-    while time.monotonic() < end and stable < 3:
-        objects = client.stats()["objects"]
-        stable = stable + 1 if objects == last and objects > 0 else 0
-        last = objects
-        time.sleep(0.3)
+def wait_saves(engine_url: str) -> None:
+    """A's saves are asynchronous: wait until its connector has handed every block it offered to the pool."""
+    if not post_json(engine_url + "/v1/kvpool/flush", {}, timeout=120).get("flushed"):
+        raise RuntimeError(f"engine {engine_url}: saves did not reach the pool within 60 s")
 
 
 def format_result(r: DemoResult) -> str:

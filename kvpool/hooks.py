@@ -1,4 +1,7 @@
-"""Connector hooks: how an outside KV store (the kvpool connector) plugs into the bundled engine.
+"""The engine-hook contract: how an outside KV store (the kvpool connector) plugs into the bundled engine.
+
+A leaf module (docs/internals.md "Layers"): the engine calls connectors only through it, connectors implement it,
+and neither imports the other. torch is named for type checkers only, so importing this module costs nothing.
 
 The engine calls a connector only through `KVConnectorBase`; every method has a do-nothing default, so the engine
 without a connector is the engine with `KVConnectorBase()`. All calls come from the engine's one thread, in this
@@ -31,6 +34,8 @@ order for each request:
                                     After a preemption the recompute reports the same blocks again. An exception
                                     is logged and ignored.
  5. request_finished(request)       when the request finishes or is aborted (its blocks are freed after this call).
+ 6. flush(timeout) -> bool          from any thread (the engine server's POST /v1/kvpool/flush): wait until the saves
+                                    offered so far have reached the store; True if they did within `timeout`.
 
 `request` is an engine_adapter.request.Request: request_id, token_ids (prompt + output), prompt_token_ids,
 num_prompt_tokens, num_computed_tokens, block_ids. Keys: `kvpool.block_keys(info.namespace, request.token_ids)` —
@@ -40,10 +45,12 @@ the engine's local prefix cache uses the same keys, so a block is the same objec
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from kvpool.keys import Namespace
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,3 +83,6 @@ class KVConnectorBase:
 
     def request_finished(self, request) -> None:
         return None
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        return True

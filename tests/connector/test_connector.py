@@ -3,7 +3,6 @@ test_cross_instance.py): reuse with identical output, SSD reads, namespaces, fau
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpool.demo import shared_prefix, _wait_saves_settled
+from kvpool.demo import shared_prefix, wait_saves
 from kvpool.launcher import free_port, post_json, spawn, wait_grpc_serving, wait_http_ok
 
 pytestmark = pytest.mark.slow
@@ -61,7 +61,7 @@ def test_b_reuses_a_prefix_across_processes_from_dram_and_ssd(deployment):
     prefix = shared_prefix(14)
     with PoolClient(deployment["pool_addr"]) as client:
         complete(urls["A"], prefix + QUESTION_1)
-        _wait_saves_settled(client)
+        wait_saves(urls["A"])
         stats = client.stats()
         assert stats["tiers"]["ssd"]["objects"] > 0 and stats["tiers"]["dram"]["objects"] > 0
         reference = complete(urls["B0"], prefix + QUESTION_2)

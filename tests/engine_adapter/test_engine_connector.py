@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kvpool.keys import block_keys
-from kvpool.engine_adapter.connector_api import KVConnectorBase
+from kvpool.hooks import KVConnectorBase
 from kvpool.engine_adapter.llm import LLM
 from kvpool.engine_adapter.sampling import SamplingParams
 from kvpool.kernels.kv_transfer import gather_blocks, object_shape, scatter_blocks

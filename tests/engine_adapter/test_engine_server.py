@@ -168,3 +168,10 @@ def test_client_disconnect_mid_stream_aborts_the_request(server, prompts):
         time.sleep(0.05)
     assert not engine.has_unfinished_requests()
     assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+
+
+def test_flush_route_waits_for_the_connectors_saves(server):
+    # The default connector has nothing queued: flushed at once. A pool connector answers after its save queue
+    # drained (tests/connector/test_cross_instance.py and `kvpool demo` wait on this instead of sleeping).
+    resp, body = call(server, "POST", "/v1/kvpool/flush", {})
+    assert resp.status == 200 and json.loads(body) == {"flushed": True}
