@@ -1,7 +1,8 @@
 """Which transport carries a storage node's bulk bytes: gRPC streaming or the raw TCP data channel?
 
-Both servers run in a child process (so client and server do not share one GIL, as in production) and serve the
-same 64 MiB bytearray "arena", with token checks on. The client writes then reads N objects of SIZE bytes into a
+Both servers run in a child process (so client and server do not share one GIL, as in production) and are the
+node's own: a `StorageNode` with a 64 MiB DRAM arena behind `NodeDataHandler` (token checks on), served by the real
+`DataServer` or the real gRPC `NodeServicer`. The client writes then reads N objects of SIZE bytes into a
 preallocated buffer. A plain loopback socket (sendall / recv_into, no framing) is the physical limit.
 
     python bench/data_channel.py [--size 2MiB] [--count 64] [--rounds 3]
@@ -23,55 +24,14 @@ from kvpool.config import parse_size
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
 from kvpool.store import tokens
+from kvpool.store.config import NodeConfig
 from kvpool.store.data_channel import DataClient, DataServer, Extent
+from kvpool.store.node import StorageNode
+from kvpool.store.node_server import NodeDataHandler, NodeServicer
 
 ARENA = 64 << 20
 SECRET = b"bench-secret"
 CHUNK = 1 << 20
-
-
-class ArenaHandler:
-    def __init__(self):
-        self.arena = bytearray(ARENA)
-        self.view = memoryview(self.arena)
-
-    def _check(self, kind, ident, tier, offset, size, expires, token):
-        tokens.verify(SECRET, kind, ident, tier, offset, size, expires, token)
-        if offset + size > ARENA:
-            raise ValueError("offset/size: outside the arena")
-        return self.view[offset:offset + size]
-
-    def write_view(self, e):
-        return self._check(tokens.WRITE, e.ident, e.tier, e.offset, e.size, e.expires_ms, e.token)
-
-    def write_done(self, e, view):
-        pass
-
-    def read_view(self, e):
-        return self._check(tokens.READ, e.ident, e.tier, e.offset, e.size, e.expires_ms, e.token)
-
-
-class GrpcNode(pbg.NodeServiceServicer):
-    def __init__(self, handler: ArenaHandler):
-        self.h = handler
-
-    def Write(self, request_iterator, context):
-        view, pos = None, 0
-        for chunk in request_iterator:
-            if view is None:
-                view = self.h._check(tokens.WRITE, chunk.grant_id, chunk.tier, chunk.offset, chunk.size,
-                                     chunk.expires_unix_ms, chunk.token)
-            n = len(chunk.data)
-            view[pos:pos + n] = chunk.data
-            pos += n
-        return pb.WriteResponse(written=pos)
-
-    def Read(self, request, context):
-        view = self.h._check(tokens.READ, request.lease_id, request.tier, request.offset, request.size,
-                             request.expires_unix_ms, request.token)
-        step = request.chunk_bytes or CHUNK
-        for pos in range(0, len(view), step):
-            yield pb.ReadChunk(data=bytes(view[pos:pos + step]))
 
 
 def _raw_server(sock: socket.socket, size: int) -> None:
@@ -101,14 +61,16 @@ def serve(kind: str, size: int, ready) -> None:
         sock = socket.create_server(("127.0.0.1", 0))
         ready.send(f"127.0.0.1:{sock.getsockname()[1]}")
         _raw_server(sock, size)
-    handler = ArenaHandler()
+    node = StorageNode(NodeConfig(node_id="bench", dram_bytes=ARENA))  # arena unlinked at once: nothing is left
+    handler = NodeDataHandler(node)
+    handler.secret = SECRET
     if kind == "tcp":
         server = DataServer(handler).start()
         ready.send(server.address)
     else:
         opts = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
         server = grpc.server(futures.ThreadPoolExecutor(4), options=opts)
-        pbg.add_NodeServiceServicer_to_server(GrpcNode(handler), server)
+        pbg.add_NodeServiceServicer_to_server(NodeServicer(node, handler), server)
         port = server.add_insecure_port("127.0.0.1:0")
         server.start()
         ready.send(f"127.0.0.1:{port}")

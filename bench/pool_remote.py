@@ -35,14 +35,9 @@ from tqdm import tqdm
 
 from kvpool import PoolClient
 from kvpool.config import parse_size
+from kvpool.launcher import free_port
 
 SIZES = [64 << 10, 512 << 10, 2 << 20]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_serving(address: str, deadline: float = 30.0) -> None:

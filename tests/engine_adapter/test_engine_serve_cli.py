@@ -12,11 +12,7 @@ import urllib.request
 
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from kvpool.launcher import free_port
 
 
 def test_serve_missing_model_exits_with_a_clear_message(tmp_path):
@@ -35,7 +31,7 @@ def test_serve_bad_config_value_exits_naming_the_field():
 
 
 def test_serve_answers_completions(model_path):
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "kvpool.cli", "serve", "--model", model_path, "--port", str(port),
                              "--num-kv-blocks", "64", "--max-model-len", "256"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

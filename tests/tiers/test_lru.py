@@ -104,16 +104,6 @@ def test_keys_inserted_during_iteration_come_last():
     assert len(p) == 0
 
 
-def test_no_per_object_python_objects():
-    p = LRUPolicy()
-    p.insert_chain(list(range(1000)))
-    assert p._next.itemsize == p._prev.itemsize == 4 and len(p._next) == 1000    # grown to the top slot
-    p.remove(500)
-    assert 500 not in p and 499 in p and -1 not in p and "x" not in p and len(p) == 999
-    p.insert_chain([5000])                          # a far slot doubles past it
-    assert len(p._next) == 5001 and list(p.victims())[:2] == [999, 998] and list(p.victims())[-1] == 5000
-
-
 def test_long_chains_match_a_reference_lru_under_random_touches():
     """Chains > 16 slots take the block-splice path when already adjacent, the per-slot path otherwise; both must
     give exactly the order of a plain reference LRU (a list, hot end last)."""
