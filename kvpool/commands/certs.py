@@ -76,6 +76,10 @@ def _done(args, issued: list) -> int:
     return 0
 
 
+def _days(args, default: float) -> float:
+    return default if args.days is None else args.days  # --days 0 is an error for certs.py to name, not a default
+
+
 def _guard(fn):
     def run(args) -> int:
         try:
@@ -90,7 +94,7 @@ def _guard(fn):
 def run_ca(args) -> int:
     from kvpool import certs
 
-    ca = certs.make_ca(args.name, days=args.days or 3650, backdate_days=args.backdate_days)
+    ca = certs.make_ca(args.name, days=_days(args, 3650), backdate_days=args.backdate_days)
     return _done(args, [certs.save(ca, args.out, "ca", force=args.force)])
 
 
@@ -98,7 +102,7 @@ def _leaf(args, **kw) -> int:
     from kvpool import certs
 
     ca = certs.load_ca(args.ca_dir)
-    leaf = certs.issue(ca, args.name, days=args.days or 365, backdate_days=args.backdate_days, **kw)
+    leaf = certs.issue(ca, args.name, days=_days(args, 365), backdate_days=args.backdate_days, **kw)
     return _done(args, [certs.save(leaf, args.out or args.ca_dir, args.name, force=args.force)])
 
 
@@ -116,8 +120,8 @@ def run_client(args) -> int:
 def run_cluster(args) -> int:
     from kvpool import certs
 
-    days = args.days or 365
-    ca = certs.make_ca(days=args.days or 3650, backdate_days=args.backdate_days)
+    days = _days(args, 365)
+    ca = certs.make_ca(days=_days(args, 3650), backdate_days=args.backdate_days)
     leaves = [("ca", ca),
               ("server", certs.issue(ca, "server", hosts=args.host, days=days, backdate_days=args.backdate_days)),
               ("admin", certs.issue(ca, "admin", kind="client", role="admin", days=days,
