@@ -2,7 +2,7 @@
 
     config.py   Role, Identity, AuthConfig (token sources per role), token file format
     sources.py  file:PATH / env:NAME secret sources; SourceWatch (cheap change detection for rotation)
-    table.py    TokenStore: accepted tokens as SHA-256 digests, constant-time match, reload on change
+    table.py    TokenStore: accepted tokens as keyed digests, one O(1) timing-safe lookup, reload on change
     methods.py  METHOD_RULES: which role may call each RPC (PUBLIC health, GRANT data RPCs)
     server.py   AuthInterceptor (gRPC server interceptor) and current_identity()
     client.py   TokenSource, BearerInterceptor, auth_channel()

@@ -15,13 +15,20 @@ master and the nodes share the cluster's node tokens).
 
 from __future__ import annotations
 
+import enum
 from typing import Mapping, Union
 
 from kvpool.store.auth.config import Role
 
-PUBLIC = "public"
-GRANT = "grant"
-Rule = Union[str, frozenset]
+
+class Access(enum.Enum):
+    PUBLIC = "public"
+    GRANT = "grant"
+
+
+PUBLIC = Access.PUBLIC
+GRANT = Access.GRANT
+Rule = Union[Access, frozenset]
 
 NODE = frozenset({Role.NODE})
 CLIENT = frozenset({Role.CLIENT})

@@ -98,7 +98,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
             return None  # UNIMPLEMENTED, as without auth
         method = handler_call_details.method
         rule = self.rules.get(method)
-        if rule == PUBLIC or rule == GRANT:
+        if rule is PUBLIC or rule is GRANT:
             return handler
         token = _bearer(handler_call_details.invocation_metadata)
         if token is not None:

@@ -1,20 +1,24 @@
 """`TokenStore`: the master's (or a node's) table of accepted tokens, matched in constant time, reloaded on change.
 
-The table holds SHA-256 digests, never the tokens. `identify(token)` hashes the presented token and compares it
-with EVERY entry by `hmac.compare_digest`, keeping the match without leaving the loop early, so the time taken
-says neither whether nor where a token matched (fixed-length digests also hide the token's length). The cost is one
-SHA-256 plus one ~0.1 us comparison per configured token (bench/security.py measures the whole interceptor).
+The table never holds a token: it maps keyed-BLAKE2b-256(k, token) -> Identity, where k is 32 random bytes drawn
+when the store is made, which never leaves it. `identify(token)` hashes the presented token under k and looks the
+result up in a dict. That is the constant-time comparison that matters: the only steps whose time depends on secret
+data are the hash-table probe and the byte comparison of keyed-hash outputs, and an attacker who does not know k
+cannot relate those outputs to their guesses, so a timing difference says nothing about how close a guess is to a
+real token (nor about its length: every digest is 32 bytes). The cost is one keyed hash whatever the number of
+tokens. `hmac.compare_digest` against every configured token would be safe too, but its cost grows with the tenants
+(bench/security.py prints `TokenStore.identify` for 3 and 1,002 tokens beside such a scan).
 
 Reloading (rotation without restart): `identify` first asks the SourceWatch whether a check is due (one clock
 read); at most every `reload_interval_s` one thread stats the token files and, if one changed, reloads the whole
-table and swaps it in one assignment. A reload that fails (file missing, bad entry, duplicate token) keeps the
-previous table and logs an error, once per distinct error; it is retried when a file changes again.
+table (under the same key) and swaps it in one assignment. A reload that fails (file missing, bad entry, duplicate
+token) keeps the previous table and logs an error, once per distinct error; it is retried when a file changes again.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
+import os
 import threading
 import time
 from typing import Callable, Mapping
@@ -30,8 +34,9 @@ class TokenStore:
                  wall: Callable[[], float] = time.time, env: Mapping[str, str] | None = None) -> None:
         self.config = config
         self._env = env
-        entries, texts = load_entries(config, env)  # raises ValueError naming the field: the process must not start
-        self._table: tuple[tuple[bytes, Identity], ...] = tuple(entries)
+        self._key = os.urandom(32)
+        # raises ValueError naming the field: a process must not start on a bad table
+        self._table, texts = load_entries(config, env, key=self._key)
         self._watch = SourceWatch([s for _, s in config.sources()], interval_s=config.reload_interval_s,
                                   clock=clock, wall=wall)
         self._watch.mark(texts)
@@ -46,12 +51,7 @@ class TokenStore:
         """The identity `token` names, or None. Checks for changed token files first when a check is due."""
         if self._watch.due():
             self._maybe_reload()
-        d = digest(token)
-        found = None
-        for entry, ident in self._table:  # no early exit: every entry is compared
-            if hmac.compare_digest(entry, d):
-                found = ident
-        return found
+        return self._table.get(digest(self._key, token))
 
     def _maybe_reload(self) -> None:
         if not self._lock.acquire(blocking=False):
@@ -69,7 +69,7 @@ class TokenStore:
 
     def _reload_locked(self) -> bool:
         try:
-            entries, texts = load_entries(self.config, self._env)
+            table, texts = load_entries(self.config, self._env, key=self._key)
         except ValueError as exc:
             self._watch.mark({})  # retried when a file changes again, not on every check
             if str(exc) != self._last_error:
@@ -78,8 +78,7 @@ class TokenStore:
             return False
         self._watch.mark(texts)
         self._last_error = ""
-        table = tuple(entries)
-        if sorted(table, key=lambda e: e[0]) == sorted(self._table, key=lambda e: e[0]):
+        if table == self._table:
             return False
         self._table = table
         self.version += 1

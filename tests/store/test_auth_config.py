@@ -4,13 +4,13 @@ Rotation is driven by an injected monotonic clock (the stat interval) and real f
 
 from __future__ import annotations
 
-import hmac
+import hashlib
 import os
 
 import pytest
 
 from kvpool.store.auth import AuthConfig, Identity, Role, TokenSource, TokenStore
-from kvpool.store.auth import table as table_mod
+from kvpool.store.auth import config as config_mod
 
 NODE_A = "node-token-aaaaaaaaaaaa"
 NODE_B = "node-token-bbbbbbbbbbbb"
@@ -106,24 +106,32 @@ def test_bad_token_files_name_the_field_and_entry(files, node, client, message):
         assert secret not in str(err.value)
 
 
-def test_every_entry_is_compared_no_early_exit(files, monkeypatch):
-    store = TokenStore(config(files))
+def test_lookup_is_one_keyed_hash_whatever_the_table_size(files, monkeypatch):
+    small = TokenStore(config(files))
+    write(files["client"], "\n".join([f"acme:{ACME}"] + [f"t{i}:tenant-token-{i:010d}" for i in range(1000)]))
+    big = TokenStore(config(files))
+    assert (len(small), len(big)) == (4, 1003)
     calls = []
-    real = hmac.compare_digest
+    real = config_mod.hashlib.blake2b
 
-    def counting(a, b):
-        calls.append(real(a, b))
-        return calls[-1]
+    class Counting:
+        @staticmethod
+        def blake2b(data, **kw):
+            calls.append(data)
+            return real(data, **kw)
 
-    monkeypatch.setattr(table_mod.hmac, "compare_digest", counting)
-    for token in (NODE_A, OTHER, "not-a-token-at-all-x"):
-        calls.clear()
-        store.identify(token)
-        assert len(calls) == len(store) == 4
-    assert sum(calls) == 0  # the last one matched nothing
-    calls.clear()
-    store.identify(NODE_A)
-    assert calls.count(True) == 1
+        sha256 = staticmethod(hashlib.sha256)
+
+    monkeypatch.setattr(config_mod, "hashlib", Counting)
+    for store in (small, big):
+        for token in (NODE_A, ACME, "not-a-token-at-all-x"):
+            calls.clear()
+            store.identify(token)
+            assert calls == [token.encode()]  # one keyed hash, no per-entry work
+    assert big.identify("tenant-token-0000000999") == Identity(Role.CLIENT, "t999", "client_tokens[0]")
+    # the table holds neither tokens nor their plain SHA-256, and each store has its own key
+    plain = {hashlib.sha256(t.encode()).digest() for t in (NODE_A, ADMIN, ACME)}
+    assert not plain & set(small._table) and not set(small._table) & set(big._table)  # noqa: SLF001
 
 
 def test_rotation_takes_effect_at_the_first_check_after_the_file_changes(files):
