@@ -91,6 +91,7 @@ class AuthInterceptor(grpc.ServerInterceptor):
         self.rules = rules
         self.on_reject = on_reject
         self._cert_cache: dict[bytes, Identity | None] = {}
+        self._unlisted: set[str] = set()
 
     def intercept_service(self, continuation, handler_call_details):
         handler = continuation(handler_call_details)
@@ -115,11 +116,12 @@ class AuthInterceptor(grpc.ServerInterceptor):
                               "authorization: missing credential (send 'authorization: Bearer <token>')")
         return self._bind(handler, lambda context: self._from_cert(method, rule, context))
 
-    @staticmethod
-    def _role_refusal(method: str, rule: Rule | None, ident: Identity) -> str:
+    def _role_refusal(self, method: str, rule: Rule | None, ident: Identity) -> str:
         """Why `ident` may not call `method` ("" = it may)."""
         if rule is None:
-            log.error("auth: %s is not in the method table; refused", method)
+            if method not in self._unlisted:  # a served method nobody put in the table: say so once, refuse always
+                self._unlisted.add(method)
+                log.error("auth: %s is served but not in the method table; refused", method)
             return f"{method}: not callable with authentication on"
         if ident.role not in rule:
             need = " or ".join(sorted(r.value for r in rule))
@@ -188,16 +190,26 @@ class AuthInterceptor(grpc.ServerInterceptor):
 
 
 def _with_identity(replies, ident: Identity):
-    # gRPC pulls a streaming reply step by step, possibly after the wrapper returned: bind each step.
-    while True:
-        token = _identity.set(ident)
-        try:
-            item = next(replies)
-        except StopIteration:
-            return
-        finally:
-            _identity.reset(token)
-        yield item
+    # gRPC pulls a streaming reply step by step, possibly after the wrapper returned: bind each step, and the close
+    # of the handler's generator when the call ends early (cancelled), so its cleanup sees the caller too.
+    try:
+        while True:
+            token = _identity.set(ident)
+            try:
+                item = next(replies)
+            except StopIteration:
+                return
+            finally:
+                _identity.reset(token)
+            yield item
+    finally:
+        close = getattr(replies, "close", None)
+        if close is not None:
+            token = _identity.set(ident)
+            try:
+                close()
+            finally:
+                _identity.reset(token)
 
 
 def _behaviour(handler) -> str:
