@@ -24,7 +24,7 @@ pip_q() { "$PY" -m pip install -q "$@"; }
   || { echo "[setup] pip install torch==2.13.0 (CPU)"; pip_q torch==2.13.0; }
 # Reinstall unless the installed kvpool is THIS checkout (a fresh clone elsewhere must test its own code; -I keeps
 # the current directory off sys.path so the check sees the installed package, not ./kvpool).
-installed=$("$PY" -I -c 'import os, kvpool.store, gguf, transformers, grpc_tools, selenium
+installed=$("$PY" -I -c 'import os, kvpool.store, gguf, transformers, grpc_tools, selenium, cryptography
 print(os.path.dirname(os.path.dirname(os.path.realpath(kvpool.store.__file__))))' 2>/dev/null || true)
 if [ "$installed" != "$(pwd -P)" ] || [ -n "${KVPOOL_SETUP_FORCE:-}" ]; then
   echo "[setup] pip install -e .[engine,dev]"

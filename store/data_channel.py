@@ -22,13 +22,21 @@ Frame (little endian), one request header then, for writes, `size` payload bytes
 Reply: `B status, 3x, I msg_len, Q size` (16 bytes), then msg_len bytes of UTF-8 error text, then for an OK READ
 `size` payload bytes. Requests on one connection are answered in order, so a client pipelines a window of them.
 A rejected WRITE's payload is still consumed (up to `max_object_bytes`, else the connection is closed), so one
-bad grant does not break the stream for the others.
+bad grant does not break the stream for the others. It is read into one bounded scratch buffer and dropped: a forged
+header makes the node allocate nothing of its announced size (the token is checked before any payload byte lands).
+
+TLS (optional, store/tls.py builds the contexts): `DataServer(ssl_context=...)` wraps each accepted connection
+(the handshake runs on the connection's thread with a deadline, so a silent peer cannot stall the accept loop);
+`DataClient(ssl_context=...)` wraps each connection it opens and checks the node's certificate against the address
+it dials (or `server_hostname`). The frames are the same; only the reply of a READ is sent as two writes (an
+SSLSocket has no sendmsg). Without a context the code path is the plaintext one, unchanged.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import struct
 import threading
 from dataclasses import dataclass
@@ -48,6 +56,7 @@ STATUS_NAMES = {OK: "OK", DENIED: "PERMISSION_DENIED", BAD_REQUEST: "INVALID_ARG
                 ERROR: "INTERNAL"}
 _WINDOW = 32  # requests in flight per connection: 32 headers always fit a socket buffer, so no send/recv deadlock
 _SOCK_BUF = 4 << 20
+_DISCARD_CHUNK = 256 << 10  # scratch for the payload of a refused WRITE (the only buffer a refusal costs)
 
 
 class DataHandler(Protocol):
@@ -85,6 +94,14 @@ def _recv_exact(sock: socket.socket, view: memoryview) -> None:
         got += k
 
 
+def _discard(sock: socket.socket, size: int, scratch: memoryview) -> None:
+    while size:
+        k = sock.recv_into(scratch, min(size, len(scratch)))
+        if k == 0:
+            raise ConnectionError("peer closed the data channel mid-frame")
+        size -= k
+
+
 def _send_two(sock: socket.socket, head: bytes, body: memoryview) -> None:
     """Reply header and payload in one sendmsg (one syscall, one segment train), finishing any partial send."""
     sent = sock.sendmsg([head, body])
@@ -95,13 +112,21 @@ def _send_two(sock: socket.socket, head: bytes, body: memoryview) -> None:
         sock.sendall(body[sent - len(head):])
 
 
+def _send_two_tls(sock: ssl.SSLSocket, head: bytes, body: memoryview) -> None:
+    sock.sendall(head)
+    sock.sendall(body)
+
+
 class DataServer:
     """Threaded server: one thread per connection (connections are few and long-lived: one pool per client)."""
 
     def __init__(self, handler: DataHandler, host: str = "127.0.0.1", port: int = 0, *,
-                 max_object_bytes: int = 64 << 20):
+                 max_object_bytes: int = 64 << 20, ssl_context: ssl.SSLContext | None = None,
+                 handshake_timeout_s: float = 10.0):
         self.handler = handler
         self.max_object_bytes = max_object_bytes
+        self.ssl_context = ssl_context
+        self.handshake_timeout_s = handshake_timeout_s
         self._sock = socket.create_server((host, port), reuse_port=False)
         self._sock.listen(128)
         self.address = f"{host}:{self._sock.getsockname()[1]}"
@@ -140,9 +165,26 @@ class DataServer:
             threading.Thread(target=self._serve, args=(conn,), name="kvpool-data-conn", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
+        send_two = _send_two
+        if self.ssl_context is not None:
+            raw = conn
+            try:
+                raw.settimeout(self.handshake_timeout_s)
+                conn = self.ssl_context.wrap_socket(raw, server_side=True)
+                conn.settimeout(None)
+            except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError: bad or untrusted peer, timeout
+                log.debug("data channel TLS handshake failed: %s", exc)
+                with self._lock:
+                    self._conns.discard(raw)
+                raw.close()
+                return
+            with self._lock:
+                self._conns.discard(raw)  # wrap_socket detached it; the SSLSocket owns the descriptor now
+                self._conns.add(conn)
+            send_two = _send_two_tls
         head = bytearray(REQ.size)
         hview = memoryview(head)
-        scratch = bytearray(0)
+        scratch: memoryview | None = None
         try:
             while True:
                 try:
@@ -161,9 +203,9 @@ class DataServer:
                         if size > self.max_object_bytes:
                             self._reply(conn, _status_of(exc), str(exc))
                             return
-                        if len(scratch) < size:
-                            scratch = bytearray(size)
-                        _recv_exact(conn, memoryview(scratch)[:size])
+                        if scratch is None:
+                            scratch = memoryview(bytearray(_DISCARD_CHUNK))
+                        _discard(conn, size, scratch)
                         self._reply(conn, _status_of(exc), str(exc))
                         continue
                     _recv_exact(conn, view)
@@ -179,7 +221,7 @@ class DataServer:
                     except Exception as exc:  # noqa: BLE001
                         self._reply(conn, _status_of(exc), str(exc))
                         continue
-                    _send_two(conn, REP.pack(OK, 0, len(view)), view)
+                    send_two(conn, REP.pack(OK, 0, len(view)), view)
         except (ConnectionError, OSError) as exc:
             log.debug("data connection ended: %s", exc)
         finally:
@@ -225,10 +267,13 @@ class Extent:
 class DataClient:
     """Pipelined requests to one node over a small pool of connections (one per concurrent caller)."""
 
-    def __init__(self, address: str, *, timeout: float = 10.0):
+    def __init__(self, address: str, *, timeout: float = 10.0, ssl_context: ssl.SSLContext | None = None,
+                 server_hostname: str = ""):
         host, port = address.rsplit(":", 1)
         self._addr = (host, int(port))
         self.timeout = timeout
+        self.ssl_context = ssl_context
+        self.server_hostname = server_hostname or host
         self._idle: list[socket.socket] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -239,6 +284,12 @@ class DataClient:
                 return self._idle.pop()
         sock = socket.create_connection(self._addr, timeout=self.timeout)
         _tune(sock)
+        if self.ssl_context is not None:
+            try:
+                sock = self.ssl_context.wrap_socket(sock, server_hostname=self.server_hostname)
+            except BaseException:
+                sock.close()
+                raise
         return sock
 
     def _give(self, sock: socket.socket) -> None:

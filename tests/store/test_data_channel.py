@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import socket
+import tracemalloc
+
 import pytest
 
 from kvpool.store import tokens
-from kvpool.store.data_channel import DENIED, NOT_FOUND, DataClient, DataServer, Extent
+from kvpool.store.data_channel import DENIED, NOT_FOUND, OK, OP_WRITE, REP, DataClient, DataServer, Extent
 
 SECRET = b"s" * 32
 
@@ -46,6 +49,15 @@ def node():
     server.close()
 
 
+def recv_exact(sock, n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        assert chunk, "server closed the connection"
+        buf += chunk
+    return bytes(buf)
+
+
 def test_pipelined_writes_then_reads_are_byte_exact(node):
     arena, client = node
     payloads = [bytes([i]) * (1000 + i) for i in range(70)]  # more than one window of 32
@@ -76,3 +88,30 @@ def test_bad_tokens_are_refused_and_the_stream_goes_on(node):
     res = client.read_many_into([ext(tokens.READ, 404, 0, 100)], [memoryview(out)])
     assert res[0].status == NOT_FOUND and "lease_id" in res[0].message
     assert client.read_many_into([ext(tokens.READ, 5, 0, 100)], [memoryview(out)]) == [None] and out == b"G" * 100
+
+
+def test_a_forged_write_header_makes_the_node_allocate_nothing_of_its_size(node):
+    """Issue 11 item 8: a refused WRITE's payload used to be read into a buffer of the size the header announced, so
+    four forged 64 MiB headers cost the node 256 MiB before any valid token was seen. It is now drained through one
+    bounded scratch buffer. The server runs in this process, so tracemalloc sees its allocations."""
+    arena, client = node
+    size = 32 << 20
+    forged = ext(tokens.WRITE, 9, 0, size, secret=b"x" * 32)
+    good = ext(tokens.WRITE, 10, 0, 4)
+    chunk = memoryview(bytes(1 << 20))
+    with socket.create_connection(client._addr, timeout=10) as sock:  # noqa: SLF001 - the node's data address
+        tracemalloc.start()
+        try:
+            sock.sendall(forged.header(OP_WRITE))
+            for _ in range(size // len(chunk)):
+                sock.sendall(chunk)
+            status, msg_len, _ = REP.unpack(recv_exact(sock, REP.size))
+            message = recv_exact(sock, msg_len).decode()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert (status, message.split(":")[0]) == (DENIED, "token")
+        assert peak < 2 << 20, f"refusing a forged {size}-byte write allocated {peak} bytes"
+        sock.sendall(good.header(OP_WRITE) + b"good")  # the same stream goes on
+        assert REP.unpack(recv_exact(sock, REP.size)) == (OK, 0, 4)
+    assert bytes(arena.buf[:4]) == b"good" and arena.done == [(10, b"k" * 16)]
