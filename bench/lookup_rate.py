@@ -8,6 +8,9 @@ client processes, each process a `PoolClient` of its own, running for a fixed ti
   get 8 (ssd)    the same on chains whose blocks sit on SSD, so every hit is promoted to DRAM (demoting others:
                  the DRAM tier holds a fraction of the SSD chains), the case a promotion inside the master lock
                  serialises
+  redis 64       the peer: a redis-server (started here, loopback) answering a pipeline of 64 EXISTS from redis-py
+                 + hiredis in the same number of processes; "lookup 64 / redis 64" is the master's ratio to it
+                 (skipped, saying why, when redis-server or redis-py is missing)
 
 Every result line is requests/s summed over the processes; the ratio lines compare each concurrency to one process.
 Repeats are interleaved (case, concurrency) x rounds and the median is printed. The bench uses only the public
@@ -54,6 +57,24 @@ def _client(argv: list[str]) -> None:
 
     address, case, seconds, seed = argv[0], argv[1], float(argv[2]), int(argv[3])
     rng = random.Random(seed)
+    if case == "redis":
+        import redis
+
+        host, port = address.rsplit(":", 1)
+        r = redis.Redis(host=host, port=int(port))
+        chains = [_keys(1, c, CHAIN) for c in range(16)]
+        ops = misses = 0
+        end = time.perf_counter() + seconds
+        start = time.perf_counter()
+        while time.perf_counter() < end:
+            for _ in range(16):
+                pipe = r.pipeline(transaction=False)
+                for k in rng.choice(chains):
+                    pipe.exists(k)
+                misses += sum(pipe.execute()) != CHAIN
+                ops += 1
+        print(json.dumps({"ops": ops, "seconds": time.perf_counter() - start, "misses": misses}), flush=True)
+        return
     bufs = [np.empty(OBJECT_BYTES, dtype=np.uint8) for _ in range(GET_BLOCKS)]
     lookups = [_keys(1, c, CHAIN) for c in range(16)]
     dram = [_keys(2, c, GET_BLOCKS) for c in range(DRAM_CHAINS)]
@@ -123,6 +144,45 @@ class Pool:
         shutil.rmtree(self.shm, ignore_errors=True)
 
 
+class RedisPeer:
+    """A redis-server on a free loopback port holding the lookup chains' keys (nothing persisted)."""
+
+    def __init__(self) -> None:
+        import shutil as _shutil
+
+        import redis
+
+        from kvpool.launcher import free_port
+
+        exe = _shutil.which("redis-server")
+        if exe is None:
+            raise RuntimeError("redis-server not on PATH")
+        self.address = f"127.0.0.1:{free_port()}"
+        port = int(self.address.rsplit(":", 1)[1])
+        self.proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(host="127.0.0.1", port=port)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("redis-server did not start") from None
+                time.sleep(0.05)
+        pipe = client.pipeline(transaction=False)
+        for c in range(16):
+            for k in _keys(1, c, CHAIN):
+                pipe.set(k, b"1")
+        pipe.execute()
+        client.close()
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
 def run_case(python: str, address: str, case: str, procs: int, seconds: float, seed: int) -> tuple[float, int]:
     children = [subprocess.Popen([python, __file__, "--child", address, case, str(seconds), str(seed + i)],
                                  stdout=subprocess.PIPE, text=True) for i in range(procs)]
@@ -144,6 +204,7 @@ def main(argv=None) -> int:
     ap.add_argument("--procs", default="1,2,4,8", help="client process counts")
     ap.add_argument("--python", default=sys.executable, help="interpreter of the build to measure")
     ap.add_argument("--json", default="", help="also write the medians to this JSON file")
+    ap.add_argument("--no-redis", action="store_true", help="skip the redis-server peer")
     args = ap.parse_args(argv)
     procs = [int(p) for p in args.procs.split(",")]
     if args.seconds <= 0 or args.rounds < 1 or any(p < 1 for p in procs):
@@ -153,17 +214,28 @@ def main(argv=None) -> int:
     print(f"# lookup rate {datetime.date.today()} {platform.machine()} {os.cpu_count()} cores, "
           f"python {args.python}", flush=True)
     pool = Pool(args.python, workdir)
+    peer = None
+    if not args.no_redis:
+        try:
+            peer = RedisPeer()
+            cases.append("redis")
+        except (ImportError, RuntimeError, OSError) as exc:
+            print(f"redis peer skipped: {exc}")
     results: dict[tuple[str, int], list[float]] = {}
     missed = 0
     try:
         subprocess.run([args.python, __file__, "--populate", pool.address], check=True, timeout=600)
         plan = [(c, p) for _ in range(args.rounds) for c in cases for p in procs]
         for i, (case, p) in enumerate(tqdm(plan, desc="lookup rate", unit="run")):
-            rate, misses = run_case(args.python, pool.address, case, p, args.seconds, seed=1000 * i)
+            address = peer.address if case == "redis" else pool.address
+            python = sys.executable if case == "redis" else args.python
+            rate, misses = run_case(python, address, case, p, args.seconds, seed=1000 * i)
             results.setdefault((case, p), []).append(rate)
             missed += misses if case != "get_ssd" else 0
     finally:
         pool.close()
+        if peer is not None:
+            peer.close()
         shutil.rmtree(workdir, ignore_errors=True)
     medians = {f"{c}/{p}": statistics.median(v) for (c, p), v in results.items()}
     for case in cases:
@@ -171,6 +243,9 @@ def main(argv=None) -> int:
         row = "  ".join(f"{p} proc {medians[f'{case}/{p}']:8.0f}/s ({medians[f'{case}/{p}'] / base:4.2f}x)"
                         for p in procs)
         print(f"{case:9s} {row}")
+    if peer is not None:
+        print("lookup 64 / redis 64-EXISTS pipeline: " + "  ".join(
+            f"{p} proc {medians[f'lookup/{p}'] / medians[f'redis/{p}']:4.2f}x" for p in procs))
     if missed:
         print(f"WARNING: {missed} lookups/gets of DRAM-resident chains missed")
     if args.json:
