@@ -1,73 +1,85 @@
-"""Eviction policies on the Mooncake FAST'25 trace: LRU vs S3-FIFO, block hit rate at several pool sizes.
+"""Eviction policies on the Mooncake FAST'25 trace: LRU vs S3-FIFO vs wlru, block hit rate at several pool sizes,
+and how fast the planner replays.
 
-Replays ../shared/traces/synthetic_trace.jsonl (3,993 requests, chained 512-token block ids) against an
-EmbeddedPool exactly as the connector drives it: lookup_prefix, get_many_into the hit prefix (which refreshes
-recency), put_many the missed tail. One object per block (4 KiB payloads: the index and the policy decide, the
-bytes do not matter here). Capacity is a fraction of the trace's unique blocks; the ceiling is an infinite pool.
+Replays ../shared/traces/synthetic_trace.jsonl (3,993 requests, chained 512-token block ids) with kvpool.planner,
+i.e. through the master's own index, placement and eviction code (lookup under a lease, release, put the missed
+tail, commit), one object per block, at 5/10/25/50% of the trace's unique blocks and at 3.1M and 10M tokens of
+capacity (6,054 and 19,531 blocks of 512 tokens). Policies are interleaved per size. Peer: the infinite-pool
+ceiling (every previously seen prefix hits). Replay speed is requests/s of the whole replay (one core).
 
-Usage: python bench/trace_replay.py [--trace PATH] [--fractions 0.05 0.1 0.25 0.5]
+Usage: python bench/trace_replay.py [--trace PATH ...] [--fractions 0.05 0.1 0.25 0.5] [--tokens 3.1e6 1e7]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+import time
 from pathlib import Path
 
-import numpy as np
-import xxhash
 from tqdm import tqdm
 
-from kvpool.embedded import EmbeddedPool
+from kvpool.planner import ceiling_hits, replay, summarize
+from kvpool.trace import TraceError, load_trace
 
-OBJ = 4096
+POLICIES = ("lru", "s3fifo", "wlru")
 DEFAULT_TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "synthetic_trace.jsonl"
 
 
-def replay(requests: list[list[bytes]], capacity_blocks: int, policy: str, bar) -> tuple[int, int]:
-    payload = np.zeros(OBJ, dtype=np.uint8)
-    out = np.empty((max(len(r) for r in requests), OBJ), dtype=np.uint8)
-    hits = total = 0
-    with EmbeddedPool(dram_bytes=capacity_blocks * OBJ, policy=policy) as pool:
-        for keys in requests:
-            n = pool.lookup_prefix(keys)
-            if n:
-                n = pool.get_many_into(keys[:n], list(out[:n]))
-            hits += n
-            total += len(keys)
-            if n < len(keys):
-                pool.put_many(keys[n:], [payload] * (len(keys) - n))
-            bar.update(1)
-    return hits, total
+def run_trace(path: Path, fractions: list[float], tokens: list[float]) -> None:
+    trace = load_trace(path)
+    unique = trace.unique_blocks()
+    block_tokens = int(trace.block_tokens[0])
+    sizes = [(f"{f:.0%} of unique blocks", max(1, int(unique * f))) for f in fractions]
+    sizes += [(f"{t / 1e6:g}M tokens", int(t // block_tokens)) for t in tokens]
+    ceiling = summarize(trace, ceiling_hits(trace), policy="infinite", capacity_blocks=0)
+    results: dict[tuple[int, str], object] = {}
+    speed: dict[str, list[float]] = {p: [] for p in POLICIES}
+    with tqdm(total=len(sizes) * len(POLICIES) * len(trace), desc=f"replay {path.name}", unit="req",
+              file=sys.stderr) as bar:
+        for _, cap in sizes:
+            for policy in POLICIES:
+                t0 = time.perf_counter()
+                r, _ = replay(trace, cap, policy, progress=bar.update)
+                speed[policy].append(len(trace) / (time.perf_counter() - t0))
+                results[(cap, policy)] = r
+    print(f"\n{path.name}: {len(trace)} requests, {len(trace.block_ids)} block refs, {unique} unique blocks; "
+          f"infinite-pool ceiling {ceiling.block_hit_rate:.1%} of blocks")
+    print(f"{'pool size':>24} {'blocks':>7}  {'LRU':>6}  {'S3-FIFO':>7}  {'wlru':>6}  {'wlru-LRU':>9}  {'S3-FIFO-LRU':>11}")
+    for label, cap in sizes:
+        lru, s3, w = (results[(cap, p)].block_hit_rate for p in POLICIES)
+        print(f"{label:>24} {cap:>7}  {lru:>6.1%}  {s3:>7.1%}  {w:>6.1%}  {100 * (w - lru):>+8.2f}p  "
+              f"{100 * (s3 - lru):>+10.2f}p")
+    for label, cap in sizes:
+        lru, w = results[(cap, "lru")].block_hit_rate, results[(cap, "wlru")].block_hit_rate
+        print(f"ratio wlru/LRU block hit rate at {label}: {w / lru if lru else float('nan'):.3f}x")
+    refs = len(trace.block_ids) / len(trace)
+    for policy in POLICIES:
+        s = sorted(speed[policy])
+        print(f"replay speed {policy}: median {s[len(s) // 2]:,.0f} requests/s ({refs:.0f} blocks/request), "
+              f"range {s[0]:,.0f}-{s[-1]:,.0f}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--trace", default=str(DEFAULT_TRACE))
+    ap.add_argument("--trace", nargs="+", default=[str(DEFAULT_TRACE)])
     ap.add_argument("--fractions", type=float, nargs="+", default=[0.05, 0.1, 0.25, 0.5])
+    ap.add_argument("--tokens", type=float, nargs="+", default=[3.1e6, 1e7])
     args = ap.parse_args(argv)
-    path = Path(args.trace)
-    if not path.is_file():
-        print(f"trace {path} not found (expected ../shared/traces beside the repo); skipping")
-        return 0
-    raw = [json.loads(line)["hash_ids"] for line in path.read_text().splitlines() if line.strip()]
-    requests = [[xxhash.xxh3_128_digest(f"block-{h}".encode()) for h in ids] for ids in raw]
-    unique = len({k for r in requests for k in r})
-    refs = sum(len(r) for r in requests)
-    ceiling = (refs - unique) / refs
-    runs = [(f, p) for f in args.fractions for p in ("lru", "s3fifo")]
-    results: dict[tuple[float, str], float] = {}
-    with tqdm(total=len(runs) * len(requests), desc="trace replay", file=sys.stderr) as bar:
-        for fraction, policy in runs:
-            hits, total = replay(requests, max(1, int(unique * fraction)), policy, bar)
-            results[(fraction, policy)] = hits / total
-    print(f"\n{path.name}: {len(requests)} requests, {refs} block refs, {unique} unique blocks; "
-          f"infinite-pool ceiling {ceiling:.1%}")
-    print(f"{'pool size':>22}  {'LRU':>7}  {'S3-FIFO':>7}  S3-FIFO/LRU")
-    for fraction in args.fractions:
-        lru, s3 = results[(fraction, "lru")], results[(fraction, "s3fifo")]
-        print(f"{fraction:>6.0%} of unique blocks  {lru:>7.1%}  {s3:>7.1%}  {s3 / lru if lru else float('nan'):.2f}x")
+    for name in args.trace:
+        path = Path(name)
+        if not path.is_file():
+            print(f"trace {path} not found (expected ../shared/traces beside the repo); skipping")
+            continue
+        try:
+            import pyarrow  # noqa: F401
+        except ImportError:
+            print("pyarrow is missing (pip install 'kvpool[trace]'); skipping")
+            return 0
+        try:
+            run_trace(path, args.fractions, args.tokens)
+        except TraceError as exc:
+            print(f"{exc}; skipping")
     return 0
 
 

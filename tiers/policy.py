@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
-POLICY_NAMES = ("lru", "s3fifo")
+POLICY_NAMES = ("lru", "s3fifo", "wlru")
 
 
 @runtime_checkable
@@ -48,4 +48,7 @@ def make_policy(name: str) -> EvictionPolicy:
     if name == "s3fifo":
         from .s3fifo import S3FIFOPolicy
         return S3FIFOPolicy()
+    if name == "wlru":
+        from .wlru import WeightedLRUPolicy
+        return WeightedLRUPolicy()
     raise ValueError(f"policy must be one of {list(POLICY_NAMES)}, got {name!r}")

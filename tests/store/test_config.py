@@ -16,7 +16,7 @@ from kvpool.store.config import EmbeddedConfig, MasterConfig, NodeConfig
     (MasterConfig, "lease_ttl_s", 0, "lease_ttl_s must be a number > 0"),
     (MasterConfig, "grant_ttl_s", -1.0, "grant_ttl_s must be a number > 0"),
     (MasterConfig, "node_ttl_s", "x", "node_ttl_s must be a number > 0"),
-    (MasterConfig, "policy", "mru", r"policy must be one of \['lru', 's3fifo'\]"),
+    (MasterConfig, "policy", "mru", r"policy must be one of \['lru', 's3fifo', 'wlru'\]"),
     (MasterConfig, "promote_on_hit", "yes", "promote_on_hit must be true or false"),
     (EmbeddedConfig, "dram_bytes", -1, "dram_bytes must be an integer >= 0"),
     (EmbeddedConfig, "ssd_bytes", -1, "ssd_bytes must be an integer >= 0"),
