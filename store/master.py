@@ -335,17 +335,28 @@ class Master:
             return n
 
     def report_corrupt(self, lease_id: int, keys: Sequence[bytes]) -> int:
-        """A reader found these leased objects' bytes bad (SSD checksum): forget them and count it."""
+        """A reader found these objects' bytes bad (checksum) while `lease_id` held them: forget them (a miss for
+        everyone; the next put restores them) and count them by tier, `ssd_corrupt` or `dram_corrupt` (a DRAM/HBM
+        extent changed under a committed object: a writer that outlived its grant). A report under a lease that has
+        ended is ignored: the extent may legitimately hold another object by now."""
+        keys = checks.keys(keys, self.config.max_batch_keys)
         with self._lock:
             leased = self.leases.slots_of(lease_id)
             slots = set(leased.tolist()) if leased is not None else set()
+            counters = self.placement.counters
             n = 0
             for key in keys:
                 slot = self.index.slot_of(key)
                 if slot in slots and self.index.state[slot] == COMMITTED:
+                    if int(self.index.tier[slot]) == Tier.SSD:
+                        counters.ssd_corrupt += 1
+                    else:
+                        counters.dram_corrupt += 1
                     self.placement.forget(slot)
                     n += 1
-            self.placement.counters.ssd_corrupt += n
+            if n:
+                log.warning("%d object(s) read back wrong under lease %d (first key %s): forgotten", n, lease_id,
+                            bytes(keys[0]).hex())
             self._flush()
             return n
 

@@ -67,6 +67,7 @@ class MasterServicer(pbg.MasterServiceServicer):
         self.node_ttl_s = node_ttl_s
         self.node_rpc_timeout_s = node_rpc_timeout_s
         self._metadata = metadata
+        self._grant_ttl_ms = min(int(master.config.grant_ttl_s * 1000), 2**32 - 1)  # PutStart/MigrateStart ttl_ms
         self._endpoints: dict[str, pb.NodeEndpoint] = {}
         self._ops: dict[str, RemoteNodeOps] = {}
         self._drained: dict[str, str] = {}  # node_id -> incarnation that was drained (a new process may rejoin)
@@ -154,7 +155,9 @@ class MasterServicer(pbg.MasterServiceServicer):
         ns = wire.ns_from_msg(request.namespace, request.block_tokens, request.namespace_label)
         results = self.master.put_start(list(request.keys), list(request.sizes), ns,
                                         prefer_node=self._prefer(request.client_host_id))
-        return wire.put_start_reply(results, self.endpoint)
+        reply = wire.put_start_reply(results, self.endpoint)
+        reply.ttl_ms = self._grant_ttl_ms
+        return reply
 
     @_rpc
     def PutCommit(self, request, context):
@@ -178,6 +181,12 @@ class MasterServicer(pbg.MasterServiceServicer):
 
     @_rpc
     def Release(self, request, context):
+        if len(request.corrupt_keys):
+            if len(request.lease_ids) != 1:
+                raise ValueError(f"lease_ids: corrupt_keys name the keys of exactly one lease, got "
+                                 f"{len(request.lease_ids)} lease ids")
+            self._check_batch(len(request.corrupt_keys), "corrupt_keys")
+            self.master.report_corrupt(request.lease_ids[0], list(request.corrupt_keys))
         return pb.ReleaseResponse(released=self.master.release(list(request.lease_ids)))
 
     @_rpc
@@ -258,7 +267,9 @@ class MasterServicer(pbg.MasterServiceServicer):
                                               request.max_bytes)
         else:
             result = self.master.migrate_start(list(request.keys))
-        return wire.migrate_start_reply(result, self.endpoint)
+        reply = wire.migrate_start_reply(result, self.endpoint)
+        reply.ttl_ms = self._grant_ttl_ms
+        return reply
 
     @_rpc
     def MigrateCommit(self, request, context):

@@ -396,3 +396,27 @@ def test_commit_of_an_expired_grant_is_refused_before_the_reaper_runs(tmp_path, 
         assert master.stats()["grants_open"] == 0
     finally:
         node.close()
+
+
+def test_report_corrupt_forgets_under_a_live_lease_counts_by_tier_and_ignores_an_ended_lease(make, clock):
+    master, node = make(dram_objects=3, ssd_objects=2, lease_ttl_s=5.0)
+    for i in (1, 2, 3, 4):  # one at a time: the 4th put demotes key(1), the coldest, to SSD
+        assert put(master, node, [key(i)]) == [PutStatus.STORED]
+    assert tiers(master, [key(1), key(2)]) == ["ssd", "dram"]
+    with pytest.raises(ValueError, match=r"keys\[0\] must be a 16-byte key, got 3"):
+        master.report_corrupt(1, [b"abc"])
+    lease = master.lookup([key(1), key(2)]).lease_id
+    assert master.report_corrupt(lease, [key(1), key(2), key(9)]) == 2
+    s = master.stats()
+    assert (s["ssd_corrupt"], s["dram_corrupt"]) == (1, 1)
+    assert master.contains([key(1), key(2)]) == [False, False]
+    master.release([lease])
+    # A report under a lease that ended (released, or expired: the extent may hold another object by now) is ignored.
+    lease = master.lookup([key(3)]).lease_id
+    master.release([lease])
+    assert master.report_corrupt(lease, [key(3)]) == 0
+    lease = master.lookup([key(4)]).lease_id
+    clock.now += 6
+    master.reap()
+    assert master.report_corrupt(lease, [key(4)]) == 0
+    assert master.contains([key(3), key(4)]) == [True, True] and master.stats()["dram_corrupt"] == 1
