@@ -48,10 +48,11 @@ _DRAM = int(Tier.DRAM)
 class Route:
     """How to reach one node: its arena mapped here (same host) and/or its data channel."""
 
-    __slots__ = ("node_id", "arena", "data", "data_address")
+    __slots__ = ("node_id", "arena", "data", "data_address", "owner_gone")
 
     def __init__(self, node_id: str, arena, data: DataClient | None, data_address: str) -> None:
         self.node_id, self.arena, self.data, self.data_address = node_id, arena, data, data_address
+        self.owner_gone = False  # logged once: the arena's node died
 
 
 class Transfers:
@@ -127,8 +128,10 @@ class Transfers:
         for n, group in local_writes.items():
             route = routes[n]
             if not route.arena.owner_alive():  # after the copies: the node may have died during them
-                log.warning("node %s died (its arena %s is unlocked): %d write(s) failed", route.node_id,
-                            route.arena.path, len(group))
+                log.log(logging.DEBUG if route.owner_gone else logging.WARNING,
+                        "node %s died (its arena %s is unlocked): %d write(s) failed", route.node_id,
+                        route.arena.path, len(group))
+                route.owner_gone = True
                 self.dead_owner_writes += len(group)
                 failed.update(group)
                 unreachable.append((route, ConnectionError(f"node {route.node_id} is gone (arena unlocked)")))

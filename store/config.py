@@ -3,7 +3,8 @@ exactly once.
 
     group                     fields                                               used by
     MasterConfig              max_object_bytes max_batch_keys lease_ttl_s          Master (the pool's rules)
-                              grant_ttl_s node_ttl_s promote_on_hit policy
+                              grant_ttl_s node_ttl_s suspect_after_s
+                              reload_grace_s promote_on_hit policy max_namespaces
     NodeConfig                node_id dram_bytes ssd_path ssd_bytes shm_dir        StorageNode (a node's tiers)
                               share_dram hbm_bytes hbm_device
     MasterServerFields        redis_url redis_prefix node_rpc_timeout_s            the master process
@@ -94,6 +95,8 @@ class MasterConfig(_Group):
     lease_ttl_s: float = 30.0        # a read lease ends by itself after this
     grant_ttl_s: float = 30.0        # an uncommitted write grant is reclaimed after this
     node_ttl_s: float = 10.0         # a node silent this long is dropped (nodes registered with expires=False never)
+    suspect_after_s: float = 0.0     # a node silent this long gets no new placement (0 = node_ttl_s / 2)
+    reload_grace_s: float = 0.0      # a node reloaded from Redis may take this long to register (0 = max(30, 3 ttl))
     promote_on_hit: bool = True      # an SSD hit is moved to DRAM when DRAM has (or can make) room
     policy: str = "lru"
 
@@ -104,11 +107,28 @@ class MasterConfig(_Group):
         if self.max_batch_keys == 0:
             raise ValueError("max_batch_keys must be > 0, got 0")
         _check_positive(self, "lease_ttl_s", "grant_ttl_s", "node_ttl_s")
+        for name in ("suspect_after_s", "reload_grace_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+                raise ValueError(f"{name} must be a number of seconds >= 0 (0 = the default), got {value!r}")
+        if self.suspect_after_s >= self.node_ttl_s:
+            raise ValueError(f"suspect_after_s ({self.suspect_after_s}) must be below node_ttl_s ({self.node_ttl_s}): "
+                             "a node stops getting new objects before it is dropped")
         if not isinstance(self.promote_on_hit, bool):
             raise ValueError(f"promote_on_hit must be true or false, got {self.promote_on_hit!r}")
         if self.policy not in _POLICIES:
             raise ValueError(f"policy must be one of {list(_POLICIES)}, got {self.policy!r}")
         super().__post_init__()
+
+    @property
+    def suspect_s(self) -> float:
+        """Heartbeat silence after which a node gets no new placement (its objects are still served)."""
+        return self.suspect_after_s or self.node_ttl_s / 2
+
+    @property
+    def grace_s(self) -> float:
+        """How long a node known only from the journal may take to register with a restarted master."""
+        return self.reload_grace_s or max(30.0, 3 * self.node_ttl_s)
 
 
 @dataclass(frozen=True, kw_only=True)

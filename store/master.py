@@ -506,8 +506,11 @@ class Master:
         return 1
 
     def _unplaceable(self) -> set[int]:
-        """Node numbers nothing new may land on: draining, or known from the journal but not connected."""
-        return self.drains.draining_numbers() | self.registry.disconnected_numbers()
+        """Node numbers nothing new may land on: draining, known from the journal but not connected, or silent for
+        suspect_after_s (perhaps dead: a put acknowledged there could be lost with it)."""
+        registry = self.registry
+        return (self.drains.draining_numbers() | registry.disconnected_numbers()
+                | registry.suspect_numbers(self.clock(), self.config.suspect_s))
 
     def _flush(self) -> None:
         self.journal.flush(self.placement.record)
@@ -518,7 +521,7 @@ class Master:
         infos, by_node = self.journal.load()
         now = self.clock()
         for info in infos:
-            self.registry.add_disconnected(info, now)
+            self.registry.add_disconnected(info, now, self.config.grace_s)
         for node_id, records in by_node.items():
             node = self.placement.nodes.get(node_id)
             if node is not None:

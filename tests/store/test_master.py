@@ -420,3 +420,53 @@ def test_report_corrupt_forgets_under_a_live_lease_counts_by_tier_and_ignores_an
     master.reap()
     assert master.report_corrupt(lease, [key(4)]) == 0
     assert master.contains([key(3), key(4)]) == [True, True] and master.stats()["dram_corrupt"] == 1
+
+
+def test_a_silent_node_gets_no_new_objects_long_before_it_is_dropped(tmp_path, clock):
+    nodes = [StorageNode(NodeConfig(node_id=n, dram_bytes=8 * OBJ, shm_dir=str(tmp_path))) for n in ("a", "b")]
+    try:
+        master = Master(MasterConfig(node_ttl_s=10.0, suspect_after_s=3.0), clock=clock)
+        epochs = {n.node_id: master.register_node(n.info(), n) for n in nodes}
+        assert put(master, nodes[1], [key(1)]) == [PutStatus.STORED]
+        where = master.inspect([key(1)])[0].node_id
+        clock.now += 3.5  # b misses its heartbeats (a SIGKILLed node); a keeps beating
+        assert master.heartbeat("a", epochs["a"]) is False
+        for i in (2, 3, 4, 5):
+            assert master.put_start([key(i)], [OBJ])[0].grant.location.node_id == "a"
+        assert master.lookup([key(1)], lease=False).hits == 1  # its objects are still served meanwhile
+        assert master.reap()["nodes"] == 0
+        assert master.heartbeat("b", epochs["b"]) is False  # alive after all: placeable again
+        placed = {master.put_start([key(10 + i)], [OBJ])[0].grant.location.node_id for i in range(4)}
+        assert "b" in placed and where in ("a", "b")  # b has the most free DRAM again
+        clock.now += 10.5
+        assert master.heartbeat("a", epochs["a"]) is False
+        assert master.reap()["nodes"] == 1 and master.node_ids() == ["a"]
+    finally:
+        for n in nodes:
+            n.close()
+
+
+def test_nodes_reloaded_from_the_journal_get_a_grace_period_to_register(tmp_path, clock):
+    meta = MemoryMetadata(persistent=True)
+    node = StorageNode(NodeConfig(node_id="n", dram_bytes=3 * OBJ, shm_dir=str(tmp_path)))
+    try:
+        m1 = Master(MasterConfig(node_ttl_s=2.0), meta, clock=clock)
+        m1.register_node(node.info(), node)
+        put(m1, node, [key(1)])
+        m2 = Master(MasterConfig(node_ttl_s=2.0, reload_grace_s=20.0), meta, clock=clock)  # m1 died
+        clock.now += 19  # the node is slow to find the new master: far past node_ttl_s, within the grace
+        assert m2.reap()["nodes"] == 0 and m2.contains([key(1)]) == [True]
+        assert m2.heartbeat("n") is True  # "register again"
+        epoch = m2.register_node(node.info(), node)
+        assert m2.contains([key(1)]) == [True]
+        clock.now += 1.5  # registered: the node's own ttl applies again
+        assert m2.heartbeat("n", epoch) is False and m2.reap()["nodes"] == 0
+        clock.now += 2.5
+        assert m2.reap()["nodes"] == 1
+        m3 = Master(MasterConfig(node_ttl_s=2.0), meta, clock=clock)  # default grace: max(30 s, 3 node_ttl_s)
+        clock.now += 29
+        assert m3.reap()["nodes"] == 0
+        clock.now += 1.5
+        assert m3.reap()["nodes"] == 1
+    finally:
+        node.close()
