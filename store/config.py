@@ -10,7 +10,8 @@ exactly once.
     MasterServerFields        redis_url redis_prefix node_rpc_timeout_s            the master process
                               list_limit http_listen
     NodeServerFields          data_listen advertise_host rpc_timeout_s             the node process
-                              metrics_listen
+                              metrics_listen data_idle_timeout_s
+                              data_max_connections
     Liveness                  heartbeat_s                                          both (the node beats, the master
                                                                                    tells nodes the interval)
 
@@ -99,9 +100,13 @@ class MasterConfig(_Group):
     reload_grace_s: float = 0.0      # a node reloaded from Redis may take this long to register (0 = max(30, 3 ttl))
     promote_on_hit: bool = True      # an SSD hit is moved to DRAM when DRAM has (or can make) room
     policy: str = "lru"
+    max_namespaces: int = 256        # namespace labels counted apart (stats, metric series); later ones: "(other)"
 
     def __post_init__(self) -> None:
         _check_nonneg_int(self, "max_object_bytes", "max_batch_keys")
+        if isinstance(self.max_namespaces, bool) or not isinstance(self.max_namespaces, int) \
+                or self.max_namespaces < 2:
+            raise ValueError(f"max_namespaces must be an int >= 2, got {self.max_namespaces!r}")
         if self.max_object_bytes == 0:
             raise ValueError("max_object_bytes must be > 0, got 0")
         if self.max_batch_keys == 0:
@@ -189,10 +194,13 @@ class NodeServerFields(_Group):
     advertise_host: str = ""          # host clients dial; "" = the node's listen host
     rpc_timeout_s: float = 5.0        # deadline of node -> master calls (register, report, heartbeat)
     metrics_listen: str = ""          # host:port of the node's /metrics ("" = none)
+    data_idle_timeout_s: float = 60.0  # a data connection silent this long (half-open, stalled peer) is closed
+    data_max_connections: int = 256   # data connections served at once (a thread each); more are refused
 
     def __post_init__(self) -> None:
         _check_address(self, "data_listen", "metrics_listen", optional=True)
-        _check_positive(self, "rpc_timeout_s")
+        _check_positive(self, "rpc_timeout_s", "data_idle_timeout_s")
+        _check_positive_int(self, "data_max_connections")
         super().__post_init__()
 
 

@@ -96,7 +96,7 @@ class Master:
         self.drains = Drains(self.index, self.placement, self.leases)
         self.promotions = Promotions(self.index, self.placement, self.leases)
         self.promotion_wanted = threading.Event()   # set when a lookup queued promotions (the server's promoter)
-        self.lookup_stats = stats_mod.LookupStats()
+        self.lookup_stats = stats_mod.LookupStats(max_namespaces=self.config.max_namespaces)
         self._next_reap = 0.0
         self._t0 = clock()          # atime 0; a reloaded object counts as accessed when the master started
         self._load()
@@ -127,10 +127,16 @@ class Master:
         with self._lock:
             return self.registry.heartbeat(node_id, epoch, self.clock())
 
-    def report_objects(self, node_id: str, records: Sequence[ObjectRecord]) -> ReportResult:
-        """Index objects a node found on its own tiers (SSD scan after a restart) as committed."""
+    def report_objects(self, node_id: str, records: Sequence[ObjectRecord], corrupt: int = 0) -> ReportResult:
+        """Index objects a node found on its own tiers (SSD scan after a restart) as committed. Malformed records
+        raise ValueError before anything is adopted; conflicting ones (indexed elsewhere, repeated, overlapping,
+        larger than max_object_bytes) come back in `dropped_keys`. `corrupt`: records the node's scan found with a
+        damaged header (counted in ssd_corrupt)."""
+        if isinstance(corrupt, bool) or not isinstance(corrupt, int) or corrupt < 0:
+            raise ValueError(f"corrupt must be an int >= 0, got {corrupt!r}")
         with self._lock:
             node = self.placement.node(node_id)
+            checks.reported(records, node, self.config.max_object_bytes)
             result = ReportResult()
             fresh: list[ObjectRecord] = []
             seen: set[bytes] = set()
@@ -138,12 +144,13 @@ class Master:
                 slot = self.index.slot_of(r.key)
                 if slot >= 0 and self.placement.same_place(slot, node, r):
                     result.known += 1
-                elif slot >= 0 or r.key in seen or r.tier not in node.spaces or len(r.key) != checks.KEY_BYTES:
+                elif slot >= 0 or r.key in seen or r.size > self.config.max_object_bytes:
                     result.dropped_keys.append(r.key)
                 else:
                     seen.add(r.key)
                     fresh.append(r)
             result.adopted = self.placement.adopt(node, fresh, result.dropped_keys, self._ticks(self.clock()))
+            self.placement.counters.ssd_corrupt += corrupt
             self._flush()
             return result
 

@@ -24,7 +24,7 @@ import grpc
 
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
-from kvpool.store import wire
+from kvpool.store import checks, wire
 from kvpool.store.master import BatchTooLarge, Master
 from kvpool.store.remote_node import RemoteNodeOps
 from kvpool.store.stats import PoolStats
@@ -106,6 +106,7 @@ class MasterServicer(pbg.MasterServiceServicer):
         if not ep.control_address or not ep.data_address:
             raise ValueError("node.control_address/data_address: a node must advertise both")
         info = wire.info_from_endpoint(ep)
+        checks.node_info(info)  # before the channel or endpoint tables change (register_node checks it again)
         with self._lock:
             if self._drained.get(ep.node_id) == ep.incarnation:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION,
@@ -133,7 +134,7 @@ class MasterServicer(pbg.MasterServiceServicer):
     def ReportObjects(self, request, context):
         records = wire.report_from_msg(request)
         self._check_batch(len(records), "keys")
-        return wire.report_reply(self.master.report_objects(request.node_id, records))
+        return wire.report_reply(self.master.report_objects(request.node_id, records, request.corrupt))
 
     @_rpc
     def DrainNode(self, request, context):
@@ -169,6 +170,7 @@ class MasterServicer(pbg.MasterServiceServicer):
 
     @_rpc
     def PutAbort(self, request, context):
+        self._check_batch(len(request.grant_ids), "grant_ids")
         return pb.PutAbortResponse(aborted=self.master.put_abort(list(request.grant_ids)))
 
     # ---------------------------------------------------------------- get
@@ -185,8 +187,8 @@ class MasterServicer(pbg.MasterServiceServicer):
             if len(request.lease_ids) != 1:
                 raise ValueError(f"lease_ids: corrupt_keys name the keys of exactly one lease, got "
                                  f"{len(request.lease_ids)} lease ids")
-            self._check_batch(len(request.corrupt_keys), "corrupt_keys")
-            self.master.report_corrupt(request.lease_ids[0], list(request.corrupt_keys))
+            corrupt = checks.keys(list(request.corrupt_keys), self.max_batch_keys, "corrupt_keys")
+            self.master.report_corrupt(request.lease_ids[0], corrupt)
         return pb.ReleaseResponse(released=self.master.release(list(request.lease_ids)))
 
     @_rpc
@@ -225,8 +227,17 @@ class MasterServicer(pbg.MasterServiceServicer):
             raise ValueError(f"namespace: must be a 16-byte namespace digest, got {len(request.namespace)} bytes")
         if not request.idle_seconds >= 0:  # also NaN
             raise ValueError(f"idle_seconds: must be >= 0 (0 = any age), got {request.idle_seconds}")
-        # idle_seconds 0 = any age: a namespace alone evicts all of it, an empty request everything (unleased).
-        older = request.idle_seconds if request.idle_seconds or not request.namespace else None
+        if request.idle_seconds > checks.MAX_IDLE_S:
+            raise ValueError(f"idle_seconds: at most {checks.MAX_IDLE_S:.0f} (13.6 years), got {request.idle_seconds}")
+        if request.all:
+            if request.namespace or request.idle_seconds:
+                raise ValueError("all: evicts everything; give it without namespace or idle_seconds")
+            return pb.EvictResponse(evicted=self.master.evict(b"", 0.0))
+        if not request.namespace and not request.idle_seconds:
+            # proto3 cannot tell an empty request from "everything": that takes all=true, said on purpose
+            raise ValueError("namespace, idle_seconds or all: give at least one (all=true evicts every object)")
+        # idle_seconds 0 with a namespace = any age: all of that namespace (unleased)
+        older = request.idle_seconds if request.idle_seconds else None
         return pb.EvictResponse(evicted=self.master.evict(bytes(request.namespace), older))
 
     def stats_record(self) -> PoolStats:
@@ -263,8 +274,8 @@ class MasterServicer(pbg.MasterServiceServicer):
         if request.node_id:
             if len(request.keys):
                 raise ValueError("keys: give keys or node_id, not both")
-            result = self.master.migrate_next(request.node_id, request.cursor, request.limit or 256,
-                                              request.max_bytes)
+            result = self.master.migrate_next(request.node_id, request.cursor,
+                                              request.limit or min(256, self.max_batch_keys), request.max_bytes)
         else:
             result = self.master.migrate_start(list(request.keys))
         reply = wire.migrate_start_reply(result, self.endpoint)

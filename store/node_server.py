@@ -22,7 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
-from kvpool.store import tokens, wire
+from kvpool.store import node_checks, tokens, wire
 from kvpool.store.config import NodeServerConfig
 from kvpool.store.data_channel import DataServer, Extent
 from kvpool.store.hostid import host_id
@@ -129,6 +129,7 @@ class NodeServicer(pbg.NodeServiceServicer):
     def Demote(self, request, context):
         try:
             moves = wire.moves_from_msg(request)
+            node_checks.moves(self.node, moves)
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         reply = pb.MoveResponse()
@@ -138,6 +139,7 @@ class NodeServicer(pbg.NodeServiceServicer):
     def Promote(self, request, context):
         try:
             moves = wire.moves_from_msg(request)
+            node_checks.moves(self.node, moves)
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         reply = pb.MoveResponse()
@@ -147,6 +149,7 @@ class NodeServicer(pbg.NodeServiceServicer):
     def Drop(self, request, context):
         try:
             drops = wire.drops_from_msg(request)
+            node_checks.drops(self.node, drops)
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return pb.DropResponse(dropped=self.node.drop(drops))
@@ -160,7 +163,9 @@ class NodeServer:
         self.handler = NodeDataHandler(self.node)
         host = config.listen.rsplit(":", 1)[0]
         data_host, data_port = (config.data_listen.rsplit(":", 1) if config.data_listen else (host, "0"))
-        self.data_server = DataServer(self.handler, data_host, int(data_port))
+        self.data_server = DataServer(self.handler, data_host, int(data_port),
+                                      idle_timeout_s=config.data_idle_timeout_s,
+                                      max_connections=config.data_max_connections)
         self.server = grpc.server(futures.ThreadPoolExecutor(config.workers, thread_name_prefix="kvpool-node"),
                                   options=GRPC_OPTIONS)
         pbg.add_NodeServiceServicer_to_server(NodeServicer(self.node, self.handler), self.server)

@@ -112,8 +112,9 @@ class NodeRegistry:
         return node, n
 
     def silent(self, now: float, ttl: float) -> list[str]:
+        nodes = self.placement.nodes
         return [m.node_id for m in self._members.values()
-                if m.expires and max(m.last_heartbeat + ttl, m.grace_until) <= now and m.node_id in self.placement.nodes]
+                if m.expires and max(m.last_heartbeat + ttl, m.grace_until) <= now and m.node_id in nodes]
 
     def suspect_numbers(self, now: float, after: float) -> set[int]:
         """Connected nodes without a heartbeat for `after` seconds: alive or not, nothing new is placed on them."""

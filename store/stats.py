@@ -266,8 +266,16 @@ def rates(t0: float, old: Mapping[str, Any], t: float, cur: Mapping[str, Any]) -
 # ---------------------------------------------------------------------------------------------- counting (master)
 
 
+OTHER_LABEL = "(other)"
+
+
 @dataclass(slots=True)
 class LookupStats:
+    """Lookup counters. Namespace labels come from clients, so at most `max_namespaces` are counted apart (each is a
+    stats entry and a metric series for the master's lifetime); the first max_namespaces - 1 labels seen keep their
+    own entry, every later one is counted under OTHER_LABEL."""
+
+    max_namespaces: int = 256
     lookups: int = 0
     requested_keys: int = 0
     hit_keys: int = 0
@@ -287,7 +295,10 @@ class LookupStats:
             return
         per_ns = self.namespaces.get(ns.label)
         if per_ns is None:
-            per_ns = self.namespaces[ns.label] = NamespaceCounters(0, _by_tier())
+            label = ns.label if len(self.namespaces) < self.max_namespaces - 1 else OTHER_LABEL
+            per_ns = self.namespaces.get(label)
+            if per_ns is None:
+                per_ns = self.namespaces[label] = NamespaceCounters(0, _by_tier())
         self.requested_tokens += requested * bt
         per_ns.requested_tokens += requested * bt
         for t in hit_tiers:
