@@ -181,6 +181,7 @@ class NodeServer:
         self._master = pbg.MasterServiceStub(self._channel)
         self._stop = threading.Event()
         self._epoch = 0
+        self._damaged_reported = 0  # of node.ssd_damaged_headers, told to a master (its ssd_corrupt)
         self.registered = threading.Event()
         self._thread = threading.Thread(target=self._liveness_loop, name="kvpool-heartbeat", daemon=True)
 
@@ -209,10 +210,13 @@ class NodeServer:
         self.handler.secret = bytes(reply.token_secret)
         self._epoch = reply.epoch
         records = self.node.scan_ssd()
+        damaged = self.node.ssd_damaged_headers - self._damaged_reported
         adopted = dropped = 0
-        for i in range(0, len(records), _REPORT_BATCH):
-            rep = self._master.ReportObjects(wire.report_to_msg(self.config.node_id, records[i:i + _REPORT_BATCH]),
-                                             timeout=timeout)
+        for i in range(0, max(len(records), 1 if damaged else 0), _REPORT_BATCH):
+            msg = wire.report_to_msg(self.config.node_id, records[i:i + _REPORT_BATCH])
+            msg.corrupt = damaged if i == 0 else 0
+            rep = self._master.ReportObjects(msg, timeout=timeout)
+            self._damaged_reported += msg.corrupt
             adopted += rep.adopted
             dropped += rep.dropped
             by_key = {r.key: r for r in records[i:i + _REPORT_BATCH]}

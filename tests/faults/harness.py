@@ -264,7 +264,8 @@ class Figures:
     wrong_bytes: int = 0          # reads that returned bytes other than the committed object's
     acked: int = 0                # puts acknowledged "stored"
     acked_lost: int = 0           # acknowledged, not lost by a named event, and not readable afterwards
-    lost_by_event: int = 0        # acknowledged, then lost with a node that was killed (the named event)
+    lost_by_event: int = 0        # acknowledged, then lost by a named event (a node killed or restarted, a record
+    event: str = "lost with the killed node (named event)"  # found corrupt and counted): what lost_by_event means
     recovery_s: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -272,7 +273,7 @@ class Figures:
         parts = [f"wrong bytes {self.wrong_bytes}", f"acknowledged {self.acked}",
                  f"acknowledged-then-lost {self.acked_lost}"]
         if self.lost_by_event:
-            parts.append(f"lost with the killed node (named event) {self.lost_by_event}")
+            parts.append(f"{self.event} {self.lost_by_event}")
         if self.recovery_s is not None:
             parts.append(f"recovery {self.recovery_s:.2f} s")
         parts += [f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}" for k, v in self.extra.items()]
