@@ -8,7 +8,8 @@ nodes (their endpoints and the gRPC channels the master reaches them by).
 
 Error mapping (every message names the field; a rejected call changes nothing because `Master` validates before
 it mutates): BatchTooLarge -> RESOURCE_EXHAUSTED, ValueError -> INVALID_ARGUMENT, KeyError (unknown node) ->
-NOT_FOUND, TokenError -> PERMISSION_DENIED. Each refusal is reported to `on_rpc_error(method, code)` when the
+NOT_FOUND, TokenError -> PERMISSION_DENIED, MetadataUnavailable (Redis down past its fail-over retries, or short of
+its wait_replicas) -> UNAVAILABLE. Each refusal is reported to `on_rpc_error(method, code)` when the
 process exports metrics (kvpool/services.py wires it); store/ itself knows nothing of Prometheus.
 """
 
@@ -26,6 +27,7 @@ from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
 from kvpool.store import checks, wire
 from kvpool.store.master import BatchTooLarge, Master
+from kvpool.store.metadata import MetadataUnavailable
 from kvpool.store.remote_node import RemoteNodeOps
 from kvpool.store.stats import PoolStats
 from kvpool.store.tokens import TokenError
@@ -49,6 +51,9 @@ def _rpc(method):
             code, msg = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
         except KeyError as exc:
             code, msg = grpc.StatusCode.NOT_FOUND, str(exc.args[0] if exc.args else exc)
+        except MetadataUnavailable as exc:
+            code, msg = grpc.StatusCode.UNAVAILABLE, str(exc)
+            log.warning("%s -> UNAVAILABLE: %s", name, msg)
         log.info("%s -> %s: %s", name, code.name, msg)
         if self.on_rpc_error is not None:
             self.on_rpc_error(name, code.name)
