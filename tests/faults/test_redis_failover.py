@@ -5,7 +5,8 @@ Promise checked (redis_url redis+sentinel://.../kvpool?wait_replicas=1): the mas
 fail-over (its calls wait for the sentinel to name the new primary); a put is acknowledged only once a replica has
 its journal entry, so after the fail-over, the old primary's return as a replica, and finally a SIGKILL and restart
 of the master itself (which reloads everything from the new primary), every acknowledged object is read back
-byte-exact. Puts while no replica is connected fail (UNAVAILABLE), they are never acknowledged.
+byte-exact. Puts while no replica is connected fail (UNAVAILABLE), they are never acknowledged. Recovery time: from
+the primary's kill to the first put acknowledged again (the fail-over plus the old primary's return as a replica).
 """
 
 from __future__ import annotations
@@ -60,8 +61,11 @@ def test_redis_failover_under_sentinel_loses_no_acknowledged_object(tmp_path, ca
             wait_until(lambda: sentinel.primary_port() != old, 30, "the sentinel to promote the replica")
             figures.extra["fail-over s"] = time.monotonic() - killed_at
             put_batch(client)
-            # The old primary comes back empty; the sentinel turns it into the new primary's replica.
+            # The operator brings the old primary back (empty) as the new primary's replica.
             sentinel.servers.append(start_redis(tmp_path / "redis" / "r0b", port=old))
+            back = redis.Redis(port=old)
+            back.replicaof("127.0.0.1", sentinel.primary_port())
+            back.close()
             new = redis.Redis(port=sentinel.primary_port())
             wait_until(lambda: new.info("replication").get("connected_slaves", 0) >= 1, 30,
                        "the old primary to rejoin as a replica")
