@@ -11,7 +11,12 @@ For each object size (64 KiB, 512 KiB, 2 MiB), all measured in this one run on t
 Then: one-RPC prefix lookup of a 1,000-key chain (p50, p99), and master memory per indexed object at 1M objects
 (tracemalloc over an in-process Master: index + allocator + policy, everything a committed object costs it).
 
-    python bench/pool_remote.py [--total 256MiB] [--batch 32] [--rounds 3] [--index-objects 1000000]
+The same-host columns run with the client's default fence (every read checked against the committed xxh3_64,
+kvpool/fence.py). `--fence` adds, interleaved in the same rounds, a same-host get of the same objects under each
+fence candidate: no check of same-host copies (what a lease re-check alone costs: nothing), the hash after the copy,
+and the hash fused with the copy (the default).
+
+    python bench/pool_remote.py [--total 256MiB] [--batch 32] [--rounds 3] [--index-objects 1000000] [--fence]
 """
 
 from __future__ import annotations
@@ -161,14 +166,20 @@ class Redis:
         self.proc.wait()
 
 
+FENCE_CANDIDATES = ("no check", "hash after copy", "fused (default)")
+
+
 def measure_size(pool_address: str, size: int, count: int, batch: int, rounds: int, redis, mc, bar,
-                 salt: int) -> dict[str, float]:
+                 salt: int, fence_candidates: bool = False) -> dict[str, float]:
     """GB/s per column, best of `rounds`. Every round runs every column once, so a burst of load from elsewhere
     on the machine hits all columns alike instead of skewing one of them."""
     src = [np.full(size, (i * 7 + 1) % 256, np.uint8) for i in range(count)]
     dst = [np.empty(size, np.uint8) for _ in range(count)]
     views = [memoryview(d) for d in dst]
+    from kvpool import fence
+
     clients = {t: PoolClient(pool_address, transport=t, timeout=60) for t in ("auto", "tcp")}
+    unchecked = PoolClient(pool_address, timeout=60, verify="remote") if fence_candidates else None
     raw = RawSocket(size)
     if mc is not None:
         mc.register(src + dst)
@@ -202,6 +213,17 @@ def measure_size(pool_address: str, size: int, count: int, batch: int, rounds: i
                 timed(f"{t} put", put)
                 timed(f"{t} get", get)
                 check()
+                if t == "auto" and fence_candidates:
+                    timed("fence no check", lambda keys=keys: get(unchecked, keys))
+                    check()
+                    chunk, fence.CHUNK = fence.CHUNK, 1 << 62  # one chunk: copy everything, then hash it
+                    try:
+                        timed("fence hash after copy", lambda keys=keys: get(c, keys))
+                    finally:
+                        fence.CHUNK = chunk
+                    check()
+                    timed("fence fused (default)", lambda keys=keys: get(c, keys))
+                    check()
                 c.remove_many(keys)
             timed("memcpy", lambda: [np.copyto(d, a) for d, a in zip(dst, src)])
             timed("raw", lambda: raw.recv_all(views))
@@ -222,6 +244,8 @@ def measure_size(pool_address: str, size: int, count: int, batch: int, rounds: i
     finally:
         for c in clients.values():
             c.close()
+        if unchecked is not None:
+            unchecked.close()
         raw.close()
     return {name: count * size / min(v) / 1e9 for name, v in times.items()}
 
@@ -298,6 +322,7 @@ def main(argv=None) -> int:
     ap.add_argument("--chain", type=int, default=1000)
     ap.add_argument("--lookups", type=int, default=300)
     ap.add_argument("--index-objects", type=int, default=1_000_000)
+    ap.add_argument("--fence", action="store_true", help="also time a same-host get under each fence candidate")
     args = ap.parse_args(argv)
     total = parse_size(args.total, "--total")
     workdir = tempfile.mkdtemp(prefix="kvpool-bench-")
@@ -306,7 +331,7 @@ def main(argv=None) -> int:
     import mooncake_peer
 
     mooncake_reason = mooncake_peer.unavailable()
-    steps = len(SIZES) * args.rounds * (4 + 2 + (2 if redis_reason is None else 0)
+    steps = len(SIZES) * args.rounds * (4 + 2 + (3 if args.fence else 0) + (2 if redis_reason is None else 0)
                                         + (2 if mooncake_reason is None else 0))
     rows = {}
     pool = Pool(dram_bytes=2 * total + (64 << 20), workdir=workdir)
@@ -322,13 +347,15 @@ def main(argv=None) -> int:
                   file=sys.stderr) as bar:
             for s, size in enumerate(SIZES):
                 g = measure_size(pool.address, size, max(1, total // size), args.batch, args.rounds, redis, mc,
-                                 bar, s + 1)
+                                 bar, s + 1, args.fence)
                 row = {"auto": {"put": g["auto put"], "get": g["auto get"]},
                        "tcp": {"put": g["tcp put"], "get": g["tcp get"]}, "memcpy": g["memcpy"], "raw": g["raw"]}
                 if "redis get" in g:
                     row["redis"] = {"put": g["redis put"], "get": g["redis get"]}
                 if "mooncake get" in g:
                     row["mooncake"] = {"put": g["mooncake put"], "get": g["mooncake get"]}
+                if args.fence:
+                    row["fence"] = {name: g[f"fence {name}"] for name in FENCE_CANDIDATES}
                 rows[size] = row
             p50, p99 = bench_lookup(pool.address, args.chain, args.lookups, bar)
             per_object = bench_master_memory(args.index_objects, bar)
@@ -357,7 +384,7 @@ def main(argv=None) -> int:
               f"{row['tcp']['get']:8.2f} | {row['memcpy']:7.2f} {row['raw']:8.2f} | {redis_cols} | {mc_cols}")
     print()
     for size, row in rows.items():
-        line = (f"{size >> 10:>5}KiB: same-host get {row['auto']['get'] / row['memcpy']:.2f}x memcpy, "
+        line = (f"{size >> 10:>5}KiB: same-host get (fence on) {row['auto']['get'] / row['memcpy']:.2f}x memcpy, "
                 f"put {row['auto']['put'] / row['memcpy']:.2f}x; tcp get {row['tcp']['get'] / row['raw']:.2f}x raw socket")
         if row.get("redis"):
             line += (f", {row['tcp']['get'] / row['redis']['get']:.2f}x redis GET; "
@@ -366,8 +393,12 @@ def main(argv=None) -> int:
             line += (f"; vs mooncake (tcp transport): tcp get {row['tcp']['get'] / row['mooncake']['get']:.2f}x, "
                      f"same-host get {row['auto']['get'] / row['mooncake']['get']:.2f}x")
         print(line)
+    for size, row in rows.items():
+        if "fence" in row:
+            print(f"{size >> 10:>5}KiB: fence candidates, same-host get vs memcpy: " + ", ".join(
+                f"{name} {gbps / row['memcpy']:.2f}x" for name, gbps in row["fence"].items()))
     two = rows[2 << 20]
-    goals = [("same-host get >= 0.6x memcpy", two["auto"]["get"] / two["memcpy"] >= 0.6),
+    goals = [("same-host get (fence on) >= 0.6x memcpy", two["auto"]["get"] / two["memcpy"] >= 0.6),
              ("tcp get >= 0.6x raw socket", two["tcp"]["get"] / two["raw"] >= 0.6)]
     if two.get("redis"):
         goals.append(("tcp get >= 1.5x redis GET", two["tcp"]["get"] / two["redis"]["get"] >= 1.5))

@@ -126,12 +126,19 @@ class AdminClient:
         keys = [parse_hex16(k, "KEY") for k in keys_hex]
         return self._call("Remove", pb.RemoveRequest(keys=keys)).removed
 
-    def evict(self, *, namespace: str = "", older_than_s: float | None = None) -> int:
-        """Evict committed objects of one namespace (empty = all) not put or hit for `older_than_s` seconds (None =
-        any age). Objects being read right now (leased) are skipped. Counted in stats()["evictions"]."""
+    def evict(self, *, namespace: str = "", older_than_s: float | None = None, everything: bool = False) -> int:
+        """Evict committed objects of one namespace and/or not put or hit for `older_than_s` seconds, or, with
+        `everything` (and no filter), every object. Objects being read right now (leased) are skipped. Counted in
+        stats()["evictions"]."""
         ns = parse_hex16(namespace, "--namespace") if namespace else b""
         if older_than_s is not None and not older_than_s > 0:
             raise ValueError(f"--older-than must be longer than 0 seconds, got {older_than_s!r}")
+        if everything:
+            if ns or older_than_s is not None:
+                raise ValueError("--all evicts everything: give it without --namespace or --older-than")
+            return self._call("Evict", pb.EvictRequest(all=True)).evicted
+        if not ns and older_than_s is None:
+            raise ValueError("give --namespace and/or --older-than, or --all to evict everything")
         request = pb.EvictRequest(namespace=ns, idle_seconds=older_than_s or 0.0)
         return self._call("Evict", request).evicted
 

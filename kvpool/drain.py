@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 
 import xxhash
 
+from kvpool import fence
 from kvpool.client import PoolClient
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.store import wire
@@ -75,8 +76,9 @@ def drain(client: PoolClient, node_id: str, *, migrate: bool = True, max_passes:
             while time.monotonic() < end:  # one pass: the node's objects in the master's index order
                 request = pb.MigrateStartRequest(node_id=node_id, cursor=cursor, limit=batch_keys,
                                                  max_bytes=batch_bytes)
+                sent_at = fence.now()
                 reply = rpc.call("MigrateStart", request, what="migrate_start")
-                _move_batch(client, reply, result, no_room)
+                _move_batch(client, reply, result, no_room, fence.write_deadline(sent_at, reply.ttl_ms))
                 if not reply.next_cursor:
                     break
                 cursor = reply.next_cursor
@@ -87,7 +89,7 @@ def drain(client: PoolClient, node_id: str, *, migrate: bool = True, max_passes:
     return result
 
 
-def _move_batch(client: PoolClient, reply, result: DrainResult, no_room: set[bytes]) -> None:
+def _move_batch(client: PoolClient, reply, result: DrainResult, no_room: set[bytes], deadline: float) -> None:
     """Copy one MigrateStart batch (source -> buffer -> destination) and commit or abort each move."""
     keys = [bytes(k) for k in reply.keys]
     moving = []
@@ -109,7 +111,7 @@ def _move_batch(client: PoolClient, reply, result: DrainResult, no_room: set[byt
             if i not in failed:
                 by_ns.setdefault(bytes(reply.namespaces[i]), []).append(i)
         for ns, group in by_ns.items():  # an SSD destination record carries the object's namespace
-            failed |= client.transfers.write(dst, group, keys, views, ns)
+            failed |= client.transfers.write(dst, group, keys, views, ns, deadline=deadline)
     except BaseException:
         _abort(client, [reply.move_ids[i] for i in moving])
         raise

@@ -53,9 +53,9 @@ class EmbeddedPool(PoolFront):
 
     def _adopt_ssd(self) -> int:
         records = self.node.scan_ssd()
-        if not records:
+        if not records and not self.node.ssd_damaged_headers:
             return 0
-        result = self.master.report_objects(self.node.node_id, records)
+        result = self.master.report_objects(self.node.node_id, records, corrupt=self.node.ssd_damaged_headers)
         if result.dropped_keys:
             # Duplicates / overlaps: erase them so a later scan cannot find them (or hide newer records behind them).
             placed = self.master.inspect(result.dropped_keys)

@@ -53,6 +53,8 @@ STATS_FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "kvpool_demotions": ("counter", ("tier",), "Objects moved to a slower tier, by the tier they left."),
     "kvpool_promotions": ("counter", ("tier",), "Objects moved to a faster tier on a hit, by the tier they left."),
     "kvpool_ssd_corrupt": ("counter", (), "SSD records failing header/checksum checks (served as misses)."),
+    "kvpool_dram_corrupt": ("counter", (), "DRAM/HBM objects read back changed under their checksum (a late write; "
+                                           "forgotten, served as misses)."),
     "kvpool_nodes_alive": ("gauge", (), "Storage nodes registered and heartbeating."),
 }
 
@@ -107,6 +109,7 @@ def fill_families(fams: dict, snap: PoolStats) -> None:
         for tier, n in sorted(getattr(snap, name).items()):
             fams[f"kvpool_{name}"].add_metric([tier], n)
     fams["kvpool_ssd_corrupt"].add_metric([], snap.ssd_corrupt)
+    fams["kvpool_dram_corrupt"].add_metric([], snap.dram_corrupt)
     fams["kvpool_nodes_alive"].add_metric([], snap.nodes_alive)
 
 

@@ -20,8 +20,11 @@ import grpc
 
 from kvpool.errors import PoolError, PoolNotFound, PoolTimeout, PoolUnavailable
 from kvpool.proto import kvpool_pb2_grpc as pbg
+from kvpool.store.remote_node import RECONNECT_OPTIONS
 
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_message_length", 256 << 20)]
+# A restarted master is found again within ~1 s (RECONNECT_OPTIONS), not after gRPC's default back-off (up to 120 s).
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_message_length", 256 << 20),
+                   *RECONNECT_OPTIONS]
 _RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 

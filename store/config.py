@@ -3,13 +3,15 @@ exactly once.
 
     group                     fields                                               used by
     MasterConfig              max_object_bytes max_batch_keys lease_ttl_s          Master (the pool's rules)
-                              grant_ttl_s node_ttl_s promote_on_hit policy
+                              grant_ttl_s node_ttl_s suspect_after_s
+                              reload_grace_s promote_on_hit policy max_namespaces
     NodeConfig                node_id dram_bytes ssd_path ssd_bytes shm_dir        StorageNode (a node's tiers)
                               share_dram hbm_bytes hbm_device
     MasterServerFields        redis_url redis_prefix node_rpc_timeout_s            the master process
                               list_limit http_listen
     NodeServerFields          data_listen advertise_host rpc_timeout_s             the node process
-                              metrics_listen
+                              metrics_listen data_idle_timeout_s
+                              data_max_connections
     Liveness                  heartbeat_s                                          both (the node beats, the master
                                                                                    tells nodes the interval)
 
@@ -94,21 +96,44 @@ class MasterConfig(_Group):
     lease_ttl_s: float = 30.0        # a read lease ends by itself after this
     grant_ttl_s: float = 30.0        # an uncommitted write grant is reclaimed after this
     node_ttl_s: float = 10.0         # a node silent this long is dropped (nodes registered with expires=False never)
+    suspect_after_s: float = 0.0     # a node silent this long gets no new placement (0 = node_ttl_s / 2)
+    reload_grace_s: float = 0.0      # a node reloaded from Redis may take this long to register (0 = max(30, 3 ttl))
     promote_on_hit: bool = True      # an SSD hit is moved to DRAM when DRAM has (or can make) room
     policy: str = "lru"
+    max_namespaces: int = 256        # namespace labels counted apart (stats, metric series); later ones: "(other)"
 
     def __post_init__(self) -> None:
         _check_nonneg_int(self, "max_object_bytes", "max_batch_keys")
+        if isinstance(self.max_namespaces, bool) or not isinstance(self.max_namespaces, int) \
+                or self.max_namespaces < 2:
+            raise ValueError(f"max_namespaces must be an int >= 2, got {self.max_namespaces!r}")
         if self.max_object_bytes == 0:
             raise ValueError("max_object_bytes must be > 0, got 0")
         if self.max_batch_keys == 0:
             raise ValueError("max_batch_keys must be > 0, got 0")
         _check_positive(self, "lease_ttl_s", "grant_ttl_s", "node_ttl_s")
+        for name in ("suspect_after_s", "reload_grace_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+                raise ValueError(f"{name} must be a number of seconds >= 0 (0 = the default), got {value!r}")
+        if self.suspect_after_s >= self.node_ttl_s:
+            raise ValueError(f"suspect_after_s ({self.suspect_after_s}) must be below node_ttl_s ({self.node_ttl_s}): "
+                             "a node stops getting new objects before it is dropped")
         if not isinstance(self.promote_on_hit, bool):
             raise ValueError(f"promote_on_hit must be true or false, got {self.promote_on_hit!r}")
         if self.policy not in _POLICIES:
             raise ValueError(f"policy must be one of {list(_POLICIES)}, got {self.policy!r}")
         super().__post_init__()
+
+    @property
+    def suspect_s(self) -> float:
+        """Heartbeat silence after which a node gets no new placement (its objects are still served)."""
+        return self.suspect_after_s or self.node_ttl_s / 2
+
+    @property
+    def grace_s(self) -> float:
+        """How long a node known only from the journal may take to register with a restarted master."""
+        return self.reload_grace_s or max(30.0, 3 * self.node_ttl_s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,10 +194,13 @@ class NodeServerFields(_Group):
     advertise_host: str = ""          # host clients dial; "" = the node's listen host
     rpc_timeout_s: float = 5.0        # deadline of node -> master calls (register, report, heartbeat)
     metrics_listen: str = ""          # host:port of the node's /metrics ("" = none)
+    data_idle_timeout_s: float = 60.0  # a data connection silent this long (half-open, stalled peer) is closed
+    data_max_connections: int = 256   # data connections served at once (a thread each); more are refused
 
     def __post_init__(self) -> None:
         _check_address(self, "data_listen", "metrics_listen", optional=True)
-        _check_positive(self, "rpc_timeout_s")
+        _check_positive(self, "rpc_timeout_s", "data_idle_timeout_s")
+        _check_positive_int(self, "data_max_connections")
         super().__post_init__()
 
 

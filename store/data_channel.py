@@ -25,6 +25,11 @@ A rejected WRITE's payload is still consumed (up to `max_object_bytes`, else the
 bad grant does not break the stream for the others. It is read into one bounded scratch buffer and dropped: a forged
 header makes the node allocate nothing of its announced size (the token is checked before any payload byte lands).
 
+Bounds: at most `max_connections` connections are served at once (one thread each; more are closed at accept), and a
+connection that sends nothing for `idle_timeout_s` (between requests or mid-frame: a half-open or stalled peer) is
+closed, so no peer holds a thread forever. Clients drop pooled connections the node closed (readable while idle) or
+that sat idle longer than `max_idle_s`, before they reuse one.
+
 TLS (optional, store/tls.py builds the contexts): `DataServer(ssl_context=...)` wraps each accepted connection
 (the handshake runs on the connection's thread with a deadline, so a silent peer cannot stall the accept loop);
 `DataClient(ssl_context=...)` wraps each connection it opens and checks the node's certificate against the address
@@ -35,10 +40,12 @@ SSLSocket has no sendmsg). Without a context the code path is the plaintext one,
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import ssl
 import struct
 import threading
+import time
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -102,6 +109,13 @@ def _discard(sock: socket.socket, size: int, scratch: memoryview) -> None:
         size -= k
 
 
+def _readable(sock: socket.socket) -> bool:
+    """Whether an idle connection has something to read now: EOF (the peer closed it) or data nobody asked for."""
+    poller = select.poll()  # not select.select: descriptors above 1023 are common in an engine process
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
+
+
 def _send_two(sock: socket.socket, head: bytes, body: memoryview) -> None:
     """Reply header and payload in one sendmsg (one syscall, one segment train), finishing any partial send."""
     sent = sock.sendmsg([head, body])
@@ -122,11 +136,14 @@ class DataServer:
 
     def __init__(self, handler: DataHandler, host: str = "127.0.0.1", port: int = 0, *,
                  max_object_bytes: int = 64 << 20, ssl_context: ssl.SSLContext | None = None,
-                 handshake_timeout_s: float = 10.0):
+                 handshake_timeout_s: float = 10.0, idle_timeout_s: float = 60.0, max_connections: int = 256):
         self.handler = handler
         self.max_object_bytes = max_object_bytes
         self.ssl_context = ssl_context
         self.handshake_timeout_s = handshake_timeout_s
+        self.idle_timeout_s = idle_timeout_s
+        self.max_connections = max_connections
+        self.refused_connections = 0
         self._sock = socket.create_server((host, port), reuse_port=False)
         self._sock.listen(128)
         self.address = f"{host}:{self._sock.getsockname()[1]}"
@@ -159,9 +176,18 @@ class DataServer:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
-            _tune(conn)
             with self._lock:
-                self._conns.add(conn)
+                full = len(self._conns) >= self.max_connections
+                if not full:
+                    self._conns.add(conn)
+            if full:
+                self.refused_connections += 1
+                if self.refused_connections == 1 or self.refused_connections % 1000 == 0:
+                    log.warning("data channel: %d connections open (max_connections); refused %d so far",
+                                self.max_connections, self.refused_connections)
+                conn.close()
+                continue
+            _tune(conn)
             threading.Thread(target=self._serve, args=(conn,), name="kvpool-data-conn", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
@@ -171,7 +197,6 @@ class DataServer:
             try:
                 raw.settimeout(self.handshake_timeout_s)
                 conn = self.ssl_context.wrap_socket(raw, server_side=True)
-                conn.settimeout(None)
             except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError: bad or untrusted peer, timeout
                 log.debug("data channel TLS handshake failed: %s", exc)
                 with self._lock:
@@ -182,6 +207,7 @@ class DataServer:
                 self._conns.discard(raw)  # wrap_socket detached it; the SSLSocket owns the descriptor now
                 self._conns.add(conn)
             send_two = _send_two_tls
+        conn.settimeout(self.idle_timeout_s)  # a silent peer (between requests or mid-frame) loses its connection
         head = bytearray(REQ.size)
         hview = memoryview(head)
         scratch: memoryview | None = None
@@ -268,20 +294,27 @@ class DataClient:
     """Pipelined requests to one node over a small pool of connections (one per concurrent caller)."""
 
     def __init__(self, address: str, *, timeout: float = 10.0, ssl_context: ssl.SSLContext | None = None,
-                 server_hostname: str = ""):
+                 server_hostname: str = "", max_idle_s: float = 20.0):
         host, port = address.rsplit(":", 1)
         self._addr = (host, int(port))
         self.timeout = timeout
         self.ssl_context = ssl_context
         self.server_hostname = server_hostname or host
-        self._idle: list[socket.socket] = []
+        self.max_idle_s = max_idle_s  # below the node's idle timeout (60 s by default): reuse never races its close
+        self._idle: list[tuple[socket.socket, float]] = []
         self._lock = threading.Lock()
         self._closed = False
 
     def _take(self) -> socket.socket:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
+        while True:
+            with self._lock:
+                if not self._idle:
+                    break
+                sock, since = self._idle.pop()
+            # Idle too long, or readable while idle (the node closed it: idle timeout, restart): not reusable.
+            if time.monotonic() - since < self.max_idle_s and not _readable(sock):
+                return sock
+            sock.close()
         sock = socket.create_connection(self._addr, timeout=self.timeout)
         _tune(sock)
         if self.ssl_context is not None:
@@ -295,7 +328,7 @@ class DataClient:
     def _give(self, sock: socket.socket) -> None:
         with self._lock:
             if not self._closed:
-                self._idle.append(sock)
+                self._idle.append((sock, time.monotonic()))
                 return
         sock.close()
 
@@ -303,7 +336,7 @@ class DataClient:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
-        for sock in idle:
+        for sock, _ in idle:
             sock.close()
 
     def write_many(self, extents: Sequence[Extent], payloads: Sequence[memoryview]) -> list[DataChannelError | None]:

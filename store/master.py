@@ -96,7 +96,7 @@ class Master:
         self.drains = Drains(self.index, self.placement, self.leases)
         self.promotions = Promotions(self.index, self.placement, self.leases)
         self.promotion_wanted = threading.Event()   # set when a lookup queued promotions (the server's promoter)
-        self.lookup_stats = stats_mod.LookupStats()
+        self.lookup_stats = stats_mod.LookupStats(max_namespaces=self.config.max_namespaces)
         self._next_reap = 0.0
         self._t0 = clock()          # atime 0; a reloaded object counts as accessed when the master started
         self._load()
@@ -127,10 +127,16 @@ class Master:
         with self._lock:
             return self.registry.heartbeat(node_id, epoch, self.clock())
 
-    def report_objects(self, node_id: str, records: Sequence[ObjectRecord]) -> ReportResult:
-        """Index objects a node found on its own tiers (SSD scan after a restart) as committed."""
+    def report_objects(self, node_id: str, records: Sequence[ObjectRecord], corrupt: int = 0) -> ReportResult:
+        """Index objects a node found on its own tiers (SSD scan after a restart) as committed. Malformed records
+        raise ValueError before anything is adopted; conflicting ones (indexed elsewhere, repeated, overlapping,
+        larger than max_object_bytes) come back in `dropped_keys`. `corrupt`: records the node's scan found with a
+        damaged header (counted in ssd_corrupt)."""
+        if isinstance(corrupt, bool) or not isinstance(corrupt, int) or corrupt < 0:
+            raise ValueError(f"corrupt must be an int >= 0, got {corrupt!r}")
         with self._lock:
             node = self.placement.node(node_id)
+            checks.reported(records, node, self.config.max_object_bytes)
             result = ReportResult()
             fresh: list[ObjectRecord] = []
             seen: set[bytes] = set()
@@ -138,12 +144,13 @@ class Master:
                 slot = self.index.slot_of(r.key)
                 if slot >= 0 and self.placement.same_place(slot, node, r):
                     result.known += 1
-                elif slot >= 0 or r.key in seen or r.tier not in node.spaces or len(r.key) != checks.KEY_BYTES:
+                elif slot >= 0 or r.key in seen or r.size > self.config.max_object_bytes:
                     result.dropped_keys.append(r.key)
                 else:
                     seen.add(r.key)
                     fresh.append(r)
             result.adopted = self.placement.adopt(node, fresh, result.dropped_keys, self._ticks(self.clock()))
+            self.placement.counters.ssd_corrupt += corrupt
             self._flush()
             return result
 
@@ -335,17 +342,28 @@ class Master:
             return n
 
     def report_corrupt(self, lease_id: int, keys: Sequence[bytes]) -> int:
-        """A reader found these leased objects' bytes bad (SSD checksum): forget them and count it."""
+        """A reader found these objects' bytes bad (checksum) while `lease_id` held them: forget them (a miss for
+        everyone; the next put restores them) and count them by tier, `ssd_corrupt` or `dram_corrupt` (a DRAM/HBM
+        extent changed under a committed object: a writer that outlived its grant). A report under a lease that has
+        ended is ignored: the extent may legitimately hold another object by now."""
+        keys = checks.keys(keys, self.config.max_batch_keys)
         with self._lock:
             leased = self.leases.slots_of(lease_id)
             slots = set(leased.tolist()) if leased is not None else set()
+            counters = self.placement.counters
             n = 0
             for key in keys:
                 slot = self.index.slot_of(key)
                 if slot in slots and self.index.state[slot] == COMMITTED:
+                    if int(self.index.tier[slot]) == Tier.SSD:
+                        counters.ssd_corrupt += 1
+                    else:
+                        counters.dram_corrupt += 1
                     self.placement.forget(slot)
                     n += 1
-            self.placement.counters.ssd_corrupt += n
+            if n:
+                log.warning("%d object(s) read back wrong under lease %d (first key %s): forgotten", n, lease_id,
+                            bytes(keys[0]).hex())
             self._flush()
             return n
 
@@ -495,8 +513,11 @@ class Master:
         return 1
 
     def _unplaceable(self) -> set[int]:
-        """Node numbers nothing new may land on: draining, or known from the journal but not connected."""
-        return self.drains.draining_numbers() | self.registry.disconnected_numbers()
+        """Node numbers nothing new may land on: draining, known from the journal but not connected, or silent for
+        suspect_after_s (perhaps dead: a put acknowledged there could be lost with it)."""
+        registry = self.registry
+        return (self.drains.draining_numbers() | registry.disconnected_numbers()
+                | registry.suspect_numbers(self.clock(), self.config.suspect_s))
 
     def _flush(self) -> None:
         self.journal.flush(self.placement.record)
@@ -507,7 +528,7 @@ class Master:
         infos, by_node = self.journal.load()
         now = self.clock()
         for info in infos:
-            self.registry.add_disconnected(info, now)
+            self.registry.add_disconnected(info, now, self.config.grace_s)
         for node_id, records in by_node.items():
             node = self.placement.nodes.get(node_id)
             if node is not None:

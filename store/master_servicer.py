@@ -8,7 +8,8 @@ nodes (their endpoints and the gRPC channels the master reaches them by).
 
 Error mapping (every message names the field; a rejected call changes nothing because `Master` validates before
 it mutates): BatchTooLarge -> RESOURCE_EXHAUSTED, ValueError -> INVALID_ARGUMENT, KeyError (unknown node) ->
-NOT_FOUND, TokenError -> PERMISSION_DENIED. Each refusal is reported to `on_rpc_error(method, code)` when the
+NOT_FOUND, TokenError -> PERMISSION_DENIED, MetadataUnavailable (Redis down past its fail-over retries, or short of
+its wait_replicas) -> UNAVAILABLE. Each refusal is reported to `on_rpc_error(method, code)` when the
 process exports metrics (kvpool/services.py wires it); store/ itself knows nothing of Prometheus.
 """
 
@@ -24,8 +25,9 @@ import grpc
 
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
-from kvpool.store import wire
+from kvpool.store import checks, wire
 from kvpool.store.master import BatchTooLarge, Master
+from kvpool.store.metadata import MetadataUnavailable
 from kvpool.store.remote_node import RemoteNodeOps
 from kvpool.store.stats import PoolStats
 from kvpool.store.tokens import TokenError
@@ -49,6 +51,9 @@ def _rpc(method):
             code, msg = grpc.StatusCode.INVALID_ARGUMENT, str(exc)
         except KeyError as exc:
             code, msg = grpc.StatusCode.NOT_FOUND, str(exc.args[0] if exc.args else exc)
+        except MetadataUnavailable as exc:
+            code, msg = grpc.StatusCode.UNAVAILABLE, str(exc)
+            log.warning("%s -> UNAVAILABLE: %s", name, msg)
         log.info("%s -> %s: %s", name, code.name, msg)
         if self.on_rpc_error is not None:
             self.on_rpc_error(name, code.name)
@@ -67,6 +72,7 @@ class MasterServicer(pbg.MasterServiceServicer):
         self.node_ttl_s = node_ttl_s
         self.node_rpc_timeout_s = node_rpc_timeout_s
         self._metadata = metadata
+        self._grant_ttl_ms = min(int(master.config.grant_ttl_s * 1000), 2**32 - 1)  # PutStart/MigrateStart ttl_ms
         self._endpoints: dict[str, pb.NodeEndpoint] = {}
         self._ops: dict[str, RemoteNodeOps] = {}
         self._drained: dict[str, str] = {}  # node_id -> incarnation that was drained (a new process may rejoin)
@@ -105,6 +111,7 @@ class MasterServicer(pbg.MasterServiceServicer):
         if not ep.control_address or not ep.data_address:
             raise ValueError("node.control_address/data_address: a node must advertise both")
         info = wire.info_from_endpoint(ep)
+        checks.node_info(info)  # before the channel or endpoint tables change (register_node checks it again)
         with self._lock:
             if self._drained.get(ep.node_id) == ep.incarnation:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION,
@@ -132,7 +139,7 @@ class MasterServicer(pbg.MasterServiceServicer):
     def ReportObjects(self, request, context):
         records = wire.report_from_msg(request)
         self._check_batch(len(records), "keys")
-        return wire.report_reply(self.master.report_objects(request.node_id, records))
+        return wire.report_reply(self.master.report_objects(request.node_id, records, request.corrupt))
 
     @_rpc
     def DrainNode(self, request, context):
@@ -154,7 +161,9 @@ class MasterServicer(pbg.MasterServiceServicer):
         ns = wire.ns_from_msg(request.namespace, request.block_tokens, request.namespace_label)
         results = self.master.put_start(list(request.keys), list(request.sizes), ns,
                                         prefer_node=self._prefer(request.client_host_id))
-        return wire.put_start_reply(results, self.endpoint)
+        reply = wire.put_start_reply(results, self.endpoint)
+        reply.ttl_ms = self._grant_ttl_ms
+        return reply
 
     @_rpc
     def PutCommit(self, request, context):
@@ -166,6 +175,7 @@ class MasterServicer(pbg.MasterServiceServicer):
 
     @_rpc
     def PutAbort(self, request, context):
+        self._check_batch(len(request.grant_ids), "grant_ids")
         return pb.PutAbortResponse(aborted=self.master.put_abort(list(request.grant_ids)))
 
     # ---------------------------------------------------------------- get
@@ -178,6 +188,12 @@ class MasterServicer(pbg.MasterServiceServicer):
 
     @_rpc
     def Release(self, request, context):
+        if len(request.corrupt_keys):
+            if len(request.lease_ids) != 1:
+                raise ValueError(f"lease_ids: corrupt_keys name the keys of exactly one lease, got "
+                                 f"{len(request.lease_ids)} lease ids")
+            corrupt = checks.keys(list(request.corrupt_keys), self.max_batch_keys, "corrupt_keys")
+            self.master.report_corrupt(request.lease_ids[0], corrupt)
         return pb.ReleaseResponse(released=self.master.release(list(request.lease_ids)))
 
     @_rpc
@@ -216,8 +232,17 @@ class MasterServicer(pbg.MasterServiceServicer):
             raise ValueError(f"namespace: must be a 16-byte namespace digest, got {len(request.namespace)} bytes")
         if not request.idle_seconds >= 0:  # also NaN
             raise ValueError(f"idle_seconds: must be >= 0 (0 = any age), got {request.idle_seconds}")
-        # idle_seconds 0 = any age: a namespace alone evicts all of it, an empty request everything (unleased).
-        older = request.idle_seconds if request.idle_seconds or not request.namespace else None
+        if request.idle_seconds > checks.MAX_IDLE_S:
+            raise ValueError(f"idle_seconds: at most {checks.MAX_IDLE_S:.0f} (13.6 years), got {request.idle_seconds}")
+        if request.all:
+            if request.namespace or request.idle_seconds:
+                raise ValueError("all: evicts everything; give it without namespace or idle_seconds")
+            return pb.EvictResponse(evicted=self.master.evict(b"", 0.0))
+        if not request.namespace and not request.idle_seconds:
+            # proto3 cannot tell an empty request from "everything": that takes all=true, said on purpose
+            raise ValueError("namespace, idle_seconds or all: give at least one (all=true evicts every object)")
+        # idle_seconds 0 with a namespace = any age: all of that namespace (unleased)
+        older = request.idle_seconds if request.idle_seconds else None
         return pb.EvictResponse(evicted=self.master.evict(bytes(request.namespace), older))
 
     def stats_record(self) -> PoolStats:
@@ -254,11 +279,13 @@ class MasterServicer(pbg.MasterServiceServicer):
         if request.node_id:
             if len(request.keys):
                 raise ValueError("keys: give keys or node_id, not both")
-            result = self.master.migrate_next(request.node_id, request.cursor, request.limit or 256,
-                                              request.max_bytes)
+            result = self.master.migrate_next(request.node_id, request.cursor,
+                                              request.limit or min(256, self.max_batch_keys), request.max_bytes)
         else:
             result = self.master.migrate_start(list(request.keys))
-        return wire.migrate_start_reply(result, self.endpoint)
+        reply = wire.migrate_start_reply(result, self.endpoint)
+        reply.ttl_ms = self._grant_ttl_ms
+        return reply
 
     @_rpc
     def MigrateCommit(self, request, context):

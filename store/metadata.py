@@ -17,6 +17,12 @@ from typing import Iterable, Protocol, runtime_checkable
 from kvpool.store.records import NodeInfo, ObjectRecord
 
 
+class MetadataUnavailable(RuntimeError):
+    """The metadata backend could not take a write (or read) even after its retries: Redis down, a fail-over longer
+    than its timeout, fewer replicas than `wait_replicas`. The RPC that needed it answers UNAVAILABLE; the journal
+    keeps the batch and writes it with the next call."""
+
+
 @runtime_checkable
 class MetadataBackend(Protocol):
     persistent: bool

@@ -85,6 +85,7 @@ class StorageNode:
         self.dram = None
         self._dram_np = None
         self.ssd = None
+        self.ssd_damaged_headers = 0  # records whose header failed verification at a scan (erased, reported)
         self.hbm = hbm
         if hbm is None and config.hbm_bytes > 0:
             from kvpool.tiers.hbm import HbmArena
@@ -172,11 +173,20 @@ class StorageNode:
         return n
 
     def scan_ssd(self) -> list[ObjectRecord]:
-        """Every intact-looking record on the SSD file, for (re-)registration with a master."""
+        """Every intact-looking record on the SSD file, for (re-)registration with a master. Records whose header
+        is damaged are erased (so they are found, and counted in `ssd_damaged_headers`, once)."""
         if self.ssd is None:
             return []
-        return [ObjectRecord(key=r.key, ns_digest=r.ns_digest, node_id=self.node_id, tier=Tier.SSD, offset=r.offset,
-                             size=r.size, checksum=r.checksum) for r in self.ssd.scan()]
+        damaged: list[int] = []
+        records = [ObjectRecord(key=r.key, ns_digest=r.ns_digest, node_id=self.node_id, tier=Tier.SSD,
+                                offset=r.offset, size=r.size, checksum=r.checksum)
+                   for r in self.ssd.scan(on_damaged=damaged.append)]
+        if damaged:
+            log.warning("SSD %s: %d record header(s) damaged (lost, erased, counted in ssd_corrupt)", self.ssd.path,
+                        len(damaged))
+            self.ssd.erase_many(damaged)
+            self.ssd_damaged_headers += len(damaged)
+        return records
 
     @property
     def ssd_corrupt_reads(self) -> int:

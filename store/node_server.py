@@ -22,7 +22,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
-from kvpool.store import tokens, wire
+from kvpool.store import node_checks, tokens, wire
 from kvpool.store.config import NodeServerConfig
 from kvpool.store.data_channel import DataServer, Extent
 from kvpool.store.hostid import host_id
@@ -129,6 +129,7 @@ class NodeServicer(pbg.NodeServiceServicer):
     def Demote(self, request, context):
         try:
             moves = wire.moves_from_msg(request)
+            node_checks.moves(self.node, moves)
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         reply = pb.MoveResponse()
@@ -138,6 +139,7 @@ class NodeServicer(pbg.NodeServiceServicer):
     def Promote(self, request, context):
         try:
             moves = wire.moves_from_msg(request)
+            node_checks.moves(self.node, moves)
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         reply = pb.MoveResponse()
@@ -147,6 +149,7 @@ class NodeServicer(pbg.NodeServiceServicer):
     def Drop(self, request, context):
         try:
             drops = wire.drops_from_msg(request)
+            node_checks.drops(self.node, drops)
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return pb.DropResponse(dropped=self.node.drop(drops))
@@ -160,7 +163,9 @@ class NodeServer:
         self.handler = NodeDataHandler(self.node)
         host = config.listen.rsplit(":", 1)[0]
         data_host, data_port = (config.data_listen.rsplit(":", 1) if config.data_listen else (host, "0"))
-        self.data_server = DataServer(self.handler, data_host, int(data_port))
+        self.data_server = DataServer(self.handler, data_host, int(data_port),
+                                      idle_timeout_s=config.data_idle_timeout_s,
+                                      max_connections=config.data_max_connections)
         self.server = grpc.server(futures.ThreadPoolExecutor(config.workers, thread_name_prefix="kvpool-node"),
                                   options=GRPC_OPTIONS)
         pbg.add_NodeServiceServicer_to_server(NodeServicer(self.node, self.handler), self.server)
@@ -176,6 +181,7 @@ class NodeServer:
         self._master = pbg.MasterServiceStub(self._channel)
         self._stop = threading.Event()
         self._epoch = 0
+        self._damaged_reported = 0  # of node.ssd_damaged_headers, told to a master (its ssd_corrupt)
         self.registered = threading.Event()
         self._thread = threading.Thread(target=self._liveness_loop, name="kvpool-heartbeat", daemon=True)
 
@@ -204,10 +210,13 @@ class NodeServer:
         self.handler.secret = bytes(reply.token_secret)
         self._epoch = reply.epoch
         records = self.node.scan_ssd()
+        damaged = self.node.ssd_damaged_headers - self._damaged_reported
         adopted = dropped = 0
-        for i in range(0, len(records), _REPORT_BATCH):
-            rep = self._master.ReportObjects(wire.report_to_msg(self.config.node_id, records[i:i + _REPORT_BATCH]),
-                                             timeout=timeout)
+        for i in range(0, max(len(records), 1 if damaged else 0), _REPORT_BATCH):
+            msg = wire.report_to_msg(self.config.node_id, records[i:i + _REPORT_BATCH])
+            msg.corrupt = damaged if i == 0 else 0
+            rep = self._master.ReportObjects(msg, timeout=timeout)
+            self._damaged_reported += msg.corrupt
             adopted += rep.adopted
             dropped += rep.dropped
             by_key = {r.key: r for r in records[i:i + _REPORT_BATCH]}

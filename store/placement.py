@@ -69,6 +69,7 @@ class Counters:
     demotions: dict[str, int] = field(default_factory=lambda: {"dram": 0})
     promotions: dict[str, int] = field(default_factory=lambda: {"ssd": 0})
     ssd_corrupt: int = 0
+    dram_corrupt: int = 0           # DRAM/HBM objects a reader found changed under their checksum (a late write)
 
     def count(self, what: dict[str, int], tier: Tier, n: int = 1) -> None:
         what[tier.label] = what.get(tier.label, 0) + n

@@ -21,6 +21,7 @@ Owned by the Master; `want`, `start` and `finish` run under its lock, `Master.pr
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +33,7 @@ from kvpool.store.placement import NodeState, Placement
 from kvpool.tiers.types import Tier
 
 _TIERS = tuple(Tier)
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -103,7 +105,11 @@ class Promotions:
             size = int(index.size[slot])
             # Pin first: making room may demote or evict this tier's victims, never the object we are moving.
             self.leases.pin(slot)
-            target = placement.allocate(node, dst_tier, size)
+            try:
+                target = placement.allocate(node, dst_tier, size)
+            except ValueError as exc:  # an object no tier can hold (e.g. size 0 from a bad report): never pin it
+                log.warning("promotion of %s refused: %s", key.hex(), exc)
+                target = None
             if target is None:
                 self._unpin(slot)
                 continue

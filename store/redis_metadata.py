@@ -14,20 +14,38 @@ Why hashes per node: a Redis top-level key costs ~70 bytes of overhead on its ow
 bytes plus ~20, so 1M objects take ~90 MB of Redis instead of ~160 MB. One hash per node makes "drop a node" one
 UNLINK instead of a scan. Writes are pipelined in chunks of `batch` commands' worth of fields: a 1,000-key commit is
 one round trip. Durability is whatever the redis-server is configured for (appendonly for restart safety).
+
+Fail-over (Redis Sentinel): `redis+sentinel://[:password@]host:port[,host:port...]/service[/db][?options]` asks the
+sentinels for the current master of `service` on every (re)connection. A write that meets a dead or demoted master
+is retried until `failover_timeout_s` (default 15 s) has passed, so a fail-over stalls the master's calls for its
+duration instead of failing them. Options:
+    wait_replicas=N       after each write, WAIT until N replicas have it (`wait_timeout_ms`, default 1000): an
+                          acknowledged put then survives a fail-over; fewer replicas in time fails the write
+                          (MetadataUnavailable: the RPC answers UNAVAILABLE and the client does not count it stored).
+                          With N replicas required, writes stop while fewer are connected. 0 (default): writes are
+                          replicated asynchronously and the last ones before a fail-over can be lost.
+    failover_timeout_s=S  how long a write keeps retrying through a fail-over
+Any failure that outlasts the retries is raised as MetadataUnavailable (store/metadata.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
+import math
 import secrets
 import struct
 from collections import defaultdict
 from typing import Iterable
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
+from kvpool.store.metadata import MetadataUnavailable
 from kvpool.store.records import NodeInfo, ObjectRecord
 from kvpool.tiers.types import Tier
 
@@ -35,6 +53,56 @@ log = logging.getLogger(__name__)
 
 _REC = struct.Struct("<16sBQQQ")
 _CHUNK = 4096
+SENTINEL_SCHEME = "redis+sentinel://"
+_RETRY_ON = [redis.ConnectionError, redis.TimeoutError]
+
+
+def _unavailable(method):
+    """Redis failures that outlast the retries leave as MetadataUnavailable (UNAVAILABLE on the wire)."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError) as exc:
+            raise MetadataUnavailable(f"redis {self.url_for_logs}: {type(exc).__name__}: {exc}") from exc
+
+    return wrapper
+
+
+def parse_sentinel_url(url: str) -> dict:
+    """redis+sentinel://[:password@]host:port[,host:port...]/service[/db][?wait_replicas=N&wait_timeout_ms=M
+    &failover_timeout_s=S] -> {"sentinels", "service", "db", "password", "wait_replicas", "wait_timeout_ms",
+    "failover_timeout_s"}; ValueError naming what is wrong."""
+    parts = urlsplit(url)
+    hosts = parts.netloc.rsplit("@", 1)[-1]
+    password = unquote(parts.netloc.rsplit("@", 1)[0].split(":", 1)[-1]) if "@" in parts.netloc else None
+    sentinels = []
+    for hp in filter(None, hosts.split(",")):
+        host, sep, port = hp.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"redis_url: sentinel {hp!r} must be host:port ({url!r})")
+        sentinels.append((host, int(port)))
+    path = [p for p in parts.path.split("/") if p]
+    if not sentinels or not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ValueError(f"redis_url must look like redis+sentinel://host:port[,host:port]/service[/db], got {url!r}")
+    query = {k: v[-1] for k, v in parse_qs(parts.query, strict_parsing=False).items()}
+    unknown = set(query) - {"wait_replicas", "wait_timeout_ms", "failover_timeout_s"}
+    if unknown:
+        raise ValueError(f"redis_url: unknown option(s) {sorted(unknown)} (wait_replicas, wait_timeout_ms, "
+                         "failover_timeout_s)")
+    try:
+        out = {"sentinels": sentinels, "service": path[0], "db": int(path[1]) if len(path) == 2 else 0,
+               "password": password, "wait_replicas": int(query.get("wait_replicas", 0)),
+               "wait_timeout_ms": int(query.get("wait_timeout_ms", 1000)),
+               "failover_timeout_s": float(query.get("failover_timeout_s", 15.0))}
+    except ValueError:
+        raise ValueError(f"redis_url: wait_replicas / wait_timeout_ms must be integers, failover_timeout_s a "
+                         f"number, got {parts.query!r}") from None
+    if out["wait_replicas"] < 0 or out["wait_timeout_ms"] <= 0 or not 0 < out["failover_timeout_s"] < math.inf:
+        raise ValueError(f"redis_url: wait_replicas >= 0, wait_timeout_ms > 0, failover_timeout_s > 0, "
+                         f"got {parts.query!r}")
+    return out
 
 
 class RedisMetadata:
@@ -43,14 +111,33 @@ class RedisMetadata:
     persistent = True
 
     def __init__(self, url: str, *, prefix: str = "kvpool", timeout: float = 5.0) -> None:
-        if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"redis_url must look like redis://host:port/db, got {url!r}")
+        if not isinstance(url, str) or not url.startswith(("redis://", "rediss://", "unix://", SENTINEL_SCHEME)):
+            raise ValueError(f"redis_url must look like redis://host:port/db or "
+                             f"redis+sentinel://host:port[,host:port]/service[/db], got {url!r}")
         if not prefix or ":" in prefix:
             raise ValueError(f"prefix must be a non-empty string without ':', got {prefix!r}")
         self.url = url
+        self.url_for_logs = url.split("@")[-1]
         self._p = prefix
-        self._r = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
-                                       decode_responses=False)
+        self._wait_replicas = 0
+        self._wait_timeout_ms = 0
+        if url.startswith(SENTINEL_SCHEME):
+            from redis.sentinel import Sentinel
+
+            cfg = parse_sentinel_url(url)
+            self._wait_replicas, self._wait_timeout_ms = cfg["wait_replicas"], cfg["wait_timeout_ms"]
+            # Through a fail-over: reconnect (asking the sentinels where the master is now) with a back-off of up to
+            # 0.5 s, for about failover_timeout_s.
+            retry = Retry(ExponentialBackoff(cap=0.5, base=0.05), math.ceil(cfg["failover_timeout_s"] / 0.5) + 4)
+            self._sentinel = Sentinel(cfg["sentinels"], socket_timeout=timeout, socket_connect_timeout=timeout,
+                                      sentinel_kwargs={"socket_timeout": timeout})
+            self._r = self._sentinel.master_for(cfg["service"], db=cfg["db"], password=cfg["password"],
+                                                socket_timeout=timeout, socket_connect_timeout=timeout,
+                                                decode_responses=False, retry=retry, retry_on_error=_RETRY_ON)
+        else:
+            self._sentinel = None
+            self._r = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                                           decode_responses=False)
         self._r.ping()  # fail at start, naming the URL, rather than on the first commit
         self._nodes_key = f"{prefix}:nodes"
         self._endpoints_key = f"{prefix}:endpoints"
@@ -59,7 +146,16 @@ class RedisMetadata:
     def _obj_key(self, node_id: str) -> str:
         return f"{self._p}:obj:{node_id}"
 
+    def _replicated(self) -> None:
+        """With wait_replicas: the writes so far reached that many replicas (WAIT), else MetadataUnavailable."""
+        if self._wait_replicas:
+            n = self._r.wait(self._wait_replicas, self._wait_timeout_ms)
+            if n < self._wait_replicas:
+                raise MetadataUnavailable(f"redis {self.url_for_logs}: a write reached {n} of {self._wait_replicas} "
+                                          f"replica(s) within {self._wait_timeout_ms} ms (wait_replicas)")
+
     # ---------------------------------------------------------------- objects
+    @_unavailable
     def put_objects(self, records: Iterable[ObjectRecord]) -> None:
         by_node: dict[str, dict[bytes, bytes]] = defaultdict(dict)
         for r in records:
@@ -72,7 +168,9 @@ class RedisMetadata:
             for i in range(0, len(items), _CHUNK):
                 pipe.hset(self._obj_key(node_id), mapping=dict(items[i:i + _CHUNK]))
         pipe.execute()
+        self._replicated()
 
+    @_unavailable
     def delete_objects(self, keys: Iterable[bytes]) -> None:
         keys = [bytes(k) for k in keys]
         if not keys:
@@ -84,7 +182,9 @@ class RedisMetadata:
             for i in range(0, len(keys), _CHUNK):
                 pipe.hdel(self._obj_key(node_id), *keys[i:i + _CHUNK])
         pipe.execute()
+        self._replicated()
 
+    @_unavailable
     def load_objects(self) -> list[ObjectRecord]:
         out: list[ObjectRecord] = []
         for node_id in self._node_ids():
@@ -109,30 +209,43 @@ class RedisMetadata:
         ids.update(k[len(prefix):].decode() for k in self._r.scan_iter(match=prefix + b"*", count=1000))
         return sorted(ids)
 
+    @_unavailable
     def put_node(self, info: NodeInfo) -> None:
         self._r.hset(self._nodes_key, info.node_id, json.dumps(dataclasses.asdict(info)))
+        self._replicated()
 
+    @_unavailable
     def delete_node(self, node_id: str) -> None:
         pipe = self._r.pipeline(transaction=False)
         pipe.hdel(self._nodes_key, node_id)
         pipe.hdel(self._endpoints_key, node_id)
         pipe.unlink(self._obj_key(node_id))
         pipe.execute()
+        self._replicated()
 
+    @_unavailable
     def load_nodes(self) -> list[NodeInfo]:
         return [NodeInfo(**json.loads(v)) for _, v in sorted(self._r.hgetall(self._nodes_key).items())]
 
+    @_unavailable
     def put_node_endpoint(self, node_id: str, data: bytes) -> None:
         """Extra per-node bytes the master server needs to route clients (addresses, host id)."""
         self._r.hset(self._endpoints_key, node_id, data)
+        self._replicated()
 
+    @_unavailable
     def load_node_endpoints(self) -> dict[str, bytes]:
         return {k.decode(): v for k, v in self._r.hgetall(self._endpoints_key).items()}
 
+    @_unavailable
     def shared_secret(self) -> bytes:
         """The pool's token secret: created once, then the same for every master that uses this Redis."""
         self._r.set(self._secret_key, secrets.token_bytes(32), nx=True)
+        self._replicated()
         return self._r.get(self._secret_key)
 
     def close(self) -> None:
         self._r.close()
+        if self._sentinel is not None:
+            for s in self._sentinel.sentinels:
+                s.close()

@@ -6,7 +6,11 @@
                      objects kept.
     heartbeat        refreshes `last_heartbeat`; answers "register again" for an unknown node, a stale epoch, or a
                      node known only from the journal (`connected` False: its ops cannot move bytes yet).
-    silent(now)      members past node_ttl_s without a heartbeat (never the embedded pool's own node).
+    suspect(now)     members silent for suspect_after_s: no new placement lands on them (a SIGKILLed node stops
+                     taking puts within that, long before it is dropped); a heartbeat clears it.
+    silent(now)      members past node_ttl_s without a heartbeat (never the embedded pool's own node), or, for a node
+                     known only from the journal, past its reload grace (a restarted master gives the nodes it
+                     reloaded that long to find it again before dropping them and their objects).
 
 The registry owns the membership fields; the node's tiers (allocators, policies, ops) are the Placement's
 `NodeState`, which `register` creates and `remove` drops through Placement's interface. Owned by the Master; called
@@ -42,6 +46,7 @@ class Member:
     last_heartbeat: float = 0.0
     expires: bool = True            # False: never dropped for silence (the embedded pool's own node)
     connected: bool = True          # False: known from the journal, not registered with this master process
+    grace_until: float = 0.0        # a journal-reloaded node is not dropped before this (master clock)
 
 
 @dataclass(slots=True)
@@ -73,7 +78,7 @@ class NodeRegistry:
                 and old.info.dram_bytes == info.dram_bytes and old.info.ssd_bytes == info.ssd_bytes \
                 and old.info.hbm_bytes == info.hbm_bytes:
             old.ops, old.info = ops, info
-            member.expires, member.last_heartbeat, member.connected = expires, now, True
+            member.expires, member.last_heartbeat, member.connected, member.grace_until = expires, now, True, 0.0
             member.epoch += 1
             return Registration(member.epoch, old)
         epoch = member.epoch + 1 if member is not None else 1
@@ -83,10 +88,11 @@ class NodeRegistry:
         self._members[info.node_id] = Member(info.node_id, epoch, now, expires, True)
         return Registration(epoch, node, old)
 
-    def add_disconnected(self, info: NodeInfo, now: float) -> NodeState:
-        """A node known from the journal: placed (its objects can be indexed) but not connected."""
+    def add_disconnected(self, info: NodeInfo, now: float, grace_s: float) -> NodeState:
+        """A node known from the journal: placed (its objects can be indexed) but not connected; it has `grace_s`
+        to register before it counts as silent."""
         node = self.placement.add_node(info, DisconnectedOps())
-        self._members[info.node_id] = Member(info.node_id, 0, now, True, False)
+        self._members[info.node_id] = Member(info.node_id, 0, now, True, False, now + grace_s)
         return node
 
     def heartbeat(self, node_id: str, epoch: int, now: float) -> bool:
@@ -106,8 +112,15 @@ class NodeRegistry:
         return node, n
 
     def silent(self, now: float, ttl: float) -> list[str]:
+        nodes = self.placement.nodes
         return [m.node_id for m in self._members.values()
-                if m.expires and m.last_heartbeat + ttl <= now and m.node_id in self.placement.nodes]
+                if m.expires and max(m.last_heartbeat + ttl, m.grace_until) <= now and m.node_id in nodes]
+
+    def suspect_numbers(self, now: float, after: float) -> set[int]:
+        """Connected nodes without a heartbeat for `after` seconds: alive or not, nothing new is placed on them."""
+        nodes = self.placement.nodes
+        return {nodes[m.node_id].number for m in self._members.values()
+                if m.expires and m.connected and m.last_heartbeat + after <= now and m.node_id in nodes}
 
 
 __all__ = ["NodeRegistry", "Member", "Registration", "DisconnectedOps"]

@@ -18,8 +18,14 @@ from kvpool.store.node import Drop, Move, NodeUnavailable
 
 log = logging.getLogger(__name__)
 
+# A peer that comes back (a restarted master, a node) is found again within ~1 s: gRPC's default reconnect back-off
+# starts at 1 s and grows by 1.6x to 120 s, which left nodes 8-15 s behind a master back from a 30 s outage. Not
+# grpc.min_reconnect_backoff_ms: C-core also takes it as the connect timeout (20 s by default), and a short one fails
+# slow handshakes (a loaded host, TLS) and turns a silent listener's deadline into UNAVAILABLE. Servers ignore these.
+RECONNECT_OPTIONS = [("grpc.initial_reconnect_backoff_ms", 250), ("grpc.max_reconnect_backoff_ms", 1000)]
 # Batched calls carry up to max_batch_keys entries; the default 4 MiB gRPC limit is too small for 65,536 keys.
-GRPC_OPTIONS = [("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_message_length", 256 << 20)]
+GRPC_OPTIONS = [("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_message_length", 256 << 20),
+                *RECONNECT_OPTIONS]
 
 
 class RemoteNodeOps:

@@ -30,7 +30,8 @@ _IMPLIED_SOURCE = {"demotions": "dram", "promotions": "ssd"}
 # Keys `to_dict` writes from typed fields (everything else in a dict goes to `extra`).
 _TYPED = {"tiers", "nodes", "objects", "lookups", "requested_keys", "hit_keys", "miss_keys", "hit_keys_by_tier",
           "requested_tokens", "hit_tokens", "hit_tokens_by_tier", "namespaces", "evictions", "demotions",
-          "promotions", "demotions_by_tier", "promotions_by_tier", "ssd_corrupt", "nodes_alive", "puts"}
+          "promotions", "demotions_by_tier", "promotions_by_tier", "ssd_corrupt", "dram_corrupt", "nodes_alive",
+          "puts"}
 
 
 def _by_tier() -> dict[str, int]:
@@ -76,6 +77,7 @@ class PoolStats:
     demotions: dict[str, int] = field(default_factory=dict)
     promotions: dict[str, int] = field(default_factory=dict)
     ssd_corrupt: int = 0
+    dram_corrupt: int = 0                 # DRAM/HBM objects found changed under their checksum (late writes)
     nodes_alive: int | None = None        # None: every listed node (the master lists only live ones)
     puts: dict[str, int] | None = None    # a pool's own put outcomes (EmbeddedPool, PoolClient)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -153,6 +155,7 @@ class PoolStats:
             "demotions_by_tier": dict(self.demotions),
             "promotions_by_tier": dict(self.promotions),
             "ssd_corrupt": self.ssd_corrupt,
+            "dram_corrupt": self.dram_corrupt,
         }
         if self.nodes_alive is not None:
             out["nodes_alive"] = self.nodes_alive
@@ -183,7 +186,8 @@ class PoolStats:
             s.namespaces[str(label)] = NamespaceCounters(
                 _count(c.get("requested_tokens", 0), f"{where}.requested_tokens"),
                 _tier_counts(c.get("hit_tokens_by_tier", {}), f"{where}.hit_tokens_by_tier"))
-        for name in ("objects", "lookups", "requested_tokens", "requested_keys", "hit_keys", "ssd_corrupt"):
+        for name in ("objects", "lookups", "requested_tokens", "requested_keys", "hit_keys", "ssd_corrupt",
+                     "dram_corrupt"):
             setattr(s, name, _count(d.get(name, 0), name))
         s.hit_tokens_by_tier = _tier_counts(d["hit_tokens_by_tier"], "hit_tokens_by_tier")
         s.hit_keys_by_tier = _tier_counts(d.get("hit_keys_by_tier", {}), "hit_keys_by_tier")
@@ -262,8 +266,16 @@ def rates(t0: float, old: Mapping[str, Any], t: float, cur: Mapping[str, Any]) -
 # ---------------------------------------------------------------------------------------------- counting (master)
 
 
+OTHER_LABEL = "(other)"
+
+
 @dataclass(slots=True)
 class LookupStats:
+    """Lookup counters. Namespace labels come from clients, so at most `max_namespaces` are counted apart (each is a
+    stats entry and a metric series for the master's lifetime); the first max_namespaces - 1 labels seen keep their
+    own entry, every later one is counted under OTHER_LABEL."""
+
+    max_namespaces: int = 256
     lookups: int = 0
     requested_keys: int = 0
     hit_keys: int = 0
@@ -283,7 +295,10 @@ class LookupStats:
             return
         per_ns = self.namespaces.get(ns.label)
         if per_ns is None:
-            per_ns = self.namespaces[ns.label] = NamespaceCounters(0, _by_tier())
+            label = ns.label if len(self.namespaces) < self.max_namespaces - 1 else OTHER_LABEL
+            per_ns = self.namespaces.get(label)
+            if per_ns is None:
+                per_ns = self.namespaces[label] = NamespaceCounters(0, _by_tier())
         self.requested_tokens += requested * bt
         per_ns.requested_tokens += requested * bt
         for t in hit_tiers:
@@ -305,7 +320,8 @@ def snapshot(placement, lookups: LookupStats, objects: int) -> PoolStats:
         objects=objects, lookups=lookups.lookups, requested_keys=lookups.requested_keys, hit_keys=lookups.hit_keys,
         hit_keys_by_tier=dict(lookups.hit_keys_by_tier), requested_tokens=lookups.requested_tokens,
         hit_tokens_by_tier=dict(lookups.hit_tokens_by_tier), evictions=dict(c.evictions),
-        demotions=dict(c.demotions), promotions=dict(c.promotions), ssd_corrupt=c.ssd_corrupt)
+        demotions=dict(c.demotions), promotions=dict(c.promotions), ssd_corrupt=c.ssd_corrupt,
+        dram_corrupt=c.dram_corrupt)
 
 
 __all__ = ["PoolStats", "TierUsage", "NamespaceCounters", "LookupStats", "snapshot", "rates", "counters",

@@ -56,7 +56,12 @@ def tier_of(value: int, field: str) -> Tier:
     return Tier(value)
 
 
+MAX_LABEL = 128  # a namespace label is a stats key and a metric label value
+
+
 def ns_from_msg(digest: bytes, block_tokens: int, label: str) -> NsRef:
+    if len(label) > MAX_LABEL or not label.isprintable():
+        raise ValueError(f"namespace_label: at most {MAX_LABEL} characters, printable, got {len(label)} characters")
     if not digest:
         return NsRef(block_tokens=block_tokens, label=label) if block_tokens or label else NO_NS
     if len(digest) != KEY_BYTES:
@@ -80,7 +85,12 @@ def endpoint_from_info(info: NodeInfo, *, host_id: str, data_address: str, ssd_p
 
 
 def info_from_endpoint(ep: pb.NodeEndpoint) -> NodeInfo:
-    sizes = {int(t.tier): t for t in ep.tiers}
+    sizes: dict[int, pb.TierCapacity] = {}
+    for i, t in enumerate(ep.tiers):
+        tier = tier_of(int(t.tier), f"node.tiers[{i}].tier")
+        if int(tier) in sizes:
+            raise ValueError(f"node.tiers[{i}].tier: {tier.label} listed twice")
+        sizes[int(tier)] = t
     dram = sizes.get(int(Tier.DRAM))
     ssd = sizes.get(int(Tier.SSD))
     hbm = sizes.get(int(Tier.HBM))

@@ -220,6 +220,22 @@ class DramArena:
         dst[:] = self._mv[offset:offset + n]
         return n
 
+    def owner_alive(self) -> bool:
+        """Whether the process that created this arena still holds it (its flock). An attached peer asks before it
+        commits bytes it copied in: the kernel drops the lock when the owner dies, even by SIGKILL, so a free lock
+        means nobody will ever serve these bytes again. (A concurrent `sweep_stale_arenas` briefly holding the lock
+        reads as "alive"; it unlinks the file of a dead owner anyway.) The owner itself always answers True."""
+        if self._owner:
+            return self._fd >= 0
+        if self._fd < 0:
+            return False
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        return False
+
     # ---------------------------------------------------------------- pinning
     def pin(self) -> bool:
         """Register the mapping as CUDA pinned host memory. False (and nothing done) when no CUDA device exists."""

@@ -240,14 +240,16 @@ class SsdFile:
             self.erase(int(offset))
 
     # ---------------------------------------------------------------- recovery
-    def scan(self, *, verify: bool = False) -> Iterator[SsdRecord]:
+    def scan(self, *, verify: bool = False, on_damaged: Any = None) -> Iterator[SsdRecord]:
         """Valid records in offset order. Each aligned page whose header parses is a record; the scan then
         skips its extent. (Records cut by a truncated file were erased by `open`.) With
         verify=True each payload is re-checksummed and a bad one is dropped (the scan then resumes at the next
-        page, not past the bad extent); without it, corrupt payloads are found lazily by `read_into`."""
-        return self._scan(self._capacity, verify, on_truncated=None)
+        page, not past the bad extent); without it, corrupt payloads are found lazily by `read_into`.
+        `on_damaged(offset)` is called for each page that starts with the record magic but whose header does not
+        verify (a damaged header: the record is lost)."""
+        return self._scan(self._capacity, verify, on_truncated=None, on_damaged=on_damaged)
 
-    def _scan(self, end: int, verify: bool, on_truncated: Any) -> Iterator[SsdRecord]:
+    def _scan(self, end: int, verify: bool, on_truncated: Any, on_damaged: Any = None) -> Iterator[SsdRecord]:
         magic = np.frombuffer(MAGIC, dtype=np.uint8)
         pos = 0                                              # always page-aligned
         while pos + _HDR_LEN <= end:
@@ -272,6 +274,8 @@ class SsdFile:
                     continue                                 # inside the previous record's payload
                 parsed = _unpack_header(memoryview(chunk)[page * ALIGN:page * ALIGN + _HDR_LEN])
                 if parsed is None:
+                    if on_damaged is not None:  # the magic is there, the header's checksum or version is not
+                        on_damaged(off)
                     continue
                 rec = SsdRecord(parsed[0], parsed[1], off, parsed[2], parsed[3])
                 if off + rec.record_size > end:

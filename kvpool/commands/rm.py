@@ -38,7 +38,10 @@ def run(args) -> int:
         return fail("rm", "give KEY..., or --namespace HEX, or --all (exactly one)", 2)
 
     def body(admin) -> int:
-        n = admin.remove(args.keys) if args.keys else admin.evict(namespace=args.namespace)
+        if args.keys:
+            n = admin.remove(args.keys)
+        else:
+            n = admin.evict(namespace=args.namespace) if args.namespace else admin.evict(everything=True)
         print(json.dumps({"removed": n}) if args.json else f"removed {n} object(s)")
         return 0
 

@@ -247,7 +247,9 @@ def test_evict_by_namespace_prints_the_count(pool, capsys):
         0, f"evicted 0 object(s) (namespace {ns})\n", "")
     assert objects(capsys, address) == 6
     assert run(capsys, "evict", "--master", address) == (
-        2, "", "kvpool evict: give --namespace HEX and/or --older-than DURATION (to empty the pool: kvpool rm --all)\n")
+        2, "", "kvpool evict: give --namespace HEX and/or --older-than DURATION, or --all to evict everything\n")
+    assert run(capsys, "evict", "--master", address, "--all", "--older-than", "1h") == (
+        2, "", "kvpool evict: --all evicts everything: give it without --namespace or --older-than\n")
     for bad, message in [("10x", "'10x' is not a duration: use a number with a unit, e.g. 30s, 10m, 2h, 1d"),
                          ("0s", "'0s' must be longer than 0")]:
         assert run(capsys, "evict", "--master", address, "--older-than", bad) == (

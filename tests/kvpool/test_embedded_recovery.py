@@ -112,3 +112,24 @@ def test_every_committed_object_survives_sigkill_mid_writes_when_dram_is_off(tmp
             assert got[i] is not None and np.array_equal(got[i], value(i)), f"committed key {i}"
         for i, g in enumerate(got):  # anything else that came back (written but not yet acknowledged) is exact too
             assert g is None or np.array_equal(g, value(i))
+
+
+def test_a_record_header_damaged_at_rest_is_counted_once_in_ssd_corrupt(tmp_path):
+    """Issue 11 item 8: a header-damaged record found by the scan at open is lost, erased and counted."""
+    keys = [i.to_bytes(16, "little") for i in range(6)]
+    with EmbeddedPool(dram_bytes=2 * OBJ, ssd_path=str(tmp_path / "ssd"), ssd_bytes=8 * (OBJ + 4096),
+                      shm_dir=str(tmp_path)) as pool:
+        assert pool.put_many(keys, [value(i) for i in range(6)]) == ["stored"] * 6
+        on_ssd = sorted((r.offset, r.key) for r in pool.master.inspect(keys) if r.tier.label == "ssd")
+    assert len(on_ssd) == 4
+    with open(tmp_path / "ssd" / "kvpool.data", "r+b") as f:  # one byte of the first record's header key
+        f.seek(on_ssd[0][0] + 20)
+        b = f.read(1)
+        f.seek(on_ssd[0][0] + 20)
+        f.write(bytes([b[0] ^ 1]))
+    for expected_corrupt in (1, 0):  # erased when found: a second open does not count it again
+        with EmbeddedPool(dram_bytes=2 * OBJ, ssd_path=str(tmp_path / "ssd"), ssd_bytes=8 * (OBJ + 4096),
+                          shm_dir=str(tmp_path)) as pool:
+            s = pool.stats()
+            assert (s["recovered"], s["ssd_corrupt"]) == (3, expected_corrupt)
+            assert pool.contains_many([k for _, k in on_ssd]) == [False, True, True, True]

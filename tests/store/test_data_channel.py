@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 import tracemalloc
 
 import pytest
@@ -115,3 +116,51 @@ def test_a_forged_write_header_makes_the_node_allocate_nothing_of_its_size(node)
         sock.sendall(good.header(OP_WRITE) + b"good")  # the same stream goes on
         assert REP.unpack(recv_exact(sock, REP.size)) == (OK, 0, 4)
     assert bytes(arena.buf[:4]) == b"good" and arena.done == [(10, b"k" * 16)]
+
+
+def test_idle_connections_are_closed_by_the_node_and_clients_reconnect():
+    """The node closes a connection silent for idle_timeout_s (mid-frame too); a client whose pooled connection the
+    node closed drops it and dials again instead of failing the transfer."""
+    arena = Arena()
+    server = DataServer(arena, idle_timeout_s=0.3).start()
+    client = DataClient(server.address, timeout=5)
+    try:
+        assert client.write_many([ext(tokens.WRITE, 1, 0, 4)], [memoryview(b"abcd")]) == [None]
+        host, port = server.address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as half_open:
+            half_open.sendall(b"KVD1")  # 4 of 88 header bytes, then silence
+            started = time.monotonic()
+            assert half_open.recv(1) == b""  # EOF: the node gave up on it
+            assert time.monotonic() - started < 5
+        for _ in range(100):  # the pooled connection is closed by the node too (same timeout)
+            if not server._conns:
+                break
+            time.sleep(0.05)
+        assert not server._conns
+        out = bytearray(4)
+        assert client.read_many_into([ext(tokens.READ, 2, 0, 4)], [memoryview(out)]) == [None] and out == b"abcd"
+    finally:
+        client.close()
+        server.close()
+
+
+def test_connections_past_the_bound_are_refused_at_accept():
+    arena = Arena()
+    server = DataServer(arena, max_connections=2).start()
+    host, port = server.address.rsplit(":", 1)
+    socks = [socket.create_connection((host, int(port)), timeout=5) for _ in range(3)]
+    try:
+        assert socks[2].recv(1) == b""  # the third is closed right away
+        client = DataClient(server.address, timeout=5)
+        socks[0].close()  # one slot frees up: a client gets in again
+        for _ in range(100):
+            if len(server._conns) < 2:
+                break
+            time.sleep(0.05)
+        assert client.write_many([ext(tokens.WRITE, 1, 0, 4)], [memoryview(b"abcd")]) == [None]
+        client.close()
+        assert server.refused_connections == 1
+    finally:
+        for s in socks:
+            s.close()
+        server.close()

@@ -396,3 +396,77 @@ def test_commit_of_an_expired_grant_is_refused_before_the_reaper_runs(tmp_path, 
         assert master.stats()["grants_open"] == 0
     finally:
         node.close()
+
+
+def test_report_corrupt_forgets_under_a_live_lease_counts_by_tier_and_ignores_an_ended_lease(make, clock):
+    master, node = make(dram_objects=3, ssd_objects=2, lease_ttl_s=5.0)
+    for i in (1, 2, 3, 4):  # one at a time: the 4th put demotes key(1), the coldest, to SSD
+        assert put(master, node, [key(i)]) == [PutStatus.STORED]
+    assert tiers(master, [key(1), key(2)]) == ["ssd", "dram"]
+    with pytest.raises(ValueError, match=r"keys\[0\] must be a 16-byte key, got 3"):
+        master.report_corrupt(1, [b"abc"])
+    lease = master.lookup([key(1), key(2)]).lease_id
+    assert master.report_corrupt(lease, [key(1), key(2), key(9)]) == 2
+    s = master.stats()
+    assert (s["ssd_corrupt"], s["dram_corrupt"]) == (1, 1)
+    assert master.contains([key(1), key(2)]) == [False, False]
+    master.release([lease])
+    # A report under a lease that ended (released, or expired: the extent may hold another object by now) is ignored.
+    lease = master.lookup([key(3)]).lease_id
+    master.release([lease])
+    assert master.report_corrupt(lease, [key(3)]) == 0
+    lease = master.lookup([key(4)]).lease_id
+    clock.now += 6
+    master.reap()
+    assert master.report_corrupt(lease, [key(4)]) == 0
+    assert master.contains([key(3), key(4)]) == [True, True] and master.stats()["dram_corrupt"] == 1
+
+
+def test_a_silent_node_gets_no_new_objects_long_before_it_is_dropped(tmp_path, clock):
+    nodes = [StorageNode(NodeConfig(node_id=n, dram_bytes=8 * OBJ, shm_dir=str(tmp_path))) for n in ("a", "b")]
+    try:
+        master = Master(MasterConfig(node_ttl_s=10.0, suspect_after_s=3.0), clock=clock)
+        epochs = {n.node_id: master.register_node(n.info(), n) for n in nodes}
+        assert put(master, nodes[1], [key(1)]) == [PutStatus.STORED]
+        where = master.inspect([key(1)])[0].node_id
+        clock.now += 3.5  # b misses its heartbeats (a SIGKILLed node); a keeps beating
+        assert master.heartbeat("a", epochs["a"]) is False
+        for i in (2, 3, 4, 5):
+            assert master.put_start([key(i)], [OBJ])[0].grant.location.node_id == "a"
+        assert master.lookup([key(1)], lease=False).hits == 1  # its objects are still served meanwhile
+        assert master.reap()["nodes"] == 0
+        assert master.heartbeat("b", epochs["b"]) is False  # alive after all: placeable again
+        placed = {master.put_start([key(10 + i)], [OBJ])[0].grant.location.node_id for i in range(4)}
+        assert "b" in placed and where in ("a", "b")  # b has the most free DRAM again
+        clock.now += 10.5
+        assert master.heartbeat("a", epochs["a"]) is False
+        assert master.reap()["nodes"] == 1 and master.node_ids() == ["a"]
+    finally:
+        for n in nodes:
+            n.close()
+
+
+def test_nodes_reloaded_from_the_journal_get_a_grace_period_to_register(tmp_path, clock):
+    meta = MemoryMetadata(persistent=True)
+    node = StorageNode(NodeConfig(node_id="n", dram_bytes=3 * OBJ, shm_dir=str(tmp_path)))
+    try:
+        m1 = Master(MasterConfig(node_ttl_s=2.0), meta, clock=clock)
+        m1.register_node(node.info(), node)
+        put(m1, node, [key(1)])
+        m2 = Master(MasterConfig(node_ttl_s=2.0, reload_grace_s=20.0), meta, clock=clock)  # m1 died
+        clock.now += 19  # the node is slow to find the new master: far past node_ttl_s, within the grace
+        assert m2.reap()["nodes"] == 0 and m2.contains([key(1)]) == [True]
+        assert m2.heartbeat("n") is True  # "register again"
+        epoch = m2.register_node(node.info(), node)
+        assert m2.contains([key(1)]) == [True]
+        clock.now += 1.5  # registered: the node's own ttl applies again
+        assert m2.heartbeat("n", epoch) is False and m2.reap()["nodes"] == 0
+        clock.now += 2.5
+        assert m2.reap()["nodes"] == 1
+        m3 = Master(MasterConfig(node_ttl_s=2.0), meta, clock=clock)  # default grace: max(30 s, 3 node_ttl_s)
+        clock.now += 29
+        assert m3.reap()["nodes"] == 0
+        clock.now += 1.5
+        assert m3.reap()["nodes"] == 1
+    finally:
+        node.close()

@@ -146,3 +146,29 @@ def test_only_leased_slow_hits_are_queued(make, promote_on_hit):
     assert master.promotions.pending == (1 if promote_on_hit else 0)
     assert master.promotion_wanted.is_set() == promote_on_hit
     master.release([res.lease_id])
+
+
+def test_a_promotion_the_target_tier_refuses_leaves_no_pin_behind(tmp_path):
+    """An object no tier can allocate for (size 0 here, which ReportObjects now refuses) used to stay pinned forever:
+    the promotion pinned its source, then the allocation raised."""
+    from kvpool.store.config import MasterConfig, NodeConfig
+    from kvpool.store.master import Master
+    from kvpool.store.node import StorageNode
+    from kvpool.store.records import ObjectRecord
+    from kvpool.tiers.types import Tier
+
+    node = StorageNode(NodeConfig(node_id="n1", dram_bytes=1 << 20, shm_dir=str(tmp_path),
+                                  ssd_path=str(tmp_path / "ssd"), ssd_bytes=1 << 20))
+    try:
+        master = Master(MasterConfig())
+        master.register_node(node.info(), node)
+        key = b"k" * 16
+        master.placement.adopt(master.placement.node("n1"), [ObjectRecord(key, bytes(16), "n1", Tier.SSD, 0, 0, 0)],
+                               [])  # past the report's checks: what an older master adopted
+        result = master.lookup([key])
+        master.release([result.lease_id])
+        assert master.promote_pending() == 0
+        slot = master.index.slot_of(key)
+        assert int(master.index.leases[slot]) == 0 and master.stats()["leases_open"] == 0
+    finally:
+        node.close()

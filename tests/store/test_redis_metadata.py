@@ -56,3 +56,38 @@ def test_bad_url_and_prefix_name_the_argument(redis_server):
         RedisMetadata("127.0.0.1:6379")
     with pytest.raises(ValueError, match="prefix"):
         RedisMetadata(redis_server.url, prefix="a:b")
+
+
+def test_sentinel_urls_parse_or_name_what_is_wrong():
+    from kvpool.store.redis_metadata import parse_sentinel_url
+
+    assert parse_sentinel_url("redis+sentinel://:pw@10.0.0.1:26379,h2:26380/kvpool/2?wait_replicas=1") == {
+        "sentinels": [("10.0.0.1", 26379), ("h2", 26380)], "service": "kvpool", "db": 2, "password": "pw",
+        "wait_replicas": 1, "wait_timeout_ms": 1000, "failover_timeout_s": 15.0}
+    assert parse_sentinel_url("redis+sentinel://h:1/s")["db"] == 0
+    for bad, message in [("redis+sentinel://h/s", "sentinel 'h' must be host:port"),
+                         ("redis+sentinel://h:1", "must look like redis\\+sentinel://"),
+                         ("redis+sentinel://h:1/s/x", "must look like redis\\+sentinel://"),
+                         ("redis+sentinel://h:1/s?wait=1", r"unknown option\(s\) \['wait'\]"),
+                         ("redis+sentinel://h:1/s?wait_replicas=x", "must be integers"),
+                         ("redis+sentinel://h:1/s?failover_timeout_s=0", "failover_timeout_s > 0")]:
+        with pytest.raises(ValueError, match=message):
+            parse_sentinel_url(bad)
+
+
+def test_a_write_short_of_its_replicas_is_metadata_unavailable(tmp_path):
+    """wait_replicas=1 with no replica connected: the write fails (the master answers UNAVAILABLE), never 'done'."""
+    from kvpool.store.metadata import MetadataUnavailable
+    from tests.faults.harness import Sentinel
+
+    sentinel = Sentinel(tmp_path).start()
+    try:
+        m = RedisMetadata(sentinel.url + "?wait_replicas=1&wait_timeout_ms=200", prefix="t")
+        m.put_objects([_rec(1)])  # the replica acknowledges it
+        replica = next(s for s in sentinel.servers if s.port != sentinel.primary_port())
+        replica.kill()
+        with pytest.raises(MetadataUnavailable, match=r"reached 0 of 1 replica\(s\) within 200 ms"):
+            m.put_objects([_rec(2)])
+        m.close()
+    finally:
+        sentinel.close()

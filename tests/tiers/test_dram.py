@@ -195,3 +195,29 @@ def test_create_refuses_an_existing_live_arena(tmp_path):
         with pytest.raises(FileExistsError):
             DramArena.create(1 << 16, name="x", directory=str(tmp_path))
         assert sorted(p.name for p in tmp_path.iterdir()) == ["kvpool-x"]
+
+
+def test_owner_alive_says_whether_the_creating_process_still_holds_the_arena(tmp_path):
+    """A peer asks the arena's flock before committing bytes it copied in; the kernel drops it with the owner."""
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import sys, time; from kvpool.tiers.dram import DramArena; "
+            f"a = DramArena.create(1 << 20, directory={str(tmp_path)!r}); print(a.path, flush=True); time.sleep(60)")
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        path = owner.stdout.readline().strip()
+        peer = DramArena.attach(path)
+        assert peer.owner_alive() is True
+        assert peer.owner_alive() is True  # asking does not take the lock away from the owner
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(10)
+        assert peer.owner_alive() is False
+        peer.close()
+        assert peer.owner_alive() is False
+    finally:
+        owner.kill()
+        owner.wait(10)
+    with DramArena.create(1 << 20, directory=str(tmp_path)) as mine:
+        assert mine.owner_alive() is True
