@@ -49,7 +49,7 @@ class WorkerTransfer:
         self._invalid: set[int] = set()
         self._failed_reqs: set[str] = set()
         self._rates = [0, 0.0, 0, 0.0]   # load bytes, load seconds, computed tokens, compute seconds
-        self._forward_start = 0.0
+        self._forward_start: float | None = None
         self._saver = BlockSaver(pool_handle.get, max_blocks=config.save_queue_blocks, on_saved=self._on_saved,
                                  on_error=lambda exc: pool_handle.fault(exc, "save"))
 
@@ -71,10 +71,10 @@ class WorkerTransfer:
 
     def save(self, saves: Sequence[SaveSpec], num_scheduled_tokens: int = 0) -> None:
         """After the forward. `num_scheduled_tokens` (the step's tokens) times the forward for the cost model."""
-        if self._forward_start and num_scheduled_tokens >= self.config.block_tokens:
+        if self._forward_start is not None and num_scheduled_tokens >= self.config.block_tokens:
             self._rates[2] += num_scheduled_tokens
             self._rates[3] += self._clock() - self._forward_start
-        self._forward_start = 0.0
+        self._forward_start = None
         todo = [s for s in saves if s.req_id not in self._failed_reqs]
         n = sum(len(s.keys) for s in todo)
         if n == 0:
