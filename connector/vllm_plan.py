@@ -178,7 +178,6 @@ class SchedulerPlanner:
 
     def build(self, scheduled: Sequence[ScheduledRequest], block_ids_of: Callable[[str], Sequence[int]]) -> StepPlan:
         """This step's plan: pending loads, and saves of the blocks that become full in it."""
-        bt = self.config.block_tokens
         plan = StepPlan(loads=list(self._pending.values()))
         self._pending.clear()
         saving = self.config.save_policy is not SavePolicy.OFF
@@ -187,27 +186,39 @@ class SchedulerPlanner:
             state = self._reqs.get(step.req_id)
             if state is None or not saving:
                 continue
-            if step.num_computed_tokens < state.saved_upto * bt:
-                # vLLM truncated the request (a block failed to load) or restarted it (preemption): what it
-                # recomputes from here on is saved again.
-                state.saved_upto = step.num_computed_tokens // bt
-            known = len(state.request.all_token_ids)
-            block_ids = block_ids_of(step.req_id)
-            full = min(step.num_computed_tokens + step.num_scheduled_tokens, known) // bt
-            full = min(full, len(block_ids))
-            if full <= state.saved_upto:
+            try:
+                save = self._plan_save(state, step, block_ids_of)
+            except Exception:  # noqa: BLE001 - a lost save is a future miss; the step's loads must still go out
+                if "save_plan" not in self._logged:
+                    self._logged.add("save_plan")
+                    log.exception("kvpool connector: planning the saves of request %s failed", step.req_id)
                 continue
-            self._refresh_keys(state, full)
-            positions = range(state.saved_upto, full)
-            if self.config.save_policy is SavePolicy.AFTER_N_HITS:
-                need = self.config.save_after_hits
-                positions = [i for i in positions if self._seen.get(state.keys[i], 0) >= need]
-            positions = list(positions)
-            state.saved_upto = full
-            if positions:
-                plan.saves.append(SaveSpec(step.req_id, [state.keys[i] for i in positions],
-                                           [block_ids[i] for i in positions]))
+            if save is not None:
+                plan.saves.append(save)
         return plan
+
+    def _plan_save(self, state: _State, step: ScheduledRequest, block_ids_of) -> SaveSpec | None:
+        bt = self.config.block_tokens
+        if step.num_computed_tokens < state.saved_upto * bt:
+            # vLLM truncated the request (a block failed to load) or restarted it (preemption): what it
+            # recomputes from here on is saved again.
+            state.saved_upto = step.num_computed_tokens // bt
+        known = len(state.request.all_token_ids)
+        block_ids = block_ids_of(step.req_id)
+        full = min(step.num_computed_tokens + step.num_scheduled_tokens, known) // bt
+        full = min(full, len(block_ids))
+        if full <= state.saved_upto:
+            return None
+        self._refresh_keys(state, full)
+        positions = range(state.saved_upto, full)
+        if self.config.save_policy is SavePolicy.AFTER_N_HITS:
+            need = self.config.save_after_hits
+            positions = [i for i in positions if self._seen.get(state.keys[i], 0) >= need]
+        positions = list(positions)
+        state.saved_upto = full
+        if not positions:
+            return None
+        return SaveSpec(step.req_id, [state.keys[i] for i in positions], [block_ids[i] for i in positions])
 
     def finished(self, req_id: str) -> None:
         self._reqs.pop(req_id, None)

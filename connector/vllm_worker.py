@@ -62,12 +62,23 @@ class WorkerTransfer:
 
     def load(self, loads: Sequence[LoadSpec]) -> None:
         for spec in loads:
-            got = self._load_one(spec)
+            try:
+                got = self._load_one(spec)
+            except Exception:  # noqa: BLE001 - a bug here must still leave vLLM recomputing, never using garbage
+                log.exception("kvpool connector: loading %d blocks failed", len(spec.block_ids))
+                self.stats.add_fallback("error")
+                got = 0
             if got < len(spec.block_ids):
                 self._invalid.update(spec.block_ids[got:])
                 self._failed_reqs.add(spec.req_id)
         if loads:
             self._forward_start = self._clock()
+
+    def fail(self, loads: Sequence[LoadSpec]) -> None:
+        """Report every block of `loads` as not loaded (the adapter's last resort when a hook itself failed)."""
+        for spec in loads:
+            self._invalid.update(spec.block_ids)
+            self._failed_reqs.add(spec.req_id)
 
     def save(self, saves: Sequence[SaveSpec], num_scheduled_tokens: int = 0) -> None:
         """After the forward. `num_scheduled_tokens` (the step's tokens) times the forward for the cost model."""

@@ -224,11 +224,16 @@ class KVPoolConnector(KVConnectorBase_V1):
         if self._transfer is not None:
             self._transfer.begin_step()
 
-    @_guard(None)
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
-        meta = self._get_connector_metadata()
-        if self._transfer is not None and isinstance(meta, KVPoolConnectorMetadata) and meta.plan.loads:
+        meta = self._connector_metadata
+        if self._transfer is None or not isinstance(meta, KVPoolConnectorMetadata) or not meta.plan.loads:
+            return
+        try:
             self._transfer.load(meta.plan.loads)
+        except Exception:  # noqa: BLE001 - vLLM counted these tokens as computed: report them all as not loaded
+            log.exception("kvpool connector: start_load_kv failed; its blocks are recomputed")
+            self._stats.add_fallback("error")
+            self._transfer.fail(meta.plan.loads)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return None   # loads are synchronous, done before the forward
@@ -304,8 +309,16 @@ class KVPoolConnector(KVConnectorBase_V1):
 
     # ============================================================ both sides
 
+    @_guard(None)
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
-        now = self._stats.as_dict()
+        for _ in range(3):   # the saver thread may add a reason while we copy the dicts
+            try:
+                now = self._stats.as_dict()
+                break
+            except RuntimeError:
+                continue
+        else:
+            return None
         delta = counters_delta(now, self._reported)
         self._reported = now
         return KVPoolConnectorStats(data=delta) if delta else None

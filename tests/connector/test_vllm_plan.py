@@ -261,3 +261,18 @@ def test_finished_forgets_the_request(pool):
     p.finished("r")
     assert p.num_tracked == 0
     assert p.build([step("r", 0, 9)], lambda _: [0, 1, 2]).saves == []
+
+
+def test_a_failing_save_plan_never_loses_the_step_s_loads(pool):
+    tokens = list(range(13))
+    keys = store(pool, tokens, 3)
+    p, _ = planner(pool)
+    r = FakeRequest("r", tokens)
+    assert p.lookup(r, 0) == 12
+    p.allocated(r, [1, 2, 3, 4], 12)
+
+    def broken(rid):
+        raise KeyError(rid)
+
+    plan = p.build([step("r", 12, 1)], broken)
+    assert [(l.keys, l.block_ids) for l in plan.loads] == [(keys, [1, 2, 3])] and plan.saves == []

@@ -163,3 +163,13 @@ def test_compute_rate_is_measured_between_bind_and_save(pool):
     w.save([], num_scheduled_tokens=1)           # decode-sized steps are not a prefill rate
     assert w.take_rates() == (0, 0.0, 10 * BT, 0.5)
     w.close()
+
+
+def test_fail_reports_every_block_and_drops_the_request_s_saves(pool):
+    w, stats = worker(pool, kv_cache(8))
+    w.begin_step()
+    w.fail([LoadSpec("r", KEYS[:2], [4, 6]), LoadSpec("q", KEYS[2:3], [1])])
+    assert w.take_invalid_block_ids() == {1, 4, 6}
+    w.save([SaveSpec("r", KEYS[3:4], [0])])
+    assert w.flush(10) and stats.saved_blocks == 0
+    w.close()
