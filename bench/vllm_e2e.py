@@ -30,7 +30,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from kvpool.engine_adapter.vllm_instance import VllmInstance, skip_reason
+from kvpool.engine_adapter.vllm.instance import VllmInstance, skip_reason
 from kvpool.launcher import free_port, spawn, wait_grpc_serving
 
 BS = 128
@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096])
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--workdir", default=None, help="keep the pool and vLLM logs here (default: a temp dir, removed)")
     args = parser.parse_args(argv)
     reason = skip_reason()
     if reason:
@@ -60,14 +61,16 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(1234)
     prompts = {(n, r): [rng.randrange(1000, 40000) for _ in range(n)] for r in range(args.repeats) for n in args.lengths}
     order = [(n, r) for r in range(args.repeats) for n in args.lengths]          # repeats interleaved with lengths
-    work = Path(tempfile.mkdtemp(prefix="kvpool-bench-vllm-"))
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="kvpool-bench-vllm-"))
+    work.mkdir(parents=True, exist_ok=True)
+    warmup = [rng.randrange(1000, 40000) for _ in range(300)]
     shm = tempfile.mkdtemp(prefix="kvpool-bench-", dir="/dev/shm")
     procs = []
     results: dict[str, dict] = {c: {} for c in CASES}
     tokens: dict[str, dict] = {c: {} for c in CASES}
     cached: dict[str, dict] = {c: {} for c in CASES}
     hit_tiers: dict[str, dict] = {}
-    bar = tqdm(total=len(order) * len(CASES), desc="vllm ttft", unit="req")
+    bar = tqdm(total=len(order) * (len(CASES) + 1), desc="vllm ttft", unit="req")
     try:
         pool_dram = f"127.0.0.1:{free_port()}"
         pool_ssd = f"127.0.0.1:{free_port()}"
@@ -84,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         def phase(name, case, pool=None, *, twice_case=None, before=None):
             inst = VllmInstance.start(name, work, pool=pool, max_model_len=max_len, kv_cache_gib=2)
             try:
+                # A process's first forward pays one-time costs (kernel set-up, first touch of buffers): every
+                # instance pays them on a short unrelated prompt, not on a measured one.
+                inst.generate(warmup, 1)
                 for key in order:
                     for c in (case, twice_case) if twice_case else (case,):
                         if before:
@@ -110,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         for proc in reversed(procs):
             proc.stop()
         shutil.rmtree(shm, ignore_errors=True)
-        shutil.rmtree(work, ignore_errors=True)
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
 
     print(f"\nvLLM {'0.32.0'} CPU, SmolLM2-135M fp32, block {BS}: TTFT median of {args.repeats} "
           f"(vLLM first_token_latency; fresh instance for every pool hit)")
@@ -121,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         med = {c: statistics.median(results[c][k] for k in keys) for c in CASES}
         print(f"{n:>7}  " + "  ".join(f"{med[c] * 1e3:>10.1f} ms" for c in CASES))
         print(f"{'':>7}  " + "  ".join(f"{med['cold'] / med[c]:>12.1f}x" for c in CASES))
+        print(f"{'each':>7}  " + "  ".join(f"{'/'.join(f'{results[c][k]:.2f}' for k in keys):>13}" for c in CASES))
         for c in CASES:
             for k in keys:
                 if tokens[c][k] != tokens["cold"][k]:

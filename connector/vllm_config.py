@@ -2,7 +2,7 @@
 `ConnectorConfig`, plus the few knobs only the vLLM adapter has. vLLM-free, so unit tests cover it without vLLM.
 
     --kv-transfer-config '{"kv_connector": "KVPoolConnector",
-                           "kv_connector_module_path": "kvpool.engine_adapter.vllm_connector",
+                           "kv_connector_module_path": "kvpool.engine_adapter.vllm.connector",
                            "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
                            "kv_connector_extra_config": {"pool": "127.0.0.1:50051", "tenant": "team-a",
                                                          "lookup_timeout_s": 0.25, "min_hit_tokens": 128}}'

@@ -2,7 +2,7 @@
 gather/scatter between vLLM's per-layer KV tensors and contiguous pool objects. vLLM-free (torch only).
 
 What vLLM 0.32.0's CPU backend (CPU_ATTN) gives a connector (read in vllm/v1/attention/backends/cpu_attn.py and
-checked with a real run that printed shapes, strides and the ISA; see docs in engine_adapter/vllm_connector.py):
+checked with a real run that printed shapes, strides and the ISA; see docs in engine_adapter/vllm/connector.py):
 
     register_kv_caches({layer_name: kv})     one tensor per attention layer, all views of ONE allocation
     kv: [num_blocks, num_kv_heads, block_size, 2 * head_size]   contiguous, e.g. (364, 3, 128, 128) fp32

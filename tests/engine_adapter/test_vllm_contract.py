@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from kvpool.engine_adapter.vllm_instance import REPO, skip_reason, vllm_python
+from kvpool.engine_adapter.vllm.instance import REPO, skip_reason, vllm_python
 
 pytestmark = pytest.mark.vllm
 
@@ -18,7 +18,7 @@ import inspect, json
 import vllm
 from vllm.distributed.kv_transfer.kv_connector.v1 import base
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
-from kvpool.engine_adapter import vllm_connector as m
+from kvpool.engine_adapter.vllm import connector as m
 
 B, C = base.KVConnectorBase_V1, m.KVPoolConnector
 def sig(f):

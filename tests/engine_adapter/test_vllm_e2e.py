@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from kvpool.demo import shared_prefix
-from kvpool.engine_adapter.vllm_instance import VllmInstance, skip_reason
+from kvpool.engine_adapter.vllm.instance import VllmInstance, skip_reason
 from kvpool.launcher import Proc, free_port, spawn, wait_grpc_serving
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]

