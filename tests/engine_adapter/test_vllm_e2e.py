@@ -28,6 +28,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 BS = 128
 CHUNKED = {"max_num_batched_tokens": BS, "max_num_seqs": 4}
+# load_policy "always": these instances test the load and fault paths, not the cost model (with "auto", one slow
+# first TCP load on a busy machine can make loading look slower than recomputing, and nothing is loaded at all).
+TCP_ALWAYS = {"transport": "tcp", "load_policy": "always"}
 QUESTION_A = "Question: how fast are refunds handled?\nAnswer:"
 QUESTION_B = "Question: which team handles security escalations?\nAnswer:"
 MAX_TOKENS = 12
@@ -136,11 +139,11 @@ def test_two_tenants_never_hit_each_other(env, prompts):
 def test_chunked_prefill_saves_and_loads_and_a_killed_node_means_recompute(env, prompts):
     # TCP transport: reads go through the node's data channel, so a dead node is a fault (a same-host client would
     # still find the dead node's bytes in its shared-memory arena file).
-    c = env["start"]("C", pool=env["p2"], engine_args=CHUNKED, extra={"transport": "tcp"})
+    c = env["start"]("C", pool=env["p2"], engine_args=CHUNKED, extra=TCP_ALWAYS)
     assert run(c, prompts, (2, "A"))["num_cached_tokens"] == 0      # computed in 128-token chunks, saved per step
     assert run(c, prompts, (3, "A"))["num_cached_tokens"] == 0
     assert c.flush()
-    d = env["start"]("D", pool=env["p2"], engine_args=CHUNKED, extra={"transport": "tcp"})
+    d = env["start"]("D", pool=env["p2"], engine_args=CHUNKED, extra=TCP_ALWAYS)
     out = run(d, prompts, (2, "B"))                                  # chunked load + chunked rest of the prefill
     assert out["num_cached_tokens"] == prompts["full"][2]
     assert d.metrics()["vllm:kvpool_hit_tokens{tier=dram}"] == prompts["full"][2]
