@@ -24,7 +24,8 @@ from kvpool.demo import shared_prefix
 from kvpool.engine_adapter.vllm.instance import VllmInstance, skip_reason
 from kvpool.launcher import Proc, free_port, spawn, wait_grpc_serving
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+# Seven vLLM starts on a shared 2-core machine: the first test also pays the fixtures (pools, R, A, B).
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(1800)]
 
 BS = 128
 CHUNKED = {"max_num_batched_tokens": BS, "max_num_seqs": 4}
