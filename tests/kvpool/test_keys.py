@@ -85,3 +85,25 @@ def test_bad_token_ids_and_keys():
         block_keys(NS, [2**40] * 16)
     with pytest.raises(ValueError, match=r"keys\[1\]"):
         check_keys([b"\0" * 16, b"short"])
+
+
+def test_layout_tag_enters_the_digest_only_when_set():
+    import dataclasses
+
+    assert dataclasses.replace(NS, layout="").digest.hex() == "2dd45d542577f2f81e2bf38a3a8608cb"  # pinned above
+    vec = dataclasses.replace(NS, layout="vllm-cpu-0.32.0/CPU_ATTN/vec/LBHNC")
+    amx = dataclasses.replace(NS, layout="vllm-cpu-0.32.0/CPU_ATTN/amx/LBHNC")
+    assert b"|layout=vllm-cpu-0.32.0/CPU_ATTN/vec/LBHNC" in vec.canonical()
+    assert len({NS.digest, vec.digest, amx.digest}) == 3
+    tokens = list(range(48))
+    chains = [set(block_keys(ns, tokens)) for ns in (NS, vec, amx)]
+    assert all(len(c) == 3 for c in chains)
+    assert len(chains[0] | chains[1] | chains[2]) == 9  # no key shared by any two layouts
+
+
+@pytest.mark.parametrize("layout", ["a|b", 7])
+def test_bad_layout_names_the_field(layout):
+    import dataclasses
+
+    with pytest.raises(ValueError, match="layout"):
+        dataclasses.replace(NS, layout=layout)

@@ -1,0 +1,165 @@
+"""Worker side of the vLLM connector: carry out a step's plan (vllm_plan.StepPlan) against the pool over vLLM's KV
+tensors. vLLM-free, so unit tests run it on plain tensors and a real pool.
+
+    start_load_kv ─▶ load(plan.loads)   before the forward, synchronously: get_many_into a staging buffer reserved
+                                        (and touched) at start, in chunks, scatter into vLLM's blocks. Blocks not
+                                        loaded (miss, evicted since the lookup, bad checksum, pool down) are
+                                        collected for get_block_ids_with_load_errors(): vLLM then recomputes from
+                                        the first of them. Nothing raises.
+    wait_for_save ─▶ save(plan.saves)   after the forward: gather the blocks that became full into a fresh buffer
+                                        and hand it to the bounded async BlockSaver, so no vLLM block stays pinned
+                                        and decode never waits on the pool. Blocks of a request whose load failed
+                                        in this step are not saved (their KV was computed over garbage).
+
+Counters (ConnectorStats) are kept here for the loads and saves; the scheduler side keeps the lookup ones.
+Measured load bandwidth and compute rate go back to the scheduler's cost model through `take_rates`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Sequence
+
+import torch
+
+from kvpool.connector.config import ConnectorConfig
+from kvpool.connector.saver import BlockSaver, SaveBatch
+from kvpool.connector.stats import ConnectorStats
+from kvpool.connector.vllm_layout import KVPages
+from kvpool.connector.vllm_plan import LoadSpec, SaveSpec
+from kvpool.keys import Namespace
+
+log = logging.getLogger(__name__)
+
+
+class WorkerTransfer:
+    def __init__(self, config: ConnectorConfig, namespace: Namespace, pages: KVPages, pool_handle,
+                 stats: ConnectorStats, *, clock: Callable[[], float] = time.perf_counter) -> None:
+        if pages.object_bytes != namespace.block_bytes:
+            raise ValueError(f"namespace block_bytes {namespace.block_bytes} != KV object bytes {pages.object_bytes}")
+        self.config = config
+        self.namespace = namespace
+        self.pages = pages
+        self.pool = pool_handle
+        self.stats = stats
+        self._clock = clock
+        self._staging = pages.new_buffer(min(config.load_chunk_blocks, pages.num_blocks))
+        self._staging_np = [self._staging[i].numpy() for i in range(self._staging.shape[0])]
+        self._invalid: set[int] = set()
+        self._failed_reqs: set[str] = set()
+        self._rates = [0, 0.0, 0, 0.0]   # load bytes, load seconds, computed tokens, compute seconds
+        self._forward_start: float | None = None
+        self._saver = BlockSaver(pool_handle.get, max_blocks=config.save_queue_blocks, on_saved=self._on_saved,
+                                 on_error=lambda exc: pool_handle.fault(exc, "save"))
+
+    # ------------------------------------------------------------------ per step
+
+    def begin_step(self) -> None:
+        """vLLM bound this step's metadata: its forward follows (after the sync loads, if any)."""
+        self._failed_reqs.clear()
+        self._forward_start = self._clock()
+
+    def load(self, loads: Sequence[LoadSpec]) -> None:
+        for spec in loads:
+            try:
+                got = self._load_one(spec)
+            except Exception:  # noqa: BLE001 - a bug here must still leave vLLM recomputing, never using garbage
+                log.exception("kvpool connector: loading %d blocks failed", len(spec.block_ids))
+                self.stats.add_fallback("error")
+                got = 0
+            if got < len(spec.block_ids):
+                self._invalid.update(spec.block_ids[got:])
+                self._failed_reqs.add(spec.req_id)
+        if loads:
+            self._forward_start = self._clock()
+
+    def fail(self, loads: Sequence[LoadSpec]) -> None:
+        """Report every block of `loads` as not loaded (the adapter's last resort when a hook itself failed)."""
+        for spec in loads:
+            self._invalid.update(spec.block_ids)
+            self._failed_reqs.add(spec.req_id)
+
+    def save(self, saves: Sequence[SaveSpec], num_scheduled_tokens: int = 0) -> None:
+        """After the forward. `num_scheduled_tokens` (the step's tokens) times the forward for the cost model."""
+        if self._forward_start is not None and num_scheduled_tokens >= self.config.block_tokens:
+            self._rates[2] += num_scheduled_tokens
+            self._rates[3] += self._clock() - self._forward_start
+        self._forward_start = None
+        todo = [s for s in saves if s.req_id not in self._failed_reqs]
+        n = sum(len(s.keys) for s in todo)
+        if n == 0:
+            return
+        if self.pool.get() is None:   # backing off: do not copy blocks out only to fail in the saver
+            self.stats.save_dropped_blocks += n
+            return
+        try:
+            buf = torch.empty((n, self.pages.object_bytes), dtype=torch.uint8)
+            block_ids = [b for s in todo for b in s.block_ids]
+            self.pages.gather(block_ids, buf)
+        except Exception:  # noqa: BLE001 - a failed copy loses a save, never a request
+            log.exception("kvpool connector: copying %d blocks out of vLLM's KV cache failed", n)
+            self.stats.save_dropped_blocks += n
+            return
+        batch = SaveBatch([k for s in todo for k in s.keys], buf, self.namespace)
+        if not self._saver.offer(batch):
+            self.stats.save_dropped_blocks += n
+
+    def take_invalid_block_ids(self) -> set[int]:
+        invalid, self._invalid = self._invalid, set()
+        return invalid
+
+    def take_rates(self) -> tuple[int, float, int, float]:
+        rates, self._rates = tuple(self._rates), [0, 0.0, 0, 0.0]
+        return rates  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        return self._saver.flush(timeout)
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._saver.close(timeout)
+
+    # ------------------------------------------------------------------ internals
+
+    def _load_one(self, spec: LoadSpec) -> int:
+        n = len(spec.keys)
+        pool = self.pool.get()
+        if pool is None:   # backing off after a fault: the scheduler's hit cannot be loaded in this process
+            self.stats.add_fallback("unreachable")
+            return 0
+        chunk = self._staging.shape[0]
+        tiers: list[str] = []
+        got = 0
+        start = self._clock()
+        try:
+            while got < n:
+                k = min(chunk, n - got)
+                done = pool.get_many_into(spec.keys[got:got + k], self._staging_np[:k], namespace=self.namespace,
+                                          tiers_out=tiers)
+                if done:
+                    self.pages.scatter(spec.block_ids[got:got + done], self._staging)
+                got += done
+                if done < k:
+                    # Evicted since the lookup, or a block failed its checksum: recompute from there.
+                    self.stats.add_fallback("partial_load")
+                    break
+        except Exception as exc:  # noqa: BLE001 - blocks scattered before the fault are valid; the rest recompute
+            self.pool.fault(exc, "load")
+        seconds = self._clock() - start
+        if got:
+            nbytes = got * self.pages.object_bytes
+            self.stats.loads += 1
+            self.stats.load_seconds += seconds
+            self.stats.load_bytes += nbytes
+            self._rates[0] += nbytes
+            self._rates[1] += seconds
+            bt = self.config.block_tokens
+            for tier in tiers[:got] if len(tiers) >= got else ["unknown"] * got:
+                self.stats.add_hit(tier, bt)
+        return got
+
+    def _on_saved(self, stored: int, skipped: int) -> None:
+        self.stats.saved_blocks += stored
+        self.stats.save_skipped_blocks += skipped

@@ -1,0 +1,175 @@
+"""KVPages and WorkerTransfer (no vLLM): byte-exact gather/scatter over a KV cache laid out like vLLM's CPU backend,
+a save by one "instance" loaded by another, and every pool fault turned into recompute with the right block ids."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvpool import PoolClient, block_keys
+from kvpool.connector.stats import ConnectorStats
+from kvpool.connector.vllm_layout import KVPages
+from kvpool.connector.vllm_plan import LoadSpec, SaveSpec
+from kvpool.connector.vllm_worker import WorkerTransfer
+from kvpool.embedded import EmbeddedPool
+from kvpool.errors import PoolDataError, PoolTimeout, PoolUnavailable
+from kvpool.launcher import free_port
+
+from tests.connector.vllm_fakes import BT, LAYERS, LAYOUT, NS, FaultyPool, config, handle, kv_cache
+
+TOKENS = list(range(500, 500 + 6 * BT))
+KEYS = block_keys(NS, TOKENS)
+
+
+@pytest.fixture
+def pool():
+    with EmbeddedPool(dram_bytes=16 << 20) as p:
+        yield p
+
+
+def worker(pool, cache, **kw):
+    stats = ConnectorStats()
+    t = WorkerTransfer(config(**kw), NS, KVPages(cache), handle(pool, stats), stats)
+    return t, stats
+
+
+def page(cache, layer, block) -> bytes:
+    return list(cache.values())[layer][block].numpy().tobytes()
+
+
+def test_object_is_the_layer_pages_of_one_block_in_layer_order():
+    cache = kv_cache(8)
+    pages = KVPages(cache)
+    pages.check(LAYOUT)
+    assert pages.object_bytes == NS.block_bytes == LAYERS * LAYOUT.page_bytes
+    buf = pages.new_buffer(2)
+    pages.gather([5, 2], buf)
+    assert buf[0].numpy().tobytes() == b"".join(page(cache, l, 5) for l in range(LAYERS))
+    assert buf[1].numpy().tobytes() == b"".join(page(cache, l, 2) for l in range(LAYERS))
+    other = kv_cache(8, seed=1)
+    KVPages(other).scatter([0, 7], buf)
+    assert [page(other, l, 0) for l in range(LAYERS)] == [page(cache, l, 5) for l in range(LAYERS)]
+    assert [page(other, l, 7) for l in range(LAYERS)] == [page(cache, l, 2) for l in range(LAYERS)]
+    assert page(other, 0, 1) == page(kv_cache(8, seed=1), 0, 1)   # untouched blocks stay
+
+
+def test_pages_refuse_foreign_layouts():
+    cache = kv_cache(4)
+    with pytest.raises(ValueError, match="kv_caches\\[1\\]"):
+        KVPages([cache["model.layers.0.self_attn.attn"], torch.zeros(4, 2, BT, 8)])
+    with pytest.raises(ValueError, match="not contiguous pages"):
+        KVPages([t.transpose(1, 2) for t in cache.values()])
+    with pytest.raises(RuntimeError, match="differ from its KV cache spec"):
+        KVPages({k: v.to(torch.float16) for k, v in cache.items()}).check(LAYOUT)
+    with pytest.raises(ValueError, match="block_ids must be in"):
+        KVPages(cache).gather([4], KVPages(cache).new_buffer(1))
+
+
+def test_a_saves_b_loads_byte_exact_into_other_blocks(pool):
+    cache_a, cache_b = kv_cache(10, seed=1), kv_cache(10, seed=2)
+    a, stats_a = worker(pool, cache_a)
+    a.begin_step()
+    a.save([SaveSpec("r", KEYS[:4], [3, 1, 4, 0])], num_scheduled_tokens=4 * BT)
+    assert a.flush(10) and stats_a.saved_blocks == 4
+    b, stats_b = worker(pool, cache_b, load_chunk_blocks=3)       # two chunks through the staging buffer
+    b.begin_step()
+    b.load([LoadSpec("q", KEYS[:4], [9, 8, 7, 6])])
+    assert b.take_invalid_block_ids() == set()
+    for src, dst in zip([3, 1, 4, 0], [9, 8, 7, 6]):
+        assert [page(cache_b, l, dst) for l in range(LAYERS)] == [page(cache_a, l, src) for l in range(LAYERS)]
+    assert stats_b.pool_hit_tokens == {"dram": 4 * BT} and stats_b.loads == 1 and stats_b.fallbacks == {}
+    load_bytes, _, _, _ = b.take_rates()
+    assert load_bytes == 4 * NS.block_bytes
+    a.close(), b.close()
+
+
+def _saved(pool, n=5):
+    cache = kv_cache(10, seed=3)
+    a, _ = worker(pool, cache)
+    a.save([SaveSpec("r", KEYS[:n], list(range(n)))])
+    assert a.flush(10)
+    a.close()
+    return cache
+
+
+def test_block_evicted_between_lookup_and_load_reports_the_rest(pool):
+    src = _saved(pool)
+    pool.remove_many([KEYS[2]])
+    cache = kv_cache(10, seed=4)
+    w, stats = worker(pool, cache)
+    w.begin_step()
+    w.load([LoadSpec("r", KEYS[:5], [5, 6, 7, 8, 9])])
+    assert w.take_invalid_block_ids() == {7, 8, 9}
+    assert w.take_invalid_block_ids() == set()                  # reported once
+    assert page(cache, 0, 5) == page(src, 0, 0) and page(cache, 2, 6) == page(src, 2, 1)
+    assert stats.fallbacks == {"partial_load": 1} and stats.pool_hit_tokens == {"dram": 2 * BT}
+
+
+@pytest.mark.parametrize("exc, at, reason, backs_off", [
+    (PoolTimeout("get: deadline exceeded"), 2, "timeout", True),        # the second chunk times out
+    (PoolUnavailable("node gone"), 1, "unreachable", True),
+    (PoolDataError("checksum mismatch"), 2, "checksum", False),         # one bad block says nothing of the pool
+    (RuntimeError("bug"), 1, "error", True),
+])
+def test_load_fault_recomputes_from_the_failed_chunk(pool, exc, at, reason, backs_off):
+    _saved(pool)
+    faulty = FaultyPool(pool, "get_many_into", exc, at=at)
+    stats = ConnectorStats()
+    h = handle(faulty, stats)
+    w = WorkerTransfer(config(load_chunk_blocks=2), NS, KVPages(kv_cache(10)), h, stats)
+    w.begin_step()
+    w.load([LoadSpec("r", KEYS[:5], [5, 6, 7, 8, 9])])        # chunks [5,6] [7,8] [9]
+    loaded = 2 * (at - 1)
+    assert w.take_invalid_block_ids() == set([5, 6, 7, 8, 9][loaded:])
+    assert stats.fallbacks == {reason: 1} and sum(stats.pool_hit_tokens.values()) == loaded * BT
+    assert h.backing_off is backs_off
+    # Saves of that request in the same step are dropped: its new KV was computed over the failed blocks.
+    w.save([SaveSpec("r", KEYS[5:6], [0]), SaveSpec("other", KEYS[5:6], [1])])
+    assert w.flush(10) and stats.saved_blocks == (0 if backs_off else 1)
+
+
+def test_pool_down_at_start_recomputes_everything_and_saves_nothing():
+    stats = ConnectorStats()
+    address = f"127.0.0.1:{free_port()}"
+    h = handle(lambda: PoolClient(address, timeout=0.2, connect_timeout=0.2), stats)
+    w = WorkerTransfer(config(), NS, KVPages(kv_cache(8)), h, stats)
+    w.begin_step()
+    w.load([LoadSpec("r", KEYS[:3], [0, 1, 2])])
+    assert w.take_invalid_block_ids() == {0, 1, 2}
+    w.save([SaveSpec("s", KEYS[:2], [3, 4])])
+    assert stats.fallbacks == {"unreachable": 2} and stats.save_dropped_blocks == 2
+    w.close()
+
+
+def test_save_fault_in_the_background_is_counted_not_raised(pool):
+    stats = ConnectorStats()
+    faulty = FaultyPool(pool, "put_many", PoolUnavailable("master gone"))
+    w = WorkerTransfer(config(), NS, KVPages(kv_cache(8)), handle(faulty, stats), stats)
+    w.save([SaveSpec("r", KEYS[:2], [0, 1])])
+    assert w.flush(10)
+    assert stats.fallbacks == {"save_unreachable": 1} and stats.saved_blocks == 0
+    w.close()
+
+
+def test_compute_rate_is_measured_between_bind_and_save(pool):
+    now = [0.0]
+    stats = ConnectorStats()
+    w = WorkerTransfer(config(), NS, KVPages(kv_cache(8)), handle(pool, stats), stats, clock=lambda: now[0])
+    w.begin_step()
+    now[0] = 0.5
+    w.save([], num_scheduled_tokens=10 * BT)
+    w.begin_step()
+    now[0] = 0.6
+    w.save([], num_scheduled_tokens=1)           # decode-sized steps are not a prefill rate
+    assert w.take_rates() == (0, 0.0, 10 * BT, 0.5)
+    w.close()
+
+
+def test_fail_reports_every_block_and_drops_the_request_s_saves(pool):
+    w, stats = worker(pool, kv_cache(8))
+    w.begin_step()
+    w.fail([LoadSpec("r", KEYS[:2], [4, 6]), LoadSpec("q", KEYS[2:3], [1])])
+    assert w.take_invalid_block_ids() == {1, 4, 6}
+    w.save([SaveSpec("r", KEYS[3:4], [0])])
+    assert w.flush(10) and stats.saved_blocks == 0
+    w.close()
