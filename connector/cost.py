@@ -6,7 +6,9 @@
 Both rates are exponentially weighted averages of what this connector measured (a load's bytes and seconds; a
 prefill's tokens and seconds), started from priors that favour loading: a pool that has never been measured is
 tried, and the first load measures it. A slow pool (remote, congested, SSD-bound) then stops being used for hits it
-would make slower, and starts again if prefill turns out slower than thought.
+would make slower, and starts again if prefill turns out slower than thought. Skipped loads measure nothing, so one
+slow first load (a cold page cache, a busy moment) would switch loading off for good: every `probe_every`-th hit
+that the estimate would skip is loaded anyway, to measure the pool again.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ class LoadCostModel:
     prefill_rate: float = 2e3            # tokens/s prior: CPU-class prefill of a small model
     lookup_latency: float = 1e-3         # seconds per lookup + get round trip
     alpha: float = 0.3                   # weight of the newest measurement
+    probe_every: int = 32                # load one in this many hits the estimate skips, to re-measure
     loads_measured: int = 0
     prefills_measured: int = 0
+    skipped: int = 0                     # hits skipped as slower since the last load
 
     def observe_load(self, nbytes: int, seconds: float) -> None:
         if nbytes <= 0 or seconds <= 0:
@@ -43,7 +47,13 @@ class LoadCostModel:
         return tokens / self.prefill_rate
 
     def should_load(self, tokens: int) -> bool:
-        return tokens > 0 and self.load_seconds(tokens) < self.recompute_seconds(tokens)
+        if tokens <= 0:
+            return False
+        if self.load_seconds(tokens) < self.recompute_seconds(tokens) or self.skipped + 1 >= self.probe_every:
+            self.skipped = 0
+            return True
+        self.skipped += 1
+        return False
 
     def _mix(self, old: float, new: float, count: int) -> float:
         # The first measurement replaces the prior outright: priors are guesses, measurements are not.
