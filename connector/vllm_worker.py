@@ -136,8 +136,9 @@ class WorkerTransfer:
         try:
             while got < n:
                 k = min(chunk, n - got)
-                done = pool.get_many_into(spec.keys[got:got + k], self._staging_np[:k], namespace=self.namespace,
-                                          tiers_out=tiers)
+                # No namespace: the scheduler's lookup_prefix already counted these tokens in the pool's hit
+                # stats (a get with a namespace would count every loaded token a second time).
+                done = pool.get_many_into(spec.keys[got:got + k], self._staging_np[:k], tiers_out=tiers)
                 if done:
                     self.pages.scatter(spec.block_ids[got:got + done], self._staging)
                 got += done
