@@ -10,8 +10,25 @@ tier's policy, skipping leased objects (uncommitted ones are never in a policy: 
 a victim is demoted to the node's next slower tier (HBM -> DRAM -> SSD) when it has one and room can be made there
 (by the same rule, one tier down: the chain ends at the slowest tier, whose victims are evicted), else evicted.
 Victims are taken in rounds of "just enough bytes", so with equal-sized objects the order of eviction is exactly
-the policy order. Every byte move goes through the node's `NodeOps`, batched per round.
+the policy order; orphans (blocks whose parent left the pool, store/chains.py) come first. Every byte move goes
+through the node's `NodeOps`, batched per round.
 Drops are sent before the writes that may reuse their extents (an SSD erase must never land on a new record).
+
+Inclusive SSD tier (`write_behind`): an object placed on a faster tier of a node that has an SSD also gets an SSD
+extent at once (`reserve_copy`, index column `copy`), so the pool's capacity is its SSD capacity and every
+object in DRAM can be written to SSD without evicting anything. Its bytes are copied there later, outside the lock
+(store/writebehind.py); `dirty` holds the keys whose copy is reserved but not written yet, in commit order.
+
+    object on DRAM, copy clean   demotion frees the DRAM extent only: the SSD copy becomes the object (no bytes move)
+    object on DRAM, copy dirty   demotion copies into the reserved extent (what the write-behind would have done)
+    SSD hit promoted to DRAM     the SSD record stays as the new object's clean copy (nothing to write behind)
+    object leaves                its copy extent is freed and its record erased with it (a restart must not
+                                 resurrect it)
+A restarted node finds copies and SSD objects alike (same record format) and re-adopts both as SSD objects.
+
+Where a new object goes (`place`): a fast tier with free room, and free room for its copy, on any node (the
+preferred node, then the most free); only when no node has that, room is made by demotion on a node whose slowest
+tier still has room (the most free first), so with N equal nodes nothing is evicted until the whole pool is full.
 """
 
 from __future__ import annotations
@@ -21,7 +38,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvpool.store.index import COMMITTED, PENDING, Index, State
+from kvpool.store.chains import ORPHAN, Chains
+from kvpool.store.index import COMMITTED, COPY_PAGE, NO_COPY, PENDING, Index, State
 from kvpool.store.journal import Journal
 from kvpool.store.node import Drop, Move, NodeOps
 from kvpool.store.records import NodeInfo, ObjectRecord
@@ -35,6 +53,7 @@ log = logging.getLogger(__name__)
 _TIERS = tuple(Tier)
 _SSD = Tier.SSD
 _PLACE_ORDER = (Tier.HBM, Tier.DRAM, Tier.SSD)  # fastest first: a put lands on the fastest tier with room
+_MAX_COPY_OFFSET = (NO_COPY - 1) * COPY_PAGE     # the `copy` column's reach (16 TiB)
 
 
 @dataclass(slots=True)
@@ -70,6 +89,7 @@ class Counters:
     promotions: dict[str, int] = field(default_factory=lambda: {"ssd": 0})
     ssd_corrupt: int = 0
     dram_corrupt: int = 0           # DRAM/HBM objects a reader found changed under their checksum (a late write)
+    orphaned: int = 0               # blocks that lost an ancestor while they stayed (offered first for eviction)
 
     def count(self, what: dict[str, int], tier: Tier, n: int = 1) -> None:
         what[tier.label] = what.get(tier.label, 0) + n
@@ -86,10 +106,16 @@ def _slower(node: NodeState, tier: Tier) -> Tier | None:
 class Placement:
     """Not thread-safe: called under the master lock. Index changes are reported to the journal."""
 
-    def __init__(self, index: Index, policy_name: str, journal: Journal) -> None:
+    def __init__(self, index: Index, policy_name: str, journal: Journal, *, write_behind: bool = False) -> None:
         self.index = index
         self.policy_name = policy_name
         self.journal = journal
+        self.write_behind = write_behind
+        self.chains = Chains(index)
+        self.dirty: dict[bytes, None] = {}   # keys whose reserved SSD copy is not written yet, commit order
+        # SSD extents held by more than one slot: a promoted record that became the new object's copy while readers
+        # still hold leases on the old slot. (node number, offset) -> holders beyond the first; the last one frees.
+        self._shared: dict[tuple[int, int], int] = {}
         self.nodes: dict[str, NodeState] = {}
         self.by_number: list[NodeState | None] = []
         self.counters = Counters()
@@ -129,6 +155,7 @@ class Placement:
                     continue  # still leased: the last release frees the slot (the reader's lease names it)
                 self.forget(int(slot), free_extent=False)
         self.by_number[state.number] = None
+        self._shared = {k: v for k, v in self._shared.items() if k[0] != state.number}
         return n
 
     def node_of(self, slot: int) -> NodeState | None:
@@ -157,19 +184,91 @@ class Placement:
 
     def place(self, size: int, prefer_node: str | None, exclude: set[int], max_atime: int | None = None
               ) -> tuple[NodeState, Tier, int] | None:
-        """The fastest tier first (HBM where a node has it, then DRAM, then SSD): on the preferred node, else on the
-        node with the most free DRAM (evicting/demoting there if needed), else the same order one tier down, down to
-        SSD (objects larger than any DRAM tier, or DRAM full of leased/uncommitted objects). Never on a node whose
-        number is in `exclude` (draining, or not connected). `max_atime`: see `allocate`."""
+        """Where a new object of `size` bytes goes (see the module docstring). Never on a node whose number is in
+        `exclude` (draining, stopping, or not connected). `max_atime`: see `allocate`. The caller reserves the SSD
+        copy (`reserve_copy`) once the object has a slot."""
         nodes = [n for n in self.nodes.values() if n.number not in exclude]
-        if len(nodes) > 1:
-            nodes.sort(key=lambda n: (n.node_id != prefer_node, -self.free_dram(n)))
-        for tier in _PLACE_ORDER:
-            for node in nodes:
+        if not nodes:
+            return None
+        best = None
+        for node in nodes:  # 1. free room on a node's fastest tier (and for its copy): nothing moves
+            tier = self.fastest_tier(node)
+            if tier is None or tier is _SSD:
+                continue
+            space = node.spaces[tier]
+            if not space.allocator.can_allocate(space.extent_size(size)):
+                continue
+            if self.copies_on(node, tier) and not self._ssd_fits(node, size):
+                continue
+            rank = (tier, node.node_id != prefer_node, -space.allocator.free_bytes)
+            if best is None or rank < best[0]:
+                best = (rank, node, space)
+        if best is not None:
+            _, node, space = best
+            return node, space.tier, space.allocator.allocate(space.extent_size(size))
+        # 2. room made by moving objects down: first where that evicts nothing (the bottom tier has room for one
+        # more extent of this size), the object landing on the fastest tier that can hold it, the node with the most
+        # free bottom first; evicting only where no node can avoid it, i.e. when the pool is full
+        def rank(n: NodeState) -> tuple:
+            bottom = next(reversed(n.spaces.values()))       # spaces are built fastest first
+            land = next((t for t, sp in n.spaces.items() if sp.allocator.rounded(sp.extent_size(size))
+                         <= sp.allocator.capacity), _SSD)
+            return (not bottom.allocator.can_allocate(bottom.extent_size(size)), land, -bottom.allocator.free_bytes,
+                    n.node_id != prefer_node)
+
+        nodes = [n for n in nodes if n.spaces]
+        nodes.sort(key=rank)
+        for node in nodes:
+            for tier in _PLACE_ORDER:
                 offset = self.allocate(node, tier, size, max_atime)
                 if offset is not None:
                     return node, tier, offset
         return None
+
+    def _ssd_fits(self, node: NodeState, size: int) -> bool:
+        ssd = node.spaces[_SSD]
+        return ssd.allocator.can_allocate(ssd.extent_size(size))
+
+    # ---- the inclusive SSD tier ----
+
+    def copies_on(self, node: NodeState, tier: Tier) -> bool:
+        """Objects on `tier` of `node` get an SSD copy."""
+        return (self.write_behind and tier is not _SSD and _SSD in node.spaces
+                and node.info.ssd_bytes <= _MAX_COPY_OFFSET)
+
+    def copy_offset(self, slot: int) -> int | None:
+        page = int(self.index.copy[slot])
+        return None if page == NO_COPY else page * COPY_PAGE
+
+    def reserve_copy(self, slot: int, max_atime: int | None = None) -> bool:
+        """Give the object at `slot` (on a fast tier) its SSD extent, making room there if needed (SSD objects are
+        the victims; other objects' copies never are). False: no copy (write-behind off, no SSD, or no room)."""
+        index = self.index
+        node = self.node_of(slot)
+        if node is None or not self.copies_on(node, _TIERS[int(index.tier[slot])]) or int(index.copy[slot]) != NO_COPY:
+            return False
+        offset = self.allocate(node, _SSD, int(index.size[slot]), max_atime)
+        if offset is None:
+            return False
+        index.copy[slot] = offset // COPY_PAGE
+        return True
+
+    def adopt_copy(self, slot: int, node: NodeState, r: ObjectRecord) -> bool:
+        """A node reported an SSD record of an object the index has on a faster tier of that node without a copy
+        (a master that reloaded its index from Redis): the record becomes the object's clean copy if its extent is
+        free. False: it is not this object's copy, or it overlaps something (the node erases it)."""
+        index = self.index
+        if (r.tier != _SSD or int(index.node[slot]) != node.number or int(index.state[slot]) != COMMITTED
+                or not self.copies_on(node, _TIERS[int(index.tier[slot])]) or int(index.copy[slot]) != NO_COPY
+                or int(index.size[slot]) != r.size or int(index.checksum[slot]) != r.checksum or r.offset % COPY_PAGE):
+            return False
+        ssd = node.spaces[_SSD]
+        try:
+            ssd.allocator.reserve(r.offset, ssd.extent_size(r.size))
+        except ValueError:
+            return False
+        index.copy[slot] = r.offset // COPY_PAGE
+        return True
 
     # ---- policies ----
 
@@ -185,11 +284,31 @@ class Placement:
             chain[1].append(key)
         for (number, tier), (chain_slots, chain_keys) in chains.items():
             self.by_number[number].spaces[_TIERS[tier]].policy.insert_chain(chain_slots, chain_keys)
+        if slots:
+            arr = np.asarray(slots, dtype=np.int64)
+            orphans = arr[index.parent[arr] == ORPHAN]   # put below a block that left meanwhile
+            if len(orphans):
+                self.mark_orphans(orphans.tolist())
+
+    def mark_orphans(self, slots: list[int]) -> None:
+        """Blocks no prefix lookup can reach any more: their policies offer them first (committed ones only; the
+        others are in no policy yet)."""
+        index = self.index
+        by_space: dict[tuple[int, int], list[int]] = {}
+        for slot in slots:
+            if int(index.state[slot]) == COMMITTED:
+                by_space.setdefault((int(index.node[slot]), int(index.tier[slot])), []).append(slot)
+        for (number, tier), group in by_space.items():
+            node = self.by_number[number]
+            if node is not None and _TIERS[tier] in node.spaces:
+                node.spaces[_TIERS[tier]].policy.mark_orphans(group)
+                self.counters.orphaned += len(group)
 
     def touch(self, slots: np.ndarray) -> None:
-        """A hit on a chain: its policies see it used, parents before tails."""
+        """A hit on a chain: its links are confirmed and its policies see it used, parents before tails."""
         if not len(slots):
             return
+        self.chains.confirm(slots)
         index = self.index
         nodes, tiers = index.node[slots], index.tier[slots]
         by_number = self.by_number
@@ -205,9 +324,10 @@ class Placement:
     # ---- object lifecycle ----
 
     def forget(self, slot: int, *, free_extent: bool = True, drops: list[Drop] | None = None) -> None:
-        """Remove an object from the index, its policy and (optionally) its allocator. A leased object is only
-        unlinked (DOOMED); `release` frees it when the last lease ends. Freeing an SSD extent tells the node to
-        erase the record: appended to `drops` (the caller sends them before reusing space) or sent now."""
+        """Remove an object from the index, its policy, its chain and (optionally) its allocators. A leased object is
+        only unlinked (DOOMED); `release` frees it when the last lease ends. Freeing an SSD extent (the object's, or
+        its copy's) tells the node to erase the record: appended to `drops` (the caller sends them before reusing
+        space) or sent now. Blocks below it lose their way in: they are marked orphans."""
         index = self.index
         key = index.key_at(slot)
         node = self.node_of(slot)
@@ -218,20 +338,44 @@ class Placement:
                 self.journal.gone(key, slot)
                 if space is not None:
                     space.policy.remove(slot, key)
+            self.dirty.pop(key, None)
+            orphans = self.chains.detach(slot)
+            if orphans:
+                self.mark_orphans(orphans)
             if index.leases[slot] > 0:
                 index.unlink_key(slot)
                 index.state[slot] = State.DOOMED
                 return
-        if free_extent and space is not None:
+        if free_extent and node is not None:
+            own: list[Drop] = []
             offset = int(index.offset[slot])
-            space.allocator.free(offset)
-            if space.tier is _SSD:
-                drop = Drop(key, _SSD, offset, int(index.size[slot]))
-                if drops is None:
-                    node.ops.drop([drop])
+            if space is not None and offset >= 0:   # < 0: its extent went on to another slot (`relocate`)
+                if space.tier is _SSD:
+                    self._free_ssd(node, key, offset, int(index.size[slot]), own)
                 else:
-                    drops.append(drop)
+                    space.allocator.free(offset)
+            copy = self.copy_offset(slot)
+            if copy is not None and _SSD in node.spaces:
+                self._free_ssd(node, key, copy, int(index.size[slot]), own)
+            if own:
+                if drops is None:
+                    node.ops.drop(own)
+                else:
+                    drops.extend(own)
         index.free(slot)
+
+    def _free_ssd(self, node: NodeState, key: bytes, offset: int, size: int, drops: list[Drop]) -> None:
+        """Free an SSD extent and erase its record, unless another slot still holds it (`relocate`)."""
+        shared = (node.number, offset)
+        extra = self._shared.get(shared)
+        if extra:
+            if extra == 1:
+                del self._shared[shared]
+            else:
+                self._shared[shared] = extra - 1
+            return
+        node.spaces[_SSD].allocator.free(offset)
+        drops.append(Drop(key, _SSD, offset, size))
 
     # ---- allocation with eviction ----
 
@@ -290,18 +434,31 @@ class Placement:
         index = self.index
         src = node.spaces[src_tier]
         dst = node.spaces[dst_tier]
-        # Room below first (it may push that tier's own victims further down, never these), then one batched copy.
-        targets = [self.allocate(node, dst_tier, int(index.size[s]), max_atime) for s in victims]
+        # Where each victim goes: its own SSD copy (clean: nothing to move; dirty: written now), else room below
+        # (which may push that tier's own victims further down, never these), then one batched copy.
+        targets: list[int | None] = []
+        reserved: list[bool] = []
+        clean: list[bool] = []
+        for s in victims:
+            copy = self.copy_offset(s) if dst_tier is _SSD else None
+            if copy is not None:
+                targets.append(copy)
+                reserved.append(True)
+                clean.append(index.key_at(s) not in self.dirty)
+            else:
+                targets.append(self.allocate(node, dst_tier, int(index.size[s]), max_atime))
+                reserved.append(False)
+                clean.append(False)
         moves = [Move(index.key_at(s), index.ns_digest(int(index.ns[s])), int(index.size[s]),
                       int(index.checksum[s]), src_tier, int(index.offset[s]), dst_tier, t)
-                 for s, t in zip(victims, targets) if t is not None]
+                 for s, t, c in zip(victims, targets, clean) if t is not None and not c]
         results = iter(node.ops.demote(moves) if moves else [])
-        for slot, target in zip(victims, targets):
-            ok = target is not None and next(results)
+        for slot, target, own, done in zip(victims, targets, reserved, clean):
+            ok = target is not None and (done or next(results))
             if not ok:
-                if target is not None:
+                if target is not None and not own:
                     dst.allocator.free(target)
-                self.forget(slot)
+                self.forget(slot)  # frees a reserved copy with the object
                 self.count_evictions(src_tier, 1)
                 continue
             key = index.key_at(slot)
@@ -309,22 +466,49 @@ class Placement:
             src.policy.remove(slot, key)
             index.tier[slot] = dst_tier
             index.offset[slot] = target
+            if own:                   # the copy is the object now
+                index.copy[slot] = NO_COPY
+                self.dirty.pop(key, None)
             dst.policy.insert_chain([slot], [key])
             self.journal.touched(slot)
             self.counters.count(self.counters.demotions, src_tier)
 
     def relocate(self, slot: int, node: NodeState, tier: Tier, offset: int) -> int:
         """Re-index a committed object at a new extent (its bytes were copied there): a new slot with the same key,
-        namespace, checksum and last use, entered into the new tier's policy as just used. The old slot must be
-        pinned by the caller: `forget` then only unlinks it (DOOMED), so readers holding a lease on the old extent
-        keep their bytes; the caller's unpin frees it once nobody reads it. Returns the new slot."""
+        namespace, checksum, last use and chain links, entered into the new tier's policy as just used. The old
+        slot must be pinned by the caller: `forget` then only unlinks it (DOOMED), so readers holding a lease on the
+        old extent keep their bytes; the caller's unpin frees it once nobody reads it. On the same node an SSD copy
+        stays with the object: a promoted SSD record becomes the copy (if readers still hold leases on the old
+        slot, both slots hold the extent and the last one to go frees it), a promoted DRAM object keeps its copy;
+        anywhere else a fast-tier destination gets a copy reserved and queued for the write-behind. Returns the
+        new slot."""
         index = self.index
         key = index.key_at(slot)
         ns, checksum, atime, size = int(index.ns[slot]), int(index.checksum[slot]), int(index.atime[slot]), \
             int(index.size[slot])
+        copy, dirty = NO_COPY, key in self.dirty
+        if node.number == int(index.node[slot]) and self.copies_on(node, tier):
+            if int(index.tier[slot]) == _SSD:
+                copy = int(index.offset[slot]) // COPY_PAGE
+                if int(index.leases[slot]) > 1:  # readers besides the caller's pin: the old slot keeps its hold
+                    shared = (node.number, int(index.offset[slot]))
+                    self._shared[shared] = self._shared.get(shared, 0) + 1
+                else:
+                    index.offset[slot] = -1
+                dirty = False
+            else:
+                copy = int(index.copy[slot])
+                index.copy[slot] = NO_COPY
+        links = self.chains.take(slot)
         self.forget(slot)
         new = index.add(key, node=node.number, tier=tier, state=State.COMMITTED, offset=offset, size=size, ns=ns,
                         checksum=checksum, atime=atime)
+        self.chains.give(new, links)
+        index.copy[new] = copy
+        if copy == NO_COPY:
+            dirty = self.reserve_copy(new)
+        if dirty:
+            self.dirty[key] = None
         node.spaces[tier].policy.insert_chain([new], [key])
         self.journal.touched(new)
         return new
@@ -332,9 +516,12 @@ class Placement:
     # ---- recovery ----
 
     def same_place(self, slot: int, node: NodeState, r: ObjectRecord) -> bool:
+        """The record is this object (or its SSD copy) where the index has it."""
         i = self.index
-        return (int(i.node[slot]) == node.number and int(i.tier[slot]) == r.tier and int(i.offset[slot]) == r.offset
-                and int(i.size[slot]) == r.size)
+        if int(i.node[slot]) != node.number or int(i.size[slot]) != r.size:
+            return False
+        return ((int(i.tier[slot]) == r.tier and int(i.offset[slot]) == r.offset)
+                or (r.tier == _SSD and self.copy_offset(slot) == r.offset))
 
     def adopt(self, node: NodeState, records: list[ObjectRecord], dropped: list[bytes], atime: int = 0) -> int:
         """Index records (new keys, on tiers the node has) as committed objects at their reported extents, last
