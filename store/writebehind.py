@@ -74,10 +74,12 @@ class WriteBehind:
         self.placement = placement
         self.leases = leases
         self.counters = WriteBehindCounters()
+        self._inflight = 0      # copies taken by `start` and not finished yet
 
     @property
     def pending(self) -> int:
-        return len(self.placement.dirty)
+        """Objects whose copy is not written yet: queued, or being written right now."""
+        return len(self.placement.dirty) + self._inflight
 
     def pending_on(self, number: int) -> int:
         index, find = self.index, self.index.find
@@ -111,6 +113,7 @@ class WriteBehind:
             total += size
             taken.append(key)
             self.leases.pin(slot)
+            self._inflight += 1
             move = Move(key, index.ns_digest(int(index.ns[slot])), size, int(index.checksum[slot]),
                         _TIERS[int(index.tier[slot])], int(index.offset[slot]), Tier.SSD,
                         int(index.copy[slot]) * COPY_PAGE)
@@ -129,6 +132,7 @@ class WriteBehind:
         index, placement = self.index, self.placement
         clean = 0
         for i, job in enumerate(batch.jobs):
+            self._inflight -= 1
             ok = results is not None and bool(results[i])
             slot, key = job.slot, job.move.key
             current = (index.find(key, -1) == slot and int(index.state[slot]) == COMMITTED
