@@ -149,7 +149,8 @@ class Master:
             seen: set[bytes] = set()
             for r in records:
                 slot = self.index.slot_of(r.key)
-                if slot >= 0 and (self.placement.same_place(slot, node, r) or self.placement.adopt_copy(slot, node, r)):
+                placement = self.placement
+                if slot >= 0 and (placement.same_place(slot, node, r) or placement.copies.adopt(slot, node, r)):
                     result.known += 1
                 elif slot >= 0 or r.key in seen or r.size > self.config.max_object_bytes:
                     result.dropped_keys.append(r.key)
@@ -254,7 +255,7 @@ class Master:
                                       ns=ns_id)
                 if prev != -1:
                     placement.chains.link(slot, prev if prev >= 0 else None)
-                placement.reserve_copy(slot)
+                placement.copies.reserve(slot, node)
                 prev = slot
                 grant_id = leases.grant(slot, expires_at)
                 token = leases.sign(tokens.WRITE, grant_id, tier, offset, size, expires_at)
@@ -291,7 +292,7 @@ class Master:
                 slots.append(slot)
                 keys.append(key := index.key_at(slot))
                 if index.copy[slot] != NO_COPY:
-                    self.placement.dirty[key] = None     # its SSD copy is written behind
+                    self.placement.copies.dirty[key] = None     # its SSD copy is written behind
                 self.journal.touched(slot)
                 ok.append(True)
             self.placement.insert_committed(slots, keys)

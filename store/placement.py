@@ -14,17 +14,9 @@ the policy order; orphans (blocks whose parent left the pool, store/chains.py) c
 through the node's `NodeOps`, batched per round.
 Drops are sent before the writes that may reuse their extents (an SSD erase must never land on a new record).
 
-Inclusive SSD tier (`write_behind`): an object placed on a faster tier of a node that has an SSD also gets an SSD
-extent at once (`reserve_copy`, index column `copy`), so the pool's capacity is its SSD capacity and every
-object in DRAM can be written to SSD without evicting anything. Its bytes are copied there later, outside the lock
-(store/writebehind.py); `dirty` holds the keys whose copy is reserved but not written yet, in commit order.
-
-    object on DRAM, copy clean   demotion frees the DRAM extent only: the SSD copy becomes the object (no bytes move)
-    object on DRAM, copy dirty   demotion copies into the reserved extent (what the write-behind would have done)
-    SSD hit promoted to DRAM     the SSD record stays as the new object's clean copy (nothing to write behind)
-    object leaves                its copy extent is freed and its record erased with it (a restart must not
-                                 resurrect it)
-A restarted node finds copies and SSD objects alike (same record format) and re-adopts both as SSD objects.
+Inclusive SSD tier (`write_behind`, store/copies.py): an object placed on a faster tier of a node with an SSD
+also gets an SSD extent at once; a demotion onto a clean copy moves no bytes, a promoted SSD record stays as the
+copy, and an object leaving frees and erases its copy with it.
 
 Where a new object goes (`place`): a fast tier with free room, and free room for its copy, on any node (the
 preferred node, then the most free); only when no node has that, room is made by demotion on a node whose slowest
@@ -39,7 +31,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvpool.store.chains import ORPHAN, Chains
-from kvpool.store.index import COMMITTED, COPY_PAGE, NO_COPY, PENDING, Index, State
+from kvpool.store.copies import Copies
+from kvpool.store.index import COMMITTED, NO_COPY, PENDING, Index, State
 from kvpool.store.journal import Journal
 from kvpool.store.node import Drop, Move, NodeOps
 from kvpool.store.records import NodeInfo, ObjectRecord
@@ -53,7 +46,6 @@ log = logging.getLogger(__name__)
 _TIERS = tuple(Tier)
 _SSD = Tier.SSD
 _PLACE_ORDER = (Tier.HBM, Tier.DRAM, Tier.SSD)  # fastest first: a put lands on the fastest tier with room
-_MAX_COPY_OFFSET = (NO_COPY - 1) * COPY_PAGE     # the `copy` column's reach (16 TiB)
 
 
 @dataclass(slots=True)
@@ -110,12 +102,8 @@ class Placement:
         self.index = index
         self.policy_name = policy_name
         self.journal = journal
-        self.write_behind = write_behind
         self.chains = Chains(index)
-        self.dirty: dict[bytes, None] = {}   # keys whose reserved SSD copy is not written yet, commit order
-        # SSD extents held by more than one slot: a promoted record that became the new object's copy while readers
-        # still hold leases on the old slot. (node number, offset) -> holders beyond the first; the last one frees.
-        self._shared: dict[tuple[int, int], int] = {}
+        self.copies = Copies(index, write_behind, self.allocate)
         self.nodes: dict[str, NodeState] = {}
         self.by_number: list[NodeState | None] = []
         self.counters = Counters()
@@ -155,7 +143,7 @@ class Placement:
                     continue  # still leased: the last release frees the slot (the reader's lease names it)
                 self.forget(int(slot), free_extent=False)
         self.by_number[state.number] = None
-        self._shared = {k: v for k, v in self._shared.items() if k[0] != state.number}
+        self.copies.forget_node(state.number)
         return n
 
     def node_of(self, slot: int) -> NodeState | None:
@@ -186,7 +174,7 @@ class Placement:
               ) -> tuple[NodeState, Tier, int] | None:
         """Where a new object of `size` bytes goes (see the module docstring). Never on a node whose number is in
         `exclude` (draining, stopping, or not connected). `max_atime`: see `allocate`. The caller reserves the SSD
-        copy (`reserve_copy`) once the object has a slot."""
+        copy (`copies.reserve`) once the object has a slot."""
         nodes = [n for n in self.nodes.values() if n.number not in exclude]
         if not nodes:
             return None
@@ -198,7 +186,7 @@ class Placement:
             space = node.spaces[tier]
             if not space.allocator.can_allocate(space.extent_size(size)):
                 continue
-            if self.copies_on(node, tier) and not self._ssd_fits(node, size):
+            if self.copies.on(node, tier) and not self.copies.fits(node, size):
                 continue
             rank = (tier, node.node_id != prefer_node, -space.allocator.free_bytes)
             if best is None or rank < best[0]:
@@ -224,51 +212,6 @@ class Placement:
                 if offset is not None:
                     return node, tier, offset
         return None
-
-    def _ssd_fits(self, node: NodeState, size: int) -> bool:
-        ssd = node.spaces[_SSD]
-        return ssd.allocator.can_allocate(ssd.extent_size(size))
-
-    # ---- the inclusive SSD tier ----
-
-    def copies_on(self, node: NodeState, tier: Tier) -> bool:
-        """Objects on `tier` of `node` get an SSD copy."""
-        return (self.write_behind and tier is not _SSD and _SSD in node.spaces
-                and node.info.ssd_bytes <= _MAX_COPY_OFFSET)
-
-    def copy_offset(self, slot: int) -> int | None:
-        page = int(self.index.copy[slot])
-        return None if page == NO_COPY else page * COPY_PAGE
-
-    def reserve_copy(self, slot: int, max_atime: int | None = None) -> bool:
-        """Give the object at `slot` (on a fast tier) its SSD extent, making room there if needed (SSD objects are
-        the victims; other objects' copies never are). False: no copy (write-behind off, no SSD, or no room)."""
-        index = self.index
-        node = self.node_of(slot)
-        if node is None or not self.copies_on(node, _TIERS[int(index.tier[slot])]) or int(index.copy[slot]) != NO_COPY:
-            return False
-        offset = self.allocate(node, _SSD, int(index.size[slot]), max_atime)
-        if offset is None:
-            return False
-        index.copy[slot] = offset // COPY_PAGE
-        return True
-
-    def adopt_copy(self, slot: int, node: NodeState, r: ObjectRecord) -> bool:
-        """A node reported an SSD record of an object the index has on a faster tier of that node without a copy
-        (a master that reloaded its index from Redis): the record becomes the object's clean copy if its extent is
-        free. False: it is not this object's copy, or it overlaps something (the node erases it)."""
-        index = self.index
-        if (r.tier != _SSD or int(index.node[slot]) != node.number or int(index.state[slot]) != COMMITTED
-                or not self.copies_on(node, _TIERS[int(index.tier[slot])]) or int(index.copy[slot]) != NO_COPY
-                or int(index.size[slot]) != r.size or int(index.checksum[slot]) != r.checksum or r.offset % COPY_PAGE):
-            return False
-        ssd = node.spaces[_SSD]
-        try:
-            ssd.allocator.reserve(r.offset, ssd.extent_size(r.size))
-        except ValueError:
-            return False
-        index.copy[slot] = r.offset // COPY_PAGE
-        return True
 
     # ---- policies ----
 
@@ -338,7 +281,7 @@ class Placement:
                 self.journal.gone(key, slot)
                 if space is not None:
                     space.policy.remove(slot, key)
-            self.dirty.pop(key, None)
+            self.copies.dirty.pop(key, None)
             orphans = self.chains.detach(slot)
             if orphans:
                 self.mark_orphans(orphans)
@@ -351,31 +294,18 @@ class Placement:
             offset = int(index.offset[slot])
             if space is not None and offset >= 0:   # < 0: its extent went on to another slot (`relocate`)
                 if space.tier is _SSD:
-                    self._free_ssd(node, key, offset, int(index.size[slot]), own)
+                    self.copies.free_ssd(node, key, offset, int(index.size[slot]), own)
                 else:
                     space.allocator.free(offset)
-            copy = self.copy_offset(slot)
+            copy = self.copies.offset(slot)
             if copy is not None and _SSD in node.spaces:
-                self._free_ssd(node, key, copy, int(index.size[slot]), own)
+                self.copies.free_ssd(node, key, copy, int(index.size[slot]), own)
             if own:
                 if drops is None:
                     node.ops.drop(own)
                 else:
                     drops.extend(own)
         index.free(slot)
-
-    def _free_ssd(self, node: NodeState, key: bytes, offset: int, size: int, drops: list[Drop]) -> None:
-        """Free an SSD extent and erase its record, unless another slot still holds it (`relocate`)."""
-        shared = (node.number, offset)
-        extra = self._shared.get(shared)
-        if extra:
-            if extra == 1:
-                del self._shared[shared]
-            else:
-                self._shared[shared] = extra - 1
-            return
-        node.spaces[_SSD].allocator.free(offset)
-        drops.append(Drop(key, _SSD, offset, size))
 
     # ---- allocation with eviction ----
 
@@ -440,11 +370,11 @@ class Placement:
         reserved: list[bool] = []
         clean: list[bool] = []
         for s in victims:
-            copy = self.copy_offset(s) if dst_tier is _SSD else None
+            copy = self.copies.offset(s) if dst_tier is _SSD else None
             if copy is not None:
                 targets.append(copy)
                 reserved.append(True)
-                clean.append(index.key_at(s) not in self.dirty)
+                clean.append(index.key_at(s) not in self.copies.dirty)
             else:
                 targets.append(self.allocate(node, dst_tier, int(index.size[s]), max_atime))
                 reserved.append(False)
@@ -468,7 +398,7 @@ class Placement:
             index.offset[slot] = target
             if own:                   # the copy is the object now
                 index.copy[slot] = NO_COPY
-                self.dirty.pop(key, None)
+                self.copies.dirty.pop(key, None)
             dst.policy.insert_chain([slot], [key])
             self.journal.touched(slot)
             self.counters.count(self.counters.demotions, src_tier)
@@ -486,19 +416,7 @@ class Placement:
         key = index.key_at(slot)
         ns, checksum, atime, size = int(index.ns[slot]), int(index.checksum[slot]), int(index.atime[slot]), \
             int(index.size[slot])
-        copy, dirty = NO_COPY, key in self.dirty
-        if node.number == int(index.node[slot]) and self.copies_on(node, tier):
-            if int(index.tier[slot]) == _SSD:
-                copy = int(index.offset[slot]) // COPY_PAGE
-                if int(index.leases[slot]) > 1:  # readers besides the caller's pin: the old slot keeps its hold
-                    shared = (node.number, int(index.offset[slot]))
-                    self._shared[shared] = self._shared.get(shared, 0) + 1
-                else:
-                    index.offset[slot] = -1
-                dirty = False
-            else:
-                copy = int(index.copy[slot])
-                index.copy[slot] = NO_COPY
+        copy, dirty = self.copies.move_to(slot, node, tier)
         links = self.chains.take(slot)
         self.forget(slot)
         new = index.add(key, node=node.number, tier=tier, state=State.COMMITTED, offset=offset, size=size, ns=ns,
@@ -506,9 +424,9 @@ class Placement:
         self.chains.give(new, links)
         index.copy[new] = copy
         if copy == NO_COPY:
-            dirty = self.reserve_copy(new)
+            dirty = self.copies.reserve(new, node)
         if dirty:
-            self.dirty[key] = None
+            self.copies.dirty[key] = None
         node.spaces[tier].policy.insert_chain([new], [key])
         self.journal.touched(new)
         return new
@@ -521,7 +439,7 @@ class Placement:
         if int(i.node[slot]) != node.number or int(i.size[slot]) != r.size:
             return False
         return ((int(i.tier[slot]) == r.tier and int(i.offset[slot]) == r.offset)
-                or (r.tier == _SSD and self.copy_offset(slot) == r.offset))
+                or (r.tier == _SSD and self.copies.offset(slot) == r.offset))
 
     def adopt(self, node: NodeState, records: list[ObjectRecord], dropped: list[bytes], atime: int = 0) -> int:
         """Index records (new keys, on tiers the node has) as committed objects at their reported extents, last

@@ -1,8 +1,8 @@
 """Write-behind: the bytes of objects on a fast tier are copied to the SSD extent reserved for them at put time
-(store/placement.py, "Inclusive SSD tier"), after the commit and outside the master lock, so a node restart (clean
+(store/copies.py), after the commit and outside the master lock, so a node restart (clean
 stop, SIGKILL, a crash) finds on its SSD what its DRAM held.
 
-    put_commit (lock held)      the object has a reserved copy: its key joins `placement.dirty` (commit order, so
+    put_commit (lock held)      the object has a reserved copy: its key joins `Copies.dirty` (commit order, so
                                 a chain's parents are copied before its tails)
     start (lock held)           the oldest dirty keys still on a fast tier, up to `max_bytes`: the key leaves
                                 `dirty`, the object is pinned (nothing evicts, demotes or frees it while the node
@@ -79,17 +79,17 @@ class WriteBehind:
     @property
     def pending(self) -> int:
         """Objects whose copy is not written yet: queued, or being written right now."""
-        return len(self.placement.dirty) + self._inflight
+        return len(self.placement.copies.dirty) + self._inflight
 
     def pending_on(self, number: int) -> int:
-        index, find = self.index, self.index.find
-        return sum(1 for key in self.placement.dirty if (s := find(key, -1)) >= 0 and int(index.node[s]) == number)
+        index, find, dirty = self.index, self.index.find, self.placement.copies.dirty
+        return sum(1 for key in dirty if (s := find(key, -1)) >= 0 and int(index.node[s]) == number)
 
     def start(self, exclude: set[int], busy, max_bytes: int, *, only: int | None = None) -> list[CopyBatch]:
         """Take the oldest dirty keys (all nodes, or node number `only`) up to `max_bytes` (at least one object):
         pinned, grouped by node. Keys of nodes in `exclude` (not connected, draining) stay dirty; keys whose object
         is gone, on SSD, or without a copy are dropped; `busy(slot)`: moved by something else, stays dirty."""
-        index, placement, dirty = self.index, self.placement, self.placement.dirty
+        index, placement, dirty = self.index, self.placement, self.placement.copies.dirty
         batches: dict[int, CopyBatch] = {}
         taken: list[bytes] = []
         stale: list[bytes] = []
@@ -144,7 +144,7 @@ class WriteBehind:
             else:
                 self.counters.failed += 1
                 if current:
-                    placement.dirty[key] = None      # retried next round (or written by its demotion)
+                    placement.copies.dirty[key] = None      # retried next round (or written by its demotion)
             if self.leases.unpin(slot):
                 placement.forget(slot)               # it left meanwhile: frees and erases its copy too
         return clean

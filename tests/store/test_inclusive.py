@@ -50,7 +50,7 @@ def records(node) -> dict[bytes, int]:
 
 
 def copy_of(master, k):
-    return master.placement.copy_offset(master.index.slot_of(k))
+    return master.placement.copies.offset(master.index.slot_of(k))
 
 
 def wb(master) -> dict:
