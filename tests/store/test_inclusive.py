@@ -276,3 +276,30 @@ def test_index_copy_column_is_cleared_for_ssd_objects(make):
     put(master, node, [key(1)])
     assert int(master.index.copy[master.index.slot_of(key(1))]) == NO_COPY   # exclusive tiers: no copies
     assert master.stats()["write_behind"]["pending"] == 0
+
+
+def test_an_hbm_object_keeps_its_copy_through_dram_and_lands_on_it(tmp_path, clock):
+    from tests.store.test_hbm_tier import HostHbm
+
+    node = StorageNode(NodeConfig(node_id="n1", dram_bytes=OBJ, shm_dir=str(tmp_path), ssd_path=str(tmp_path / "s"),
+                                  ssd_bytes=4 * SSD_EXTENT), hbm=HostHbm(OBJ))
+    try:
+        master = Master(MasterConfig(promote_on_hit=False), clock=clock)
+        master.register_node(node.info(), node, expires=False)
+        rec = recorded(master, node)
+        put(master, node, [key(1)])
+        assert tiers(master, [key(1)]) == ["hbm"] and copy_of(master, key(1)) == 0
+        assert master.copy_pending() == 1 and records(node) == {key(1): 0}     # HBM -> its SSD extent
+        put(master, node, [key(2)])                                     # 1: HBM -> DRAM, keeping its clean copy
+        assert tiers(master, [key(1), key(2)]) == ["dram", "hbm"] and copy_of(master, key(1)) == 0
+        master.copy_pending()
+        put(master, node, [key(3)])                                     # 1: DRAM -> onto its copy; 2: HBM -> DRAM
+        assert tiers(master, [key(1), key(2), key(3)]) == ["ssd", "dram", "hbm"]
+        assert master.inspect([key(1)])[0].offset == 0
+        moves = [(m.key, m.src_tier, m.dst_tier) for batch in rec.demoted for m in batch]
+        assert moves == [(key(1), Tier.HBM, Tier.SSD), (key(1), Tier.HBM, Tier.DRAM), (key(2), Tier.HBM, Tier.SSD),
+                         (key(2), Tier.HBM, Tier.DRAM)]                 # no DRAM -> SSD copy of key 1
+        out = bytearray(OBJ)
+        assert node.read_into(Tier.SSD, 0, key(1), OBJ, out) and bytes(out) == bytes([1]) * OBJ
+    finally:
+        node.close()
