@@ -11,6 +11,7 @@ from kvpool.store.index import NO_COPY
 from kvpool.store.master import Master
 from kvpool.store.metadata import MemoryMetadata
 from kvpool.store.node import StorageNode
+from kvpool.tiers.policy import POLICY_NAMES
 from kvpool.tiers.types import Tier
 from tests.store.fakes import key
 from tests.store.test_master import OBJ, clock, make, put, tiers  # noqa: F401 - fixtures
@@ -192,8 +193,9 @@ def test_a_master_that_reloads_its_index_adopts_reported_copies(tmp_path, clock)
 # ---------------------------------------------------------------- orphans
 
 
-def test_a_block_whose_parent_is_removed_is_evicted_before_colder_reachable_blocks(make):
-    master, node = make(dram_objects=4)
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_a_block_whose_parent_is_removed_is_evicted_before_colder_reachable_blocks(make, policy):
+    master, node = make(dram_objects=4, policy=policy)
     put(master, node, [key(9)])                                     # the coldest object
     put(master, node, [key(1), key(2), key(3)])                     # one chain
     assert master.remove([key(1)]) == 1                             # 2 and 3 are unreachable now
