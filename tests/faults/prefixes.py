@@ -72,10 +72,11 @@ def wait_written(client: PoolClient, deadline_s: float = 30.0) -> float:
     return time.monotonic() - start
 
 
-def read_back(client: PoolClient, hits: list[int]) -> int:
-    """Read every block a prefix lookup found; returns the number of wrong bytes (0 expected)."""
+def read_back(client: PoolClient, hits: list[int], chains=None) -> int:
+    """Read every block a prefix lookup found (hits[i] blocks of chain chains[i], default chain i); returns the
+    number of wrong bytes (0 expected)."""
     wrong = 0
-    for c, n in enumerate(hits):
+    for c, n in zip(range(len(hits)) if chains is None else chains, hits):
         if not n:
             continue
         bufs = [np.zeros(BLOCK, np.uint8) for _ in range(n)]

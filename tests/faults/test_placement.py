@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 
 from kvpool import PoolClient
-from tests.store.cluster import check_pattern, key_of, pattern
+from tests.store.cluster import check_pattern, cluster, key_of, pattern  # noqa: F401 - the cluster fixture
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 SIZE = 64 << 10
 DRAM_OBJECTS = 4

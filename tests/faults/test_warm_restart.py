@@ -31,7 +31,9 @@ from tests.faults.prefixes import (
     reuse_recent,
     wait_written,
 )
-from tests.store.cluster import wait_serving
+from tests.store.cluster import cluster, wait_serving  # noqa: F401 - the cluster fixture
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
 
 def start_node(cluster, port: int):
@@ -102,23 +104,10 @@ def test_node_restart_after_sigkill_keeps_what_the_write_behind_wrote(cluster):
     start_node(cluster, port)
     with PoolClient(master.address, timeout=10) as c:
         hits = [c.lookup_prefix(chain_keys(x)) for x in fresh]
-        wrong = read_back_fresh(c, fresh, hits)
+        wrong = read_back(c, hits, fresh)
     print(f"SIGKILL right after 4 new chains (inside the write-behind lag): {sum(hits)}/{4 * BLOCKS} of their "
           f"blocks kept, wrong bytes {wrong}")
     assert wrong == 0
-
-
-def read_back_fresh(client, chains, hits) -> int:
-    import numpy as np
-
-    from tests.faults.prefixes import BLOCK, NS, payload
-
-    wrong = 0
-    for x, n in zip(chains, hits):
-        bufs = [np.zeros(BLOCK, np.uint8) for _ in range(n)]
-        assert client.get_many_into(chain_keys(x)[:n], bufs, namespace=NS) == n
-        wrong += sum(int(np.count_nonzero(buf != payload(x, b))) for b, buf in enumerate(bufs))
-    return wrong
 
 
 def test_kvpool_up_restart_after_sigterm_keeps_every_prefix_hit_token(tmp_path):
