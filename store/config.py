@@ -104,7 +104,8 @@ class MasterConfig(_Group):
     max_namespaces: int = 256        # namespace labels counted apart (stats, metric series); later ones: "(other)"
     # Inclusive SSD tier: an object put on DRAM/HBM of a node with an SSD gets its SSD extent at once and its bytes
     # are copied there within about write_behind_s (store/writebehind.py), so a restart keeps what DRAM held. The
-    # pool then holds as many objects as its SSDs; every put is written to SSD once (bench/write_behind.py).
+    # pool then holds as many objects as its SSDs; every put is written to SSD once (bench/write_behind.py). Only
+    # nodes whose SSD is at least twice their DRAM (+ HBM) get copies (store/copies.py); the others stay exclusive.
     write_behind: bool = True
     write_behind_s: float = 0.2      # period of the write-behind copier: the lag of a copy behind its commit
 

@@ -13,6 +13,10 @@ but not written yet, in commit order (a chain's parents first).
     master reloaded from Redis   the journal has the objects, not their copies: a reported record of an object the
                                  index has in DRAM becomes its copy again (`adopt`)
 
+Only a node whose SSD is at least SSD_OVER_FAST times its fast tiers gets copies: the SSD must hold what DRAM holds
+(plus a header page per object) and still leave room for its own objects; with a smaller SSD the inclusive tier
+would evict SSD objects to copy DRAM ones and hold fewer objects than the exclusive tiers, so such a node keeps them.
+
 An SSD extent normally has one holder. The exception is a promotion while readers still hold a lease on the old SSD
 slot: the record is then both the old slot's extent and the new object's copy (`share`), and the last holder to go
 frees it. The checksum rules are the SSD tier's: a copy is an ordinary record with the committed checksum, verified
@@ -31,6 +35,7 @@ from kvpool.tiers.types import Tier
 _SSD = Tier.SSD
 _TIERS = tuple(Tier)
 MAX_COPY_OFFSET = (NO_COPY - 1) * COPY_PAGE     # the `copy` column's reach (16 TiB): larger SSDs get no copies
+SSD_OVER_FAST = 2                               # copies need an SSD at least this many times DRAM + HBM
 
 
 class Copies:
@@ -44,8 +49,9 @@ class Copies:
 
     def on(self, node, tier: Tier) -> bool:
         """Objects on `tier` of `node` get an SSD copy."""
-        return (self.enabled and tier is not _SSD and _SSD in node.spaces
-                and node.info.ssd_bytes <= MAX_COPY_OFFSET)
+        info = node.info
+        return (self.enabled and tier is not _SSD and _SSD in node.spaces and info.ssd_bytes <= MAX_COPY_OFFSET
+                and info.ssd_bytes >= SSD_OVER_FAST * (info.dram_bytes + info.hbm_bytes))
 
     def offset(self, slot: int) -> int | None:
         page = int(self.index.copy[slot])
@@ -121,4 +127,4 @@ class Copies:
         self._shared = {k: v for k, v in self._shared.items() if k[0] != number}
 
 
-__all__ = ["Copies", "MAX_COPY_OFFSET"]
+__all__ = ["Copies", "MAX_COPY_OFFSET", "SSD_OVER_FAST"]

@@ -305,3 +305,12 @@ def test_an_hbm_object_keeps_its_copy_through_dram_and_lands_on_it(tmp_path, clo
         assert node.read_into(Tier.SSD, 0, key(1), OBJ, out) and bytes(out) == bytes([1]) * OBJ
     finally:
         node.close()
+
+
+def test_an_ssd_smaller_than_twice_dram_keeps_the_exclusive_tiers(make):
+    master, node = make(dram_objects=3, ssd_objects=2)             # 16 KiB of SSD for 12 KiB of DRAM
+    for i in (1, 2, 3, 4):
+        put(master, node, [key(i)])
+    assert [copy_of(master, key(i)) for i in (2, 3, 4)] == [None] * 3
+    assert tiers(master, [key(i) for i in (1, 2, 3, 4)]) == ["ssd", "dram", "dram", "dram"]   # 3 + 2 objects fit
+    assert sum(master.stats()["evictions"].values()) == 0
