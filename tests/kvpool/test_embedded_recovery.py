@@ -119,7 +119,7 @@ def test_a_record_header_damaged_at_rest_is_counted_once_in_ssd_corrupt(tmp_path
     """Issue 11 item 8: a header-damaged record found by the scan at open is lost, erased and counted."""
     keys = [i.to_bytes(16, "little") for i in range(6)]
     with EmbeddedPool(dram_bytes=2 * OBJ, ssd_path=str(tmp_path / "ssd"), ssd_bytes=8 * (OBJ + 4096),
-                      shm_dir=str(tmp_path)) as pool:
+                      shm_dir=str(tmp_path), write_behind=False) as pool:
         assert pool.put_many(keys, [value(i) for i in range(6)]) == ["stored"] * 6
         on_ssd = sorted((r.offset, r.key) for r in pool.master.inspect(keys) if r.tier.label == "ssd")
     assert len(on_ssd) == 4
@@ -130,7 +130,7 @@ def test_a_record_header_damaged_at_rest_is_counted_once_in_ssd_corrupt(tmp_path
         f.write(bytes([b[0] ^ 1]))
     for expected_corrupt in (1, 0):  # erased when found: a second open does not count it again
         with EmbeddedPool(dram_bytes=2 * OBJ, ssd_path=str(tmp_path / "ssd"), ssd_bytes=8 * (OBJ + 4096),
-                          shm_dir=str(tmp_path)) as pool:
+                          shm_dir=str(tmp_path), write_behind=False) as pool:
             s = pool.stats()
             assert (s["recovered"], s["ssd_corrupt"]) == (3, expected_corrupt)
             assert pool.contains_many([k for _, k in on_ssd]) == [False, True, True, True]

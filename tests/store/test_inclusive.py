@@ -314,3 +314,24 @@ def test_an_ssd_smaller_than_twice_dram_keeps_the_exclusive_tiers(make):
     assert [copy_of(master, key(i)) for i in (2, 3, 4)] == [None] * 3
     assert tiers(master, [key(i) for i in (1, 2, 3, 4)]) == ["ssd", "dram", "dram", "dram"]   # 3 + 2 objects fit
     assert sum(master.stats()["evictions"].values()) == 0
+
+
+def test_a_damaged_copy_is_a_miss_once_it_is_the_object(make):
+    master, node = make(dram_objects=1, ssd_objects=3, promote_on_hit=False)
+    put(master, node, [key(1)])
+    master.copy_pending()
+    with open(node.ssd.path, "r+b") as f:                          # one payload byte of key 1's copy, at rest
+        f.seek(4096 + 100)
+        b = f.read(1)
+        f.seek(4096 + 100)
+        f.write(bytes([b[0] ^ 0xFF]))
+    put(master, node, [key(2)])                                     # key 1 goes down onto its copy, unread
+    res = master.lookup([key(1)])
+    assert res.tiers == [int(Tier.SSD)]
+    out = np.zeros(OBJ, np.uint8)
+    assert node.read_into(Tier.SSD, res.offsets[0], key(1), OBJ, out) is False   # a miss, never the bytes
+    assert master.report_corrupt(res.lease_id, [key(1)]) == 1
+    assert master.stats()["ssd_corrupt"] == 1 and master.contains([key(1)]) == [False]
+    assert [r.key for r in node.ssd.scan()] == []                   # 1's damaged record is erased, not just skipped
+    master.copy_pending()
+    assert records(node) == {key(2): SSD_EXTENT}
