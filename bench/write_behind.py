@@ -46,13 +46,19 @@ def wchar() -> int:
     raise RuntimeError("/proc/self/io has no wchar line")
 
 
+def ssd_size(n: int, size: int, dram: int) -> int:
+    """Room for every record, and at least twice the DRAM (below that a node keeps the exclusive tiers)."""
+    return max((n + 16) * (size + HEADER), 2 * dram + (1 << 20))
+
+
 def run_copier(args, workdir: str, salt: int) -> dict:
     n = args.total // args.size
     shm = tempfile.mkdtemp(prefix="kvpool-bench-", dir="/dev/shm")
     payload = np.full(args.size, salt % 251, np.uint8)
     try:
-        with EmbeddedPool(dram_bytes=n * args.size + (1 << 20), ssd_path=os.path.join(workdir, "ssd"),
-                          ssd_bytes=(n + 16) * (args.size + HEADER), shm_dir=shm, write_behind_s=3600.0,
+        dram = n * args.size + (1 << 20)
+        with EmbeddedPool(dram_bytes=dram, ssd_path=os.path.join(workdir, "ssd"),
+                          ssd_bytes=ssd_size(n, args.size, dram), shm_dir=shm, write_behind_s=3600.0,
                           max_object_bytes=max(args.size, 1 << 20)) as pool:
             for b in range(0, n, args.batch):
                 keys = [(salt << 40 | b + j).to_bytes(16, "little") for j in range(min(args.batch, n - b))]
@@ -71,7 +77,7 @@ def run_copier(args, workdir: str, salt: int) -> dict:
 
 def run_pool(write_behind: bool, args, workdir: str, salt: int) -> dict:
     n = args.total // args.size
-    ssd_bytes = (n + 16) * (args.size + HEADER)
+    ssd_bytes = ssd_size(n, args.size, args.dram)
     shm = tempfile.mkdtemp(prefix="kvpool-bench-", dir="/dev/shm")
     payloads = [np.full(args.size, (i * 37 + salt) % 251, np.uint8) for i in range(args.batch)]
     try:
