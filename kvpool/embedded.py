@@ -10,12 +10,15 @@ wired directly (no RPC). Every eviction/demotion decision is the master's, so te
 Argument checks, namespaces and put counters are the shared front (kvpool/pool.py). Thread-safe: the master
 serialises metadata; byte copies run outside its lock on extents that a grant or lease makes exclusive. On open with
 `ssd_path`, records left on the SSD by an earlier process (even one killed with SIGKILL) are scanned and re-adopted
-as committed objects; DRAM contents never survive a process.
+as committed objects. DRAM does not survive a process, but with `write_behind` (the default) every DRAM object has
+an SSD copy written by a writer thread within about `write_behind_s`, and `close()` writes the rest first: a pool
+reopened on the same `ssd_path` has what the last one held (after a kill: all but the last write_behind_s of puts).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any, Callable, Sequence
 
@@ -29,6 +32,7 @@ from kvpool.store.master import Master, SizeMismatch
 from kvpool.store.metadata import MemoryMetadata
 from kvpool.store.node import StorageNode
 from kvpool.store.records import NsRef, PutStatus
+from kvpool.store.writebehind import write_behind_loop
 from kvpool.tiers.types import Tier
 
 _DRAM = int(Tier.DRAM)  # module constant: enum attribute lookups cost ~1 us each on the per-object path
@@ -46,6 +50,12 @@ class EmbeddedPool(PoolFront):
         self.node = StorageNode(self.config.node_config())
         self.master.register_node(self.node.info(), self.node, expires=False)
         self.recovered = self._adopt_ssd()
+        self._stop_writer = threading.Event()
+        self._writer = None
+        if self.config.write_behind and self.node.ssd is not None:
+            self._writer = threading.Thread(target=write_behind_loop, args=(self.master, self._stop_writer),
+                                            name="kvpool-embedded-writer", daemon=True)
+            self._writer.start()
 
     @classmethod
     def from_config(cls, path: str | os.PathLike, **overrides: Any) -> "EmbeddedPool":
@@ -137,6 +147,10 @@ class EmbeddedPool(PoolFront):
         return out
 
     def _close(self) -> None:
+        self._stop_writer.set()
+        if self._writer is not None:
+            self._writer.join(timeout=30)
+            self.master.flush_node(self.node.node_id)  # what DRAM holds, on SSD before the file closes
         self.node.close()
 
 

@@ -155,6 +155,20 @@ class DrainNodeResponse(_message.Message):
     objects_dropped: int
     def __init__(self, objects_dropped: _Optional[int] = ...) -> None: ...
 
+class FlushNodeRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class FlushNodeResponse(_message.Message):
+    __slots__ = ("copied", "left")
+    COPIED_FIELD_NUMBER: _ClassVar[int]
+    LEFT_FIELD_NUMBER: _ClassVar[int]
+    copied: int
+    left: int
+    def __init__(self, copied: _Optional[int] = ..., left: _Optional[int] = ...) -> None: ...
+
 class PutStartRequest(_message.Message):
     __slots__ = ("namespace", "block_tokens", "keys", "sizes", "client_host_id", "namespace_label")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]

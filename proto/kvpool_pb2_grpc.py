@@ -54,6 +54,11 @@ class MasterServiceStub:
                 request_serializer=kvpool_dot_proto_dot_kvpool__pb2.DrainNodeRequest.SerializeToString,
                 response_deserializer=kvpool_dot_proto_dot_kvpool__pb2.DrainNodeResponse.FromString,
                 _registered_method=True)
+        self.FlushNode = channel.unary_unary(
+                '/kvpool.v1.MasterService/FlushNode',
+                request_serializer=kvpool_dot_proto_dot_kvpool__pb2.FlushNodeRequest.SerializeToString,
+                response_deserializer=kvpool_dot_proto_dot_kvpool__pb2.FlushNodeResponse.FromString,
+                _registered_method=True)
         self.PutStart = channel.unary_unary(
                 '/kvpool.v1.MasterService/PutStart',
                 request_serializer=kvpool_dot_proto_dot_kvpool__pb2.PutStartRequest.SerializeToString,
@@ -153,6 +158,12 @@ class MasterServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DrainNode(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FlushNode(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -270,6 +281,11 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.DrainNode,
                     request_deserializer=kvpool_dot_proto_dot_kvpool__pb2.DrainNodeRequest.FromString,
                     response_serializer=kvpool_dot_proto_dot_kvpool__pb2.DrainNodeResponse.SerializeToString,
+            ),
+            'FlushNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.FlushNode,
+                    request_deserializer=kvpool_dot_proto_dot_kvpool__pb2.FlushNodeRequest.FromString,
+                    response_serializer=kvpool_dot_proto_dot_kvpool__pb2.FlushNodeResponse.SerializeToString,
             ),
             'PutStart': grpc.unary_unary_rpc_method_handler(
                     servicer.PutStart,
@@ -455,6 +471,33 @@ class MasterService:
             '/kvpool.v1.MasterService/DrainNode',
             kvpool_dot_proto_dot_kvpool__pb2.DrainNodeRequest.SerializeToString,
             kvpool_dot_proto_dot_kvpool__pb2.DrainNodeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FlushNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvpool.v1.MasterService/FlushNode',
+            kvpool_dot_proto_dot_kvpool__pb2.FlushNodeRequest.SerializeToString,
+            kvpool_dot_proto_dot_kvpool__pb2.FlushNodeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -5,13 +5,14 @@ exactly once.
     MasterConfig              max_object_bytes max_batch_keys lease_ttl_s          Master (the pool's rules)
                               grant_ttl_s node_ttl_s suspect_after_s
                               reload_grace_s promote_on_hit policy max_namespaces
+                              write_behind write_behind_s
     NodeConfig                node_id dram_bytes ssd_path ssd_bytes shm_dir        StorageNode (a node's tiers)
-                              share_dram hbm_bytes hbm_device
+                              share_dram hbm_bytes hbm_device ssd_fsync_s
     MasterServerFields        redis_url redis_prefix node_rpc_timeout_s            the master process
                               list_limit http_listen
     NodeServerFields          data_listen advertise_host rpc_timeout_s             the node process
                               metrics_listen data_idle_timeout_s
-                              data_max_connections
+                              data_max_connections stop_flush_s
     Liveness                  heartbeat_s                                          both (the node beats, the master
                                                                                    tells nodes the interval)
 
@@ -101,6 +102,12 @@ class MasterConfig(_Group):
     promote_on_hit: bool = True      # an SSD hit is moved to DRAM when DRAM has (or can make) room
     policy: str = "lru"
     max_namespaces: int = 256        # namespace labels counted apart (stats, metric series); later ones: "(other)"
+    # Inclusive SSD tier: an object put on DRAM/HBM of a node with an SSD gets its SSD extent at once and its bytes
+    # are copied there within about write_behind_s (store/writebehind.py), so a restart keeps what DRAM held. The
+    # pool then holds as many objects as its SSDs; every put is written to SSD once (bench/write_behind.py). Only
+    # nodes whose SSD is at least twice their DRAM (+ HBM) get copies (store/copies.py); the others stay exclusive.
+    write_behind: bool = True
+    write_behind_s: float = 0.2      # period of the write-behind copier: the lag of a copy behind its commit
 
     def __post_init__(self) -> None:
         _check_nonneg_int(self, "max_object_bytes", "max_batch_keys")
@@ -123,6 +130,9 @@ class MasterConfig(_Group):
             raise ValueError(f"promote_on_hit must be true or false, got {self.promote_on_hit!r}")
         if self.policy not in _POLICIES:
             raise ValueError(f"policy must be one of {list(_POLICIES)}, got {self.policy!r}")
+        if not isinstance(self.write_behind, bool):
+            raise ValueError(f"write_behind must be true or false, got {self.write_behind!r}")
+        _check_positive(self, "write_behind_s")
         super().__post_init__()
 
     @property
@@ -148,6 +158,10 @@ class NodeConfig(_Group):
     share_dram: bool = False         # keep the /dev/shm file linked so same-host clients can attach it
     hbm_bytes: int = 0               # device memory reserved as the fastest tier; > 0 needs a CUDA device
     hbm_device: int = 0
+    # SSD writes reach the disk (fdatasync) at most this long after they are made; 0 = at the end of every write
+    # batch. A clean stop syncs. A killed process loses nothing it wrote (the page cache outlives it); a power
+    # loss or kernel crash loses at most the last ssd_fsync_s of writes (a torn record is then a miss).
+    ssd_fsync_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.ssd_path in ("", "none", "None"):
@@ -168,6 +182,10 @@ class NodeConfig(_Group):
             raise ValueError(f"ssd_bytes must be > 0 when ssd_path is set (ssd_path={self.ssd_path!r})")
         if not isinstance(self.share_dram, bool):
             raise ValueError(f"share_dram must be true or false, got {self.share_dram!r}")
+        if not isinstance(self.ssd_fsync_s, (int, float)) or isinstance(self.ssd_fsync_s, bool) \
+                or not self.ssd_fsync_s >= 0:
+            raise ValueError(f"ssd_fsync_s must be a number >= 0 (seconds; 0 = after every write batch), "
+                             f"got {self.ssd_fsync_s!r}")
         super().__post_init__()
 
 
@@ -196,10 +214,11 @@ class NodeServerFields(_Group):
     metrics_listen: str = ""          # host:port of the node's /metrics ("" = none)
     data_idle_timeout_s: float = 60.0  # a data connection silent this long (half-open, stalled peer) is closed
     data_max_connections: int = 256   # data connections served at once (a thread each); more are refused
+    stop_flush_s: float = 60.0        # a clean stop first has the master copy this node's DRAM to its SSD, this long
 
     def __post_init__(self) -> None:
         _check_address(self, "data_listen", "metrics_listen", optional=True)
-        _check_positive(self, "rpc_timeout_s", "data_idle_timeout_s")
+        _check_positive(self, "rpc_timeout_s", "data_idle_timeout_s", "stop_flush_s")
         _check_positive_int(self, "data_max_connections")
         super().__post_init__()
 

@@ -5,8 +5,15 @@ A dataclass per object costs ~150 B on its own, so fields live in parallel numpy
 
     _slot_of: dict[bytes(16) -> int]   key -> slot         (~56 B key object + ~32 B int + ~40 B dict entry)
     _keys:    list[bytes | None]       slot -> key          (8 B pointer, shares the dict's key object)
-    _rows:    numpy structured array, one packed 40 B row per slot, columns exposed as views (index.offset[slot]):
+    _rows:    numpy structured array, one packed 52 B row per slot, columns exposed as views (index.offset[slot]):
               node u16 | tier u8 | state u8 | ns u32 | leases u32 | offset i64 | size i64 | checksum u64 | atime u32
+              | parent i32 | child i32 | copy u32
+
+`parent` / `child` thread the prefix chains through the slots (store/chains.py: the parent's slot, ROOT = -1 unknown
+or none, ORPHAN = -2 an ancestor left; the only child's slot, NONE = -1, MANY = -2 with the children in a side table):
+what lets the master find the blocks no prefix lookup can reach once a block leaves. `copy` is the inclusive SSD
+tier's extent of an object on a faster tier (store/placement.py), in 4 KiB pages (SSD records are page aligned),
+NO_COPY = 2**32 - 1: 16 TiB of SSD per node in four bytes.
 
 `atime` is the last access (commit or lookup hit) in the master's ticks: tenths of a second since the master
 started (store/master.py ATIME_TICKS_PER_S), saturating at 2**32 - 1 (13.6 years). Four bytes instead of a float64
@@ -36,6 +43,8 @@ class State(enum.IntEnum):
 
 # The states as plain ints, for per-key loops and numpy comparisons: an enum attribute lookup costs ~1 us.
 FREE, PENDING, COMMITTED, DOOMED = (int(s) for s in State)
+NO_COPY = 0xFFFFFFFF    # `copy` of an object without an SSD copy
+COPY_PAGE = 4096        # `copy` unit (tiers.ssd.ALIGN: every SSD record starts on a page)
 
 
 @dataclass(slots=True)
@@ -57,7 +66,7 @@ class ObjectMeta:
 
 ROW = np.dtype([("node", np.uint16), ("tier", np.uint8), ("state", np.uint8), ("ns", np.uint32),
                 ("leases", np.uint32), ("offset", np.int64), ("size", np.int64), ("checksum", np.uint64),
-                ("atime", np.uint32)])  # 40 B
+                ("atime", np.uint32), ("parent", np.int32), ("child", np.int32), ("copy", np.uint32)])  # 52 B
 _COLUMNS = ROW.names
 
 
@@ -71,6 +80,9 @@ class Index:
     size: np.ndarray
     checksum: np.ndarray
     atime: np.ndarray
+    parent: np.ndarray
+    child: np.ndarray
+    copy: np.ndarray
 
     def __init__(self, initial_slots: int = 1024) -> None:
         self._slot_of: dict[bytes, int] = {}
@@ -151,7 +163,7 @@ class Index:
         key = bytes(key)
         self._slot_of[key] = slot
         self._keys[slot] = key
-        self._rows[slot] = (node, tier, state, ns, 0, offset, size, checksum, atime)  # one numpy call, not nine
+        self._rows[slot] = (node, tier, state, ns, 0, offset, size, checksum, atime, -1, -1, NO_COPY)  # one call
         return slot
 
     def unlink_key(self, slot: int) -> None:

@@ -7,6 +7,7 @@
       ├─ NodeRegistry     store/registry.py   membership: registration, epochs, heartbeats, silent nodes
       ├─ Drains           store/migration.py  draining nodes and the object moves in flight
       ├─ Promotions       store/promotion.py  slow-tier hits moved up after the lookup, outside the lock
+      ├─ WriteBehind      store/writebehind.py  fast-tier objects copied to their reserved SSD extent, outside the lock
       ├─ Journal          store/journal.py    write-through to a persistent metadata backend, reload at start
       └─ LookupStats      store/stats.py      hit accounting; `stats_record()` is the typed PoolStats
 
@@ -14,7 +15,7 @@ Plain records in and out (store/records.py), no callables; caller mistakes raise
 before anything changes. Node byte moves for eviction and demotion (NodeOps) run under the lock, so the master never
 races itself; promotions copy outside it (`promote_pending`).
 
-Why one module of ~500 lines: the Master IS the RPC surface, one method per MasterService call (put, lookup,
+Why one module of ~600 lines: the Master IS the RPC surface, one method per MasterService call (put, lookup,
 release, nodes, drain moves, admin queries), each a few lines of argument checks (store/checks.py) and a call to the
 owner of the state, under the one lock. The state and its logic live in the owners above; splitting the surface
 across classes would split the lock or make them reach into each other again.
@@ -41,7 +42,7 @@ from kvpool.store import checks, queries, tokens
 from kvpool.store import stats as stats_mod
 from kvpool.store.checks import BatchTooLarge
 from kvpool.store.config import MasterConfig
-from kvpool.store.index import COMMITTED, PENDING, Index, State
+from kvpool.store.index import COMMITTED, NO_COPY, PENDING, Index, State
 from kvpool.store.journal import Journal
 from kvpool.store.leases import Leases
 from kvpool.store.metadata import MemoryMetadata, MetadataBackend
@@ -63,6 +64,7 @@ from kvpool.store.records import (
     Tier,
 )
 from kvpool.store.registry import NodeRegistry
+from kvpool.store.writebehind import WriteBehind
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +92,15 @@ class Master:
         self._lock = threading.Lock()
         self.index = Index()
         self.journal = Journal(self.metadata, self.index)
-        self.placement = Placement(self.index, self.config.policy, self.journal)
+        self.placement = Placement(self.index, self.config.policy, self.journal,
+                                   write_behind=self.config.write_behind)
         self.leases = Leases(self.index, token_secret)
         self.registry = NodeRegistry(self.placement)
         self.drains = Drains(self.index, self.placement, self.leases)
         self.promotions = Promotions(self.index, self.placement, self.leases)
+        self.write_behind = WriteBehind(self.index, self.placement, self.leases)
+        self._stopping: set[str] = set()            # nodes flushed for a clean stop: nothing new goes there
+        self._copy_lock = threading.Lock()          # one write-behind round at a time (writer thread, flush)
         self.promotion_wanted = threading.Event()   # set when a lookup queued promotions (the server's promoter)
         self.lookup_stats = stats_mod.LookupStats(max_namespaces=self.config.max_namespaces)
         self._next_reap = 0.0
@@ -113,6 +119,7 @@ class Master:
             if old is not None and not self._same_process(old.info, info):
                 self._node_leaves(old.number, info.node_id, leaving=False)
             reg = self.registry.register(info, ops, expires=expires, now=self.clock())
+            self._stopping.discard(info.node_id)
             self.journal.put_node(info)  # addresses may have changed
             self._flush()
             return reg.epoch
@@ -142,7 +149,8 @@ class Master:
             seen: set[bytes] = set()
             for r in records:
                 slot = self.index.slot_of(r.key)
-                if slot >= 0 and self.placement.same_place(slot, node, r):
+                placement = self.placement
+                if slot >= 0 and (placement.same_place(slot, node, r) or placement.copies.adopt(slot, node, r)):
                     result.known += 1
                 elif slot >= 0 or r.key in seen or r.size > self.config.max_object_bytes:
                     result.dropped_keys.append(r.key)
@@ -161,6 +169,7 @@ class Master:
             node = self.placement.node(node_id)
             self._node_leaves(node.number, node_id, leaving=True)
             _, n = self.registry.remove(node_id)
+            self._stopping.discard(node_id)
             self.journal.delete_node(node_id)
             self._flush()
             return n
@@ -228,19 +237,26 @@ class Master:
             expires_at = now + self.config.grant_ttl_s
             ns_id = self.index.intern_ns(ns.digest)
             exclude = self._unplaceable()
-            find, leases = self.index.find, self.leases
+            find, leases, placement = self.index.find, self.leases, self.placement
             out: list[PutStartResult] = []
+            prev = -1   # the slot of the key before this one: a batch is one chain (store/chains.py)
             for key, size in zip(keys, sizes):
-                if find(key, -1) >= 0:
+                if (slot := find(key, -1)) >= 0:
                     out.append(PutStartResult(_EXISTS))
+                    prev = slot
                     continue
-                placed = self.placement.place(size, prefer_node, exclude)
+                placed = placement.place(size, prefer_node, exclude)
                 if placed is None:
                     out.append(PutStartResult(_NO_SPACE))
+                    prev = -2   # the chain has a hole here: the keys after it cannot be reached
                     continue
                 node, tier, offset = placed
                 slot = self.index.add(key, node=node.number, tier=tier, state=PENDING, offset=offset, size=size,
                                       ns=ns_id)
+                if prev != -1:
+                    placement.chains.link(slot, prev if prev >= 0 else None)
+                placement.copies.reserve(slot, node)
+                prev = slot
                 grant_id = leases.grant(slot, expires_at)
                 token = leases.sign(tokens.WRITE, grant_id, tier, offset, size, expires_at)
                 out.append(PutStartResult(_STORED, Grant(grant_id, bytes(key), Location(node.node_id, tier, offset,
@@ -274,7 +290,9 @@ class Master:
                 index.checksum[slot] = checksum
                 index.atime[slot] = atime
                 slots.append(slot)
-                keys.append(index.key_at(slot))
+                keys.append(key := index.key_at(slot))
+                if index.copy[slot] != NO_COPY:
+                    self.placement.copies.dirty[key] = None     # its SSD copy is written behind
                 self.journal.touched(slot)
                 ok.append(True)
             self.placement.insert_committed(slots, keys)
@@ -386,6 +404,54 @@ class Master:
                 self._flush()
         return moved
 
+    def copy_pending(self, max_bytes: int = 64 << 20) -> int:
+        """One write-behind round (store/writebehind.py): the oldest un-copied objects, up to `max_bytes`, copied to
+        their reserved SSD extents with one batched NodeOps call per node, outside the lock. Returns how many copies
+        became clean; call again while it returns objects to drain the backlog."""
+        with self._copy_lock:
+            with self._lock:
+                batches = self.write_behind.start(self._no_copies(), self.drains.moving, max_bytes)
+            return self._copy(batches)
+
+    def flush_node(self, node_id: str, deadline_s: float = 60.0, max_bytes: int = 64 << 20) -> tuple[int, int]:
+        """A clean stop of a node: nothing new is placed on it from now on (until it registers again), and every
+        object of it whose SSD copy is not written yet is copied now. Returns (copied, left): left > 0 only if
+        copies failed or the deadline passed. KeyError for an unknown node."""
+        end = time.monotonic() + deadline_s
+        copied = 0
+        with self._copy_lock:
+            with self._lock:
+                number = self.placement.node(node_id).number
+                self._stopping.add(node_id)
+            while time.monotonic() < end:
+                with self._lock:
+                    if node_id not in self.placement.nodes or self.placement.nodes[node_id].number != number:
+                        break
+                    batches = self.write_behind.start(self._no_copies(), self.drains.moving, max_bytes, only=number)
+                if not batches:
+                    break
+                done = self._copy(batches)
+                copied += done
+                if not done:
+                    break        # the node refused every copy of a round: do not spin on it
+            with self._lock:
+                left = self.write_behind.pending_on(number) if node_id in self.placement.nodes else 0
+        log.info("node %s flushed for a clean stop: %d copies written, %d left", node_id, copied, left)
+        return copied, left
+
+    def _copy(self, batches) -> int:
+        clean = 0
+        for batch in batches:
+            try:
+                results = batch.ops.demote(batch.moves)
+            except Exception as exc:  # noqa: BLE001 - a failing node keeps its objects dirty; the next round retries
+                log.warning("write-behind on node %s failed: %s", batch.node.node_id, exc)
+                results = None
+            with self._lock:
+                clean += self.write_behind.finish(batch, results)
+                self._flush()
+        return clean
+
     # ------------------------------------------------------------------ client queries
 
     def contains(self, keys: Sequence[bytes]) -> list[bool]:
@@ -440,7 +506,9 @@ class Master:
         with self._lock:
             record = stats_mod.snapshot(self.placement, self.lookup_stats, len(self.index))
             record.extra = {"grants_open": self.leases.open_grants, "leases_open": self.leases.open_leases,
-                            "draining": sorted(self.drains.draining), "moves_open": self.drains.pinned()}
+                            "draining": sorted(self.drains.draining), "moves_open": self.drains.pinned(),
+                            "write_behind": self.write_behind.counters.as_dict(self.write_behind.pending),
+                            "orphaned": self.placement.counters.orphaned, "stopping": sorted(self._stopping)}
             return record
 
     def stats(self) -> dict:
@@ -513,8 +581,15 @@ class Master:
         return 1
 
     def _unplaceable(self) -> set[int]:
-        """Node numbers nothing new may land on: draining, known from the journal but not connected, or silent for
-        suspect_after_s (perhaps dead: a put acknowledged there could be lost with it)."""
+        """Node numbers nothing new may land on: draining, stopping (flushed for a clean stop), known from the journal
+        but not connected, or silent for suspect_after_s (perhaps dead: a put acknowledged there could be lost)."""
+        nodes = self.placement.nodes
+        stopping = {nodes[n].number for n in self._stopping if n in nodes}
+        return self._no_copies() | stopping
+
+    def _no_copies(self) -> set[int]:
+        """Node numbers the write-behind leaves alone: draining (leaving), not connected or suspect (a copy would
+        wait out an RPC deadline)."""
         registry = self.registry
         return (self.drains.draining_numbers() | registry.disconnected_numbers()
                 | registry.suspect_numbers(self.clock(), self.config.suspect_s))

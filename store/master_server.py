@@ -1,9 +1,11 @@
-"""The master process: a `Master` behind its gRPC server (MasterService + health), plus its two background threads.
+"""The master process: a `Master` behind its gRPC server (MasterService + health), plus its background threads.
 
     reaper     Master.reap() every min(ttl)/4: expired grants and leases, silent nodes (dropped within
                node_ttl_s even when no client calls in)
     promoter   Master.promote_pending() whenever a lookup queued slow-tier hits: the copies run here, outside
                the master lock and after the lookup's reply, so neither the client nor the other clients wait
+    writer     Master.copy_pending() every write_behind_s (when write_behind is on): DRAM objects copied to their
+               reserved SSD extents, outside the lock (store/writebehind.py)
 
 With `redis_url` the index is journalled to Redis and the token secret is shared through it, so a restarted or
 standby master serves the same objects and the nodes' tokens. Metrics and the dashboard are attached by the
@@ -25,6 +27,7 @@ from kvpool.store.config import MasterServerConfig
 from kvpool.store.master import Master
 from kvpool.store.master_servicer import MasterServicer
 from kvpool.store.remote_node import GRPC_OPTIONS
+from kvpool.store.writebehind import write_behind_loop
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +62,9 @@ class MasterServer:
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._reap_loop, name="kvpool-reaper", daemon=True),
                          threading.Thread(target=self._promote_loop, name="kvpool-promoter", daemon=True)]
+        if config.write_behind:
+            self._threads.append(threading.Thread(target=write_behind_loop, args=(self.master, self._stop),
+                                                  name="kvpool-writer", daemon=True))
 
     def start(self) -> "MasterServer":
         self.server.start()

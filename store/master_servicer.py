@@ -155,6 +155,15 @@ class MasterServicer(pbg.MasterServiceServicer):
             ops.close()
         return pb.DrainNodeResponse(objects_dropped=n)
 
+    @_rpc
+    def FlushNode(self, request, context):
+        if not request.node_id:
+            raise ValueError("node_id: must be a non-empty string")
+        remaining = context.time_remaining()
+        deadline = 600.0 if remaining is None else max(0.0, min(600.0, remaining - 0.5))
+        copied, left = self.master.flush_node(request.node_id, deadline)
+        return pb.FlushNodeResponse(copied=copied, left=left)
+
     # ---------------------------------------------------------------- put
     @_rpc
     def PutStart(self, request, context):

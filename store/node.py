@@ -10,12 +10,19 @@ same protocol. `StorageNode` is the in-process implementation over one `DramAren
 CUDA device is, an optional `HbmArena` (host <-> device copies through its `write`/`read_into`); it also
 serves client reads/writes at granted locations (`write`, `read_into`) and `scan_ssd()` for re-registration.
 It does no bounds bookkeeping of its own: extents come from the master's allocators.
+
+`demote` only copies: the master decides whether the source is freed (a demotion) or kept (the write-behind copy of
+an object that stays in DRAM, store/writebehind.py). SSD durability follows `NodeConfig.ssd_fsync_s`: a syncer
+thread fdatasyncs the file at that period while it has unsynced writes (0: at the end of every write batch), and
+`close` syncs; `ssd_syncs` counts them.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -98,6 +105,17 @@ class StorageNode:
                 self.dram.unlink()
         if config.ssd_path is not None:
             self.ssd = SsdFile.open(config.ssd_path, config.ssd_bytes, create=True)
+        self.ssd_syncs = 0
+        self.synced = threading.Event()     # set after each sync (tests wait on it instead of sleeping)
+        self._unsynced = False
+        self._sync_lock = threading.Lock()
+        self._closing = threading.Event()
+        self._local = threading.local()
+        self._syncer = None
+        if self.ssd is not None and config.ssd_fsync_s > 0:
+            self._syncer = threading.Thread(target=self._sync_loop, args=(config.ssd_fsync_s,),
+                                            name=f"kvpool-ssd-sync-{config.node_id}", daemon=True)
+            self._syncer.start()
 
     def info(self) -> NodeInfo:
         overhead = record_size(0) if self.ssd is not None else 0
@@ -113,11 +131,13 @@ class StorageNode:
         """uint8 view of a DRAM extent: the caller copies into / out of it (that copy is the transfer)."""
         return self._dram_np[offset:offset + size]
 
-    def write(self, tier: Tier, offset: int, key: bytes, ns_digest: bytes, payload, checksum: int) -> None:
+    def write(self, tier: Tier, offset: int, key: bytes, ns_digest: bytes, payload, checksum: int | None) -> None:
+        """`checksum`: the payload's xxh3_64 if the caller has it (None: computed for an SSD record)."""
         if tier == Tier.DRAM:
             np.copyto(self.dram.array(offset, len(payload)), np.frombuffer(payload, dtype=np.uint8))
         elif tier == Tier.SSD:
             self.ssd.write(offset, key, ns_digest, payload, checksum)
+            self._ssd_written()
         elif tier == Tier.HBM and self.hbm is not None:
             self.hbm.write(offset, payload)
         else:
@@ -139,16 +159,18 @@ class StorageNode:
 
     def demote(self, moves: list[Move]) -> list[bool]:
         ok = []
-        for m in moves:
-            try:
-                ok.append(self._move(m))
-            except OSError:
-                log.exception("demote of %s failed", m.key.hex())
-                ok.append(False)
+        with self._batch():
+            for m in moves:
+                try:
+                    ok.append(self._move(m))
+                except OSError:
+                    log.exception("demote of %s failed", m.key.hex())
+                    ok.append(False)
         return ok
 
     def promote(self, moves: list[Move]) -> list[bool]:
-        return [self._move(m) for m in moves]
+        with self._batch():
+            return [self._move(m) for m in moves]
 
     def _move(self, m: Move) -> bool:
         """Copy one object between two tiers. DRAM is the host side of every HBM copy; without it (or SSD <-> HBM)
@@ -166,11 +188,50 @@ class StorageNode:
 
     def drop(self, drops: list[Drop]) -> int:
         n = 0
-        for d in drops:
-            if d.tier == Tier.SSD and self.ssd is not None:
-                self.ssd.erase(d.offset)
-            n += 1
+        with self._batch():
+            for d in drops:
+                if d.tier == Tier.SSD and self.ssd is not None:
+                    self.ssd.erase(d.offset)
+                    self._ssd_written()
+                n += 1
         return n
+
+    # ---- SSD durability ----
+
+    def sync_ssd(self) -> None:
+        """fdatasync the SSD file now if anything was written since the last sync."""
+        with self._sync_lock:
+            if self.ssd is None or not self._unsynced:
+                return
+            self._unsynced = False
+            self.ssd.sync()
+            self.ssd_syncs += 1
+        self.synced.set()
+
+    def _ssd_written(self) -> None:
+        # Set after the write returned: a sync that clears the flag later covers it, a write after that sets it again.
+        self._unsynced = True
+        if self.config.ssd_fsync_s == 0 and not getattr(self._local, "depth", 0):
+            self.sync_ssd()
+
+    @contextmanager
+    def _batch(self):
+        """With ssd_fsync_s == 0, one sync at the end of a batch of writes (per calling thread), not per record."""
+        depth = getattr(self._local, "depth", 0)
+        self._local.depth = depth + 1
+        try:
+            yield
+        finally:
+            self._local.depth = depth
+            if depth == 0 and self.config.ssd_fsync_s == 0:
+                self.sync_ssd()
+
+    def _sync_loop(self, period: float) -> None:
+        while not self._closing.wait(period):
+            try:
+                self.sync_ssd()
+            except (OSError, ValueError):  # closed under us: close() syncs itself
+                return
 
     def scan_ssd(self) -> list[ObjectRecord]:
         """Every intact-looking record on the SSD file, for (re-)registration with a master. Records whose header
@@ -193,12 +254,17 @@ class StorageNode:
         return int(getattr(self.ssd, "corrupt_reads", 0)) if self.ssd is not None else 0
 
     def close(self) -> None:
+        self._closing.set()
+        if self._syncer is not None:
+            self._syncer.join(timeout=10)
         if self.hbm is not None:
             self.hbm.close()
             self.hbm = None
         if self.ssd is not None:
-            self.ssd.close()
-            self.ssd = None
+            self.sync_ssd()
+            with self._sync_lock:
+                self.ssd.close()
+                self.ssd = None
         if self.dram is not None:
             if self.config.share_dram:
                 self.dram.unlink()

@@ -5,7 +5,9 @@
     same-host client ── mmap of the DRAM arena file (advertised path + host id) ── no node code involved
 
 Lifecycle: serve, then register with the master (RegisterNode hands back the token secret), report the objects
-found on the SSD file (ReportObjects, so a restarted node's SSD contents are hits again), and heartbeat. A heartbeat
+found on the SSD file (ReportObjects, so a restarted node's SSD contents are hits again), and heartbeat. A clean
+stop first asks the master to write this node's DRAM objects to its SSD (FlushNode, served while the node still
+answers the master's Demote calls), so the next process re-adopts them. A heartbeat
 answered with `reregister` (master restarted on the memory backend, or it dropped us) or failing repeatedly makes
 the node register again. Health is SERVING only while registered: a client's health check means "usable".
 """
@@ -60,7 +62,7 @@ class NodeDataHandler:
 
     def write_done(self, e: Extent, view: memoryview) -> None:
         if e.tier == Tier.SSD:
-            self.node.ssd.write(e.offset, e.key, e.ns, view)
+            self.node.write(Tier.SSD, e.offset, e.key, e.ns, view, None)
         elif e.tier == Tier.HBM:
             self.node.hbm.write(e.offset, view)
 
@@ -250,8 +252,25 @@ class NodeServer:
     def wait(self) -> None:
         self.server.wait_for_termination()
 
+    def flush_to_ssd(self) -> tuple[int, int] | None:
+        """Ask the master to copy every object of this node not yet on its SSD there (a clean stop). Returns
+        (copied, left), or None when there is nothing to ask (no SSD, not registered) or the master did not answer."""
+        if self.node.ssd is None or not self.registered.is_set():
+            return None
+        try:
+            reply = self._master.FlushNode(pb.FlushNodeRequest(node_id=self.config.node_id),
+                                           timeout=self.config.stop_flush_s)
+        except grpc.RpcError as exc:
+            log.warning("node %s: flush before stop failed (%s %s): objects not yet on SSD are lost",
+                        self.config.node_id, exc.code(), exc.details())
+            return None
+        log.info("node %s: %d objects written to SSD before stopping, %d left", self.config.node_id, reply.copied,
+                 reply.left)
+        return reply.copied, reply.left
+
     def stop(self, grace: float = 2.0) -> None:
         self._stop.set()
+        self.flush_to_ssd()
         self.health.enter_graceful_shutdown()
         self.server.stop(grace).wait()
         self.data_server.close()

@@ -10,8 +10,17 @@ tier's policy, skipping leased objects (uncommitted ones are never in a policy: 
 a victim is demoted to the node's next slower tier (HBM -> DRAM -> SSD) when it has one and room can be made there
 (by the same rule, one tier down: the chain ends at the slowest tier, whose victims are evicted), else evicted.
 Victims are taken in rounds of "just enough bytes", so with equal-sized objects the order of eviction is exactly
-the policy order. Every byte move goes through the node's `NodeOps`, batched per round.
+the policy order; orphans (blocks whose parent left the pool, store/chains.py) come first. Every byte move goes
+through the node's `NodeOps`, batched per round.
 Drops are sent before the writes that may reuse their extents (an SSD erase must never land on a new record).
+
+Inclusive SSD tier (`write_behind`, store/copies.py): an object placed on a faster tier of a node with an SSD
+also gets an SSD extent at once; a demotion onto a clean copy moves no bytes, a promoted SSD record stays as the
+copy, and an object leaving frees and erases its copy with it.
+
+Where a new object goes (`place`): a fast tier with free room, and free room for its copy, on any node (the
+preferred node, then the most free); only when no node has that, room is made by demotion on a node whose slowest
+tier still has room (the most free first), so with N equal nodes nothing is evicted until the whole pool is full.
 """
 
 from __future__ import annotations
@@ -21,7 +30,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvpool.store.index import COMMITTED, PENDING, Index, State
+from kvpool.store.chains import ORPHAN, Chains
+from kvpool.store.copies import Copies
+from kvpool.store.index import COMMITTED, NO_COPY, PENDING, Index, State
 from kvpool.store.journal import Journal
 from kvpool.store.node import Drop, Move, NodeOps
 from kvpool.store.records import NodeInfo, ObjectRecord
@@ -70,6 +81,7 @@ class Counters:
     promotions: dict[str, int] = field(default_factory=lambda: {"ssd": 0})
     ssd_corrupt: int = 0
     dram_corrupt: int = 0           # DRAM/HBM objects a reader found changed under their checksum (a late write)
+    orphaned: int = 0               # blocks that lost an ancestor while they stayed (offered first for eviction)
 
     def count(self, what: dict[str, int], tier: Tier, n: int = 1) -> None:
         what[tier.label] = what.get(tier.label, 0) + n
@@ -86,10 +98,12 @@ def _slower(node: NodeState, tier: Tier) -> Tier | None:
 class Placement:
     """Not thread-safe: called under the master lock. Index changes are reported to the journal."""
 
-    def __init__(self, index: Index, policy_name: str, journal: Journal) -> None:
+    def __init__(self, index: Index, policy_name: str, journal: Journal, *, write_behind: bool = False) -> None:
         self.index = index
         self.policy_name = policy_name
         self.journal = journal
+        self.chains = Chains(index)
+        self.copies = Copies(index, write_behind, self.allocate)
         self.nodes: dict[str, NodeState] = {}
         self.by_number: list[NodeState | None] = []
         self.counters = Counters()
@@ -129,6 +143,7 @@ class Placement:
                     continue  # still leased: the last release frees the slot (the reader's lease names it)
                 self.forget(int(slot), free_extent=False)
         self.by_number[state.number] = None
+        self.copies.forget_node(state.number)
         return n
 
     def node_of(self, slot: int) -> NodeState | None:
@@ -157,15 +172,42 @@ class Placement:
 
     def place(self, size: int, prefer_node: str | None, exclude: set[int], max_atime: int | None = None
               ) -> tuple[NodeState, Tier, int] | None:
-        """The fastest tier first (HBM where a node has it, then DRAM, then SSD): on the preferred node, else on the
-        node with the most free DRAM (evicting/demoting there if needed), else the same order one tier down, down to
-        SSD (objects larger than any DRAM tier, or DRAM full of leased/uncommitted objects). Never on a node whose
-        number is in `exclude` (draining, or not connected). `max_atime`: see `allocate`."""
+        """Where a new object of `size` bytes goes (see the module docstring). Never on a node whose number is in
+        `exclude` (draining, stopping, or not connected). `max_atime`: see `allocate`. The caller reserves the SSD
+        copy (`copies.reserve`) once the object has a slot."""
         nodes = [n for n in self.nodes.values() if n.number not in exclude]
-        if len(nodes) > 1:
-            nodes.sort(key=lambda n: (n.node_id != prefer_node, -self.free_dram(n)))
-        for tier in _PLACE_ORDER:
-            for node in nodes:
+        if not nodes:
+            return None
+        best = None
+        for node in nodes:  # 1. free room on a node's fastest tier (and for its copy): nothing moves
+            tier = self.fastest_tier(node)
+            if tier is None or tier is _SSD:
+                continue
+            space = node.spaces[tier]
+            if not space.allocator.can_allocate(space.extent_size(size)):
+                continue
+            if self.copies.on(node, tier) and not self.copies.fits(node, size):
+                continue
+            rank = (tier, node.node_id != prefer_node, -space.allocator.free_bytes)
+            if best is None or rank < best[0]:
+                best = (rank, node, space)
+        if best is not None:
+            _, node, space = best
+            return node, space.tier, space.allocator.allocate(space.extent_size(size))
+        # 2. room made by moving objects down: first where that evicts nothing (the bottom tier has room for one
+        # more extent of this size), the object landing on the fastest tier that can hold it, the node with the most
+        # free bottom first; evicting only where no node can avoid it, i.e. when the pool is full
+        def rank(n: NodeState) -> tuple:
+            bottom = next(reversed(n.spaces.values()))       # spaces are built fastest first
+            land = next((t for t, sp in n.spaces.items() if sp.allocator.rounded(sp.extent_size(size))
+                         <= sp.allocator.capacity), _SSD)
+            return (not bottom.allocator.can_allocate(bottom.extent_size(size)), land, -bottom.allocator.free_bytes,
+                    n.node_id != prefer_node)
+
+        nodes = [n for n in nodes if n.spaces]
+        nodes.sort(key=rank)
+        for node in nodes:
+            for tier in _PLACE_ORDER:
                 offset = self.allocate(node, tier, size, max_atime)
                 if offset is not None:
                     return node, tier, offset
@@ -185,11 +227,31 @@ class Placement:
             chain[1].append(key)
         for (number, tier), (chain_slots, chain_keys) in chains.items():
             self.by_number[number].spaces[_TIERS[tier]].policy.insert_chain(chain_slots, chain_keys)
+        if slots:
+            arr = np.asarray(slots, dtype=np.int64)
+            orphans = arr[index.parent[arr] == ORPHAN]   # put below a block that left meanwhile
+            if len(orphans):
+                self.mark_orphans(orphans.tolist())
+
+    def mark_orphans(self, slots: list[int]) -> None:
+        """Blocks no prefix lookup can reach any more: their policies offer them first (committed ones only; the
+        others are in no policy yet)."""
+        index = self.index
+        by_space: dict[tuple[int, int], list[int]] = {}
+        for slot in slots:
+            if int(index.state[slot]) == COMMITTED:
+                by_space.setdefault((int(index.node[slot]), int(index.tier[slot])), []).append(slot)
+        for (number, tier), group in by_space.items():
+            node = self.by_number[number]
+            if node is not None and _TIERS[tier] in node.spaces:
+                node.spaces[_TIERS[tier]].policy.mark_orphans(group)
+                self.counters.orphaned += len(group)
 
     def touch(self, slots: np.ndarray) -> None:
-        """A hit on a chain: its policies see it used, parents before tails."""
+        """A hit on a chain: its links are confirmed and its policies see it used, parents before tails."""
         if not len(slots):
             return
+        self.chains.confirm(slots)
         index = self.index
         nodes, tiers = index.node[slots], index.tier[slots]
         by_number = self.by_number
@@ -205,9 +267,10 @@ class Placement:
     # ---- object lifecycle ----
 
     def forget(self, slot: int, *, free_extent: bool = True, drops: list[Drop] | None = None) -> None:
-        """Remove an object from the index, its policy and (optionally) its allocator. A leased object is only
-        unlinked (DOOMED); `release` frees it when the last lease ends. Freeing an SSD extent tells the node to
-        erase the record: appended to `drops` (the caller sends them before reusing space) or sent now."""
+        """Remove an object from the index, its policy, its chain and (optionally) its allocators. A leased object is
+        only unlinked (DOOMED); `release` frees it when the last lease ends. Freeing an SSD extent (the object's, or
+        its copy's) tells the node to erase the record: appended to `drops` (the caller sends them before reusing
+        space) or sent now. Blocks below it lose their way in: they are marked orphans."""
         index = self.index
         key = index.key_at(slot)
         node = self.node_of(slot)
@@ -218,19 +281,30 @@ class Placement:
                 self.journal.gone(key, slot)
                 if space is not None:
                     space.policy.remove(slot, key)
+            self.copies.dirty.pop(key, None)
+            orphans = self.chains.detach(slot)
+            if orphans:
+                self.mark_orphans(orphans)
             if index.leases[slot] > 0:
                 index.unlink_key(slot)
                 index.state[slot] = State.DOOMED
                 return
-        if free_extent and space is not None:
+        if free_extent and node is not None:
+            own: list[Drop] = []
             offset = int(index.offset[slot])
-            space.allocator.free(offset)
-            if space.tier is _SSD:
-                drop = Drop(key, _SSD, offset, int(index.size[slot]))
-                if drops is None:
-                    node.ops.drop([drop])
+            if space is not None and offset >= 0:   # < 0: its extent went on to another slot (`relocate`)
+                if space.tier is _SSD:
+                    self.copies.free_ssd(node, key, offset, int(index.size[slot]), own)
                 else:
-                    drops.append(drop)
+                    space.allocator.free(offset)
+            copy = self.copies.offset(slot)
+            if copy is not None and _SSD in node.spaces:
+                self.copies.free_ssd(node, key, copy, int(index.size[slot]), own)
+            if own:
+                if drops is None:
+                    node.ops.drop(own)
+                else:
+                    drops.extend(own)
         index.free(slot)
 
     # ---- allocation with eviction ----
@@ -290,18 +364,31 @@ class Placement:
         index = self.index
         src = node.spaces[src_tier]
         dst = node.spaces[dst_tier]
-        # Room below first (it may push that tier's own victims further down, never these), then one batched copy.
-        targets = [self.allocate(node, dst_tier, int(index.size[s]), max_atime) for s in victims]
+        # Where each victim goes: its own SSD copy (clean: nothing to move; dirty: written now), else room below
+        # (which may push that tier's own victims further down, never these), then one batched copy.
+        targets: list[int | None] = []
+        reserved: list[bool] = []
+        clean: list[bool] = []
+        for s in victims:
+            copy = self.copies.offset(s) if dst_tier is _SSD else None
+            if copy is not None:
+                targets.append(copy)
+                reserved.append(True)
+                clean.append(index.key_at(s) not in self.copies.dirty)
+            else:
+                targets.append(self.allocate(node, dst_tier, int(index.size[s]), max_atime))
+                reserved.append(False)
+                clean.append(False)
         moves = [Move(index.key_at(s), index.ns_digest(int(index.ns[s])), int(index.size[s]),
                       int(index.checksum[s]), src_tier, int(index.offset[s]), dst_tier, t)
-                 for s, t in zip(victims, targets) if t is not None]
+                 for s, t, c in zip(victims, targets, clean) if t is not None and not c]
         results = iter(node.ops.demote(moves) if moves else [])
-        for slot, target in zip(victims, targets):
-            ok = target is not None and next(results)
+        for slot, target, own, done in zip(victims, targets, reserved, clean):
+            ok = target is not None and (done or next(results))
             if not ok:
-                if target is not None:
+                if target is not None and not own:
                     dst.allocator.free(target)
-                self.forget(slot)
+                self.forget(slot)  # frees a reserved copy with the object
                 self.count_evictions(src_tier, 1)
                 continue
             key = index.key_at(slot)
@@ -309,22 +396,37 @@ class Placement:
             src.policy.remove(slot, key)
             index.tier[slot] = dst_tier
             index.offset[slot] = target
+            if own:                   # the copy is the object now
+                index.copy[slot] = NO_COPY
+                self.copies.dirty.pop(key, None)
             dst.policy.insert_chain([slot], [key])
             self.journal.touched(slot)
             self.counters.count(self.counters.demotions, src_tier)
 
     def relocate(self, slot: int, node: NodeState, tier: Tier, offset: int) -> int:
         """Re-index a committed object at a new extent (its bytes were copied there): a new slot with the same key,
-        namespace, checksum and last use, entered into the new tier's policy as just used. The old slot must be
-        pinned by the caller: `forget` then only unlinks it (DOOMED), so readers holding a lease on the old extent
-        keep their bytes; the caller's unpin frees it once nobody reads it. Returns the new slot."""
+        namespace, checksum, last use and chain links, entered into the new tier's policy as just used. The old
+        slot must be pinned by the caller: `forget` then only unlinks it (DOOMED), so readers holding a lease on the
+        old extent keep their bytes; the caller's unpin frees it once nobody reads it. On the same node an SSD copy
+        stays with the object: a promoted SSD record becomes the copy (if readers still hold leases on the old
+        slot, both slots hold the extent and the last one to go frees it), a promoted DRAM object keeps its copy;
+        anywhere else a fast-tier destination gets a copy reserved and queued for the write-behind. Returns the
+        new slot."""
         index = self.index
         key = index.key_at(slot)
         ns, checksum, atime, size = int(index.ns[slot]), int(index.checksum[slot]), int(index.atime[slot]), \
             int(index.size[slot])
+        copy, dirty = self.copies.move_to(slot, node, tier)
+        links = self.chains.take(slot)
         self.forget(slot)
         new = index.add(key, node=node.number, tier=tier, state=State.COMMITTED, offset=offset, size=size, ns=ns,
                         checksum=checksum, atime=atime)
+        self.chains.give(new, links)
+        index.copy[new] = copy
+        if copy == NO_COPY:
+            dirty = self.copies.reserve(new, node)
+        if dirty:
+            self.copies.dirty[key] = None
         node.spaces[tier].policy.insert_chain([new], [key])
         self.journal.touched(new)
         return new
@@ -332,9 +434,12 @@ class Placement:
     # ---- recovery ----
 
     def same_place(self, slot: int, node: NodeState, r: ObjectRecord) -> bool:
+        """The record is this object (or its SSD copy) where the index has it."""
         i = self.index
-        return (int(i.node[slot]) == node.number and int(i.tier[slot]) == r.tier and int(i.offset[slot]) == r.offset
-                and int(i.size[slot]) == r.size)
+        if int(i.node[slot]) != node.number or int(i.size[slot]) != r.size:
+            return False
+        return ((int(i.tier[slot]) == r.tier and int(i.offset[slot]) == r.offset)
+                or (r.tier == _SSD and self.copies.offset(slot) == r.offset))
 
     def adopt(self, node: NodeState, records: list[ObjectRecord], dropped: list[bytes], atime: int = 0) -> int:
         """Index records (new keys, on tiers the node has) as committed objects at their reported extents, last

@@ -7,7 +7,8 @@ An OrderedDict of 16-byte keys cost ~105 B per object.
  head (cold) ─▶ c ⇄ b ⇄ a ◀─ tail (hot)      _next[c] = b, _prev[a] = b, _next[a] = NIL, untracked: _next = OUT
 ```
 A chain (prefix order, parent first) is moved to the hot end tail-first, so the parent ends up hotter than its
-tail and ties are broken tails-before-parents: insert_chain([a, b, c]) gives victims c, b, a.
+tail and ties are broken tails-before-parents: insert_chain([a, b, c]) gives victims c, b, a. Orphans
+(`mark_orphans`) are moved to the cold end, so they are the next victims; a touch moves them hot like any slot.
 """
 
 from __future__ import annotations
@@ -114,6 +115,14 @@ class LRUPolicy:
         self._tail = hot
         return True
 
+    def mark_orphans(self, slots: Sequence[int]) -> None:
+        """Each slot in prefix order goes to the cold end, so the last (the deepest tail) is the first victim."""
+        for slot in slots:
+            if slot not in self or slot == self._head:
+                continue
+            self._unlink(slot)
+            self._push_cold(slot)
+
     def remove(self, slot: int, key: bytes | None = None) -> bool:
         if slot not in self:
             return False
@@ -164,6 +173,16 @@ class LRUPolicy:
             self._tail = p
         else:
             prev[n] = p
+
+    def _push_cold(self, slot: int) -> None:
+        head = self._head
+        self._next[slot] = head
+        self._prev[slot] = NIL
+        if head == NIL:
+            self._tail = slot
+        else:
+            self._prev[head] = slot
+        self._head = slot
 
     def _push_hot(self, slot: int) -> None:
         tail = self._tail

@@ -9,6 +9,10 @@ may need to remember an object beyond its slot's life (S3-FIFO's ghost).
 "Chain" methods take slots in prefix order (parent first). A batch put or a hit touches a whole chain at once, so
 its keys tie on recency; the policy must then rank the TAIL colder than its parent, because a tail is only useful
 while its parents are present: evicting a parent first would strand every descendant.
+
+Orphans: when an object leaves while its descendants stay (a parent removed, evicted on another node or tier, found
+corrupt, or lost with its node), no prefix lookup from the root can reach them any more. The master tells the policy
+(`mark_orphans`) and the policy offers them before every other slot, so they are the first space reclaimed.
 """
 
 from __future__ import annotations
@@ -31,9 +35,14 @@ class EvictionPolicy(Protocol):
     def remove(self, slot: int, key: bytes | None = None) -> bool:
         """Stop tracking `slot` (whose object has key `key`, if given); False if it was not tracked."""
 
+    def mark_orphans(self, slots: Sequence[int]) -> None:
+        """These tracked slots (prefix order) lost an ancestor: offer them before every other slot in `victims()`,
+        tails first. Untracked slots are ignored. A later touch or insert makes a slot ordinary again (a client
+        that holds the parent in its own cache may still read it)."""
+
     def victims(self) -> Iterator[int]:
-        """Tracked slots, coldest first, each at most once. The caller may remove/insert/touch slots while
-        iterating; removed slots are not yielded."""
+        """Tracked slots, coldest first (orphans before everything else), each at most once. The caller may
+        remove/insert/touch slots while iterating; removed slots are not yielded."""
 
     def __len__(self) -> int: ...
 

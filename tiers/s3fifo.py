@@ -19,6 +19,9 @@ KEYS in a direct-mapped table (fingerprint u32 + insertion number i64 per bucket
 1 and 2x the tracked slots): an entry is live while it is among the last max(len, 1) ghost insertions. A collision
 overwrites an older entry (the ghost is a hint; losing one only sends that key through probation again).
 
+Orphans (`mark_orphans`: an ancestor left the pool) wait in a third FIFO that `victims()` drains before small and
+main; a touch sends an orphan back to probation in small, as used once.
+
 `victims()` runs the algorithm lazily: moves it makes (small -> main, freq decrements) persist even if the caller
 stops early, as they would in the real cache. A victim the caller skips (leased) goes back to the tail of its
 queue and is not offered again in the same iteration.
@@ -32,7 +35,7 @@ from collections.abc import Iterator, Sequence
 from .lru import NIL, grow
 
 MAX_FREQ = 3
-_OUT, _SMALL, _MAIN = 0, 1, 2
+_OUT, _SMALL, _MAIN, _ORPHAN = 0, 1, 2, 3
 _M64 = (1 << 64) - 1
 
 
@@ -82,6 +85,17 @@ class S3FIFOPolicy:
             if slot < n and queue[slot] != _OUT:
                 self._bump(slot)
 
+    def mark_orphans(self, slots: Sequence[int]) -> None:
+        """Each tracked slot moves to the tail of the orphan FIFO in the order given, after reversing it: the
+        deepest tail of a chain leaves first."""
+        queue = self._queue
+        n = len(queue)
+        for slot in reversed(slots):
+            if slot < n and queue[slot] not in (_OUT, _ORPHAN):
+                self._unlink(slot)
+                self._freq[slot] = 0
+                self._push(slot, _ORPHAN)
+
     def remove(self, slot: int, key: bytes | None = None) -> bool:
         if slot not in self:
             return False
@@ -94,13 +108,19 @@ class S3FIFOPolicy:
 
     def victims(self) -> Iterator[int]:
         offered: set[int] = set()
-        done = {_SMALL: False, _MAIN: False}
-        spins = {_SMALL: 0, _MAIN: 0}              # consecutive offered slots met at the head of each queue
-        count, head = self._count, self._head
-        while not (done[_SMALL] and done[_MAIN]):
-            use_small = not done[_SMALL] and (done[_MAIN] or not count[_MAIN]
-                                              or count[_SMALL] >= self._small_ratio * len(self))
-            q = _SMALL if use_small else _MAIN
+        done = {_ORPHAN: False, _SMALL: False, _MAIN: False}
+        spins = {_ORPHAN: 0, _SMALL: 0, _MAIN: 0}  # consecutive offered slots met at the head of each queue
+        count, head, tail = self._count, self._head, self._tail
+        while not (done[_SMALL] and done[_MAIN] and done[_ORPHAN]):
+            if done[_ORPHAN] and count[_ORPHAN] and tail[_ORPHAN] not in offered:
+                done[_ORPHAN] = False              # the caller's evictions orphaned more slots: offer them first
+            if not done[_ORPHAN]:
+                q = _ORPHAN
+                use_small = False
+            else:
+                use_small = not done[_SMALL] and (done[_MAIN] or not count[_MAIN]
+                                                  or count[_SMALL] >= self._small_ratio * len(self))
+                q = _SMALL if use_small else _MAIN
             if not count[q]:
                 done[q] = True
                 continue
@@ -120,7 +140,7 @@ class S3FIFOPolicy:
                 self._push(slot, _MAIN)
                 done[_MAIN] = False
                 continue
-            if freq > 0:                           # main: spend one use for another round
+            if freq > 0 and q == _MAIN:            # main: spend one use for another round
                 self._freq[slot] = freq - 1
                 self._unlink(slot)
                 self._push(slot, _MAIN)
@@ -136,22 +156,23 @@ class S3FIFOPolicy:
         self._next = array("i")
         self._queue = bytearray()
         self._freq = bytearray()
-        self._head = [NIL, NIL, NIL]               # indexed by _SMALL / _MAIN (0 unused)
-        self._tail = [NIL, NIL, NIL]
-        self._count = [0, 0, 0]
+        self._head = [NIL, NIL, NIL, NIL]          # indexed by _SMALL / _MAIN / _ORPHAN (0 unused)
+        self._tail = [NIL, NIL, NIL, NIL]
+        self._count = [0, 0, 0, 0]
         self._gfp = array("I", [0]) * 64
         self._gseq = array("q", [-1]) * 64
         self._gclock = 0                           # ghost insertions so far
         self._gfloor = 0                           # insertion numbers below this are forgotten
 
     def __len__(self) -> int:
-        return self._count[_SMALL] + self._count[_MAIN]
+        return self._count[_SMALL] + self._count[_MAIN] + self._count[_ORPHAN]
 
     def __contains__(self, slot: object) -> bool:
         return isinstance(slot, int) and 0 <= slot < len(self._queue) and self._queue[slot] != _OUT
 
     def __repr__(self) -> str:
         return (f"S3FIFOPolicy(small={self._count[_SMALL]}, main={self._count[_MAIN]}, "
+                f"orphans={self._count[_ORPHAN]}, "
                 f"ghost<={self._gclock - self._gfloor})")
 
     # ---- queues ----
@@ -190,6 +211,10 @@ class S3FIFOPolicy:
         self._count[q] -= 1
 
     def _bump(self, slot: int) -> None:
+        if self._queue[slot] == _ORPHAN:          # reachable after all: back to probation, as used once
+            self._unlink(slot)
+            self._freq[slot] = 0
+            self._push(slot, _SMALL)
         f = self._freq[slot]
         if f < MAX_FREQ:
             self._freq[slot] = f + 1

@@ -16,6 +16,8 @@ as older than it is:
 older, then the lower class). Prefix safety: a parent has at least its child's uses and was touched no earlier, so
 its weighted age is never larger (weights fall with the class): tails go before the parents that make them useful.
 Chains are stamped tail first (the tail one tick older), so within a chain touched at once the tail goes first.
+Orphans (`mark_orphans`) go to the cold end of class 0 with stamps older than any use (a second clock counting down
+from -2**62), so their weighted age beats every other block's; a touch stamps them like any block again.
 
 Layout per tracked slot (no per-object Python object; the master tracks millions): prev/next int32 (8 B), last-use
 stamp int64 (8 B), class byte (1 B), in three doubly linked lists threaded through the arrays as in lru.py; plus
@@ -50,8 +52,8 @@ class WeightedLRUPolicy:
     """Not thread-safe: the master serialises calls. Slots are ints >= 0; `keys` (same order) feed the ghost."""
 
     name = "wlru"
-    __slots__ = ("_prev", "_next", "_stamp", "_cls", "_head", "_tail", "_count", "_clock", "_ghost", "_ghost_next", "_ghost_mask",
-                 "_weights")
+    __slots__ = ("_prev", "_next", "_stamp", "_cls", "_head", "_tail", "_count", "_clock", "_ghost", "_ghost_next",
+                 "_ghost_mask", "_weights", "_orphan_clock")
 
     def __init__(self, weights: Sequence[int] = WEIGHTS) -> None:
         if (len(weights) != CLASSES or any(isinstance(w, bool) or not isinstance(w, int) or w <= 0 for w in weights)
@@ -106,6 +108,17 @@ class WeightedLRUPolicy:
                 self._unlink(slot)
                 self._push(slot, want[i])
 
+    def mark_orphans(self, slots: Sequence[int]) -> None:
+        """Each tracked slot (prefix order) moves to the cold end of class 0, stamped older than anything, the last
+        one given (the deepest tail) oldest of all."""
+        cls = self._cls
+        n = len(cls)
+        for slot in slots:
+            if slot < n and cls[slot] != _OUT:
+                self._unlink(slot)
+                self._orphan_clock -= 1
+                self._push_cold(slot, 0, self._orphan_clock)
+
     def remove(self, slot: int, key: bytes | None = None) -> bool:
         if slot not in self:
             return False
@@ -149,6 +162,7 @@ class WeightedLRUPolicy:
         self._tail = [NIL] * CLASSES
         self._count = [0] * CLASSES
         self._clock = 0
+        self._orphan_clock = -(1 << 62)
         self._ghost = array("I", [0]) * 64
         self._ghost_next = bytearray(16)
         self._ghost_mask = 15
@@ -191,6 +205,19 @@ class WeightedLRUPolicy:
         self._tail[c] = slot
         self._cls[slot] = c
         self._stamp[slot] = self._clock
+        self._count[c] += 1
+
+    def _push_cold(self, slot: int, c: int, stamp: int) -> None:
+        head = self._head[c]
+        self._next[slot] = head
+        self._prev[slot] = NIL
+        if head == NIL:
+            self._tail[c] = slot
+        else:
+            self._prev[head] = slot
+        self._head[c] = slot
+        self._cls[slot] = c
+        self._stamp[slot] = stamp
         self._count[c] += 1
 
     def _unlink(self, slot: int) -> None:

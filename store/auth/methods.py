@@ -40,6 +40,7 @@ _MASTER = {
     "Heartbeat": NODE,
     "ReportObjects": NODE,
     "DrainNode": ADMIN,
+    "FlushNode": NODE,          # a node stopping cleanly asks for its DRAM to be written to its SSD
     "PutStart": CLIENT,
     "PutCommit": CLIENT,
     "PutAbort": CLIENT,

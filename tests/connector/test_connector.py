@@ -87,8 +87,10 @@ def test_unreachable_pool_recomputes_with_identical_output(port, reference_b):
 
 
 def test_corrupted_ssd_block_is_recomputed(tmp_path, reference_b):
+    # Exclusive tiers: the first record is an object that lives on SSD (with the write-behind it would be the copy
+    # of a DRAM object, read from DRAM, and written at a time of the writer thread's choosing).
     with EmbeddedPool(dram_bytes=1 << 20, ssd_path=str(tmp_path), ssd_bytes=64 << 20,
-                      promote_on_hit=False) as pool:
+                      promote_on_hit=False, write_behind=False) as pool:
         run(make_engine(pool), QUESTION_A)
         data = tmp_path / "kvpool.data"
         raw = bytearray(data.read_bytes())

@@ -36,8 +36,10 @@ def pool(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("malformed")
     cluster = Cluster(workdir=workdir)
     try:
+        # exclusive tiers (no write-behind copies): exactly 4 objects on SSD, the rest in DRAM
         master = cluster.start_master(node_ttl_s=30.0, extra=["--max-batch-keys", str(MAX_BATCH),
-                                                              "--heartbeat-s", "0.5", "--promote-on-hit", "false"])
+                                                              "--heartbeat-s", "0.5", "--promote-on-hit", "false",
+                                                              "--write-behind", "false"])
         node = cluster.start_node("n1", dram="1MiB", ssd="8MiB", extra=["--data-idle-timeout-s", str(IDLE_S)])
         with PoolClient(master.address, timeout=5) as client:
             assert client.put_many(KEYS, [payload_of(k, SIZE) for k in KEYS]) == ["stored"] * len(KEYS)
@@ -99,6 +101,8 @@ MASTER_CASES = [
     ("ReportObjects", lambda a: _report(tiers=[9]), INVALID, "tiers[0]: unknown tier 9"),
     ("ReportObjects", lambda a: _report(node_id="ghost"), NOT_FOUND, "node_id 'ghost' is not registered"),
     ("DrainNode", lambda a: pb.DrainNodeRequest(node_id="ghost"), NOT_FOUND, "node_id 'ghost' is not registered"),
+    ("FlushNode", lambda a: pb.FlushNodeRequest(node_id="ghost"), NOT_FOUND, "node_id 'ghost' is not registered"),
+    ("FlushNode", lambda a: pb.FlushNodeRequest(), INVALID, "node_id: must be a non-empty string"),
     ("PutStart", lambda a: pb.PutStartRequest(keys=[K], sizes=[2**62]), INVALID, "sizes[0] must be an int in [1,"),
     ("PutStart", lambda a: pb.PutStartRequest(keys=[K], sizes=[SIZE], namespace=bytes(16),
                                               namespace_label="x" * 1000), INVALID,

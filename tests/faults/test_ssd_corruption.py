@@ -50,7 +50,8 @@ def test_corrupt_ssd_records_are_misses_counted_once_and_the_rest_is_intact(tmp_
                                               "in the restarted node's DRAM)")
     ssd_file = tmp_path / "ssd-n1" / "kvpool.data"
     try:
-        master = cluster.start_master(node_ttl_s=5.0, extra=["--heartbeat-s", "0.3"])
+        # exclusive tiers: the restarted node's DRAM objects are gone (with the write-behind they would be re-adopted)
+        master = cluster.start_master(node_ttl_s=5.0, extra=["--heartbeat-s", "0.3", "--write-behind", "false"])
         address = master.address
         cluster.start_node("n1", dram="1MiB", ssd="8MiB")
         with PoolClient(address, timeout=5) as client:

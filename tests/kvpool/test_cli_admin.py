@@ -91,7 +91,8 @@ def cli(*argv: str) -> subprocess.CompletedProcess:
 
 EXPECTED_TIERS = {"hbm": {"objects": 0, "bytes": 0, "capacity": 0},
                   "dram": {"objects": 6, "bytes": 6 * 4096, "capacity": DRAM},
-                  "ssd": {"objects": 0, "bytes": 0, "capacity": SSD}}
+                  # inclusive SSD tier: each DRAM object's SSD copy (header page + payload) is reserved at its put
+                  "ssd": {"objects": 6, "bytes": 6 * 2 * 4096, "capacity": SSD}}
 
 
 # ---------------------------------------------------------------------- status / stats / nodes
@@ -116,7 +117,7 @@ def test_status_reports_the_token_hit_rate_by_tier(pool, capsys):
         f"master {address}: 6 objects, 1 node(s) alive",
         "  tier   objects       used   capacity   full",
         "  dram         6   24.0 KiB    8.0 MiB   0.3%",
-        "  ssd          0        0 B   64.0 MiB   0.0%",
+        "  ssd          6   48.0 KiB   64.0 MiB   0.1%",
         "token hit rate 75.0% (96 of 128 requested tokens): dram 75.0%, ssd 0.0%",
         "lookups 2, evictions 0, demotions 0, promotions 0"]
 
@@ -158,7 +159,7 @@ def test_nodes_lists_each_node_with_per_tier_usage(pool, capsys):
     pad = " " * (len(node_address) - len("ADDRESS"))
     assert out.splitlines() == [
         f"NODE      ADDRESS{pad}  STATE     TIERS (objects, used / capacity)",
-        f"cli-node  {node_address}  alive     dram 6 obj, 24.0 KiB / 8.0 MiB   ssd 0 obj, 0 B / 64.0 MiB"]
+        f"cli-node  {node_address}  alive     dram 6 obj, 24.0 KiB / 8.0 MiB   ssd 6 obj, 48.0 KiB / 64.0 MiB"]
 
 
 # ---------------------------------------------------------------------- ls / inspect

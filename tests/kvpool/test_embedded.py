@@ -78,7 +78,7 @@ def test_objects_larger_than_dram_go_straight_to_ssd(make):
 
 
 def test_exact_eviction_and_demotion_order(make):
-    pool = make(dram_objects=3, ssd_objects=4)
+    pool = make(dram_objects=3, ssd_objects=4, write_behind=False)  # exclusive tiers: 3 + 4 objects
     keys = [key(i) for i in range(8)]
     expected = [  # after put i: which tier each of keys[0..7] is in
         ["dram", None, None, None, None, None, None, None],

@@ -1,5 +1,6 @@
 """SSD recovery after the owning process is SIGKILLed: a new EmbeddedPool on the same ssd_path re-adopts every
-record and serves byte-identical data. DRAM is volatile by design: objects that were only in DRAM are misses."""
+record and serves byte-identical data. The child runs the exclusive tiers (write_behind off): objects that were only
+in DRAM are misses. The inclusive tier's warm restart is tests/kvpool/test_warm_restart.py."""
 
 import json
 import os
@@ -25,7 +26,7 @@ CHILD = textwrap.dedent("""
     def value(i):
         return np.random.default_rng(i).integers(0, 256, OBJ, dtype=np.uint8)
     pool = EmbeddedPool(dram_bytes=dram_objects * OBJ, ssd_path=ssd_path, ssd_bytes=ssd_objects * (OBJ + 4096),
-                        shm_dir=shm_dir)
+                        shm_dir=shm_dir, write_behind=False)
     i = 0
     while i < count:
         status = pool.put_many([i.to_bytes(16, "little")], [value(i)])[0]
@@ -75,7 +76,7 @@ def test_every_ssd_object_survives_sigkill_and_evicted_ones_stay_gone(tmp_path):
     assert tiers == [None] * 5 + ["ssd"] * 4 + ["dram"] * 3
     keys = [i.to_bytes(16, "little") for i in range(count)]
     with EmbeddedPool(dram_bytes=4 * OBJ, ssd_path=str(tmp_path / "ssd"), ssd_bytes=4 * (OBJ + 4096),
-                      shm_dir=str(tmp_path), promote_on_hit=False) as pool:
+                      shm_dir=str(tmp_path), promote_on_hit=False, write_behind=False) as pool:
         assert pool.recovered == 4 and pool.stats()["tiers"]["ssd"]["objects"] == 4
         got = read_all(pool, keys)
         for i, tier in enumerate(tiers):
@@ -118,7 +119,7 @@ def test_a_record_header_damaged_at_rest_is_counted_once_in_ssd_corrupt(tmp_path
     """Issue 11 item 8: a header-damaged record found by the scan at open is lost, erased and counted."""
     keys = [i.to_bytes(16, "little") for i in range(6)]
     with EmbeddedPool(dram_bytes=2 * OBJ, ssd_path=str(tmp_path / "ssd"), ssd_bytes=8 * (OBJ + 4096),
-                      shm_dir=str(tmp_path)) as pool:
+                      shm_dir=str(tmp_path), write_behind=False) as pool:
         assert pool.put_many(keys, [value(i) for i in range(6)]) == ["stored"] * 6
         on_ssd = sorted((r.offset, r.key) for r in pool.master.inspect(keys) if r.tier.label == "ssd")
     assert len(on_ssd) == 4
@@ -129,7 +130,7 @@ def test_a_record_header_damaged_at_rest_is_counted_once_in_ssd_corrupt(tmp_path
         f.write(bytes([b[0] ^ 1]))
     for expected_corrupt in (1, 0):  # erased when found: a second open does not count it again
         with EmbeddedPool(dram_bytes=2 * OBJ, ssd_path=str(tmp_path / "ssd"), ssd_bytes=8 * (OBJ + 4096),
-                          shm_dir=str(tmp_path)) as pool:
+                          shm_dir=str(tmp_path), write_behind=False) as pool:
             s = pool.stats()
             assert (s["recovered"], s["ssd_corrupt"]) == (3, expected_corrupt)
             assert pool.contains_many([k for _, k in on_ssd]) == [False, True, True, True]

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from kvpool import EmbeddedPool
-from kvpool.store.index import State
+from kvpool.store.index import NO_COPY, State
+from kvpool.tiers.types import Tier
 
 OBJ = 4096
 THREADS = 8
@@ -72,9 +73,11 @@ def test_concurrent_put_get_remove(tmp_path, policy):
         master.index.check_invariants()
         slots = master.index.slots()
         assert all(master.index.state[s] == State.COMMITTED for s in slots)  # nothing pending or doomed left
-        for space in master.placement.nodes["local"].spaces.values():
+        # Every allocation is an object in its tier's policy, or (SSD) the copy of an object on DRAM.
+        copies = sum(int(master.index.copy[s]) != NO_COPY for s in slots)
+        for tier, space in master.placement.nodes["local"].spaces.items():
             space.allocator.check_invariants()
-            assert space.allocator.num_allocations == len(space.policy)
+            assert space.allocator.num_allocations == len(space.policy) + (copies if tier is Tier.SSD else 0)
         # Conservation: every stored object is present, or was evicted, or was removed.
         present = len(master.index)
         assert s["puts"]["stored"] == present + sum(s["evictions"].values()) + sum(removed) + s["ssd_corrupt"]

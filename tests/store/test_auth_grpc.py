@@ -93,7 +93,7 @@ def test_each_role_may_call_exactly_its_methods_and_the_handler_sees_the_identit
 def test_master_methods_by_role():
     by_role = {r: sorted(m.rsplit("/", 1)[1] for m, rule in METHOD_RULES.items()
                          if m.startswith("/kvpool.v1.MasterService/") and r in rule) for r in Role}
-    assert by_role[Role.NODE] == ["Heartbeat", "RegisterNode", "ReportObjects"]
+    assert by_role[Role.NODE] == ["FlushNode", "Heartbeat", "RegisterNode", "ReportObjects"]
     assert by_role[Role.CLIENT] == ["Contains", "Lookup", "PutAbort", "PutCommit", "PutStart", "Release", "Remove",
                                     "Stats"]
     assert by_role[Role.ADMIN] == ["BeginDrain", "DrainNode", "Evict", "Inspect", "List", "MigrateAbort",
@@ -204,7 +204,7 @@ def test_auth_off_is_todays_behaviour():
             codes = {full: call(ch, full, module, m)[0] for full, module, m in all_methods()}
         assert codes == {full: grpc.StatusCode.UNIMPLEMENTED if full == "/grpc.health.v1.Health/List"
                          else grpc.StatusCode.OK for full in METHOD_RULES}
-        assert len(server.calls) == 24 + 1 and all(ident is None for _, ident in server.calls)
+        assert len(server.calls) == 25 + 1 and all(ident is None for _, ident in server.calls)
     finally:
         server.close()
 

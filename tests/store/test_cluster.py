@@ -143,7 +143,8 @@ def test_kvpool_drain_removes_a_node_and_it_stays_out_until_restarted(cluster):
 
 
 def test_restarted_node_re_adopts_its_ssd_objects(cluster):
-    master = cluster.start_master(node_ttl_s=5.0)
+    # Exclusive tiers: DRAM dies with the process (the inclusive tier's restarts: tests/faults/test_warm_restart.py).
+    master = cluster.start_master(node_ttl_s=5.0, extra=["--write-behind", "false"])
     cluster.start_node("n1", dram="1MiB", ssd="4MiB")
     indices = list(range(30))
     with PoolClient(master.address, timeout=5) as c:

@@ -100,11 +100,11 @@ def test_hbm_capacity_travels_in_the_node_endpoint():
 
 @pytest.fixture
 def pool(tmp_path):
-    """HBM fits 2 objects, DRAM 2, SSD 4 (an SSD extent is header + payload = 2 * OBJ)."""
+    """HBM fits 2 objects, DRAM 2, SSD 4 (an SSD extent is header + payload = 2 * OBJ); exclusive tiers."""
     hbm = HostHbm(2 * OBJ)
     node = StorageNode(NodeConfig(node_id="n1", dram_bytes=2 * OBJ, shm_dir=str(tmp_path),
                                   ssd_path=str(tmp_path / "ssd"), ssd_bytes=4 * 2 * OBJ), hbm=hbm)
-    master = Master(MasterConfig())
+    master = Master(MasterConfig(write_behind=False))
     assert node.info().hbm_bytes == 2 * OBJ
     master.register_node(node.info(), node, expires=False)
     yield master, node

@@ -65,10 +65,13 @@ def test_memory_per_object_at_one_million_is_within_budget():
     assert per_object <= 200
 
 
-def test_rows_are_40_bytes_with_a_u32_last_access_column():
-    from kvpool.store.index import ROW
+def test_rows_are_52_bytes_with_u32_last_access_chain_links_and_copy_page():
+    from kvpool.store.index import NO_COPY, ROW
 
-    assert ROW.itemsize == 40 and ROW["atime"] == np.dtype(np.uint32)
+    assert ROW.itemsize == 52 and ROW["atime"] == np.dtype(np.uint32) and ROW["copy"] == np.dtype(np.uint32)
+    assert ROW["parent"] == ROW["child"] == np.dtype(np.int32)
     idx = Index()
     slot = idx.add(key(1), node=0, tier=Tier.DRAM, state=State.COMMITTED, offset=0, size=1, ns=0, atime=4_000_000_000)
     assert idx.meta(slot).atime == 4_000_000_000 and int(idx.atime[slot]) == 4_000_000_000
+    # a new object is a chain root with no child and no SSD copy
+    assert int(idx.parent[slot]) == -1 and int(idx.child[slot]) == -1 and int(idx.copy[slot]) == NO_COPY

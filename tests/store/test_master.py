@@ -234,7 +234,7 @@ def test_silent_node_is_dropped_and_its_objects_become_misses(tmp_path, clock):
 
 
 def test_report_objects_adopts_known_and_drops_conflicts(make):
-    master, node = make(dram_objects=1, ssd_objects=3)
+    master, node = make(dram_objects=1, ssd_objects=3, write_behind=False)  # no SSD copy of key 1 in the way
     put(master, node, [key(1)])
     known = master.inspect([key(1)])[0]
     records = [known,
@@ -291,7 +291,7 @@ def test_list_objects_pages_in_key_order(make):
 
 
 def test_leased_ssd_objects_are_not_evicted_to_make_room_for_demotions(make):
-    master, node = make(dram_objects=1, ssd_objects=2, promote_on_hit=False)
+    master, node = make(dram_objects=1, ssd_objects=2, promote_on_hit=False, write_behind=False)  # exclusive tiers
     for i in (1, 2, 3):
         put(master, node, [key(i)])
     assert tiers(master, [key(1), key(2), key(3)]) == ["ssd", "ssd", "dram"]

@@ -74,7 +74,7 @@ def test_the_copy_runs_without_the_master_lock(make):
 
 
 def test_a_reader_keeps_the_old_extent_until_it_releases(make):
-    master, node = make(dram_objects=1, ssd_objects=2)
+    master, node = make(dram_objects=1, ssd_objects=2, write_behind=False)  # inclusive: tests/store/test_inclusive.py
     on_ssd(master, node)
     res = master.lookup([key(1)])                     # a reader of the SSD copy, still reading
     assert res.locations[0].tier is Tier.SSD

@@ -139,3 +139,16 @@ def test_long_chains_match_a_reference_lru_under_random_touches():
             assert p.remove(victim)
             ref.remove(victim)
         assert list(p.victims()) == ref, step
+
+
+def test_orphans_are_the_next_victims_tails_first_and_a_touch_rescues_them():
+    p = LRUPolicy()
+    p.insert_chain([k("o1"), k("o2"), k("o3")])    # coldest chain
+    p.insert_chain([k("h1"), k("h2"), k("h3")])    # hottest chain: its parent h1 left the pool
+    p.mark_orphans([k("h2"), k("h3"), k("nope")])  # prefix order; an untracked slot is ignored
+    assert names(p.victims()) == ["h3", "h2", "o3", "o2", "o1", "h1"]
+    p.mark_orphans([k("h3")])                       # already the coldest: stays there
+    assert names(p.victims())[:2] == ["h3", "h2"]
+    p.touch_chain([k("h2")])                        # a client that holds the parent itself read it
+    assert names(p.victims()) == ["h3", "o3", "o2", "o1", "h1", "h2"]
+    assert len(p) == 6

@@ -142,6 +142,37 @@ def hit_ratio(policy: EvictionPolicy, requests, capacity: int) -> float:
     return hits / total
 
 
+def test_orphans_leave_before_small_and_main_tails_first_and_a_touch_rescues_them():
+    p = S3FIFOPolicy()
+    ins(p, [k("m1"), k("m2")])
+    p.touch_chain([k("m1"), k("m2")])
+    ins(p, [k("s1"), k("s2"), k("s3")])
+    p.mark_orphans([k("s2"), k("s3"), k("m2"), k("zz")])   # untracked slot ignored
+    assert len(p) == 5
+    # orphans first (the order given, reversed: deepest first), then the algorithm as usual
+    assert evict(p, 3) == ["m2", "s3", "s2"]
+    ins(p, [k("t1"), k("t2")])
+    p.mark_orphans([k("t1"), k("t2")])
+    p.touch_chain([k("t1")])                                 # read after all: back to probation, used once
+    assert evict(p, 1) == ["t2"]
+    assert k("t1") in p and len(p) == 3
+
+
+def test_orphans_made_while_iterating_are_offered_next():
+    p = S3FIFOPolicy()
+    ins(p, [k("a1"), k("a2")])
+    ins(p, [k("b1"), k("b2")])
+    out = []
+    for victim in p.victims():
+        out.append(victim)
+        p.remove(victim, key(victim))
+        if victim == k("a2"):
+            p.mark_orphans([k("b2")])              # evicting a2 stranded b2 (say): it goes next
+        if len(out) == 3:
+            break
+    assert names(out) == ["a2", "b2", "a1"]
+
+
 def test_beats_lru_on_a_trace_with_one_off_prompts():
     requests = trace(seed=0)
     lru = hit_ratio(LRUPolicy(), requests, capacity=120)

@@ -77,6 +77,21 @@ def test_reused_blocks_age_slower_than_new_ones():
     assert names(q.victims()) == ["a2", "a1", "b4", "b3", "b2", "b1"]
 
 
+def test_orphans_go_first_whatever_their_class_tails_first_and_a_touch_rescues_them():
+    p = WeightedLRUPolicy()
+    ins(p, "o1", "o2")                                  # the oldest, class 0
+    ins(p, "h1", "h2", "h3")
+    for _ in range(3):
+        p.touch_chain([k("h1"), k("h2"), k("h3")])      # class 2: ages slowest
+    p.mark_orphans([k("h2"), k("h3"), k("nope")])       # h1 left the pool; an untracked slot is ignored
+    assert names(p.victims()) == ["h3", "h2", "o2", "o1", "h1"]
+    p.mark_orphans([k("o1")])                           # a later orphan is colder than the earlier ones
+    assert names(p.victims())[:3] == ["o1", "h3", "h2"]
+    p.touch_chain([k("h2")])                            # read by a client holding h1 itself: ordinary again
+    assert names(p.victims()) == ["o1", "h3", "o2", "h1", "h2"]
+    assert len(p) == 5
+
+
 def test_touch_is_a_numpy_friendly_hit_and_ignores_unknown_slots():
     p = WeightedLRUPolicy()
     ins(p, "c1", "c2")
