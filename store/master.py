@@ -16,8 +16,8 @@
 Plain records in and out (store/records.py), no callables; caller mistakes raise ValueError naming the argument
 before anything changes. Client calls take `tenant` (the name from the caller's credential; "" = the unscoped space,
 every object when auth is off): keys are looked up in that tenant's space, grants and leases of another tenant
-are unknown to it, and its stats are its own. Node byte moves for eviction and demotion (NodeOps) run under the lock, so the master never
-races itself; promotions copy outside it (`promote_pending`).
+are unknown to it, and its stats are its own. Node byte moves for eviction and demotion (NodeOps) run under the
+lock, so the master never races itself; promotions copy outside it (`promote_pending`).
 
 Why one module of ~600 lines: the Master IS the RPC surface, one method per MasterService call (put, lookup,
 release, nodes, drain moves, admin queries), each a few lines of argument checks (store/checks.py) and a call to the
