@@ -278,6 +278,7 @@ class PeerAuthFields(_Group):
     def __post_init__(self) -> None:
         _normalise_auth(self, ("auth_node_tokens",))
         super().__post_init__()
+        self.auth_config()  # syntax and sources checked at start, each error naming its auth_* field
 
     def auth_config(self):
         """The store.auth.AuthConfig of this process (its `enabled` is False when nothing is configured)."""
@@ -318,7 +319,6 @@ class AuthFields(PeerAuthFields):
     def __post_init__(self) -> None:
         _normalise_auth(self, ("auth_admin_tokens", "auth_client_tokens", "auth_viewer_tokens"))
         super().__post_init__()
-        self.auth_config()  # syntax and sources checked at start, each error naming its auth_* field
 
 
 @dataclass(frozen=True, kw_only=True)

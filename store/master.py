@@ -399,13 +399,15 @@ class Master:
             self._flush()
             return n
 
-    def report_corrupt(self, lease_id: int, keys: Sequence[bytes]) -> int:
+    def report_corrupt(self, lease_id: int, keys: Sequence[bytes], *, tenant: str = "") -> int:
         """A reader found these objects' bytes bad (checksum) while `lease_id` held them: forget them (a miss for
         everyone; the next put restores them) and count them by tier, `ssd_corrupt` or `dram_corrupt` (a DRAM/HBM
         extent changed under a committed object: a writer that outlived its grant). A report under a lease that has
-        ended is ignored: the extent may legitimately hold another object by now."""
+        ended is ignored: the extent may legitimately hold another object by now. `keys` are the reader's own (in
+        `tenant`'s key space), and only objects its lease holds count."""
         keys = checks.keys(keys, self.config.max_batch_keys)
         with self._lock:
+            keys = self.tenants.stored_keys(self.tenants.intern(tenant), keys)
             leased = self.leases.slots_of(lease_id)
             slots = set(leased.tolist()) if leased is not None else set()
             counters = self.placement.counters
