@@ -122,6 +122,8 @@ class Master:
         self.placement.owner_of = self.tenants.owner_of
         self.placement.tenant_name = self.tenants.name
         self.quotas = Quotas(self.index, self.placement, self.tenants) if self.tenants.has_quotas else None
+        if self.quotas is not None:
+            self.promotions.allowed = self.quotas.may_promote
         self._next_reap = 0.0
         self._t0 = clock()          # atime 0; a reloaded object counts as accessed when the master started
         self._load()

@@ -17,9 +17,8 @@ O(victims + its own leased objects skipped) per put. The per-(node, tier) polici
 full (pool pressure evicts the pool's coldest, whoever owns them: a quota is a ceiling, not a reservation).
 
 Quota bytes are payload bytes (what the client put), of every object the tenant holds: pending writes and objects
-removed while still being read count until their space is free. Promotions on a hit may take a tenant past its DRAM
-quota until its next put sheds the excess (a hit is not refused for being popular). Not thread-safe: the master's
-lock serialises every call.
+removed while still being read count until their space is free. A hit is not promoted into DRAM past its tenant's
+DRAM quota (`may_promote`): it is served from where it is. Not thread-safe: the master's lock serialises every call.
 """
 
 from __future__ import annotations
@@ -150,6 +149,14 @@ class Quotas:
             if over > 0 and (size > quota.dram_bytes or self._shed_dram(tenant, over) < over):
                 return BELOW_DRAM
         return ANY_TIER
+
+    def may_promote(self, slot: int, tier: Tier) -> bool:
+        """Whether moving `slot` up into `tier` keeps its tenant within its DRAM quota."""
+        tenant = int(self.index.tenant[slot])
+        quota = self.tenants.quota(tenant)
+        if quota is None or not quota.dram_bytes or tier != Tier.DRAM:
+            return True
+        return self.index.tenant_bytes(tenant, Tier.DRAM) + int(self.index.size[slot]) <= quota.dram_bytes
 
     def _pick(self, tenant: int, tiers: Sequence[Tier], need: int) -> tuple[list[int], int]:
         """The tenant's coldest committed, unleased objects in `tiers` (in that order) until `need` payload bytes."""

@@ -252,3 +252,25 @@ def test_default_quota_applies_to_unnamed_tenants(make):
         put(master, node, [k], "big")
     assert present(master, [key(1), key(2)], "anyone") == [False, True]
     assert present(master, [key(1), key(2), key(3)], "big") == [True] * 3
+
+
+def test_a_hit_is_not_promoted_into_dram_past_the_tenants_dram_quota(make, tmp_path):
+    node = StorageNode(NodeConfig(node_id="n1", dram_bytes=8 * OBJ, shm_dir=str(tmp_path), ssd_path=str(tmp_path / "s"),
+                                  ssd_bytes=16 * OBJ))
+    master = Master(MasterConfig(promote_on_hit=True), clock=Clock(), token_secret=b"s" * 32,
+                    quotas={"acme": Quota(dram_bytes=2 * OBJ)})
+    master.register_node(node.info(), node, expires=False)
+    try:
+        for k in (key(1), key(2), key(3)):
+            put(master, node, [k], "acme")
+        put(master, node, [key(9)], "beta")
+        stored = master.tenants.stored_keys(1, [key(1), key(2), key(3)])
+        assert [r.tier for r in master.inspect(stored)] == [Tier.SSD, Tier.DRAM, Tier.DRAM]
+        master.release([master.lookup([key(1)], NS, tenant="acme").lease_id], tenant="acme")
+        assert master.promote_pending() == 0                 # acme's DRAM is at its quota: served from SSD
+        assert master.inspect(stored[:1])[0].tier is Tier.SSD
+        assert master.remove([key(2)], tenant="acme") == 1   # room within the quota again
+        master.release([master.lookup([key(1)], NS, tenant="acme").lease_id], tenant="acme")
+        assert master.promote_pending() == 1 and master.inspect(stored[:1])[0].tier is Tier.DRAM
+    finally:
+        node.close()
