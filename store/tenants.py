@@ -3,7 +3,7 @@
 With authentication on, the master takes a client's tenant from its credential (store/auth), never from a request,
 and stores the client's key k under
 
-    stored = tag(tenant) || AES-128-ECB_{K(tenant)}(k)[:12]          16 bytes, like every key downstream
+    stored = tag(tenant) || AES-128-ECB_{K(tenant)}(k)[4:]           16 bytes, like every key downstream
 
 K(tenant) and tag(tenant) are derived from the master's token secret (one secret per pool, shared by every master
 through Redis), so:
@@ -21,7 +21,7 @@ admins address it. With the memory metadata backend the secret, hence every stor
 start: SSD records re-reported after a master restart then belong to no tenant (misses, evicted as room is
 needed). Use Redis (which keeps the secret) where a master restart must keep the tenants' SSD objects.
 
-Cost: one AES call per batch (~0.4 us per key in CPython with the slicing); nothing with auth off.
+Cost: one AES call per batch plus one slice per key (~0.2 us per key in CPython); nothing with auth off.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import logging
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 log = logging.getLogger(__name__)
@@ -63,20 +64,24 @@ class TenantCounters:
 
 
 class _Scope:
-    __slots__ = ("tag", "_enc")
+    __slots__ = ("tag", "_tag_array", "_enc")
 
     def __init__(self, secret: bytes, name: str) -> None:
         raw = name.encode()
         self.tag = hashlib.blake2b(raw, key=secret[:64], person=b"kvpool-tag", digest_size=TAG_BYTES).digest()
+        self._tag_array = np.frombuffer(self.tag, dtype=np.uint8)
         key = hashlib.blake2b(raw, key=secret[:64], person=b"kvpool-scope", digest_size=16).digest()
         # ECB is the right mode here: each 16-byte key is one independent block (a keyed permutation), and one
         # encryptor serves every call (it keeps no state between blocks; the master calls under its lock).
         self._enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
 
     def stored(self, keys: Sequence[bytes]) -> list[bytes]:
-        out = self._enc.update(b"".join(keys))
-        tag = self.tag
-        return [tag + out[i:i + 12] for i in range(0, len(out), 16)]
+        # One AES call for the batch; the tag written over each block's first 4 bytes in one numpy step, so each
+        # stored key is a single slice (one allocation) of one buffer.
+        blocks = np.frombuffer(self._enc.update(b"".join(keys)), dtype=np.uint8).reshape(-1, 16).copy()
+        blocks[:, :TAG_BYTES] = self._tag_array
+        raw = blocks.tobytes()
+        return [raw[i:i + 16] for i in range(0, len(raw), 16)]
 
 
 class Tenants:
