@@ -287,7 +287,8 @@ class PeerAuthFields(_Group):
         return _prefixed("auth_", lambda: AuthConfig(
             node_tokens=self.auth_node_tokens, admin_tokens=getattr(self, "auth_admin_tokens", ()),
             client_tokens=getattr(self, "auth_client_tokens", ()),
-            viewer_tokens=getattr(self, "auth_viewer_tokens", ()), cert_roles=self.auth_cert_roles, reload_interval_s=self.auth_reload_interval_s))
+            viewer_tokens=getattr(self, "auth_viewer_tokens", ()), cert_roles=self.auth_cert_roles,
+            reload_interval_s=self.auth_reload_interval_s))
 
     def token_store(self):
         """A loaded store.auth.TokenStore, or None with auth off (ValueError naming the field for a bad source)."""

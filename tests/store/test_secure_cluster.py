@@ -205,7 +205,8 @@ def test_a_caller_without_a_node_credential_cannot_register_or_learn_the_secret(
     # but never register (health stays NOT_SERVING), and the master never lists them.
     (tmp_path / "wrong.token").write_text("node-token-guessed-00000000\n")
     rogues = []
-    for name, extra in (("rogue-none", []), ("rogue-wrong", ["--auth-node-tokens", f"file:{tmp_path / 'wrong.token'}"])):
+    wrong = ["--auth-node-tokens", f"file:{tmp_path / 'wrong.token'}"]
+    for name, extra in (("rogue-none", []), ("rogue-wrong", wrong)):
         port = free_port()
         proc = spawn(name, ["node", "--master", pool.master.address, "--node-id", name, "--listen",
                             f"127.0.0.1:{port}", "--dram-bytes", "1MiB", "--heartbeat-s", "0.2", "--shm-dir",
