@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import ssl
 import subprocess
 import sys
@@ -54,8 +55,6 @@ def secure_up(tmp_path_factory, pki):  # noqa: F811
         yield {"address": address, "http": http, "tokens": tokens, "ca": pki.path("ca"), "proc": proc}
     finally:
         proc.stop()
-        import shutil
-
         shutil.rmtree(shm, ignore_errors=True)
 
 
@@ -159,3 +158,27 @@ def test_a_master_beyond_loopback_without_auth_warns_and_status_says_so(tmp_path
             "secret that signs every grant. Configure auth_*_tokens (and TLS).")
     finally:
         proc.stop()
+
+
+def test_kvpool_up_on_a_wildcard_address_with_tls_and_auth_registers_its_node(tmp_path, pki):  # noqa: F811
+    tokens = write_tokens(tmp_path / "tokens")
+    port = free_port()
+    shm = tempfile.mkdtemp(prefix="kvpool-test-", dir="/dev/shm")
+    proc = spawn("up-wild", ["up", "--listen", f"0.0.0.0:{port}", "--http-listen", "", "--ssd-path", "none",
+                             "--dram-bytes", "2MiB", "--shm-dir", shm, "--tls-cert", pki.path("server"), "--tls-key",
+                             pki.path("server", "key"), "--tls-ca", pki.path("ca"),
+                             *auth_args(tmp_path / "tokens")], tmp_path)
+    try:
+        tls = TlsConfig(ca=pki.path("ca"))
+        wait_grpc_serving(f"127.0.0.1:{port}", 30, proc, tls=tls)
+        from kvpool.admin import AdminClient
+
+        with AdminClient(f"127.0.0.1:{port}", token=tokens["admin"], tls=tls) as admin:
+            # the in-process node dialled the master over loopback (the certificate names 127.0.0.1, not 0.0.0.0)
+            assert [n["node"] for n in admin.nodes()] == ["local"]
+            assert admin.raw_stats()["security"] == {"auth": True, "tls": True, "client_certificates": False,
+                                                     "loopback_only": False}
+        assert "WITHOUT authentication" not in proc.log()
+    finally:
+        proc.stop()
+        shutil.rmtree(shm, ignore_errors=True)
