@@ -297,7 +297,7 @@ class Master:
         another tenant's."""
         checks.same_length(checksums, "checksums", grant_ids, "grant_ids")
         with self._lock:
-            owner = self.tenants.id_of(tenant)
+            owner = self.tenants.id_of(tenant) if tenant else None  # "": auth off, one space
             now = self._tick()
             atime = self._ticks(now)
             index = self.index
@@ -331,7 +331,7 @@ class Master:
 
     def put_abort(self, grant_ids: Sequence[int], *, tenant: str = "") -> int:
         with self._lock:
-            owner = self.tenants.id_of(tenant)
+            owner = self.tenants.id_of(tenant) if tenant else None  # "": auth off, one space
             n = 0
             for grant_id in grant_ids:
                 entry = self.leases.take_grant(grant_id, owner)
@@ -394,7 +394,7 @@ class Master:
 
     def release(self, lease_ids: Sequence[int], *, tenant: str = "") -> int:
         with self._lock:
-            owner = self.tenants.id_of(tenant)
+            owner = self.tenants.id_of(tenant) if tenant else None  # "": auth off, one space
             n = 0
             for lease_id in lease_ids:
                 n += self._release(lease_id, owner)

@@ -333,3 +333,25 @@ def test_admin_and_client_tokens_rotate_without_restart(pool):
             assert acme.remove_many([key(1, 11)]) == 1
     finally:
         write_tokens(d)
+
+
+# ---------------------------------------------------------------- drain (last: it retires n1)
+
+
+def test_drain_needs_an_admin_token_and_moves_tenant_objects_byte_exact(pool):
+    keys, datas = [key(i, salt=21) for i in range(3)], [blob(i, 21) for i in range(3)]
+    with client(pool, "acme", verify="all") as acme:
+        put_and_check(acme, keys, datas)                 # acme's DRAM quota: one of the three sits on SSD
+        pool.start_node("n2", dram="1MiB", ssd="2MiB",
+                        extra=["--auth-node-tokens", f"file:{pool.token_dir / 'node.tokens'}"])
+        with admin(pool, "viewer") as viewer, pytest.raises(PoolAuthError, match="PERMISSION_DENIED"):
+            viewer.drain("n1")
+        with admin(pool) as a:
+            assert a.raw_stats()["draining"] == []      # the refused drain changed nothing
+            assert a.drain("n1") == {"node": "n1", "moved": 3, "dropped": 0, "no_room": 0, "failed": 0,
+                                     "passes": 1}
+            rows = list(a.list(tenant="acme"))
+            assert [r["node"] for r in rows] == ["n2"] * 3 and sorted(r["tier"] for r in rows) == ["dram",
+                                                                                               "dram", "ssd"]
+        bufs = [bytearray(OBJ) for _ in keys]
+        assert acme.get_many_into(keys, bufs) == 3 and bufs == [bytearray(d) for d in datas]
