@@ -124,6 +124,7 @@ class Master:
         self.quotas = Quotas(self.index, self.placement, self.tenants) if self.tenants.has_quotas else None
         if self.quotas is not None:
             self.promotions.allowed = self.quotas.may_promote
+            self.drains.skip_tiers = self.quotas.move_skip
         self._next_reap = 0.0
         self._t0 = clock()          # atime 0; a reloaded object counts as accessed when the master started
         self._load()

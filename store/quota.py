@@ -18,7 +18,8 @@ full (pool pressure evicts the pool's coldest, whoever owns them: a quota is a c
 
 Quota bytes are payload bytes (what the client put), of every object the tenant holds: pending writes and objects
 removed while still being read count until their space is free. A hit is not promoted into DRAM past its tenant's
-DRAM quota (`may_promote`): it is served from where it is. Not thread-safe: the master's lock serialises every call.
+DRAM quota (`may_promote`): it is served from where it is, and a drain does not move an object into DRAM past it
+(`move_skip`). Not thread-safe: the master's lock serialises every call.
 """
 
 from __future__ import annotations
@@ -157,6 +158,16 @@ class Quotas:
         if quota is None or not quota.dram_bytes or tier != Tier.DRAM:
             return True
         return self.index.tenant_bytes(tenant, Tier.DRAM) + int(self.index.size[slot]) <= quota.dram_bytes
+
+    def move_skip(self, slot: int) -> frozenset:
+        """Tiers a drain must not move `slot` into: DRAM when the object is not in DRAM now and its tenant's DRAM
+        quota has no room for it (a DRAM object moving DRAM -> DRAM changes nothing of its usage)."""
+        tenant = int(self.index.tenant[slot])
+        quota = self.tenants.quota(tenant)
+        if quota is None or not quota.dram_bytes or int(self.index.tier[slot]) == Tier.DRAM:
+            return ANY_TIER
+        fits = self.index.tenant_bytes(tenant, Tier.DRAM) + int(self.index.size[slot]) <= quota.dram_bytes
+        return ANY_TIER if fits else BELOW_DRAM
 
     def _pick(self, tenant: int, tiers: Sequence[Tier], need: int) -> tuple[list[int], int]:
         """The tenant's coldest committed, unleased objects in `tiers` (in that order) until `need` payload bytes."""
