@@ -14,6 +14,7 @@ A token file is re-read when it changes (store/auth TokenSource), so rotating a 
 
 from __future__ import annotations
 
+import logging
 import os
 import ssl
 from dataclasses import dataclass
@@ -21,8 +22,11 @@ from typing import Mapping, Sequence
 
 import grpc
 
-from kvpool.store.auth import TokenSource, auth_channel
+from kvpool.store.auth import TokenSource, auth_channel, bearer_metadata
+from kvpool.store.auth.client import is_loopback
 from kvpool.store.tls import TlsConfig
+
+log = logging.getLogger(__name__)
 
 TOKEN_ENV = "KVPOOL_AUTH_TOKEN"
 TLS_ENV = {"ca": "KVPOOL_TLS_CA", "cert": "KVPOOL_TLS_CERT", "key": "KVPOOL_TLS_KEY",
@@ -48,8 +52,18 @@ class Credentials:
             tls = _tls({name: env.get(var, "") for name, var in TLS_ENV.items()}, lambda f: f"KVPOOL_TLS_{f.upper()}")
         return cls(token, tls)
 
-    def channel(self, address: str, options: Sequence[tuple[str, object]] = ()) -> grpc.Channel:
-        return auth_channel(address, token=self.token, tls=self.tls, options=options)
+    def channel(self, address: str, options: Sequence[tuple[str, object]] = (), *,
+                with_token: bool = True) -> grpc.Channel:
+        """`with_token=False`: the caller passes `metadata()` with each call itself (MasterRpc)."""
+        if not with_token and self.token is not None and self.tls is None:
+            if not is_loopback(address):
+                log.warning("sending a bearer token without TLS to %s: anyone on the network path can read it; "
+                            "configure TLS", address)
+        return auth_channel(address, token=self.token if with_token else None, tls=self.tls, options=options)
+
+    def metadata(self) -> tuple[tuple[str, str], ...] | None:
+        """The `authorization` metadata of one call (the token file re-read when it changed), or None."""
+        return bearer_metadata(self.token.token()) if self.token is not None else None
 
     def data_context(self) -> ssl.SSLContext | None:
         return self.tls.client_ssl_context() if self.tls is not None else None

@@ -78,6 +78,12 @@ class TenantLists:
     def remove(self, slot: int, tier: int) -> None:
         self._list(int(self.index.tenant[slot]), tier).remove(slot)
 
+    def mark_orphans(self, slots: Sequence[int], tier: int) -> None:
+        """Orphans (an ancestor left, store/chains.py) go first among their tenant's victims too."""
+        if len(slots):
+            for tenant, chain in self._by_tenant(slots):
+                self._list(tenant, tier).mark_orphans(list(chain))
+
     def victims(self, tenant: int, tier: int) -> Iterator[int]:
         lst = self._lists.get(tenant * _NT + tier)
         return iter(()) if lst is None else lst.victims()
@@ -111,6 +117,10 @@ class TrackedPolicy:
             return False
         self.lists.remove(slot, self.tier)
         return True
+
+    def mark_orphans(self, slots) -> None:
+        self.inner.mark_orphans(slots)
+        self.lists.mark_orphans(slots, self.tier)
 
     def victims(self) -> Iterator[int]:
         return self.inner.victims()

@@ -130,6 +130,7 @@ def damaging_requests(pool, rows) -> dict[str, object]:
         m + "ReportObjects": wire.report_to_msg("n1", [ObjectRecord(b"m" * 16, bytes(16), "n1", Tier.SSD, 1 << 19,
                                                                     OBJ, 0)]),
         m + "DrainNode": pb.DrainNodeRequest(node_id="n1"),
+        m + "FlushNode": pb.FlushNodeRequest(node_id="n1"),
         m + "PutStart": pb.PutStartRequest(keys=[b"x" * 16], sizes=[OBJ]),
         m + "PutCommit": pb.PutCommitRequest(grant_ids=ids, checksums=[0] * len(ids)),
         m + "PutAbort": pb.PutAbortRequest(grant_ids=ids),
@@ -185,9 +186,9 @@ def test_every_rpc_without_a_credential_or_with_the_wrong_role_is_refused_and_ch
                 expected = grpc.StatusCode.UNAUTHENTICATED if unknown else grpc.StatusCode.PERMISSION_DENIED
                 assert code == expected, (who, full, code, details)
                 refused.append((who, full))
-        # 22 authenticated RPCs: all refused without a credential; a node may call 6 of them, a client 8, a viewer 1,
+        # 23 authenticated RPCs: all refused without a credential; a node may call 7 of them, a client 8, a viewer 1,
         # an admin 10
-        assert len(refused) == 22 + 16 + 14 + 21 + 12
+        assert len(refused) == 23 + 16 + 15 + 22 + 13
         assert pool_state(pool) == before
         bufs = [bytearray(OBJ) for _ in keys]
         assert acme.get_many_into(keys, bufs) == 3 and bufs == [bytearray(d) for d in datas]

@@ -274,3 +274,18 @@ def test_a_hit_is_not_promoted_into_dram_past_the_tenants_dram_quota(make, tmp_p
         assert master.promote_pending() == 1 and master.inspect(stored[:1])[0].tier is Tier.DRAM
     finally:
         node.close()
+
+
+def test_a_tenants_orphans_are_its_first_quota_victims(make):
+    master, node = make(quotas={"acme": Quota(total_bytes=3 * OBJ)})
+    a, b, c, x, y = (key(i) for i in (1, 2, 3, 4, 5))
+    assert put(master, node, [x], "acme") == [STORED]
+    assert put(master, node, [a, b, c], "acme") == [STORED] * 3              # c (4th) over quota 3: x evicted
+    assert present(master, [x, a, b, c], "acme") == [False, True, True, True]
+    assert put(master, node, [x], "acme") == [STORED]                          # evicts the chain's tail, c
+    assert present(master, [x, a, b, c], "acme") == [True, True, True, False]
+    master.release([master.lookup([a, b], NS, tenant="acme").lease_id], tenant="acme")  # x is the coldest again
+    assert master.remove([a], tenant="acme") == 1                              # b lost its parent: an orphan
+    assert put(master, node, [y], "acme") == [STORED]
+    assert put(master, node, [c], "acme") == [STORED]                          # over quota: the orphan b goes,
+    assert present(master, [x, b, y, c], "acme") == [True, False, True, True]  # not x, the coldest non-orphan
