@@ -3,13 +3,18 @@
 For each object size (64 KiB, 512 KiB, 2 MiB), all measured in this one run on this machine:
   kvpool same-host   PoolClient(transport="auto"): memcpy into/out of the node's mapped /dev/shm arena
   kvpool tcp         PoolClient(transport="tcp"): the node's raw TCP data channel on loopback
+  auth on            the same two through a second pool with authentication on (bearer token checked on every RPC,
+                     keys in the client's tenant key space): the cost of auth, goal <= 5% on a 2 MiB get
+  TLS on             the same two through a third pool with authentication AND TLS (gRPC over TLS, the data
+                     channel over TLS; certificates made by kvpool/certs.py): the cost of TLS
   numpy memcpy       np.copyto of the same bytes (the limit of the same-host path)
   raw socket         sendall -> recv_into over loopback from a child process (the limit of the TCP path)
   redis              redis-server SET / GET of the same values, redis-py + hiredis, pipelined in the same batches
   mooncake           Mooncake Store (bench/mooncake_peer.py: mooncake_master + a storage process, batch_put_from /
                      batch_get_into with registered buffers, TCP transport), when installed, else skipped
-Then: one-RPC prefix lookup of a 1,000-key chain (p50, p99), and master memory per indexed object at 1M objects
-(tracemalloc over an in-process Master: index + allocator + policy, everything a committed object costs it).
+Then: one-RPC prefix lookup of a 1,000-key chain (p50, p99) with auth off and on, and master memory per indexed
+object at 1M objects (tracemalloc over an in-process Master: index + allocator + policy, everything a committed
+object costs it), also with the objects owned by a tenant under a quota (tenant key space + per-tenant LRU lists).
 
 The same-host columns run with the client's default fence (every read checked against the committed xxh3_64,
 kvpool/fence.py). `--fence` adds, interleaved in the same rounds, a same-host get of the same objects under each
@@ -45,12 +50,14 @@ from kvpool.launcher import free_port
 SIZES = [64 << 10, 512 << 10, 2 << 20]
 
 
-def wait_serving(address: str, deadline: float = 30.0) -> None:
+def wait_serving(address: str, deadline: float = 30.0, tls=None) -> None:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    from kvpool.store.auth import auth_channel
+
     end = time.monotonic() + deadline
-    with grpc.insecure_channel(address) as ch:
+    with auth_channel(address, tls=tls) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         while time.monotonic() < end:
             try:
@@ -62,24 +69,51 @@ def wait_serving(address: str, deadline: float = 30.0) -> None:
     raise TimeoutError(f"{address} not serving after {deadline}s")
 
 
-class Pool:
-    """A master process and a node process (DRAM only, sized for the run), killed on exit."""
+class Security:
+    """Token files and certificates for the auth-on and TLS-on pools, written under `workdir`."""
 
-    def __init__(self, dram_bytes: int, workdir: str) -> None:
+    def __init__(self, workdir: str) -> None:
+        from kvpool import certs
+        from kvpool.store.tls import TlsConfig
+
+        d = os.path.join(workdir, "security")
+        os.makedirs(d)
+        tokens = {"node": "bench-node-" + os.urandom(16).hex(), "client": "bench-client-" + os.urandom(16).hex()}
+        for name, text in (("node.tokens", tokens["node"]), ("client.tokens", f"bench:{tokens['client']}"),
+                           ("client.token", tokens["client"])):
+            with open(os.path.join(d, name), "w") as f:
+                f.write(text + "\n")
+        ca = certs.make_ca()
+        certs.save(ca, d, "ca")
+        certs.save(certs.issue(ca, "server"), d, "server")
+        self.node_args = ["--auth-node-tokens", f"file:{d}/node.tokens"]
+        self.master_args = self.node_args + ["--auth-client-tokens", f"file:{d}/client.tokens"]
+        self.tls_args = ["--tls-cert", f"{d}/server.pem", "--tls-key", f"{d}/server.key", "--tls-ca", f"{d}/ca.pem"]
+        self.token = f"file:{d}/client.token"
+        self.tls = TlsConfig(ca=f"{d}/ca.pem")
+
+
+class Pool:
+    """A master process and a node process (DRAM only, sized for the run), killed on exit. `master_args` /
+    `node_args`: the security flags of the auth-on and TLS-on pools; `tls`: how to check their health."""
+
+    def __init__(self, dram_bytes: int, workdir: str, name: str = "plain", master_args=(), node_args=(),
+                 tls=None) -> None:
         self.workdir = workdir
         self.shm = tempfile.mkdtemp(prefix="kvpool-bench-", dir="/dev/shm")
         self.address = f"127.0.0.1:{free_port()}"
         node_addr = f"127.0.0.1:{free_port()}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("KVPOOL_")}
-        log = open(os.path.join(workdir, "pool.log"), "ab")
+        log = open(os.path.join(workdir, f"pool-{name}.log"), "ab")
         cli = [sys.executable, "-m", "kvpool.cli"]
-        self.procs = [subprocess.Popen(cli + ["master", "--listen", self.address, "--max-object-bytes", "64MiB"],
-                                       stdout=log, stderr=log, env=env)]
-        wait_serving(self.address)
+        self.procs = [subprocess.Popen(cli + ["master", "--listen", self.address, "--max-object-bytes", "64MiB",
+                                              *master_args], stdout=log, stderr=log, env=env)]
+        wait_serving(self.address, tls=tls)
         self.procs.append(subprocess.Popen(cli + ["node", "--master", self.address, "--listen", node_addr,
                                                   "--dram-bytes", str(dram_bytes), "--shm-dir", self.shm,
-                                                  "--node-id", "bench"], stdout=log, stderr=log, env=env))
-        wait_serving(node_addr)
+                                                  "--node-id", "bench", *node_args], stdout=log, stderr=log,
+                                           env=env))
+        wait_serving(node_addr, tls=tls)
 
     def close(self) -> None:
         for p in reversed(self.procs):
@@ -166,20 +200,23 @@ class Redis:
         self.proc.wait()
 
 
+MODES = ("", "auth ", "tls ")  # column prefixes: auth off, auth on, auth + TLS on
 FENCE_CANDIDATES = ("no check", "hash after copy", "fused (default)")
 
 
-def measure_size(pool_address: str, size: int, count: int, batch: int, rounds: int, redis, mc, bar,
+def measure_size(pools: dict[str, tuple[str, dict]], size: int, count: int, batch: int, rounds: int, redis, mc, bar,
                  salt: int, fence_candidates: bool = False) -> dict[str, float]:
     """GB/s per column, best of `rounds`. Every round runs every column once, so a burst of load from elsewhere
-    on the machine hits all columns alike instead of skewing one of them."""
+    on the machine hits all columns alike instead of skewing one of them. `pools`: mode prefix -> (master address,
+    PoolClient credential kwargs)."""
     src = [np.full(size, (i * 7 + 1) % 256, np.uint8) for i in range(count)]
     dst = [np.empty(size, np.uint8) for _ in range(count)]
     views = [memoryview(d) for d in dst]
     from kvpool import fence
 
-    clients = {t: PoolClient(pool_address, transport=t, timeout=60) for t in ("auto", "tcp")}
-    unchecked = PoolClient(pool_address, timeout=60, verify="remote") if fence_candidates else None
+    clients = {f"{mode}{t}": PoolClient(address, transport=t, timeout=60, **creds)
+               for mode, (address, creds) in pools.items() for t in ("auto", "tcp")}
+    unchecked = PoolClient(pools[""][0], timeout=60, verify="remote") if fence_candidates else None
     raw = RawSocket(size)
     if mc is not None:
         mc.register(src + dst)
@@ -197,34 +234,53 @@ def measure_size(pool_address: str, size: int, count: int, batch: int, rounds: i
         for d in dst:
             d[:1] = 0
 
+    columns = list(clients.items())
     try:
         for r in range(rounds):
-            for t, c in clients.items():
-                keys = [(salt << 96 | (t == "tcp") << 64 | r << 32 | i).to_bytes(16, "big") for i in range(count)]
-
-                def put(c=c, keys=keys):
+            # The pool columns take turns batch by batch (put i of every column, then get i of every column, in an
+            # order that rotates each round), so drift and bursts of load from elsewhere hit them alike: the
+            # auth-on / TLS-on ratios compare like with like although each mode is its own server process.
+            shift = r % len(columns)
+            order = columns[shift:] + columns[:shift]
+            keys = {t: [(salt << 96 | n << 64 | r << 32 | i).to_bytes(16, "big") for i in range(count)]
+                    for n, (t, _) in enumerate(columns)}
+            spent = {f"{t} {op}": 0.0 for t, _ in columns for op in ("put", "get")}
+            for i in range(0, count, batch):
+                for t, c in order:
+                    t0 = time.perf_counter()
+                    st = c.put_many(keys[t][i:i + batch], src[i:i + batch])
+                    spent[f"{t} put"] += time.perf_counter() - t0
+                    assert st == ["stored"] * len(st), st
+            for i in range(0, count, batch):
+                for t, c in order:
+                    t0 = time.perf_counter()
+                    got = c.get_many_into(keys[t][i:i + batch], dst[i:i + batch])
+                    spent[f"{t} get"] += time.perf_counter() - t0
+                    assert got == len(keys[t][i:i + batch])
+                    assert all(np.array_equal(src[j], dst[j]) for j in range(i, i + got)), f"{t}: bytes differ"
+                    for d in dst[i:i + got]:
+                        d[:1] = 0
+            if fence_candidates:  # the auth-off same-host objects, read again under each fence candidate
+                def get_all(client, k=keys["auto"]):
                     for i in range(0, count, batch):
-                        st = c.put_many(keys[i:i + batch], src[i:i + batch])
-                        assert st == ["stored"] * len(st), st
+                        assert client.get_many_into(k[i:i + batch], dst[i:i + batch]) == len(k[i:i + batch])
 
-                def get(c=c, keys=keys):
-                    for i in range(0, count, batch):
-                        assert c.get_many_into(keys[i:i + batch], dst[i:i + batch]) == len(keys[i:i + batch])
-                timed(f"{t} put", put)
-                timed(f"{t} get", get)
+                auto = clients["auto"]
+                timed("fence no check", lambda: get_all(unchecked))
                 check()
-                if t == "auto" and fence_candidates:
-                    timed("fence no check", lambda keys=keys: get(unchecked, keys))
-                    check()
-                    chunk, fence.CHUNK = fence.CHUNK, 1 << 62  # one chunk: copy everything, then hash it
-                    try:
-                        timed("fence hash after copy", lambda keys=keys: get(c, keys))
-                    finally:
-                        fence.CHUNK = chunk
-                    check()
-                    timed("fence fused (default)", lambda keys=keys: get(c, keys))
-                    check()
-                c.remove_many(keys)
+                chunk, fence.CHUNK = fence.CHUNK, 1 << 62  # one chunk: copy everything, then hash it
+                try:
+                    timed("fence hash after copy", lambda: get_all(auto))
+                finally:
+                    fence.CHUNK = chunk
+                check()
+                timed("fence fused (default)", lambda: get_all(auto))
+                check()
+            for t, c in order:
+                c.remove_many(keys[t])
+            for name, dt in spent.items():
+                times.setdefault(name, []).append(dt)
+            bar.update(len(spent))
             timed("memcpy", lambda: [np.copyto(d, a) for d, a in zip(dst, src)])
             timed("raw", lambda: raw.recv_all(views))
             if redis is not None:
@@ -250,9 +306,39 @@ def measure_size(pool_address: str, size: int, count: int, batch: int, rounds: i
     return {name: count * size / min(v) / 1e9 for name, v in times.items()}
 
 
-def bench_lookup(address: str, chain: int, runs: int, bar) -> tuple[float, float]:
+def bench_get_rpcs(pools: dict[str, tuple[str, dict]], batch: int, runs: int, bar) -> dict[str, float]:
+    """Median seconds of what a get asks the master (Lookup with a lease of `batch` keys + its Release) per mode,
+    the modes taking turns call by call. Authentication changes nothing else on a get (the bytes move exactly as
+    with auth off), so this difference IS the cost of auth per get call, resolved far below the noise of moving
+    64 MiB."""
+    from kvpool.proto import kvpool_pb2 as pb
+
+    keys = [(9 << 100 | i).to_bytes(16, "big") for i in range(batch)]
+    clients = {mode: PoolClient(address, timeout=30, **creds) for mode, (address, creds) in pools.items()}
+    lat: dict[str, list[float]] = {mode: [] for mode in clients}
+    try:
+        for c in clients.values():
+            assert c.put_many(keys, [b"x" * 4096] * batch) == ["stored"] * batch
+        request = pb.LookupRequest(keys=keys, lease=True, expect_sizes=[4096] * batch)
+        for _ in range(runs):
+            for mode, c in clients.items():
+                t0 = time.perf_counter()
+                reply = c.rpc.call("Lookup", request)
+                c.rpc.call("Release", pb.ReleaseRequest(lease_ids=[reply.lease_id]))
+                lat[mode].append(time.perf_counter() - t0)
+                assert reply.hits == batch
+            bar.update()
+        for c in clients.values():
+            c.remove_many(keys)
+    finally:
+        for c in clients.values():
+            c.close()
+    return {mode: statistics.median(v) for mode, v in lat.items()}
+
+
+def bench_lookup(address: str, chain: int, runs: int, bar, **creds) -> tuple[float, float]:
     keys = [(7 << 100 | i).to_bytes(16, "big") for i in range(chain)]
-    with PoolClient(address, timeout=30) as c:
+    with PoolClient(address, timeout=30, **creds) as c:
         c.put_many(keys, [b"x" * 4096] * chain)
         lat = []
         for _ in range(runs):
@@ -292,21 +378,26 @@ def bench_index_memory(objects: int) -> float:
     return used / objects
 
 
-def bench_master_memory(objects: int, bar) -> float:
+def bench_master_memory(objects: int, bar, tenant: str = "") -> float:
+    """`tenant`: the objects are that tenant's (stored keys of its key space) and it has a quota, so the per-tenant
+    LRU lists are kept too; "" = auth off, no quotas."""
     from kvpool.store.config import MasterConfig
     from kvpool.store.master import Master
     from kvpool.store.records import NodeInfo
+    from kvpool.store.tenants import Quota
 
     batch = 65536
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
-    master = Master(MasterConfig(max_batch_keys=batch), token_secret=b"s" * 32)
+    quotas = {tenant: Quota(total_bytes=objects * 4096 * 4)} if tenant else None
+    # Grants live an hour: under tracemalloc on a loaded machine one 65,536-key put_start can outlast the default 30 s.
+    master = Master(MasterConfig(max_batch_keys=batch, grant_ttl_s=3600), token_secret=b"s" * 32, quotas=quotas)
     master.register_node(NodeInfo(node_id="n", dram_bytes=objects * 4096 * 2), _NullOps(), expires=False)
     for start in range(0, objects, batch):
         n = min(batch, objects - start)
         keys = [(start + i).to_bytes(16, "big") for i in range(n)]
-        grants = master.put_start(keys, [4096] * n)
-        assert master.put_commit([g.grant.grant_id for g in grants], [0] * n) == [True] * n
+        grants = master.put_start(keys, [4096] * n, tenant=tenant)
+        assert master.put_commit([g.grant.grant_id for g in grants], [0] * n, tenant=tenant) == [True] * n
         bar.update(n)
     used = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
@@ -331,10 +422,16 @@ def main(argv=None) -> int:
     import mooncake_peer
 
     mooncake_reason = mooncake_peer.unavailable()
-    steps = len(SIZES) * args.rounds * (4 + 2 + (3 if args.fence else 0) + (2 if redis_reason is None else 0)
-                                        + (2 if mooncake_reason is None else 0))
+    steps = len(SIZES) * args.rounds * (4 * len(MODES) + 2 + (3 if args.fence else 0)
+                                        + (2 if redis_reason is None else 0) + (2 if mooncake_reason is None else 0))
     rows = {}
-    pool = Pool(dram_bytes=2 * total + (64 << 20), workdir=workdir)
+    sec = Security(workdir)
+    dram = 2 * total + (64 << 20)
+    pool = Pool(dram, workdir)
+    pool_auth = Pool(dram, workdir, "auth", sec.master_args, sec.node_args)
+    pool_tls = Pool(dram, workdir, "tls", sec.master_args + sec.tls_args, sec.node_args + sec.tls_args, tls=sec.tls)
+    pools = {"": (pool.address, {}), "auth ": (pool_auth.address, {"token": sec.token}),
+             "tls ": (pool_tls.address, {"token": sec.token, "tls": sec.tls})}
     redis = Redis(workdir) if redis_reason is None else None
     mc = None
     if mooncake_reason is None:
@@ -343,13 +440,14 @@ def main(argv=None) -> int:
         except RuntimeError as exc:
             mooncake_reason = str(exc)
     try:
-        with tqdm(total=steps + args.lookups + args.index_objects, desc="pool_remote", unit="step",
+        with tqdm(total=steps + 3 * args.lookups + 2 * args.index_objects, desc="pool_remote", unit="step",
                   file=sys.stderr) as bar:
             for s, size in enumerate(SIZES):
-                g = measure_size(pool.address, size, max(1, total // size), args.batch, args.rounds, redis, mc,
+                g = measure_size(pools, size, max(1, total // size), args.batch, args.rounds, redis, mc,
                                  bar, s + 1, args.fence)
-                row = {"auto": {"put": g["auto put"], "get": g["auto get"]},
-                       "tcp": {"put": g["tcp put"], "get": g["tcp get"]}, "memcpy": g["memcpy"], "raw": g["raw"]}
+                row = {f"{mode}{t}": {"put": g[f"{mode}{t} put"], "get": g[f"{mode}{t} get"]}
+                       for mode in MODES for t in ("auto", "tcp")}
+                row.update({"memcpy": g["memcpy"], "raw": g["raw"]})
                 if "redis get" in g:
                     row["redis"] = {"put": g["redis put"], "get": g["redis get"]}
                 if "mooncake get" in g:
@@ -358,7 +456,10 @@ def main(argv=None) -> int:
                     row["fence"] = {name: g[f"fence {name}"] for name in FENCE_CANDIDATES}
                 rows[size] = row
             p50, p99 = bench_lookup(pool.address, args.chain, args.lookups, bar)
+            auth_p50, auth_p99 = bench_lookup(pool_auth.address, args.chain, args.lookups, bar, token=sec.token)
+            get_rpcs = bench_get_rpcs(pools, args.batch, args.lookups, bar)
             per_object = bench_master_memory(args.index_objects, bar)
+            per_object_tenant = bench_master_memory(args.index_objects, bar, tenant="bench")
             per_index_entry = bench_index_memory(args.index_objects)
     finally:
         if redis is not None:
@@ -366,6 +467,8 @@ def main(argv=None) -> int:
         if mc is not None:
             mc.close()
         pool.close()
+        pool_auth.close()
+        pool_tls.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
     print(f"\nkvpool bench/pool_remote.py  {datetime.date.today()}  {platform.machine()} "
@@ -403,14 +506,47 @@ def main(argv=None) -> int:
     if two.get("redis"):
         goals.append(("tcp get >= 1.5x redis GET", two["tcp"]["get"] / two["redis"]["get"] >= 1.5))
     print("goals at 2 MiB: " + "; ".join(f"{name}: {'met' if ok else 'MISSED'}" for name, ok in goals))
+    print()
+    head = f"{'size':>8} | {'shm get':>8} {'auth':>8} {'tls':>8} | {'tcp get':>8} {'auth':>8} {'tls':>8} | " \
+           f"{'shm put':>8} {'auth':>8} {'tls':>8} | {'tcp put':>8} {'auth':>8} {'tls':>8}"
+    print("security: the same columns through a pool with authentication on (auth) and with authentication + TLS "
+          "(tls); GB/s")
+    print(head)
+    print("-" * len(head))
+    for size, row in rows.items():
+        cells = " | ".join(" ".join(f"{row[f'{mode}{t}'][op]:8.2f}" for mode in MODES)
+                           for op, t in (("get", "auto"), ("get", "tcp"), ("put", "auto"), ("put", "tcp")))
+        print(f"{size >> 10:>5}KiB | {cells}")
+    auth_shm, auth_tcp = two["auth auto"]["get"] / two["auto"]["get"], two["auth tcp"]["get"] / two["tcp"]["get"]
+    worst = min(auth_shm, auth_tcp)
+    print(f"auth on, 2 MiB get: same-host {auth_shm:.3f}x, tcp {auth_tcp:.3f}x of auth off; cost "
+          f"{100 * (1 - worst):+.1f}% (goal <= 5%): {'met' if worst >= 0.95 else 'MISSED'}"
+          + (" (negative: auth on measured faster, i.e. below this run's noise between server processes)"
+             if worst > 1 else ""))
+    batch_s = args.batch * (2 << 20) / two["auto"]["get"] / 1e9     # one same-host get call of 32 x 2 MiB
+    extra = get_rpcs["auth "] - get_rpcs[""]
+    print(f"auth on, per get call ({args.batch} keys): Lookup+Release {get_rpcs[''] * 1e3:.3f} ms -> "
+          f"{get_rpcs['auth '] * 1e3:.3f} ms ({extra * 1e6:+.0f} us) = {100 * extra / batch_s:+.2f}% of a "
+          f"{args.batch} x 2 MiB same-host get ({batch_s * 1e3:.1f} ms) (goal <= 5%): "
+          f"{'met' if extra / batch_s <= 0.05 else 'MISSED'}; with TLS {get_rpcs['tls '] * 1e3:.3f} ms")
+    print(f"auth on, 2 MiB put: same-host {two['auth auto']['put'] / two['auto']['put']:.3f}x, "
+          f"tcp {two['auth tcp']['put'] / two['tcp']['put']:.3f}x of auth off")
+    print(f"TLS on (auth + TLS), 2 MiB: tcp get {two['tls tcp']['get'] / two['auth tcp']['get']:.2f}x, tcp put "
+          f"{two['tls tcp']['put'] / two['auth tcp']['put']:.2f}x of auth-only plaintext (the data channel over TLS); "
+          f"same-host get {two['tls auto']['get'] / two['auth auto']['get']:.2f}x (shared memory: only the RPCs are "
+          "TLS)")
     if redis_reason:
         print(f"redis column skipped: {redis_reason}")
     if mooncake_reason:
         print(f"mooncake column skipped: {mooncake_reason}")
-    print(f"prefix lookup of a {args.chain}-key chain (one RPC): p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms")
+    print(f"prefix lookup of a {args.chain}-key chain (one RPC): p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms; "
+          f"auth on (token check + tenant key space): p50 {auth_p50 * 1e3:.2f} ms ({auth_p50 / p50:.2f}x), "
+          f"p99 {auth_p99 * 1e3:.2f} ms")
     print(f"master memory per indexed object at {args.index_objects:,} objects: {per_object:.0f} bytes "
           f"(goal <= 200) {'met' if per_object <= 200 else 'MISSED'}; of which the index alone {per_index_entry:.0f} "
-          f"bytes (the rest: allocator extents + eviction-policy entries)")
+          f"bytes (the rest: allocator extents + eviction-policy entries); objects of a tenant with a quota (tenant "
+          f"key space + per-tenant LRU lists): {per_object_tenant:.0f} bytes "
+          f"{'met' if per_object_tenant <= 200 else 'MISSED'}")
     return 0
 
 

@@ -11,6 +11,11 @@ Example (connector.yaml):
     min_hit_tokens: 32         # shorter pool hits are recomputed
     load_policy: auto          # auto (load only when faster than recompute) | always
     tenant: default
+    auth_token: file:/etc/kvpool/client.token   # pool with authentication on (or KVPOOL_AUTH_TOKEN); never the token
+    tls_ca: /etc/kvpool/tls/ca.pem              # pool with TLS (tls_cert + tls_key too for mutual TLS)
+
+With authentication on the pool takes the tenant from the token (`auth_token`), not from `tenant`: `tenant` still
+goes into the namespace (so two tenants' keys differ even before the master scopes them).
 """
 
 from __future__ import annotations
@@ -49,6 +54,11 @@ class ConnectorConfig:
     embedded_dram_bytes: int = 256 << 20
     embedded_ssd_path: str | None = None
     embedded_ssd_bytes: int = 0
+    auth_token: str = ""                 # file:PATH or env:NAME; "" = KVPOOL_AUTH_TOKEN if set, else none
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_server_name: str = ""
 
     def __post_init__(self) -> None:
         def fix(name: str, enum_cls: type[enum.Enum]) -> None:
@@ -84,6 +94,15 @@ class ConnectorConfig:
             raise ValueError("tenant must be a non-empty string")
         if self.transport not in ("auto", "tcp"):
             raise ValueError(f"transport must be auto (shared memory on the same host, else TCP) or tcp, got {self.transport!r}")
+        if self.pool != "embedded":
+            self.credentials()  # a bad source or certificate file fails here, naming the field
+
+    def credentials(self):
+        """kvpool.credentials.Credentials of a remote pool (ValueError naming auth_token / tls_*)."""
+        from kvpool.credentials import credentials_of
+
+        return credentials_of(self.auth_token, ca=self.tls_ca, cert=self.tls_cert, key=self.tls_key,
+                              server_name=self.tls_server_name)
 
     @classmethod
     def load(cls, path: str | None = None, **overrides) -> "ConnectorConfig":

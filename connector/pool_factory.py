@@ -13,4 +13,5 @@ def open_pool(config: ConnectorConfig):
                             ssd_bytes=config.embedded_ssd_bytes)
     from kvpool.client import PoolClient
 
-    return PoolClient(config.pool, transport=config.transport, timeout=config.load_timeout_s, retries=0)
+    return PoolClient(config.pool, transport=config.transport, timeout=config.load_timeout_s, retries=0,
+                      credentials=config.credentials())

@@ -4,13 +4,13 @@ Public API (stable): Namespace, block_keys, EmbeddedPool, PoolClient, PoolError.
 Heavy pieces are imported lazily so `import kvpool` stays cheap and needs neither torch nor grpc.
 """
 
-from kvpool.errors import PoolDataError, PoolError, PoolProtocolError, PoolTimeout, PoolUnavailable
+from kvpool.errors import PoolAuthError, PoolDataError, PoolError, PoolProtocolError, PoolTimeout, PoolUnavailable
 from kvpool.keys import KEY_BYTES, BlockKey, Namespace, block_keys
 
 __version__ = "0.1.0"
 
 __all__ = ["Namespace", "block_keys", "BlockKey", "KEY_BYTES", "EmbeddedPool", "PoolClient", "PoolError",
-           "PoolUnavailable", "PoolTimeout", "PoolDataError", "PoolProtocolError", "__version__"]
+           "PoolUnavailable", "PoolTimeout", "PoolDataError", "PoolProtocolError", "PoolAuthError", "__version__"]
 
 
 def __getattr__(name: str):

@@ -17,6 +17,7 @@ import re
 import sys
 from typing import Callable, Iterator
 
+from kvpool.credentials import Credentials, add_credential_args, credentials_from_args
 from kvpool.errors import PoolError, PoolProtocolError
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.rpc import MasterRpc
@@ -57,11 +58,15 @@ def parse_duration(text: str, what: str = "--older-than") -> float:
 
 
 class AdminClient:
-    def __init__(self, address: str | None = None, *, timeout: float = 5.0) -> None:
+    def __init__(self, address: str | None = None, *, timeout: float = 5.0, token=None, tls=None,
+                 credentials: Credentials | None = None) -> None:
+        """`token` / `tls` / `credentials`: what to present (kvpool/credentials.py; default KVPOOL_AUTH_TOKEN and
+        KVPOOL_TLS_*). With authentication on, an admin (or, read-only, a viewer) credential."""
         self.address = address or default_master()
         self.timeout = timeout
+        self.credentials = credentials if credentials is not None else Credentials.resolve(token, tls)
         self.rpc = MasterRpc(self.address, timeout=timeout, unavailable_hint=f" {UNREACHABLE_HINT}",
-                             timeout_hint=" (--timeout)")
+                             timeout_hint=" (--timeout)", credentials=self.credentials)
 
     def _call(self, name: str, request):
         return self.rpc.call(name, request)
@@ -96,14 +101,14 @@ class AdminClient:
                          "tiers": {t: dict(tiers[t]) for t in sorted(tiers, key=_tier_order)}})
         return rows
 
-    def list(self, *, namespace: str = "", limit: int = 0, page: int = 1000) -> Iterator[dict]:
-        """Committed objects in key order, paginated; `limit` 0 = all."""
+    def list(self, *, namespace: str = "", limit: int = 0, page: int = 1000, tenant: str = "") -> Iterator[dict]:
+        """Committed objects in (stored) key order, paginated; `limit` 0 = all; `tenant`: only its objects."""
         if not isinstance(limit, int) or limit < 0:
             raise ValueError(f"--limit {limit!r} must be an integer >= 0 (0 = all)")
         ns = parse_hex16(namespace, "--namespace") if namespace else b""
         start, n = b"", 0
         while True:
-            reply = self._call("List", pb.ListRequest(namespace=ns, start_after=start, limit=page))
+            reply = self._call("List", pb.ListRequest(namespace=ns, start_after=start, limit=page, tenant=tenant))
             for o in reply.objects:
                 yield wire.object_row(o)
                 n += 1
@@ -155,7 +160,8 @@ class AdminClient:
         from kvpool.client import PoolClient
 
         self._call("BeginDrain", pb.BeginDrainRequest(node_id=node_id))  # unknown node / no master: this error
-        with PoolClient(self.address, timeout=self.timeout, connect_timeout=self.timeout) as client:
+        with PoolClient(self.address, timeout=self.timeout, connect_timeout=self.timeout,
+                        credentials=self.credentials) as client:
             try:
                 return drain(client, node_id, deadline_s=deadline_s).as_dict()
             except PoolError as exc:
@@ -184,6 +190,7 @@ def add_master_args(p, *, timeout: float = 5.0, json_help: str = "print JSON (fo
     p.add_argument("--json", action="store_true", help=json_help)
     p.add_argument("--timeout", type=float, default=timeout, metavar="S",
                    help=f"seconds to wait for the master's answer (default {timeout:g})")
+    add_credential_args(p)
 
 
 def run_admin(name: str, args, body: Callable[[AdminClient], int]) -> int:
@@ -191,7 +198,7 @@ def run_admin(name: str, args, body: Callable[[AdminClient], int]) -> int:
     if not args.timeout > 0:
         return fail(name, f"--timeout {args.timeout!r} must be > 0 seconds", 2)
     try:
-        with AdminClient(args.master, timeout=args.timeout) as admin:
+        with AdminClient(args.master, timeout=args.timeout, credentials=credentials_from_args(args)) as admin:
             return int(body(admin) or 0)
     except ValueError as exc:
         return fail(name, str(exc), 2)

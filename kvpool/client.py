@@ -10,9 +10,15 @@ The three layers it is built from, each usable on its own:
   kvpool/transfer.py   Transfers: same-host arena memcpy or the node's TCP data channel, read verification
 `kvpool drain` moves objects with the same `rpc` and `transfers` (public attributes).
 
-Faults: what is left after retries raises PoolUnavailable / PoolTimeout / PoolError; caller mistakes raise
-ValueError before anything is sent. A node failing mid-put fails only its keys ("no_space"); a get whose transfer
-fails stops at that key (a miss), like a get that hits a missing key.
+Faults: what is left after retries raises PoolUnavailable / PoolTimeout / PoolError (PoolAuthError: the master
+refused the credential); caller mistakes raise ValueError before anything is sent. A node failing mid-put fails
+only its keys ("no_space"); a get whose transfer fails stops at that key (a miss), like a get that hits a missing key.
+
+Credentials (kvpool/credentials.py): `token` (file:PATH / env:NAME or a TokenSource) and `tls` (a TlsConfig), else
+KVPOOL_AUTH_TOKEN / KVPOOL_TLS_*: the master channel is TLS when configured and every call presents the token; a
+node whose data channel speaks TLS (NodeEndpoint.data_tls) is reached over TLS with the same CA / certificate.
+With authentication on, the master keeps this client's objects in its tenant's key space and sends their stored
+keys back (`record_keys`); Transfers writes those into SSD record headers. Same-host shared memory is unchanged.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Sequence
 import xxhash
 
 from kvpool import fence
+from kvpool.credentials import Credentials
 from kvpool.pool import PoolFront
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.rpc import MasterRpc
@@ -41,7 +48,7 @@ log = logging.getLogger(__name__)
 class PoolClient(PoolFront):
     def __init__(self, address: str, *, transport: str = "auto", timeout: float = 10.0, retries: int = 2,
                  max_object_bytes: int = 64 << 20, connect_timeout: float | None = None,
-                 verify: str = "all") -> None:
+                 verify: str = "all", token=None, tls=None, credentials: Credentials | None = None) -> None:
         """`verify`: which reads are checked against the object's committed xxh3_64 before they count as hits
         (a mismatch is a miss at that key, never returned bytes, and is reported so the master forgets the object).
         "all" (default): every read, same-host copies out of a mapped arena included (hashed chunk by chunk as they
@@ -53,13 +60,15 @@ class PoolClient(PoolFront):
             raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
         if not isinstance(retries, int) or retries < 0:
             raise ValueError(f"retries must be an int >= 0, got {retries!r}")
-        self.transfers = Transfers(host_id(), transport=transport, timeout=float(timeout), verify=verify)
+        creds = credentials if credentials is not None else Credentials.resolve(token, tls)
+        self.transfers = Transfers(host_id(), transport=transport, timeout=float(timeout), verify=verify,
+                                   ssl_context=creds.data_context(), server_name=creds.server_name)
         super().__init__(max_object_bytes)
         self.address = address
         self.transport = transport
         self.verify = verify
         self.host_id = self.transfers.host_id
-        self.rpc = MasterRpc(address, timeout=timeout, retries=retries)
+        self.rpc = MasterRpc(address, timeout=timeout, retries=retries, credentials=creds)
         self._releaser = _Releaser(self.rpc)
         try:
             self.rpc.wait_ready(connect_timeout or self.rpc.timeout)

@@ -9,34 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import types
 import typing
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
+from kvpool.store.config import parse_size  # noqa: F401 - re-exported: sizes are parsed where fields are defined
+
 T = TypeVar("T")
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
-_SIZE_MULT = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
-              "tb": 10**12, "ki": 1 << 10, "kib": 1 << 10, "mi": 1 << 20, "mib": 1 << 20, "gi": 1 << 30,
-              "gib": 1 << 30, "ti": 1 << 40, "tib": 1 << 40}
-
-
-def parse_size(value: Any, field: str) -> int:
-    """'256MiB', '4G', '1024', 1024 -> bytes. Raises ValueError naming `field`."""
-    if isinstance(value, bool):
-        raise ValueError(f"{field}: expected a size like 256MiB, got {value!r}")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str):
-        m = _SIZE_RE.match(value)
-        if m:
-            return int(float(m.group(1)) * _SIZE_MULT[(m.group(2) or "").lower()])
-    raise ValueError(f"{field}: expected a size like 256MiB or an integer byte count, got {value!r}")
-
 
 def read_config_file(path: str | os.PathLike) -> dict[str, Any]:
     p = Path(path)

@@ -13,6 +13,11 @@ over the last `window` samples (one point per sample):
     point = {"t", "hit_rate": {"all", <each active tier>}, "requested_tokens_per_s", "hit_tokens_per_s",
              "lookups_per_s", "stored_per_s"}          (stored = objects stored by puts, when the stats carry it)
 
+Access (authentication on, kvpool/services.py): `authorize(headers)` answers every route but /health: None = let
+in, else the reason for a 401 that asks for credentials (`WWW-Authenticate: Basic`, so a browser prompts; the
+password is the token, the user name is ignored; scrapers send `Authorization: Bearer <token>`). With an
+`ssl_context` the server speaks HTTPS (the master's certificate), so a token never crosses the network in clear.
+
 A hit rate is null when no token was requested in the window (0/0 is not 0%). Counters going backwards (master
 restarted) restart the window instead of producing negative rates. Tests pass `sample_interval=None` and a fake
 `clock` and call `sample()` themselves, so history is deterministic.
@@ -24,6 +29,7 @@ import collections
 import json
 import logging
 import math
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -87,7 +93,9 @@ class DashboardServer:
 
     def __init__(self, stats_provider: StatsProvider, registry: CollectorRegistry, host: str = "127.0.0.1",
                  port: int = 0, *, sample_interval: float | None = 1.0, window: int = 5, history_points: int = 900,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time,
+                 authorize: Callable[[Mapping[str, str]], str | None] | None = None,
+                 ssl_context: ssl.SSLContext | None = None):
         if not callable(stats_provider):
             raise ValueError("stats_provider must be callable and return a stats dict")
         if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
@@ -110,6 +118,8 @@ class DashboardServer:
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._sampler_failing = False
+        self._authorize = authorize
+        self._ssl_context = ssl_context
 
     # -- lifecycle ------------------------------------------------------------------------------------------------
     def start(self) -> DashboardServer:
@@ -117,6 +127,10 @@ class DashboardServer:
             raise RuntimeError("DashboardServer already started")
         self._httpd = ThreadingHTTPServer((self._host, self._port), _handler_class(self))
         self._httpd.daemon_threads = True
+        if self._ssl_context is not None:
+            # The handshake runs on the request's own thread (first read), not in the accept loop.
+            self._httpd.socket = self._ssl_context.wrap_socket(self._httpd.socket, server_side=True,
+                                                               do_handshake_on_connect=False)
         self._threads = [threading.Thread(target=self._httpd.serve_forever, name="kvpool-dashboard", daemon=True)]
         if self._interval is not None:
             self._threads.append(threading.Thread(target=self._sample_loop, name="kvpool-dashboard-sampler",
@@ -150,7 +164,7 @@ class DashboardServer:
     @property
     def url(self) -> str:
         host = f"[{self._host}]" if ":" in self._host else self._host
-        return f"http://{host}:{self.port}/"
+        return f"{'https' if self._ssl_context is not None else 'http'}://{host}:{self.port}/"
 
     # -- sampling -------------------------------------------------------------------------------------------------
     def snapshot(self) -> PoolStats:
@@ -180,9 +194,13 @@ class DashboardServer:
             self._stop.wait(self._interval)
 
     # -- request handling (called from handler threads) -------------------------------------------------------------
-    def handle(self, method: str, raw_path: str) -> tuple[int, bytes, str]:
+    def handle(self, method: str, raw_path: str, headers: Mapping[str, str] | None = None) -> tuple[int, bytes, str]:
         parts = urlsplit(raw_path)
         path, query = parts.path, parse_qs(parts.query, keep_blank_values=True)
+        if self._authorize is not None and path != "/health":
+            refused = self._authorize(headers or {})
+            if refused:
+                return _json(401, {"error": refused})
         if method not in ("GET", "HEAD"):
             return _json(405, {"error": f"method {method} not allowed; use GET"})
         try:
@@ -269,10 +287,12 @@ def _handler_class(server: DashboardServer) -> type[BaseHTTPRequestHandler]:
         protocol_version = "HTTP/1.1"
 
         def _respond(self, method: str) -> None:
-            status, body, ctype = server.handle(method, self.path)
+            status, body, ctype = server.handle(method, self.path, self.headers)
             if method not in ("GET", "HEAD"):
                 self.close_connection = True  # the request body is not read; do not reuse this connection
             self.send_response(status)
+            if status == 401:
+                self.send_header("WWW-Authenticate", 'Basic realm="kvpool", charset="UTF-8"')
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Cache-Control", "no-store")

@@ -24,3 +24,7 @@ class PoolProtocolError(PoolError):
 
 class PoolNotFound(PoolError):
     """The master does not hold the named node or object (gRPC NOT_FOUND)."""
+
+
+class PoolAuthError(PoolError):
+    """The master refused the credential (gRPC UNAUTHENTICATED: none or unknown) or its role (PERMISSION_DENIED)."""

@@ -76,13 +76,18 @@ def _check_alive(proc: Proc | subprocess.Popen | None) -> None:
         raise RuntimeError(f"process {proc.args!r} exited with {proc.returncode}")
 
 
-def wait_grpc_serving(address: str, deadline_s: float = 30.0, proc: Proc | subprocess.Popen | None = None) -> None:
+def wait_grpc_serving(address: str, deadline_s: float = 30.0, proc: Proc | subprocess.Popen | None = None, *,
+                      tls=None) -> None:
+    """Until the gRPC health service at `address` says SERVING. `tls`: a store.tls.TlsConfig (a TLS server; the
+    health service needs no token, so load balancers and Kubernetes probes can ask too)."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    from kvpool.store.auth import auth_channel
+
     end = time.monotonic() + deadline_s
     last: Exception | None = None
-    with grpc.insecure_channel(address) as channel:
+    with auth_channel(address, tls=tls) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < end:
             _check_alive(proc)

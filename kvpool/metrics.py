@@ -56,6 +56,16 @@ STATS_FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "kvpool_dram_corrupt": ("counter", (), "DRAM/HBM objects read back changed under their checksum (a late write; "
                                            "forgotten, served as misses)."),
     "kvpool_nodes_alive": ("gauge", (), "Storage nodes registered and heartbeating."),
+    "kvpool_tenant_objects": ("gauge", ("tenant",), "Objects a tenant holds (pending writes included)."),
+    "kvpool_tenant_bytes": ("gauge", ("tenant", "tier"), "Payload bytes a tenant holds in a tier."),
+    "kvpool_tenant_quota_bytes": ("gauge", ("tenant", "kind"), "A tenant's byte quota (kind dram or total); "
+                                  "absent = no limit."),
+    "kvpool_tenant_requested_tokens": ("counter", ("tenant",), "Tokens a tenant's prefix lookups asked for."),
+    "kvpool_tenant_hit_tokens": ("counter", ("tenant", "tier"), "A tenant's requested tokens found, by tier."),
+    "kvpool_tenant_quota_evictions": ("counter", ("tenant",), "A tenant's objects evicted to keep it within its "
+                                      "quota."),
+    "kvpool_tenant_no_space": ("counter", ("tenant",), "A tenant's puts refused for lack of room (its quota, "
+                               "or the pool)."),
 }
 
 
@@ -111,6 +121,19 @@ def fill_families(fams: dict, snap: PoolStats) -> None:
     fams["kvpool_ssd_corrupt"].add_metric([], snap.ssd_corrupt)
     fams["kvpool_dram_corrupt"].add_metric([], snap.dram_corrupt)
     fams["kvpool_nodes_alive"].add_metric([], snap.nodes_alive)
+    for name in sorted(snap.tenants):
+        t = snap.tenants[name]
+        fams["kvpool_tenant_objects"].add_metric([name], t.objects)
+        for tier, n in sorted(t.bytes_by_tier.items()):
+            fams["kvpool_tenant_bytes"].add_metric([name, tier], n)
+        for kind, limit in (("dram", t.quota_dram_bytes), ("total", t.quota_total_bytes)):
+            if limit:
+                fams["kvpool_tenant_quota_bytes"].add_metric([name, kind], limit)
+        fams["kvpool_tenant_requested_tokens"].add_metric([name], t.requested_tokens)
+        for tier, n in sorted(t.hit_tokens_by_tier.items()):
+            fams["kvpool_tenant_hit_tokens"].add_metric([name, tier], n)
+        fams["kvpool_tenant_quota_evictions"].add_metric([name], t.quota_evictions)
+        fams["kvpool_tenant_no_space"].add_metric([name], t.no_space)
 
 
 @dataclass(slots=True, frozen=True)

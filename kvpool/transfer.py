@@ -19,6 +19,9 @@ the data channel, `"none"` nothing: both give up that guarantee (benchmarks, tru
 A read that failed its checksum is added to `corrupt` so the caller can report it. A node that cannot be reached
 fails only its own entries; a write where nothing could be written anywhere raises PoolUnavailable / PoolTimeout
 (an outage, not "no space"). Thread-safe: routes are shared read-mostly, data connections are pooled per caller.
+
+TLS: a node that advertises `data_tls` is reached over TLS (`ssl_context`, else the system's CAs; `server_name`
+overrides the name checked in its certificate). Shared memory needs none: it never leaves the machine.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import ssl
 import threading
 from typing import Sequence
 
@@ -57,7 +61,7 @@ class Route:
 
 class Transfers:
     def __init__(self, host_id: str, *, transport: str = "auto", timeout: float = 10.0,
-                 verify: str = "all") -> None:
+                 verify: str = "all", ssl_context: ssl.SSLContext | None = None, server_name: str = "") -> None:
         if transport not in ("auto", "tcp"):
             raise ValueError(f"transport must be 'auto' (shared memory when same host, else TCP) or 'tcp', "
                              f"got {transport!r}")
@@ -70,6 +74,8 @@ class Transfers:
         self.checksum_failures = 0      # reads whose bytes did not match the committed checksum (misses)
         self.late_writes_skipped = 0    # same-host copies not started: the grant's deadline had passed
         self.dead_owner_writes = 0      # same-host copies failed because the arena's node died meanwhile
+        self.ssl_context = ssl_context
+        self.server_name = server_name
         self._routes: dict[tuple[str, str, str], Route] = {}
         self._lock = threading.Lock()
 
@@ -140,8 +146,9 @@ class Transfers:
             if route.data is None:
                 failed.update(group)
                 continue
+            stored = batch.keys if len(batch.keys) else keys  # a tenant's objects: the keys the master stores
             extents = [Extent(batch.ids[i], tiers[i], offsets[i], sizes[i], batch.expires_ms, batch.tokens[i],
-                              bytes(keys[i]), ns) for i in group]
+                              bytes(stored[i]), ns) for i in group]
             try:
                 run = route.data.write_many if write else route.data.read_many_into
                 results = run(extents, [views[i] for i in group])
@@ -190,7 +197,12 @@ class Transfers:
                 arena = DramArena.attach(path)
             except (OSError, ValueError) as exc:
                 log.info("cannot map %s of node %s, using TCP: %s", path, ep.node_id, exc)
-        data = DataClient(ep.data_address, timeout=self.timeout) if ep.data_address else None
+        data = None
+        if ep.data_address:
+            ctx = None
+            if ep.data_tls:
+                ctx = self.ssl_context if self.ssl_context is not None else ssl.create_default_context()
+            data = DataClient(ep.data_address, timeout=self.timeout, ssl_context=ctx, server_hostname=self.server_name)
         route = Route(ep.node_id, arena, data, ep.data_address)
         with self._lock:
             existing = self._routes.setdefault(cache_key, route)

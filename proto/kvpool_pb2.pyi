@@ -60,7 +60,7 @@ class TierCapacity(_message.Message):
     def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., capacity_bytes: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
 
 class NodeEndpoint(_message.Message):
-    __slots__ = ("node_id", "host_id", "data_address", "control_address", "tiers", "ssd_record_overhead", "alignment", "incarnation")
+    __slots__ = ("node_id", "host_id", "data_address", "control_address", "tiers", "ssd_record_overhead", "alignment", "incarnation", "data_tls")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -69,6 +69,7 @@ class NodeEndpoint(_message.Message):
     SSD_RECORD_OVERHEAD_FIELD_NUMBER: _ClassVar[int]
     ALIGNMENT_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    DATA_TLS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     host_id: str
     data_address: str
@@ -77,7 +78,8 @@ class NodeEndpoint(_message.Message):
     ssd_record_overhead: int
     alignment: int
     incarnation: str
-    def __init__(self, node_id: _Optional[str] = ..., host_id: _Optional[str] = ..., data_address: _Optional[str] = ..., control_address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., ssd_record_overhead: _Optional[int] = ..., alignment: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
+    data_tls: bool
+    def __init__(self, node_id: _Optional[str] = ..., host_id: _Optional[str] = ..., data_address: _Optional[str] = ..., control_address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., ssd_record_overhead: _Optional[int] = ..., alignment: _Optional[int] = ..., incarnation: _Optional[str] = ..., data_tls: _Optional[bool] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
     __slots__ = ("node",)
@@ -186,7 +188,7 @@ class PutStartRequest(_message.Message):
     def __init__(self, namespace: _Optional[bytes] = ..., block_tokens: _Optional[int] = ..., keys: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., client_host_id: _Optional[str] = ..., namespace_label: _Optional[str] = ...) -> None: ...
 
 class PutStartResponse(_message.Message):
-    __slots__ = ("statuses", "grant_ids", "node_index", "tiers", "offsets", "sizes", "tokens", "nodes", "expires_unix_ms", "ttl_ms")
+    __slots__ = ("statuses", "grant_ids", "node_index", "tiers", "offsets", "sizes", "tokens", "nodes", "expires_unix_ms", "ttl_ms", "record_keys")
     STATUSES_FIELD_NUMBER: _ClassVar[int]
     GRANT_IDS_FIELD_NUMBER: _ClassVar[int]
     NODE_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +199,7 @@ class PutStartResponse(_message.Message):
     NODES_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    RECORD_KEYS_FIELD_NUMBER: _ClassVar[int]
     statuses: _containers.RepeatedScalarFieldContainer[PutStatus]
     grant_ids: _containers.RepeatedScalarFieldContainer[int]
     node_index: _containers.RepeatedScalarFieldContainer[int]
@@ -207,7 +210,8 @@ class PutStartResponse(_message.Message):
     nodes: _containers.RepeatedCompositeFieldContainer[NodeEndpoint]
     expires_unix_ms: int
     ttl_ms: int
-    def __init__(self, statuses: _Optional[_Iterable[_Union[PutStatus, str]]] = ..., grant_ids: _Optional[_Iterable[int]] = ..., node_index: _Optional[_Iterable[int]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[bytes]] = ..., nodes: _Optional[_Iterable[_Union[NodeEndpoint, _Mapping]]] = ..., expires_unix_ms: _Optional[int] = ..., ttl_ms: _Optional[int] = ...) -> None: ...
+    record_keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, statuses: _Optional[_Iterable[_Union[PutStatus, str]]] = ..., grant_ids: _Optional[_Iterable[int]] = ..., node_index: _Optional[_Iterable[int]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[bytes]] = ..., nodes: _Optional[_Iterable[_Union[NodeEndpoint, _Mapping]]] = ..., expires_unix_ms: _Optional[int] = ..., ttl_ms: _Optional[int] = ..., record_keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class PutCommitRequest(_message.Message):
     __slots__ = ("grant_ids", "checksums")
@@ -254,7 +258,7 @@ class LookupRequest(_message.Message):
     def __init__(self, namespace: _Optional[bytes] = ..., block_tokens: _Optional[int] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease: _Optional[bool] = ..., client_host_id: _Optional[str] = ..., namespace_label: _Optional[str] = ..., expect_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
-    __slots__ = ("hits", "lease_id", "node_index", "tiers", "offsets", "sizes", "checksums", "tokens", "nodes", "expires_unix_ms")
+    __slots__ = ("hits", "lease_id", "node_index", "tiers", "offsets", "sizes", "checksums", "tokens", "nodes", "expires_unix_ms", "record_keys")
     HITS_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -265,6 +269,7 @@ class LookupResponse(_message.Message):
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    RECORD_KEYS_FIELD_NUMBER: _ClassVar[int]
     hits: int
     lease_id: int
     node_index: _containers.RepeatedScalarFieldContainer[int]
@@ -275,7 +280,8 @@ class LookupResponse(_message.Message):
     tokens: _containers.RepeatedScalarFieldContainer[bytes]
     nodes: _containers.RepeatedCompositeFieldContainer[NodeEndpoint]
     expires_unix_ms: int
-    def __init__(self, hits: _Optional[int] = ..., lease_id: _Optional[int] = ..., node_index: _Optional[_Iterable[int]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[bytes]] = ..., nodes: _Optional[_Iterable[_Union[NodeEndpoint, _Mapping]]] = ..., expires_unix_ms: _Optional[int] = ...) -> None: ...
+    record_keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, hits: _Optional[int] = ..., lease_id: _Optional[int] = ..., node_index: _Optional[_Iterable[int]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[bytes]] = ..., nodes: _Optional[_Iterable[_Union[NodeEndpoint, _Mapping]]] = ..., expires_unix_ms: _Optional[int] = ..., record_keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("lease_ids", "corrupt_keys")
@@ -316,7 +322,7 @@ class RemoveResponse(_message.Message):
     def __init__(self, removed: _Optional[int] = ...) -> None: ...
 
 class ObjectInfo(_message.Message):
-    __slots__ = ("key", "namespace", "node_id", "tier", "offset", "size", "checksum", "last_access_unix", "leases")
+    __slots__ = ("key", "namespace", "node_id", "tier", "offset", "size", "checksum", "last_access_unix", "leases", "tenant")
     KEY_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -326,6 +332,7 @@ class ObjectInfo(_message.Message):
     CHECKSUM_FIELD_NUMBER: _ClassVar[int]
     LAST_ACCESS_UNIX_FIELD_NUMBER: _ClassVar[int]
     LEASES_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     key: bytes
     namespace: bytes
     node_id: str
@@ -335,19 +342,22 @@ class ObjectInfo(_message.Message):
     checksum: int
     last_access_unix: float
     leases: int
-    def __init__(self, key: _Optional[bytes] = ..., namespace: _Optional[bytes] = ..., node_id: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., last_access_unix: _Optional[float] = ..., leases: _Optional[int] = ...) -> None: ...
+    tenant: str
+    def __init__(self, key: _Optional[bytes] = ..., namespace: _Optional[bytes] = ..., node_id: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., checksum: _Optional[int] = ..., last_access_unix: _Optional[float] = ..., leases: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class ListRequest(_message.Message):
-    __slots__ = ("namespace", "start_after", "limit", "node_id")
+    __slots__ = ("namespace", "start_after", "limit", "node_id", "tenant")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     START_AFTER_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     namespace: bytes
     start_after: bytes
     limit: int
     node_id: str
-    def __init__(self, namespace: _Optional[bytes] = ..., start_after: _Optional[bytes] = ..., limit: _Optional[int] = ..., node_id: _Optional[str] = ...) -> None: ...
+    tenant: str
+    def __init__(self, namespace: _Optional[bytes] = ..., start_after: _Optional[bytes] = ..., limit: _Optional[int] = ..., node_id: _Optional[str] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class ListResponse(_message.Message):
     __slots__ = ("objects", "next_start_after")

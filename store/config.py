@@ -15,12 +15,24 @@ exactly once.
                               data_max_connections stop_flush_s
     Liveness                  heartbeat_s                                          both (the node beats, the master
                                                                                    tells nodes the interval)
+    PeerAuthFields            auth_node_tokens auth_cert_roles                     both: what nodes and the master
+                              auth_reload_interval_s                               accept from (and present to) peers
+    AuthFields                PeerAuthFields + auth_admin_tokens                   the master: every role's tokens
+                              auth_client_tokens auth_viewer_tokens
+    TlsFields                 tls_cert tls_key tls_ca tls_require_client_cert      both: gRPC (and the node's data
+                              tls_server_name tls_data_channel                     channel) over TLS
+    TenantQuotas              tenant_quotas                                        the master: bytes per tenant
 
     process config            = groups (+ the fields only it has: where it listens, its worker threads)
-    MasterServerConfig        MasterServerFields + Liveness + MasterConfig + listen, workers
-    NodeServerConfig          NodeServerFields + Liveness + NodeConfig + master, listen, workers
-    UpConfig (`kvpool up`)    all five groups + listen, node_listen
+    MasterServerConfig        MasterServerFields + AuthFields + TlsFields + TenantQuotas + Liveness + MasterConfig
+                              + listen, workers
+    NodeServerConfig          NodeServerFields + PeerAuthFields + TlsFields + Liveness + NodeConfig + master, listen,
+                              workers
+    UpConfig (`kvpool up`)    every group + listen, node_listen
     EmbeddedConfig            MasterConfig + NodeConfig
+
+Secrets never are config values: a token setting is a list of `file:PATH` / `env:NAME` sources (store/auth), so a
+flag, a config file or `kvpool config check --json` shows where a token is, never the token.
 
 A process config IS an instance of each of its groups (`isinstance(cfg, MasterConfig)`), so `Master(cfg)` takes a
 MasterServerConfig directly; `project(Group, cfg)` cuts a group out where a plain one is wanted. Every group
@@ -33,12 +45,33 @@ process class redeclares the default, never the validation.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from kvpool.tiers.policy import POLICY_NAMES as _POLICIES
 
 T = TypeVar("T")
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_SIZE_MULT = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
+              "tb": 10**12, "ki": 1 << 10, "kib": 1 << 10, "mi": 1 << 20, "mib": 1 << 20, "gi": 1 << 30,
+              "gib": 1 << 30, "ti": 1 << 40, "tib": 1 << 40}
+
+
+def parse_size(value: Any, field: str) -> int:
+    """'256MiB', '4G', '1024', 1024 -> bytes. Raises ValueError naming `field`."""
+    if isinstance(value, bool):
+        raise ValueError(f"{field}: expected a size like 256MiB, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m:
+            return int(float(m.group(1)) * _SIZE_MULT[(m.group(2) or "").lower()])
+    raise ValueError(f"{field}: expected a size like 256MiB or an integer byte count, got {value!r}")
 
 
 def project(cls: type[T], source: Any, **extra: Any) -> T:
@@ -232,11 +265,144 @@ class Liveness(_Group):
         super().__post_init__()
 
 
+@dataclass(frozen=True, kw_only=True)
+class PeerAuthFields(_Group):
+    """The cluster's node tokens: a node accepts them from the master (Demote/Promote/Drop), the master accepts them
+    from nodes (RegisterNode/Heartbeat/ReportObjects), and each presents the first entry of the first source to the
+    other. `auth_cert_roles`: a verified client certificate (mutual TLS) names the caller when it sends no token."""
+
+    auth_node_tokens: tuple[str, ...] = ()
+    auth_cert_roles: bool = False
+    auth_reload_interval_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        _normalise_auth(self, ("auth_node_tokens",))
+        super().__post_init__()
+        self.auth_config()  # syntax and sources checked at start, each error naming its auth_* field
+
+    def auth_config(self):
+        """The store.auth.AuthConfig of this process (its `enabled` is False when nothing is configured)."""
+        from kvpool.store.auth import AuthConfig
+
+        return _prefixed("auth_", lambda: AuthConfig(
+            node_tokens=self.auth_node_tokens, admin_tokens=getattr(self, "auth_admin_tokens", ()),
+            client_tokens=getattr(self, "auth_client_tokens", ()),
+            viewer_tokens=getattr(self, "auth_viewer_tokens", ()), cert_roles=self.auth_cert_roles,
+            reload_interval_s=self.auth_reload_interval_s))
+
+    def token_store(self):
+        """A loaded store.auth.TokenStore, or None with auth off (ValueError naming the field for a bad source)."""
+        from kvpool.store.auth import TokenStore
+
+        cfg = self.auth_config()
+        if not cfg.enabled or not (cfg.node_tokens or cfg.admin_tokens or cfg.client_tokens or cfg.viewer_tokens):
+            return None
+        return _prefixed("auth_", lambda: TokenStore(cfg))
+
+    def peer_token(self):
+        """The token this process presents to its peers (a store.auth.TokenSource), or None."""
+        from kvpool.store.auth import TokenSource
+
+        if not self.auth_node_tokens:
+            return None
+        return _prefixed("", lambda: TokenSource(self.auth_node_tokens[0], field="auth_node_tokens[0]",
+                                                  reload_interval_s=self.auth_reload_interval_s))
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuthFields(PeerAuthFields):
+    """The master's token sources of the other roles (store/auth/config.py has the file format)."""
+
+    auth_admin_tokens: tuple[str, ...] = ()
+    auth_client_tokens: tuple[str, ...] = ()     # entries TENANT:TOKEN
+    auth_viewer_tokens: tuple[str, ...] = ()     # read-only: Stats and the dashboard
+
+    def __post_init__(self) -> None:
+        _normalise_auth(self, ("auth_admin_tokens", "auth_client_tokens", "auth_viewer_tokens"))
+        super().__post_init__()
+
+
+@dataclass(frozen=True, kw_only=True)
+class TlsFields(_Group):
+    """TLS for gRPC (server and the channels to peers) and the node's data channel; store/tls.py. All empty = off."""
+
+    tls_cert: str = ""                  # this process's certificate chain (PEM)
+    tls_key: str = ""                   # its private key (PEM, unencrypted: servers start unattended)
+    tls_ca: str = ""                    # CA bundle that verifies peers (and client certificates)
+    tls_require_client_cert: bool = False   # mutual TLS: callers must present a certificate of tls_ca
+    tls_server_name: str = ""           # name to check in a peer's certificate instead of the address dialled
+    tls_data_channel: bool = True       # a node serves its TCP data channel over TLS too (when TLS is on)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tls_data_channel, bool):
+            raise ValueError(f"tls_data_channel must be true or false, got {self.tls_data_channel!r}")
+        self.tls_config()
+        super().__post_init__()
+
+    def tls_config(self):
+        """A store.tls.TlsConfig, or None with TLS off (ValueError naming the tls_* field)."""
+        from kvpool.store.tls import TlsConfig
+
+        return _prefixed("tls_", lambda: TlsConfig.maybe(
+            cert=self.tls_cert, key=self.tls_key, ca=self.tls_ca, require_client_cert=self.tls_require_client_cert,
+            server_name=self.tls_server_name))
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenantQuotas(_Group):
+    """Bytes each tenant may hold (payload bytes; auth on: the tenant of the client credential). Text form
+    `acme:dram=1GiB,total=4GiB;*:total=1GiB` ("*" = every tenant not named; 0 or absent = no limit), or in a
+    config file a mapping {tenant: {dram_bytes, total_bytes}}. Kept as the canonical text."""
+
+    tenant_quotas: str = ""
+
+    def __post_init__(self) -> None:
+        from kvpool.store.tenants import Quota, format_quotas, parse_quotas
+
+        value = self.tenant_quotas
+        if isinstance(value, dict):
+            table = {}
+            for tenant, limits in value.items():
+                if not isinstance(limits, dict) or set(limits) - {"dram_bytes", "total_bytes"}:
+                    raise ValueError(f"tenant_quotas.{tenant}: expected {{dram_bytes: SIZE, total_bytes: SIZE}}")
+                table[str(tenant)] = Quota(**{k: parse_size(v, f"tenant_quotas.{tenant}.{k}")
+                                              for k, v in limits.items()})
+            value = format_quotas(table)
+        if not isinstance(value, str):
+            raise ValueError(f"tenant_quotas: expected TENANT:dram=SIZE,total=SIZE;... , got {value!r}")
+        object.__setattr__(self, "tenant_quotas", format_quotas(parse_quotas(value)))
+        super().__post_init__()
+
+    def quotas(self) -> dict:
+        """{tenant: store.tenants.Quota} ("*" = the default)."""
+        from kvpool.store.tenants import parse_quotas
+
+        return parse_quotas(self.tenant_quotas)
+
+
+def _normalise_auth(obj, names: tuple[str, ...]) -> None:
+    from kvpool.store.auth.config import split_sources
+
+    for name in names:
+        object.__setattr__(obj, name, _prefixed("", lambda: split_sources(getattr(obj, name), name)))
+    if not isinstance(obj.auth_cert_roles, bool):
+        raise ValueError(f"auth_cert_roles must be true or false, got {obj.auth_cert_roles!r}")
+
+
+def _prefixed(prefix: str, build):
+    """`build()`, with a ValueError's message prefixed so it names this config's field (auth_node_tokens[0]: ...)."""
+    try:
+        return build()
+    except ValueError as exc:
+        msg = str(exc)
+        raise ValueError(msg if msg.startswith(prefix) else prefix + msg) from None
+
+
 # ---------------------------------------------------------------------------------------------- processes
 
 
 @dataclass(frozen=True, kw_only=True)
-class MasterServerConfig(MasterServerFields, Liveness, MasterConfig):
+class MasterServerConfig(MasterServerFields, AuthFields, TlsFields, TenantQuotas, Liveness, MasterConfig):
     """The `kvpool master` process."""
 
     listen: str = "127.0.0.1:50051"
@@ -252,7 +418,7 @@ class MasterServerConfig(MasterServerFields, Liveness, MasterConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
-class NodeServerConfig(NodeServerFields, Liveness, NodeConfig):
+class NodeServerConfig(NodeServerFields, PeerAuthFields, TlsFields, Liveness, NodeConfig):
     """The `kvpool node` process."""
 
     master: str = "127.0.0.1:50051"
@@ -267,7 +433,8 @@ class NodeServerConfig(NodeServerFields, Liveness, NodeConfig):
 
 
 @dataclass(frozen=True, kw_only=True)
-class UpConfig(MasterServerFields, NodeServerFields, Liveness, MasterConfig, NodeConfig):
+class UpConfig(MasterServerFields, NodeServerFields, AuthFields, TlsFields, TenantQuotas, Liveness, MasterConfig,
+               NodeConfig):
     """`kvpool up`: a master and one node in one process; every field of both processes, but where each listens
     (`listen` is the master's, `node_listen` the node's) and their worker threads."""
 
@@ -285,6 +452,9 @@ class UpConfig(MasterServerFields, NodeServerFields, Liveness, MasterConfig, Nod
         super().__post_init__()
         if self.ssd_path is None and self.ssd_bytes:
             object.__setattr__(self, "ssd_bytes", 0)  # `--ssd-path none` turns the SSD tier off whatever its size
+        if self.auth_config().enabled and not (self.auth_node_tokens or self.auth_cert_roles):
+            raise ValueError("auth_node_tokens: with authentication on, `kvpool up`'s node registers with a node "
+                             "token: name the cluster's node token file (file:PATH)")
         self.master_server_config()
         self.node_server_config("127.0.0.1:1")
 
@@ -309,5 +479,6 @@ class EmbeddedConfig(MasterConfig, NodeConfig):
         return project(NodeConfig, self)
 
 
-__all__ = ["MasterConfig", "NodeConfig", "MasterServerFields", "NodeServerFields", "Liveness", "MasterServerConfig",
-           "NodeServerConfig", "UpConfig", "EmbeddedConfig", "project"]
+__all__ = ["MasterConfig", "NodeConfig", "MasterServerFields", "NodeServerFields", "Liveness", "PeerAuthFields",
+           "AuthFields", "TlsFields", "TenantQuotas", "MasterServerConfig", "NodeServerConfig", "UpConfig",
+           "EmbeddedConfig", "project", "parse_size"]

@@ -5,15 +5,20 @@ A dataclass per object costs ~150 B on its own, so fields live in parallel numpy
 
     _slot_of: dict[bytes(16) -> int]   key -> slot         (~56 B key object + ~32 B int + ~40 B dict entry)
     _keys:    list[bytes | None]       slot -> key          (8 B pointer, shares the dict's key object)
-    _rows:    numpy structured array, one packed 52 B row per slot, columns exposed as views (index.offset[slot]):
+    _rows:    numpy structured array, one packed 54 B row per slot, columns exposed as views (index.offset[slot]):
               node u16 | tier u8 | state u8 | ns u32 | leases u32 | offset i64 | size i64 | checksum u64 | atime u32
-              | parent i32 | child i32 | copy u32
+              | parent i32 | child i32 | copy u32 | tenant u16
 
 `parent` / `child` thread the prefix chains through the slots (store/chains.py: the parent's slot, ROOT = -1 unknown
 or none, ORPHAN = -2 an ancestor left; the only child's slot, NONE = -1, MANY = -2 with the children in a side table):
 what lets the master find the blocks no prefix lookup can reach once a block leaves. `copy` is the inclusive SSD
 tier's extent of an object on a faster tier (store/placement.py), in 4 KiB pages (SSD records are page aligned),
 NO_COPY = 2**32 - 1: 16 TiB of SSD per node in four bytes.
+
+`tenant` is the owner's id (store/tenants.py; 0 = the unscoped space, every object when auth is off). The index keeps
+the payload bytes of every slot (pending, committed and doomed alike: bytes held) per (tenant, tier) up to date as
+slots are added, freed or change tier (`set_tier`): quotas read it per put, so it is counted, never scanned. An
+inclusive SSD copy of a faster-tier object is a cache of it, not counted again.
 
 `atime` is the last access (commit or lookup hit) in the master's ticks: tenths of a second since the master
 started (store/master.py ATIME_TICKS_PER_S), saturating at 2**32 - 1 (13.6 years). Four bytes instead of a float64
@@ -62,11 +67,15 @@ class ObjectMeta:
     size: int
     checksum: int
     atime: int = 0
+    tenant: int = 0
 
+
+_NT = len(Tier)  # usage entries per tenant
 
 ROW = np.dtype([("node", np.uint16), ("tier", np.uint8), ("state", np.uint8), ("ns", np.uint32),
                 ("leases", np.uint32), ("offset", np.int64), ("size", np.int64), ("checksum", np.uint64),
-                ("atime", np.uint32), ("parent", np.int32), ("child", np.int32), ("copy", np.uint32)])  # 52 B
+                ("atime", np.uint32), ("parent", np.int32), ("child", np.int32), ("copy", np.uint32),
+                ("tenant", np.uint16)])  # 54 B
 _COLUMNS = ROW.names
 
 
@@ -83,6 +92,7 @@ class Index:
     parent: np.ndarray
     child: np.ndarray
     copy: np.ndarray
+    tenant: np.ndarray
 
     def __init__(self, initial_slots: int = 1024) -> None:
         self._slot_of: dict[bytes, int] = {}
@@ -95,6 +105,9 @@ class Index:
         self._grow(max(1, initial_slots))
         self._ns_digests: list[bytes] = []
         self._ns_ids: dict[bytes, int] = {}
+        # payload bytes and slots per tenant: _usage[tenant * _NT + tier], _count[tenant] (grown on first use)
+        self._usage: list[int] = [0] * _NT
+        self._count: list[int] = [0]
 
     def _grow(self, capacity: int) -> None:
         rows = np.zeros(capacity, dtype=ROW)
@@ -153,7 +166,7 @@ class Index:
         return [(s := find(k, -1)) >= 0 and state[s] == COMMITTED for k in keys]
 
     def add(self, key: bytes, *, node: int, tier: Tier, state: State, offset: int, size: int, ns: int,
-            checksum: int = 0, atime: int = 0) -> int:
+            checksum: int = 0, atime: int = 0, tenant: int = 0) -> int:
         """Index a new object; the key must not be present."""
         if key in self._slot_of:
             raise KeyError(f"key {key.hex()} already indexed")
@@ -163,8 +176,30 @@ class Index:
         key = bytes(key)
         self._slot_of[key] = slot
         self._keys[slot] = key
-        self._rows[slot] = (node, tier, state, ns, 0, offset, size, checksum, atime, -1, -1, NO_COPY)  # one call
+        self._rows[slot] = (node, tier, state, ns, 0, offset, size, checksum, atime, -1, -1, NO_COPY, tenant)
+        if tenant >= len(self._count):
+            self._count.extend([0] * (tenant + 1 - len(self._count)))
+            self._usage.extend([0] * (len(self._count) * _NT - len(self._usage)))
+        self._usage[tenant * _NT + tier] += size
+        self._count[tenant] += 1
         return slot
+
+    def set_tier(self, slot: int, tier: Tier) -> None:
+        """The object moved to another tier (demotion in place of its slot): its bytes are counted there now."""
+        tenant, size = int(self.tenant[slot]), int(self.size[slot])
+        self._usage[tenant * _NT + int(self.tier[slot])] -= size
+        self._usage[tenant * _NT + tier] += size
+        self.tier[slot] = tier
+
+    def tenant_bytes(self, tenant: int, tier: Tier | None = None) -> int:
+        """Payload bytes of `tenant`'s slots in `tier` (None: every tier), pending and doomed ones included."""
+        if tenant >= len(self._count):
+            return 0
+        base = tenant * _NT
+        return self._usage[base + tier] if tier is not None else sum(self._usage[base:base + _NT])
+
+    def tenant_slots(self, tenant: int) -> int:
+        return self._count[tenant] if tenant < len(self._count) else 0
 
     def unlink_key(self, slot: int) -> None:
         """Make the key unfindable while the slot stays reserved (DOOMED objects still leased)."""
@@ -177,6 +212,9 @@ class Index:
         if self._slot_of.get(key) == slot:
             del self._slot_of[key]
         self._keys[slot] = None
+        tenant = int(self.tenant[slot])
+        self._usage[tenant * _NT + int(self.tier[slot])] -= int(self.size[slot])
+        self._count[tenant] -= 1
         self.state[slot] = State.FREE
         self._free.append(slot)
 
@@ -184,7 +222,8 @@ class Index:
         return ObjectMeta(key=self.key_at(slot), slot=slot, node=int(self.node[slot]), tier=Tier(int(self.tier[slot])),
                           state=State(int(self.state[slot])), ns=int(self.ns[slot]), leases=int(self.leases[slot]),
                           offset=int(self.offset[slot]), size=int(self.size[slot]),
-                          checksum=int(self.checksum[slot]), atime=int(self.atime[slot]))
+                          checksum=int(self.checksum[slot]), atime=int(self.atime[slot]),
+                          tenant=int(self.tenant[slot]))
 
     def slots(self) -> np.ndarray:
         """Every non-free slot (including DOOMED ones whose key is unlinked)."""
@@ -199,3 +238,10 @@ class Index:
         for slot in range(self._capacity):
             assert (slot in free) == (self._keys[slot] is None), f"slot {slot}: free list and key table disagree"
             assert (slot in free) == (self.state[slot] == State.FREE), f"slot {slot}: free list and state disagree"
+        used = np.flatnonzero(self.state[: self._capacity] != State.FREE)
+        for t in range(len(self._count)):
+            mine = used[self.tenant[used] == t]
+            assert self._count[t] == len(mine), f"tenant {t}: counted {self._count[t]} slots, holds {len(mine)}"
+            for tier in Tier:
+                held = int(self.size[mine[self.tier[mine] == tier]].sum())
+                assert self.tenant_bytes(t, tier) == held, f"tenant {t} {tier.label}: usage disagrees with the rows"

@@ -54,9 +54,14 @@ class Leases:
         self._grants[grant_id] = (slot, expires_at)
         return grant_id
 
-    def take_grant(self, grant_id: int) -> tuple[int, float] | None:
-        """End a grant (commit or abort): its (slot, expires_at), or None if unknown or already ended."""
-        return self._grants.pop(grant_id, None)
+    def take_grant(self, grant_id: int, owner: int | None = None) -> tuple[int, float] | None:
+        """End a grant (commit or abort): its (slot, expires_at), or None if unknown or already ended. With `owner`
+        (a tenant id), a grant of another tenant's object counts as unknown and stays: ids are small integers,
+        and one tenant must not end (or commit into) another's writes by guessing them."""
+        entry = self._grants.get(grant_id)
+        if entry is None or (owner is not None and int(self.index.tenant[entry[0]]) != owner):
+            return None
+        return self._grants.pop(grant_id)
 
     def drop_grants_where(self, on_slot) -> int:
         """End every grant whose slot satisfies `on_slot(slot)` (a node left or restarted); returns how many."""
@@ -83,12 +88,14 @@ class Leases:
         entry = self._leases.get(lease_id)
         return None if entry is None else entry[0]
 
-    def release(self, lease_id: int) -> list[int] | None:
+    def release(self, lease_id: int, owner: int | None = None) -> list[int] | None:
         """End a lease: unpin its slots. Returns the DOOMED slots that nobody pins any more (the caller frees them),
-        or None if the lease was unknown (already released or expired)."""
-        entry = self._leases.pop(lease_id, None)
-        if entry is None:
+        or None if the lease was unknown (already released or expired). With `owner`, another tenant's lease counts
+        as unknown (releasing it early would let its extents be reused under a reader)."""
+        entry = self._leases.get(lease_id)
+        if entry is None or (owner is not None and len(entry[0]) and int(self.index.tenant[entry[0][0]]) != owner):
             return None
+        del self._leases[lease_id]
         index, slots = self.index, entry[0]
         np.subtract.at(index.leases, slots, 1)
         return slots[(index.leases[slots] == 0) & (index.state[slots] == DOOMED)].tolist()

@@ -20,7 +20,12 @@ class LocalCluster:
         self.config = config
         self.master = MasterServer(config.master_server_config())
         try:
-            self.node = NodeServer(config.node_server_config(self.master.address))
+            host, port = self.master.address.rsplit(":", 1)
+            # The node dials the master like any client: a wildcard listen address is reached over loopback (and a
+            # TLS master's certificate names 127.0.0.1, never 0.0.0.0).
+            loopback = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]", "": "127.0.0.1"}.get(host)
+            dial = f"{loopback}:{port}" if loopback else self.master.address
+            self.node = NodeServer(config.node_server_config(dial))
         except BaseException:
             self.master.stop(0)
             raise

@@ -9,11 +9,15 @@
       ├─ Promotions       store/promotion.py  slow-tier hits moved up after the lookup, outside the lock
       ├─ WriteBehind      store/writebehind.py  fast-tier objects copied to their reserved SSD extent, outside the lock
       ├─ Journal          store/journal.py    write-through to a persistent metadata backend, reload at start
-      └─ LookupStats      store/stats.py      hit accounting; `stats_record()` is the typed PoolStats
+      ├─ Tenants, Quotas  store/tenants.py,   each tenant's key space (stored keys), usage, quota enforcement
+      │                   store/quota.py
+      └─ LookupStats      store/stats.py      hit accounting (pool-wide and per tenant); `stats_record()`
 
 Plain records in and out (store/records.py), no callables; caller mistakes raise ValueError naming the argument
-before anything changes. Node byte moves for eviction and demotion (NodeOps) run under the lock, so the master never
-races itself; promotions copy outside it (`promote_pending`).
+before anything changes. Client calls take `tenant` (the name from the caller's credential; "" = the unscoped space,
+every object when auth is off): keys are looked up in that tenant's space, grants and leases of another tenant
+are unknown to it, and its stats are its own. Node byte moves for eviction and demotion (NodeOps) run under the
+lock, so the master never races itself; promotions copy outside it (`promote_pending`).
 
 Why one module of ~600 lines: the Master IS the RPC surface, one method per MasterService call (put, lookup,
 release, nodes, drain moves, admin queries), each a few lines of argument checks (store/checks.py) and a call to the
@@ -32,9 +36,10 @@ reclaims expired grants, leases and silent nodes (tests drive it with a fake clo
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -50,6 +55,7 @@ from kvpool.store.migration import Drains, MigrateStartResult
 from kvpool.store.node import NodeOps
 from kvpool.store.placement import Placement
 from kvpool.store.promotion import Promotions
+from kvpool.store.quota import ANY_TIER, Quotas
 from kvpool.store.records import (
     NO_NS,
     Grant,
@@ -64,6 +70,7 @@ from kvpool.store.records import (
     Tier,
 )
 from kvpool.store.registry import NodeRegistry
+from kvpool.store.tenants import UNSCOPED, Quota, Tenants
 from kvpool.store.writebehind import WriteBehind
 
 log = logging.getLogger(__name__)
@@ -83,7 +90,10 @@ class SizeMismatch(ValueError):
 
 class Master:
     def __init__(self, config: MasterConfig | None = None, metadata: MetadataBackend | None = None, *,
-                 clock: Callable[[], float] = time.time, token_secret: bytes | None = None) -> None:
+                 clock: Callable[[], float] = time.time, token_secret: bytes | None = None,
+                 quotas: Mapping[str, Quota] | None = None, tenants: Sequence[str] = ()) -> None:
+        """`quotas`: bytes per tenant ("*" = the others). `tenants`: the tenants known from the start (the client
+        credentials'), so objects re-adopted from a journal or an SSD are attributed to their owner."""
         self.config = config or MasterConfig()
         self.metadata = metadata if metadata is not None else MemoryMetadata()
         self.clock = clock
@@ -103,6 +113,18 @@ class Master:
         self._copy_lock = threading.Lock()          # one write-behind round at a time (writer thread, flush)
         self.promotion_wanted = threading.Event()   # set when a lookup queued promotions (the server's promoter)
         self.lookup_stats = stats_mod.LookupStats(max_namespaces=self.config.max_namespaces)
+        # Key spaces derive from the token secret (shared through Redis, so stable across masters); an in-process
+        # master has none and its tenants (if any) get a random one.
+        self.tenants = Tenants(token_secret or os.urandom(32), quotas)
+        for name in sorted(tenants):
+            self.tenants.intern(name)
+        self.tenant_lookups: list[stats_mod.LookupStats] = []
+        self.placement.owner_of = self.tenants.owner_of
+        self.placement.tenant_name = self.tenants.name
+        self.quotas = Quotas(self.index, self.placement, self.tenants) if self.tenants.has_quotas else None
+        if self.quotas is not None:
+            self.promotions.allowed = self.quotas.may_promote
+            self.drains.skip_tiers = self.quotas.move_skip
         self._next_reap = 0.0
         self._t0 = clock()          # atime 0; a reloaded object counts as accessed when the master started
         self._load()
@@ -228,7 +250,9 @@ class Master:
     # ------------------------------------------------------------------ put
 
     def put_start(self, keys: Sequence[bytes], sizes: Sequence[int], ns: NsRef = NO_NS, *,
-                  prefer_node: str | None = None) -> list[PutStartResult]:
+                  prefer_node: str | None = None, tenant: str = "") -> list[PutStartResult]:
+        """Grants (`grant.key` is the stored key), EXISTS or NO_SPACE per key. A tenant over its quota makes room
+        among its own objects first (store/quota.py)."""
         keys = checks.keys(keys, self.config.max_batch_keys)
         checks.put_sizes(sizes, len(keys), self.config.max_object_bytes)
         checks.namespace_digest(ns.digest)
@@ -236,8 +260,10 @@ class Master:
             now = self._tick()
             expires_at = now + self.config.grant_ttl_s
             ns_id = self.index.intern_ns(ns.digest)
+            tid = self.tenants.intern(tenant)
+            keys = self.tenants.stored_keys(tid, keys)
             exclude = self._unplaceable()
-            find, leases, placement = self.index.find, self.leases, self.placement
+            find, leases, placement, quotas = self.index.find, self.leases, self.placement, self.quotas
             out: list[PutStartResult] = []
             prev = -1   # the slot of the key before this one: a batch is one chain (store/chains.py)
             for key, size in zip(keys, sizes):
@@ -245,14 +271,17 @@ class Master:
                     out.append(PutStartResult(_EXISTS))
                     prev = slot
                     continue
-                placed = placement.place(size, prefer_node, exclude)
+                skip = ANY_TIER if quotas is None else quotas.admit(tid, size)
+                placed = None if skip is None else placement.place(size, prefer_node, exclude, skip=skip)
                 if placed is None:
+                    if skip is not None:
+                        self.tenants.counters[tid].no_space += 1
                     out.append(PutStartResult(_NO_SPACE))
                     prev = -2   # the chain has a hole here: the keys after it cannot be reached
                     continue
                 node, tier, offset = placed
                 slot = self.index.add(key, node=node.number, tier=tier, state=PENDING, offset=offset, size=size,
-                                      ns=ns_id)
+                                      ns=ns_id, tenant=tid)
                 if prev != -1:
                     placement.chains.link(slot, prev if prev >= 0 else None)
                 placement.copies.reserve(slot, node)
@@ -264,10 +293,12 @@ class Master:
             self._flush()
             return out
 
-    def put_commit(self, grant_ids: Sequence[int], checksums: Sequence[int]) -> list[bool]:
-        """Make granted objects visible. False for a grant that is unknown or expired (the key is not stored)."""
+    def put_commit(self, grant_ids: Sequence[int], checksums: Sequence[int], *, tenant: str = "") -> list[bool]:
+        """Make granted objects visible. False for a grant that is unknown or expired (the key is not stored), or
+        another tenant's."""
         checks.same_length(checksums, "checksums", grant_ids, "grant_ids")
         with self._lock:
+            owner = self.tenants.id_of(tenant) if tenant else None  # "": auth off, one space
             now = self._tick()
             atime = self._ticks(now)
             index = self.index
@@ -275,7 +306,7 @@ class Master:
             slots: list[int] = []
             keys: list[bytes] = []
             for grant_id, checksum in zip(grant_ids, checksums):
-                entry = self.leases.take_grant(grant_id)
+                entry = self.leases.take_grant(grant_id, owner)
                 if entry is None:
                     ok.append(False)
                     continue
@@ -299,11 +330,12 @@ class Master:
             self._flush()
             return ok
 
-    def put_abort(self, grant_ids: Sequence[int]) -> int:
+    def put_abort(self, grant_ids: Sequence[int], *, tenant: str = "") -> int:
         with self._lock:
+            owner = self.tenants.id_of(tenant) if tenant else None  # "": auth off, one space
             n = 0
             for grant_id in grant_ids:
-                entry = self.leases.take_grant(grant_id)
+                entry = self.leases.take_grant(grant_id, owner)
                 if entry is not None:
                     self.placement.forget(entry[0])
                     n += 1
@@ -313,17 +345,23 @@ class Master:
     # ------------------------------------------------------------------ get
 
     def lookup(self, keys: Sequence[bytes], ns: NsRef = NO_NS, *, lease: bool = True,
-               expect_sizes: Sequence[int] | None = None) -> LookupResult:
+               expect_sizes: Sequence[int] | None = None, tenant: str = "") -> LookupResult:
         """Leading committed hits of a chain. With `lease`, pins them until `release` (or lease expiry) and returns
         their locations as columns: where each object is NOW. A leased hit on a slower tier than its node's fastest
         is queued for promotion (`promote_pending`, outside this call) when `promote_on_hit`. `expect_sizes` (one
-        per key) makes a size disagreement a `SizeMismatch` raised before anything changes."""
+        per key) makes a size disagreement a `SizeMismatch` raised before anything changes. A tenant's hits carry
+        their stored keys (`record_keys`); its namespace label names the tenant of the credential."""
         keys = checks.keys(keys, self.config.max_batch_keys)
         if expect_sizes is not None:
             checks.same_length(expect_sizes, "expect_sizes", keys, "keys")
         with self._lock:
             now = self._tick()
             index = self.index
+            tid = self.tenants.intern(tenant)
+            if tid != UNSCOPED:
+                keys = self.tenants.stored_keys(tid, keys)
+                ns = NsRef(ns.digest, f"{ns.label.rsplit('/', 1)[0]}/{tenant}" if ns.label else tenant,
+                           ns.block_tokens)
             found = index.committed_prefix(keys)
             slots = np.array(found, dtype=np.int64)
             if expect_sizes is not None and len(found):
@@ -334,6 +372,8 @@ class Master:
             index.atime[slots] = self._ticks(now)  # a probe without a lease is a use too (someone wants it)
             tiers = index.tier[slots].tolist()
             self.lookup_stats.count(ns, len(keys), tiers)
+            if tid != UNSCOPED:
+                self._lookups_of(tid).count(ns, len(keys), tiers)
             if not lease or not len(slots):
                 return LookupResult(hits=len(found))
             self.placement.touch(slots)
@@ -347,25 +387,30 @@ class Master:
             if self.token_secret is not None:
                 result.tokens = [self.leases.sign(tokens.READ, lease_id, t, o, z, expires_at)
                                  for t, o, z in zip(tiers, offsets, sizes)]
+            if tid != UNSCOPED:
+                result.record_keys = list(keys[: len(found)])
             if self.config.promote_on_hit and self.promotions.want(slots):
                 self.promotion_wanted.set()
             return result
 
-    def release(self, lease_ids: Sequence[int]) -> int:
+    def release(self, lease_ids: Sequence[int], *, tenant: str = "") -> int:
         with self._lock:
+            owner = self.tenants.id_of(tenant) if tenant else None  # "": auth off, one space
             n = 0
             for lease_id in lease_ids:
-                n += self._release(lease_id)
+                n += self._release(lease_id, owner)
             self._flush()
             return n
 
-    def report_corrupt(self, lease_id: int, keys: Sequence[bytes]) -> int:
+    def report_corrupt(self, lease_id: int, keys: Sequence[bytes], *, tenant: str = "") -> int:
         """A reader found these objects' bytes bad (checksum) while `lease_id` held them: forget them (a miss for
         everyone; the next put restores them) and count them by tier, `ssd_corrupt` or `dram_corrupt` (a DRAM/HBM
         extent changed under a committed object: a writer that outlived its grant). A report under a lease that has
-        ended is ignored: the extent may legitimately hold another object by now."""
+        ended is ignored: the extent may legitimately hold another object by now. `keys` are the reader's own (in
+        `tenant`'s key space), and only objects its lease holds count."""
         keys = checks.keys(keys, self.config.max_batch_keys)
         with self._lock:
+            keys = self.tenants.stored_keys(self.tenants.intern(tenant), keys)
             leased = self.leases.slots_of(lease_id)
             slots = set(leased.tolist()) if leased is not None else set()
             counters = self.placement.counters
@@ -454,19 +499,23 @@ class Master:
 
     # ------------------------------------------------------------------ client queries
 
-    def contains(self, keys: Sequence[bytes]) -> list[bool]:
+    def contains(self, keys: Sequence[bytes], *, tenant: str = "") -> list[bool]:
         keys = checks.keys(keys, self.config.max_batch_keys)
         with self._lock:
-            return self.index.committed(keys)
+            return self.index.committed(self.tenants.stored_keys(self.tenants.intern(tenant), keys))
 
-    def remove(self, keys: Sequence[bytes]) -> int:
-        """Remove committed objects; returns how many. Leased ones vanish now and free their space on release."""
+    def remove(self, keys: Sequence[bytes], *, tenant: str = "") -> int:
+        """Remove committed objects; returns how many. Leased ones vanish now and free their space on release.
+        A tenant removes only its own; tenant "" (an admin, or auth off) removes by stored key, anyone's."""
         keys = checks.keys(keys, self.config.max_batch_keys)
         with self._lock:
+            tid = self.tenants.intern(tenant)
+            tenant_col = self.index.tenant
             n = 0
-            for key in keys:
+            for key in self.tenants.stored_keys(tid, keys):
                 slot = self.index.slot_of(key)
-                if slot >= 0 and self.index.state[slot] == COMMITTED:
+                mine = tid == UNSCOPED or tenant_col[slot] == tid  # defence in depth: the key space is already its own
+                if slot >= 0 and self.index.state[slot] == COMMITTED and mine:
                     self.placement.forget(slot)
                     n += 1
             self._flush()
@@ -480,14 +529,20 @@ class Master:
             return queries.inspect(self.index, self.placement, keys)
 
     def list_objects(self, ns_digest: bytes = b"", start_after: bytes = b"", limit: int = 1000, *,
-                     node_id: str = "") -> tuple[list[ObjectRecord], bytes]:
-        """Committed objects in key order after `start_after` (empty = from the start), optionally of one namespace
-        and/or one node (KeyError if it is not registered); returns (records, next_start_after) with next empty when
-        there are no more. Sorts the matching keys: an admin call, O(n log n) in the index size."""
+                     node_id: str = "", tenant: str | None = None) -> tuple[list[ObjectRecord], bytes]:
+        """Committed objects in (stored) key order after `start_after` (empty = from the start), optionally of one
+        namespace, one node (KeyError if it is not registered) and/or one tenant (KeyError if unknown; "" = the
+        unscoped space); returns (records, next_start_after) with next empty when there are no more. Sorts the
+        matching keys: an admin call, O(n log n) in the index size."""
         checks.list_args(ns_digest, start_after, limit)
         with self._lock:
             number = self.placement.node(node_id).number if node_id else None
-            return queries.list_objects(self.index, self.placement, ns_digest, start_after, limit, number)
+            tid = None
+            if tenant is not None:
+                tid = self.tenants.id_of(tenant)
+                if tid < 0:
+                    raise KeyError(f"tenant {tenant!r} is not known to this master")
+            return queries.list_objects(self.index, self.placement, ns_digest, start_after, limit, number, tid)
 
     def evict(self, ns_digest: bytes = b"", older_than_s: float | None = None) -> int:
         """Evict committed objects of one namespace (`ns_digest`, empty = any) and/or idle for at least
@@ -502,13 +557,18 @@ class Master:
             self._flush()
             return n
 
-    def stats_record(self) -> stats_mod.PoolStats:
+    def stats_record(self, *, tenant: str | None = None) -> stats_mod.PoolStats:
+        """The pool's stats; with `tenant` (a client's), that tenant's view only (store/stats.py)."""
         with self._lock:
+            if tenant is not None:
+                tid = self.tenants.intern(tenant)
+                return stats_mod.tenant_view(tenant, self._tenant_stats(tid), self._lookups_of(tid))
             record = stats_mod.snapshot(self.placement, self.lookup_stats, len(self.index))
             record.extra = {"grants_open": self.leases.open_grants, "leases_open": self.leases.open_leases,
                             "draining": sorted(self.drains.draining), "moves_open": self.drains.pinned(),
                             "write_behind": self.write_behind.counters.as_dict(self.write_behind.pending),
                             "orphaned": self.placement.counters.orphaned, "stopping": sorted(self._stopping)}
+            record.tenants = {self.tenants.name(t): self._tenant_stats(t) for t in range(1, len(self.tenants))}
             return record
 
     def stats(self) -> dict:
@@ -572,8 +632,22 @@ class Master:
         node_col = self.index.node
         self.leases.drop_grants_where(lambda slot: int(node_col[slot]) == number)
 
-    def _release(self, lease_id: int) -> int:
-        free = self.leases.release(lease_id)
+    def _lookups_of(self, tid: int) -> stats_mod.LookupStats:
+        while len(self.tenant_lookups) <= tid:
+            self.tenant_lookups.append(stats_mod.LookupStats())
+        return self.tenant_lookups[tid]
+
+    def _tenant_stats(self, tid: int) -> stats_mod.TenantStats:
+        index, lookups, c = self.index, self._lookups_of(tid), self.tenants.counters[tid]
+        quota = self.tenants.quota(tid) or Quota()
+        return stats_mod.TenantStats(
+            objects=index.tenant_slots(tid), bytes_by_tier={t.label: index.tenant_bytes(tid, t) for t in Tier},
+            quota_dram_bytes=quota.dram_bytes, quota_total_bytes=quota.total_bytes, lookups=lookups.lookups,
+            requested_tokens=lookups.requested_tokens, hit_tokens_by_tier=dict(lookups.hit_tokens_by_tier),
+            quota_evictions=c.quota_evictions, quota_demotions=c.quota_demotions, no_space=c.no_space)
+
+    def _release(self, lease_id: int, owner: int | None = None) -> int:
+        free = self.leases.release(lease_id, owner)
         if free is None:
             return 0
         for slot in free:

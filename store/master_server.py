@@ -10,6 +10,12 @@
 With `redis_url` the index is journalled to Redis and the token secret is shared through it, so a restarted or
 standby master serves the same objects and the nodes' tokens. Metrics and the dashboard are attached by the
 process wiring (kvpool/services.py), which store/ does not know about.
+
+Security (config groups AuthFields, TlsFields): with any token source (or auth_cert_roles) configured, every RPC goes
+through store/auth's AuthInterceptor (RegisterNode, which hands out the token secret, needs a node credential) and
+the master presents the first node token to nodes; with tls_cert/tls_key it serves TLS (mutual with
+tls_require_client_cert). Zero-config stays loopback and open; a master listening beyond loopback without
+authentication logs a loud warning at start and `kvpool status` repeats it (stats()["security"]).
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kvpool.proto import kvpool_pb2_grpc as pbg
+from kvpool.store.auth import AuthInterceptor
+from kvpool.store.auth.client import is_loopback
 from kvpool.store.config import MasterServerConfig
 from kvpool.store.master import Master
 from kvpool.store.master_servicer import MasterServicer
@@ -44,27 +52,52 @@ class MasterServer:
 
             self.metadata = RedisMetadata(config.redis_url, prefix=config.redis_prefix)
             secret = self.metadata.shared_secret()
-        self.master = Master(config, self.metadata, token_secret=secret)
+        auth = config.auth_config()
+        self.tls = config.tls_config()
+        self.tokens = config.token_store()   # None: auth off, or client certificates only
+        self.master = Master(config, self.metadata, token_secret=secret, quotas=config.quotas(),
+                             tenants=self.tokens.tenants() if self.tokens is not None else ())
         self.servicer = MasterServicer(self.master, max_batch_keys=config.max_batch_keys,
                                        list_limit=config.list_limit, heartbeat_s=config.heartbeat_s,
                                        node_ttl_s=config.node_ttl_s, node_rpc_timeout_s=config.node_rpc_timeout_s,
-                                       metadata=self.metadata)
+                                       metadata=self.metadata, node_token=config.peer_token(), node_tls=self.tls)
+        interceptors = []
+        if auth.enabled:
+            interceptors.append(AuthInterceptor(self.tokens, cert_roles=auth.cert_roles, on_reject=self._rejected))
         self.server = grpc.server(futures.ThreadPoolExecutor(config.workers, thread_name_prefix="kvpool-master"),
-                                  options=GRPC_OPTIONS)
+                                  options=GRPC_OPTIONS, interceptors=interceptors)
         pbg.add_MasterServiceServicer_to_server(self.servicer, self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = self.server.add_insecure_port(config.listen)
+        serve_tls = self.tls is not None and bool(self.tls.cert)
+        if serve_tls:
+            self.port = self.server.add_secure_port(config.listen, self.tls.server_credentials())
+        else:
+            self.port = self.server.add_insecure_port(config.listen)
         if self.port == 0:
             raise ValueError(f"listen: cannot bind {config.listen!r}")
         host = config.listen.rsplit(":", 1)[0]
         self.address = f"{host}:{self.port}"
+        self.servicer.security = {"auth": auth.enabled, "tls": serve_tls,
+                                  "client_certificates": serve_tls and self.tls.require_client_cert,
+                                  "loopback_only": is_loopback(self.address)}
+        if not auth.enabled and not is_loopback(self.address):
+            warning = (f"the master listens on {self.address} (beyond loopback) WITHOUT authentication: anyone who "
+                       "can reach it can read every tenant's KV blocks, remove or evict them, and register a node to "
+                       "learn the secret that signs every grant. Configure auth_*_tokens (and TLS).")
+            self.servicer.security["warning"] = warning
+            log.warning("%s\n%s\n%s", "!" * 100, warning, "!" * 100)
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._reap_loop, name="kvpool-reaper", daemon=True),
                          threading.Thread(target=self._promote_loop, name="kvpool-promoter", daemon=True)]
         if config.write_behind:
             self._threads.append(threading.Thread(target=write_behind_loop, args=(self.master, self._stop),
                                                   name="kvpool-writer", daemon=True))
+
+    def _rejected(self, method: str, code: grpc.StatusCode) -> None:
+        hook = self.servicer.on_rpc_error
+        if hook is not None:
+            hook(method.rsplit("/", 1)[-1], code.name)
 
     def start(self) -> "MasterServer":
         self.server.start()

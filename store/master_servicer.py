@@ -11,6 +11,10 @@ it mutates): BatchTooLarge -> RESOURCE_EXHAUSTED, ValueError -> INVALID_ARGUMENT
 NOT_FOUND, TokenError -> PERMISSION_DENIED, MetadataUnavailable (Redis down past its fail-over retries, or short of
 its wait_replicas) -> UNAVAILABLE. Each refusal is reported to `on_rpc_error(method, code)` when the
 process exports metrics (kvpool/services.py wires it); store/ itself knows nothing of Prometheus.
+
+Tenants: with authentication on (store/auth AuthInterceptor in front of this servicer) a CLIENT credential's tenant
+is passed to every client call of the Master (`current_identity()`, never a request field); admins and viewers, and
+every caller with auth off, use the unscoped space "" (stored keys as given).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import grpc
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
 from kvpool.store import checks, wire
+from kvpool.store.auth import Role, TokenSource, current_identity
 from kvpool.store.master import BatchTooLarge, Master
 from kvpool.store.metadata import MetadataUnavailable
 from kvpool.store.remote_node import RemoteNodeOps
@@ -64,7 +69,9 @@ def _rpc(method):
 
 class MasterServicer(pbg.MasterServiceServicer):
     def __init__(self, master: Master, *, max_batch_keys: int, list_limit: int, heartbeat_s: float,
-                 node_ttl_s: float, node_rpc_timeout_s: float, metadata=None) -> None:
+                 node_ttl_s: float, node_rpc_timeout_s: float, metadata=None, node_token: TokenSource | None = None,
+                 node_tls=None) -> None:
+        """`node_token` / `node_tls`: what the master presents when it calls a node (RemoteNodeOps)."""
         self.master = master
         self.max_batch_keys = max_batch_keys
         self.list_limit = list_limit
@@ -77,6 +84,8 @@ class MasterServicer(pbg.MasterServiceServicer):
         self._ops: dict[str, RemoteNodeOps] = {}
         self._drained: dict[str, str] = {}  # node_id -> incarnation that was drained (a new process may rejoin)
         self._lock = threading.Lock()
+        self._node_token, self._node_tls = node_token, node_tls
+        self.security: dict = {}   # how the server is exposed (MasterServer fills it; Stats shows it to admins)
         self.on_rpc_error: Callable[[str, str], None] | None = None
         if metadata is not None and hasattr(metadata, "load_node_endpoints"):
             for node_id, data in metadata.load_node_endpoints().items():
@@ -97,6 +106,12 @@ class MasterServicer(pbg.MasterServiceServicer):
                 return None  # every node is local: let the master spread by free space
         # Among the caller's host's nodes, the one with the most free DRAM (a racy read is fine: it is a hint).
         return max(local, key=self.master.free_dram, default=None)
+
+    @staticmethod
+    def _tenant() -> str:
+        """The calling client's tenant; "" for admins, viewers, and everyone with auth off."""
+        ident = current_identity()
+        return ident.tenant if ident is not None and ident.role is Role.CLIENT else ""
 
     def _check_batch(self, n: int, field: str) -> None:
         if n > self.max_batch_keys:
@@ -120,7 +135,8 @@ class MasterServicer(pbg.MasterServiceServicer):
             if old is not None and old.address == ep.control_address:
                 ops, old = old, None  # same node address: keep the channel (a move may be using it right now)
             else:
-                ops = self._ops[ep.node_id] = RemoteNodeOps(ep.control_address, self.node_rpc_timeout_s)
+                ops = self._ops[ep.node_id] = RemoteNodeOps(ep.control_address, self.node_rpc_timeout_s,
+                                                            token=self._node_token, tls=self._node_tls)
             self._endpoints[ep.node_id] = pb.NodeEndpoint.FromString(ep.SerializeToString())
         if old is not None:
             old.close()
@@ -168,16 +184,17 @@ class MasterServicer(pbg.MasterServiceServicer):
     @_rpc
     def PutStart(self, request, context):
         ns = wire.ns_from_msg(request.namespace, request.block_tokens, request.namespace_label)
+        tenant = self._tenant()
         results = self.master.put_start(list(request.keys), list(request.sizes), ns,
-                                        prefer_node=self._prefer(request.client_host_id))
-        reply = wire.put_start_reply(results, self.endpoint)
+                                        prefer_node=self._prefer(request.client_host_id), tenant=tenant)
+        reply = wire.put_start_reply(results, self.endpoint, record_keys=bool(tenant))
         reply.ttl_ms = self._grant_ttl_ms
         return reply
 
     @_rpc
     def PutCommit(self, request, context):
         self._check_batch(wire.check_columns(request, "grant_ids", "checksums"), "grant_ids")
-        ok = self.master.put_commit(list(request.grant_ids), list(request.checksums))
+        ok = self.master.put_commit(list(request.grant_ids), list(request.checksums), tenant=self._tenant())
         reply = pb.PutCommitResponse()
         reply.statuses.extend(pb.COMMITTED if o else pb.EXPIRED for o in ok)
         return reply
@@ -185,35 +202,37 @@ class MasterServicer(pbg.MasterServiceServicer):
     @_rpc
     def PutAbort(self, request, context):
         self._check_batch(len(request.grant_ids), "grant_ids")
-        return pb.PutAbortResponse(aborted=self.master.put_abort(list(request.grant_ids)))
+        return pb.PutAbortResponse(aborted=self.master.put_abort(list(request.grant_ids), tenant=self._tenant()))
 
     # ---------------------------------------------------------------- get
     @_rpc
     def Lookup(self, request, context):
         ns = wire.ns_from_msg(request.namespace, request.block_tokens, request.namespace_label)
         expect = list(request.expect_sizes) if len(request.expect_sizes) else None
-        result = self.master.lookup(list(request.keys), ns, lease=request.lease, expect_sizes=expect)
+        result = self.master.lookup(list(request.keys), ns, lease=request.lease, expect_sizes=expect,
+                                    tenant=self._tenant())
         return wire.lookup_reply(result, self.endpoint)
 
     @_rpc
     def Release(self, request, context):
+        tenant = self._tenant()
         if len(request.corrupt_keys):
             if len(request.lease_ids) != 1:
                 raise ValueError(f"lease_ids: corrupt_keys name the keys of exactly one lease, got "
                                  f"{len(request.lease_ids)} lease ids")
             corrupt = checks.keys(list(request.corrupt_keys), self.max_batch_keys, "corrupt_keys")
-            self.master.report_corrupt(request.lease_ids[0], corrupt)
-        return pb.ReleaseResponse(released=self.master.release(list(request.lease_ids)))
+            self.master.report_corrupt(request.lease_ids[0], corrupt, tenant=tenant)
+        return pb.ReleaseResponse(released=self.master.release(list(request.lease_ids), tenant=tenant))
 
     @_rpc
     def Contains(self, request, context):
         reply = pb.ContainsResponse()
-        reply.present.extend(self.master.contains(list(request.keys)))
+        reply.present.extend(self.master.contains(list(request.keys), tenant=self._tenant()))
         return reply
 
     @_rpc
     def Remove(self, request, context):
-        return pb.RemoveResponse(removed=self.master.remove(list(request.keys)))
+        return pb.RemoveResponse(removed=self.master.remove(list(request.keys), tenant=self._tenant()))
 
     # ---------------------------------------------------------------- admin
     @_rpc
@@ -224,7 +243,7 @@ class MasterServicer(pbg.MasterServiceServicer):
             raise ValueError(f"start_after: must be a 16-byte key, got {len(request.start_after)} bytes")
         limit = min(request.limit or self.list_limit, self.list_limit)
         records, next_key = self.master.list_objects(bytes(request.namespace), bytes(request.start_after), limit,
-                                                     node_id=request.node_id)
+                                                     node_id=request.node_id, tenant=request.tenant or None)
         return pb.ListResponse(objects=[wire.object_info(r) for r in records], next_start_after=next_key)
 
     @_rpc
@@ -266,6 +285,8 @@ class MasterServicer(pbg.MasterServiceServicer):
                     "connected": self.master.is_connected(n)}
                 for n, e in self._endpoints.items() if n in known}
         record.nodes_alive = len(record.nodes)
+        if self.security:
+            record.extra["security"] = dict(self.security)
         return record
 
     def stats(self) -> dict:
@@ -273,6 +294,10 @@ class MasterServicer(pbg.MasterServiceServicer):
 
     @_rpc
     def Stats(self, request, context):
+        ident = current_identity()
+        if ident is not None and ident.role is Role.CLIENT:  # a tenant sees its own figures, nothing of the others
+            return pb.StatsResponse(json=json.dumps(self.master.stats_record(tenant=ident.tenant).to_dict(),
+                                                    sort_keys=True))
         return pb.StatsResponse(json=json.dumps(self.stats(), sort_keys=True))
 
     # ---------------------------------------------------------------- drain with moves (store/migration.py)

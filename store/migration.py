@@ -93,6 +93,7 @@ class Drains:
         self.draining: set[str] = set()
         self._moves: dict[int, _Move] = {}
         self._by_slot: dict[int, int] = {}  # source slot -> move_id (one move per object at a time)
+        self.skip_tiers = lambda slot: frozenset()
 
     def draining_numbers(self) -> set[int]:
         nodes = self.placement.nodes
@@ -143,7 +144,8 @@ class Drains:
         return slot in self._by_slot
 
     def start(self, keys: Sequence[bytes], expires_at: float, exclude: set[int]) -> MigrateStartResult:
-        """`exclude`: node numbers nothing may be placed on besides the draining ones (not connected)."""
+        """`exclude`: node numbers nothing may be placed on besides the draining ones (not connected). The
+        destination avoids the tiers `skip_tiers(slot)` names (a tenant at its DRAM quota, store/quota.py)."""
         index, placement, leases = self.index, self.placement, self.leases
         exclude = exclude | self.draining_numbers()
         result = MigrateStartResult(read_id=leases.new_id(), expires_at=expires_at, keys=list(keys))
@@ -157,7 +159,7 @@ class Drains:
                 result.moves.append(Migration(MigrateStatus.BUSY))
                 continue
             size, atime = int(index.size[slot]), int(index.atime[slot])
-            placed = placement.place(size, None, exclude, max_atime=atime)
+            placed = placement.place(size, None, exclude, max_atime=atime, skip=self.skip_tiers(slot))
             if placed is None:
                 result.moves.append(Migration(MigrateStatus.NO_SPACE))
                 continue

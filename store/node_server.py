@@ -10,6 +10,11 @@ stop first asks the master to write this node's DRAM objects to its SSD (FlushNo
 answers the master's Demote calls), so the next process re-adopts them. A heartbeat
 answered with `reregister` (master restarted on the memory backend, or it dropped us) or failing repeatedly makes
 the node register again. Health is SERVING only while registered: a client's health check means "usable".
+
+Security (PeerAuthFields, TlsFields): with node tokens configured the node presents the first one to the master
+and accepts only node credentials for Demote / Promote / Drop (store/auth; Write / Read carry their own grant
+tokens); with tls_cert/tls_key it serves gRPC over TLS, and its data channel too unless tls_data_channel is false
+(advertised to clients as NodeEndpoint.data_tls).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
 from kvpool.store import node_checks, tokens, wire
+from kvpool.store.auth import AuthInterceptor, auth_channel
 from kvpool.store.config import NodeServerConfig
 from kvpool.store.data_channel import DataServer, Extent
 from kvpool.store.hostid import host_id
@@ -165,21 +171,29 @@ class NodeServer:
         self.handler = NodeDataHandler(self.node)
         host = config.listen.rsplit(":", 1)[0]
         data_host, data_port = (config.data_listen.rsplit(":", 1) if config.data_listen else (host, "0"))
+        tls = config.tls_config()
+        serve_tls = tls is not None and bool(tls.cert)
+        data_ssl = tls.server_ssl_context() if serve_tls and config.tls_data_channel else None
         self.data_server = DataServer(self.handler, data_host, int(data_port),
                                       idle_timeout_s=config.data_idle_timeout_s,
-                                      max_connections=config.data_max_connections)
+                                      max_connections=config.data_max_connections, ssl_context=data_ssl)
+        auth = config.auth_config()
+        interceptors = [AuthInterceptor(config.token_store(), cert_roles=auth.cert_roles)] if auth.enabled else []
         self.server = grpc.server(futures.ThreadPoolExecutor(config.workers, thread_name_prefix="kvpool-node"),
-                                  options=GRPC_OPTIONS)
+                                  options=GRPC_OPTIONS, interceptors=interceptors)
         pbg.add_NodeServiceServicer_to_server(NodeServicer(self.node, self.handler), self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        port = self.server.add_insecure_port(config.listen)
+        if serve_tls:
+            port = self.server.add_secure_port(config.listen, tls.server_credentials())
+        else:
+            port = self.server.add_insecure_port(config.listen)
         if port == 0:
             raise ValueError(f"listen: cannot bind {config.listen!r}")
         advertise = config.advertise_host or host
         self.address = f"{advertise}:{port}"
         self.data_address = f"{advertise}:{self.data_server.address.rsplit(':', 1)[1]}"
-        self._channel = grpc.insecure_channel(config.master, options=GRPC_OPTIONS)
+        self._channel = auth_channel(config.master, token=config.peer_token(), tls=tls, options=GRPC_OPTIONS)
         self._master = pbg.MasterServiceStub(self._channel)
         self._stop = threading.Event()
         self._epoch = 0
@@ -190,7 +204,8 @@ class NodeServer:
     def endpoint(self) -> pb.NodeEndpoint:
         info = dataclasses.replace(self.node.info(), address=self.address, incarnation=self.incarnation)
         return wire.endpoint_from_info(info, host_id=host_id(), data_address=self.data_address,
-                                          ssd_path=self.config.ssd_path or "")
+                                       ssd_path=self.config.ssd_path or "",
+                                       data_tls=self.data_server.ssl_context is not None)
 
     def start(self) -> "NodeServer":
         self.data_server.start()

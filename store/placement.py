@@ -21,6 +21,9 @@ copy, and an object leaving frees and erases its copy with it.
 Where a new object goes (`place`): a fast tier with free room, and free room for its copy, on any node (the
 preferred node, then the most free); only when no node has that, room is made by demotion on a node whose slowest
 tier still has room (the most free first), so with N equal nodes nothing is evicted until the whole pool is full.
+
+With tenant quotas (store/quota.py) every policy is wrapped so each tenant's own recency lists follow it, and `shed`
+moves a tenant's own victims one tier down without evicting anyone else's objects there.
 """
 
 from __future__ import annotations
@@ -108,6 +111,17 @@ class Placement:
         self.by_number: list[NodeState | None] = []
         self.counters = Counters()
         self.has_hbm = False            # some node registered an HBM tier: DRAM hits are worth promoting
+        self.track = None               # store.quota.TenantLists: per-tenant recency beside each policy (quotas)
+        self.owner_of = lambda key: 0   # the tenant of a re-adopted object, by its stored key (store/tenants.py)
+        self.tenant_name = lambda tenant: ""  # a tenant id's name, for records
+
+    def _new_policy(self, tier: Tier):
+        policy = make_policy(self.policy_name)
+        if self.track is not None:
+            from kvpool.store.quota import TrackedPolicy
+
+            policy = TrackedPolicy(policy, self.track, tier)
+        return policy
 
     # ---- nodes ----
 
@@ -116,13 +130,13 @@ class Placement:
         if info.hbm_bytes > 0:
             self.has_hbm = True
             spaces[Tier.HBM] = TierSpace(Tier.HBM, OffsetAllocator(info.hbm_bytes, info.alignment),
-                                         make_policy(self.policy_name))
+                                         self._new_policy(Tier.HBM))
         if info.dram_bytes > 0:
             spaces[Tier.DRAM] = TierSpace(Tier.DRAM, OffsetAllocator(info.dram_bytes, info.alignment),
-                                          make_policy(self.policy_name))
+                                          self._new_policy(Tier.DRAM))
         if info.ssd_bytes > 0:
             spaces[Tier.SSD] = TierSpace(Tier.SSD, OffsetAllocator(info.ssd_bytes, info.alignment),
-                                         make_policy(self.policy_name), overhead=info.ssd_record_overhead)
+                                         self._new_policy(Tier.SSD), overhead=info.ssd_record_overhead)
         # Numbers are never reused: a DOOMED slot of a dropped node must not free an extent of its successor.
         number = len(self.by_number)
         if number > 0xFFFF:
@@ -166,22 +180,24 @@ class Placement:
         i = self.index
         return ObjectRecord(key=i.key_at(slot), ns_digest=i.ns_digest(int(i.ns[slot])),
                             node_id=self.by_number[int(i.node[slot])].node_id, tier=Tier(int(i.tier[slot])),
-                            offset=int(i.offset[slot]), size=int(i.size[slot]), checksum=int(i.checksum[slot]))
+                            offset=int(i.offset[slot]), size=int(i.size[slot]), checksum=int(i.checksum[slot]),
+                            tenant=self.tenant_name(int(i.tenant[slot])))
 
     # ---- where a new object goes ----
 
-    def place(self, size: int, prefer_node: str | None, exclude: set[int], max_atime: int | None = None
-              ) -> tuple[NodeState, Tier, int] | None:
+    def place(self, size: int, prefer_node: str | None, exclude: set[int], max_atime: int | None = None,
+              skip: frozenset = frozenset()) -> tuple[NodeState, Tier, int] | None:
         """Where a new object of `size` bytes goes (see the module docstring). Never on a node whose number is in
-        `exclude` (draining, stopping, or not connected). `max_atime`: see `allocate`. The caller reserves the SSD
-        copy (`copies.reserve`) once the object has a slot."""
+        `exclude` (draining, stopping, or not connected), never on a tier in `skip` (a tenant at its DRAM quota,
+        store/quota.py). `max_atime`: see `allocate`. The caller reserves the SSD copy (`copies.reserve`) once the
+        object has a slot."""
         nodes = [n for n in self.nodes.values() if n.number not in exclude]
         if not nodes:
             return None
         best = None
         for node in nodes:  # 1. free room on a node's fastest tier (and for its copy): nothing moves
             tier = self.fastest_tier(node)
-            if tier is None or tier is _SSD:
+            if tier is None or tier is _SSD or tier in skip:
                 continue
             space = node.spaces[tier]
             if not space.allocator.can_allocate(space.extent_size(size)):
@@ -207,7 +223,7 @@ class Placement:
         nodes = [n for n in nodes if n.spaces]
         nodes.sort(key=rank)
         for node in nodes:
-            for tier in _PLACE_ORDER:
+            for tier in (_PLACE_ORDER if not skip else [t for t in _PLACE_ORDER if t not in skip]):
                 offset = self.allocate(node, tier, size, max_atime)
                 if offset is not None:
                     return node, tier, offset
@@ -359,8 +375,26 @@ class Placement:
     def count_evictions(self, tier: Tier, n: int) -> None:
         self.counters.count(self.counters.evictions, tier, n)
 
+    def shed(self, victims: list[int]) -> tuple[int, int]:
+        """Move committed, unleased objects out of their tier (a tenant over its DRAM quota, store/quota.py): one tier
+        down on their node where that tier has free room now (nobody else's object is pushed out for them), else
+        evicted. Returns (demoted, evicted)."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        for slot in victims:
+            groups.setdefault((int(self.index.node[slot]), int(self.index.tier[slot])), []).append(slot)
+        demoted = 0
+        for (number, tier), slots in groups.items():
+            node = self.by_number[number]
+            lower = _slower(node, _TIERS[tier])
+            if lower is not None:
+                demoted += self._demote(node, _TIERS[tier], lower, slots, make_room=False)
+            else:
+                self._evict(node, node.spaces[_TIERS[tier]], slots)
+        return demoted, len(victims) - demoted
+
     def _demote(self, node: NodeState, src_tier: Tier, dst_tier: Tier, victims: list[int],
-                max_atime: int | None = None) -> None:
+                max_atime: int | None = None, make_room: bool = True) -> int:
+        """Returns how many moved (the others were evicted). `make_room` False: only free room below is used."""
         index = self.index
         src = node.spaces[src_tier]
         dst = node.spaces[dst_tier]
@@ -375,14 +409,19 @@ class Placement:
                 targets.append(copy)
                 reserved.append(True)
                 clean.append(index.key_at(s) not in self.copies.dirty)
-            else:
+            elif make_room:
                 targets.append(self.allocate(node, dst_tier, int(index.size[s]), max_atime))
+                reserved.append(False)
+                clean.append(False)
+            else:  # only room already free below (a tenant's own quota shedding pushes nobody else out)
+                targets.append(dst.allocator.allocate(dst.extent_size(int(index.size[s]))))
                 reserved.append(False)
                 clean.append(False)
         moves = [Move(index.key_at(s), index.ns_digest(int(index.ns[s])), int(index.size[s]),
                       int(index.checksum[s]), src_tier, int(index.offset[s]), dst_tier, t)
                  for s, t, c in zip(victims, targets, clean) if t is not None and not c]
         results = iter(node.ops.demote(moves) if moves else [])
+        moved = 0
         for slot, target, own, done in zip(victims, targets, reserved, clean):
             ok = target is not None and (done or next(results))
             if not ok:
@@ -394,7 +433,7 @@ class Placement:
             key = index.key_at(slot)
             src.allocator.free(int(index.offset[slot]))
             src.policy.remove(slot, key)
-            index.tier[slot] = dst_tier
+            index.set_tier(slot, dst_tier)
             index.offset[slot] = target
             if own:                   # the copy is the object now
                 index.copy[slot] = NO_COPY
@@ -402,6 +441,8 @@ class Placement:
             dst.policy.insert_chain([slot], [key])
             self.journal.touched(slot)
             self.counters.count(self.counters.demotions, src_tier)
+            moved += 1
+        return moved
 
     def relocate(self, slot: int, node: NodeState, tier: Tier, offset: int) -> int:
         """Re-index a committed object at a new extent (its bytes were copied there): a new slot with the same key,
@@ -418,9 +459,10 @@ class Placement:
             int(index.size[slot])
         copy, dirty = self.copies.move_to(slot, node, tier)
         links = self.chains.take(slot)
+        tenant = int(index.tenant[slot])
         self.forget(slot)
         new = index.add(key, node=node.number, tier=tier, state=State.COMMITTED, offset=offset, size=size, ns=ns,
-                        checksum=checksum, atime=atime)
+                        checksum=checksum, atime=atime, tenant=tenant)
         self.chains.give(new, links)
         index.copy[new] = copy
         if copy == NO_COPY:
@@ -466,7 +508,7 @@ class Placement:
             for r in kept:
                 slot = self.index.add(r.key, node=node.number, tier=tier, state=State.COMMITTED, offset=r.offset,
                                       size=r.size, ns=self.index.intern_ns(r.ns_digest), checksum=r.checksum,
-                                      atime=atime)
+                                      atime=atime, tenant=self.owner_of(r.key))
                 self.journal.touched(slot)
                 slots.append(slot)
             for slot, r in zip(slots, kept):  # recency is unknown after a restart: scan order, one at a time

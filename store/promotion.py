@@ -14,7 +14,8 @@ outside the master lock.
                             failed verification: the object is forgotten and counted in ssd_corrupt. Node call
                             failed, node gone, or object removed meanwhile: the target is freed, nothing else.
 
-A hit counts in the stats where it was found (lookup), never where a promotion put it. The queue is bounded
+A hit counts in the stats where it was found (lookup), never where a promotion put it. `allowed(slot, tier)` may veto
+a promotion (a tenant at its DRAM quota, store/quota.py): the object then stays where it is. The queue is bounded
 (`max_wanted`): a flood of slow hits promotes the first ones and drops the rest, which the next hits re-queue.
 Owned by the Master; `want`, `start` and `finish` run under its lock, `Master.promote_pending` drives them.
 """
@@ -64,6 +65,7 @@ class Promotions:
         self.max_wanted = max_wanted
         self._wanted: dict[bytes, None] = {}   # keys in arrival order (an ordered set)
         self._inflight: set[int] = set()        # source slots pinned by a promotion being copied
+        self.allowed = lambda slot, tier: True
 
     @property
     def pending(self) -> int:
@@ -100,7 +102,7 @@ class Promotions:
                 continue
             src_tier = _TIERS[int(index.tier[slot])]
             dst_tier = placement.fastest_tier(node)
-            if dst_tier is None or dst_tier >= src_tier:
+            if dst_tier is None or dst_tier >= src_tier or not self.allowed(slot, dst_tier):
                 continue
             size = int(index.size[slot])
             # Pin first: making room may demote or evict this tier's victims, never the object we are moving.

@@ -25,7 +25,7 @@ def inspect(index: Index, placement: Placement, keys) -> list[ObjectRecord | Non
 
 
 def list_objects(index: Index, placement: Placement, ns_digest: bytes, start_after: bytes, limit: int,
-                 node_number: int | None) -> tuple[list[ObjectRecord], bytes]:
+                 node_number: int | None, tenant: int | None = None) -> tuple[list[ObjectRecord], bytes]:
     """Committed objects in key order after `start_after`; (records, next_start_after or b"" when done). Sorts the
     matching keys: O(n log n) in the index size."""
     slots = index.slots()
@@ -34,6 +34,8 @@ def list_objects(index: Index, placement: Placement, ns_digest: bytes, start_aft
         mask &= index.ns[slots] == index.ns_id_of(ns_digest)
     if node_number is not None:
         mask &= index.node[slots] == node_number
+    if tenant is not None:
+        mask &= index.tenant[slots] == tenant
     keys = sorted(index.key_at(s) for s in slots[mask].tolist())
     start = bisect.bisect_right(keys, bytes(start_after)) if start_after else 0
     page = keys[start:start + limit]

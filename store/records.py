@@ -74,6 +74,7 @@ class LookupResult:
     sizes: list[int] = field(default_factory=list)
     checksums: list[int] = field(default_factory=list)
     tokens: list[bytes] = field(default_factory=list)
+    record_keys: list[bytes] = field(default_factory=list)   # a tenant's hits: the keys they are stored under
 
     @property
     def locations(self) -> list[Location]:
@@ -101,6 +102,7 @@ class ObjectRecord:
     offset: int
     size: int
     checksum: int
+    tenant: str = ""        # the owner (admin listings); "" = the unscoped space
 
 
 @dataclass(slots=True, frozen=True)

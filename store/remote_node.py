@@ -3,7 +3,8 @@
 Demotions and drops run with the master's lock held (no distributed locking: one place decides), so every call
 carries a short deadline: a node that does not answer makes the demotion fail (the master then drops the object, a
 miss) instead of stalling every client of the master. Promotions run outside the lock; a failed call raises
-NodeUnavailable, and the objects stay where they are.
+NodeUnavailable, and the objects stay where they are. With authentication on the master presents a node token (and
+with TLS its certificate): a node accepts Demote / Promote / Drop from node credentials only.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import grpc
 
 from kvpool.proto import kvpool_pb2_grpc as pbg
 from kvpool.store import wire
+from kvpool.store.auth import TokenSource, auth_channel
 from kvpool.store.node import Drop, Move, NodeUnavailable
 
 log = logging.getLogger(__name__)
@@ -29,12 +31,13 @@ GRPC_OPTIONS = [("grpc.max_receive_message_length", 256 << 20), ("grpc.max_send_
 
 
 class RemoteNodeOps:
-    """NodeOps over one node's NodeService; `timeout` is the deadline of each call."""
+    """NodeOps over one node's NodeService; `timeout` is the deadline of each call; `token` / `tls` (a TlsConfig)
+    what the master presents."""
 
-    def __init__(self, address: str, timeout: float) -> None:
+    def __init__(self, address: str, timeout: float, *, token: TokenSource | None = None, tls=None) -> None:
         self.address = address
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(address, options=GRPC_OPTIONS)
+        self._channel = auth_channel(address, token=token, tls=tls, options=GRPC_OPTIONS)
         self._stub = pbg.NodeServiceStub(self._channel)
 
     def demote(self, moves: list[Move]) -> list[bool]:

@@ -15,6 +15,12 @@ Movements (evictions, demotions, promotions) are counted by the tier the object 
 `promotions` as totals (ints) beside `demotions_by_tier` / `promotions_by_tier`; a dict without the by-tier fields
 (an older master) implies DRAM -> SSD demotions and SSD -> DRAM promotions, the only moves a pool without HBM makes.
 Keys a reader does not interpret (grants_open, recovered, endpoints, ...) are carried in `extra`.
+
+Tenants (store/tenants.py): with authentication on or quotas configured, `tenants` has one entry per named tenant:
+its usage by tier (payload bytes held, pending writes included), its quota, its own token counters and what its
+quota did (`quota_evictions`, `quota_demotions`, `no_space`). The dict has no "tenants" key when there are none (auth
+off, no quotas: today's shape). A CLIENT calling Stats gets its tenant's VIEW: its own counters, namespaces and
+`tenants` entry, no nodes, nothing of other tenants (`PoolStats.tenant_view`).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ _IMPLIED_SOURCE = {"demotions": "dram", "promotions": "ssd"}
 _TYPED = {"tiers", "nodes", "objects", "lookups", "requested_keys", "hit_keys", "miss_keys", "hit_keys_by_tier",
           "requested_tokens", "hit_tokens", "hit_tokens_by_tier", "namespaces", "evictions", "demotions",
           "promotions", "demotions_by_tier", "promotions_by_tier", "ssd_corrupt", "dram_corrupt", "nodes_alive",
-          "puts"}
+          "puts", "tenants"}
 
 
 def _by_tier() -> dict[str, int]:
@@ -63,6 +69,55 @@ class NamespaceCounters:
 
 
 @dataclass(slots=True)
+class TenantStats:
+    """One tenant: usage gauges, quota (0 = none), cumulative counters."""
+
+    objects: int = 0
+    bytes_by_tier: dict[str, int] = field(default_factory=dict)
+    quota_dram_bytes: int = 0
+    quota_total_bytes: int = 0
+    lookups: int = 0
+    requested_tokens: int = 0
+    hit_tokens_by_tier: dict[str, int] = field(default_factory=dict)
+    quota_evictions: int = 0
+    quota_demotions: int = 0
+    no_space: int = 0
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.bytes_by_tier.values())
+
+    @property
+    def hit_tokens(self) -> int:
+        return sum(self.hit_tokens_by_tier.values())
+
+    @property
+    def hit_rate(self) -> float | None:
+        return self.hit_tokens / self.requested_tokens if self.requested_tokens else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"objects": self.objects, "bytes": self.bytes, "bytes_by_tier": dict(self.bytes_by_tier),
+                "quota": {"dram_bytes": self.quota_dram_bytes, "total_bytes": self.quota_total_bytes},
+                "lookups": self.lookups, "requested_tokens": self.requested_tokens, "hit_tokens": self.hit_tokens,
+                "hit_tokens_by_tier": dict(self.hit_tokens_by_tier), "hit_rate": self.hit_rate,
+                "quota_evictions": self.quota_evictions, "quota_demotions": self.quota_demotions,
+                "no_space": self.no_space}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> "TenantStats":
+        d = _mapping(d, where)
+        quota = _mapping(d.get("quota", {}), f"{where}.quota")
+        return cls(objects=_count(d.get("objects", 0), f"{where}.objects"),
+                   bytes_by_tier=_tier_counts(d.get("bytes_by_tier", {}), f"{where}.bytes_by_tier"),
+                   quota_dram_bytes=_count(quota.get("dram_bytes", 0), f"{where}.quota.dram_bytes"),
+                   quota_total_bytes=_count(quota.get("total_bytes", 0), f"{where}.quota.total_bytes"),
+                   **{k: _count(d.get(k, 0), f"{where}.{k}") for k in ("lookups", "requested_tokens",
+                                                                        "quota_evictions", "quota_demotions",
+                                                                        "no_space")},
+                   hit_tokens_by_tier=_tier_counts(d.get("hit_tokens_by_tier", {}), f"{where}.hit_tokens_by_tier"))
+
+
+@dataclass(slots=True)
 class PoolStats:
     nodes: dict[str, dict[str, TierUsage]] = field(default_factory=dict)
     namespaces: dict[str, NamespaceCounters] = field(default_factory=dict)
@@ -80,6 +135,7 @@ class PoolStats:
     dram_corrupt: int = 0                 # DRAM/HBM objects found changed under their checksum (late writes)
     nodes_alive: int | None = None        # None: every listed node (the master lists only live ones)
     puts: dict[str, int] | None = None    # a pool's own put outcomes (EmbeddedPool, PoolClient)
+    tenants: dict[str, TenantStats] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     # ---- derived values (the one place they are computed)
@@ -161,6 +217,8 @@ class PoolStats:
             out["nodes_alive"] = self.nodes_alive
         if self.puts is not None:
             out["puts"] = dict(self.puts)
+        if self.tenants:
+            out["tenants"] = {name: t.to_dict() for name, t in self.tenants.items()}
         out.update(self.extra)
         return out
 
@@ -203,6 +261,8 @@ class PoolStats:
         if "puts" in d:
             puts = _mapping(d["puts"], "puts")
             s.puts = {str(k): _count(v, f"puts.{k}") for k, v in puts.items()}
+        s.tenants = {str(name): TenantStats.from_dict(t, f"tenants.{name}")
+                     for name, t in _mapping(d.get("tenants", {}), "tenants").items()}
         s.extra = {k: v for k, v in d.items() if k not in _TYPED}
         return s
 
@@ -288,8 +348,10 @@ class LookupStats:
         self.lookups += 1
         self.requested_keys += requested
         self.hit_keys += len(hit_tiers)
-        for t in hit_tiers:
-            self.hit_keys_by_tier[TIER_LABELS[t]] += 1
+        # Hits per tier with one C-level count per tier, not a Python step per hit (a 1,000-key chain per lookup).
+        by_tier = [(label, n) for t, label in enumerate(TIER_LABELS) if (n := hit_tiers.count(t))] if hit_tiers else ()
+        for label, n in by_tier:
+            self.hit_keys_by_tier[label] += n
         bt = ns.block_tokens
         if bt <= 0:
             return
@@ -301,9 +363,19 @@ class LookupStats:
                 per_ns = self.namespaces[label] = NamespaceCounters(0, _by_tier())
         self.requested_tokens += requested * bt
         per_ns.requested_tokens += requested * bt
-        for t in hit_tiers:
-            self.hit_tokens_by_tier[TIER_LABELS[t]] += bt
-            per_ns.hit_tokens_by_tier[TIER_LABELS[t]] += bt
+        for label, n in by_tier:
+            self.hit_tokens_by_tier[label] += n * bt
+            per_ns.hit_tokens_by_tier[label] += n * bt
+
+
+def tenant_view(name: str, usage: TenantStats, lookups: LookupStats) -> PoolStats:
+    """What a client of tenant `name` sees of the pool: its own figures only."""
+    return PoolStats(namespaces={label: NamespaceCounters(n.requested_tokens, dict(n.hit_tokens_by_tier))
+                                 for label, n in lookups.namespaces.items()},
+                     objects=usage.objects, lookups=lookups.lookups, requested_keys=lookups.requested_keys,
+                     hit_keys=lookups.hit_keys, hit_keys_by_tier=dict(lookups.hit_keys_by_tier),
+                     requested_tokens=lookups.requested_tokens, hit_tokens_by_tier=dict(lookups.hit_tokens_by_tier),
+                     evictions={}, demotions={}, promotions={}, nodes_alive=0, tenants={name: usage})
 
 
 def snapshot(placement, lookups: LookupStats, objects: int) -> PoolStats:
@@ -324,5 +396,5 @@ def snapshot(placement, lookups: LookupStats, objects: int) -> PoolStats:
         dram_corrupt=c.dram_corrupt)
 
 
-__all__ = ["PoolStats", "TierUsage", "NamespaceCounters", "LookupStats", "snapshot", "rates", "counters",
-           "went_backwards", "TIER_LABELS"]
+__all__ = ["PoolStats", "TierUsage", "NamespaceCounters", "TenantStats", "LookupStats", "snapshot", "tenant_view",
+           "rates", "counters", "went_backwards", "TIER_LABELS"]

@@ -71,7 +71,8 @@ def ns_from_msg(digest: bytes, block_tokens: int, label: str) -> NsRef:
 
 # ---------------------------------------------------------------- nodes
 
-def endpoint_from_info(info: NodeInfo, *, host_id: str, data_address: str, ssd_path: str = "") -> pb.NodeEndpoint:
+def endpoint_from_info(info: NodeInfo, *, host_id: str, data_address: str, ssd_path: str = "",
+                       data_tls: bool = False) -> pb.NodeEndpoint:
     tiers = []
     if info.hbm_bytes:
         tiers.append(pb.TierCapacity(tier=pb.HBM, capacity_bytes=info.hbm_bytes))
@@ -81,7 +82,7 @@ def endpoint_from_info(info: NodeInfo, *, host_id: str, data_address: str, ssd_p
         tiers.append(pb.TierCapacity(tier=pb.SSD, capacity_bytes=info.ssd_bytes, path=ssd_path))
     return pb.NodeEndpoint(node_id=info.node_id, host_id=host_id, data_address=data_address,
                            control_address=info.address, tiers=tiers, ssd_record_overhead=info.ssd_record_overhead,
-                           alignment=info.alignment, incarnation=info.incarnation)
+                           alignment=info.alignment, incarnation=info.incarnation, data_tls=data_tls)
 
 
 def info_from_endpoint(ep: pb.NodeEndpoint) -> NodeInfo:
@@ -126,7 +127,9 @@ class NodeTable:
 
 # ---------------------------------------------------------------- client -> master -> client
 
-def put_start_reply(results: Sequence[PutStartResult], endpoint_of: EndpointOf) -> pb.PutStartResponse:
+def put_start_reply(results: Sequence[PutStartResult], endpoint_of: EndpointOf, *,
+                    record_keys: bool = False) -> pb.PutStartResponse:
+    """`record_keys`: send each grant's stored key (a tenant's key space; the client writes it into SSD headers)."""
     reply = pb.PutStartResponse()
     reply.statuses.extend(PUT_STATUS[r.status] for r in results)
     grants = [r.grant for r in results]
@@ -138,6 +141,8 @@ def put_start_reply(results: Sequence[PutStartResult], endpoint_of: EndpointOf) 
     reply.sizes.extend(g.location.size if g is not None else 0 for g in grants)
     reply.tokens.extend(g.token if g is not None else b"" for g in grants)
     reply.nodes.extend(table.nodes)
+    if record_keys:
+        reply.record_keys.extend(g.key if g is not None else b"" for g in grants)
     live = [g for g in grants if g is not None]
     reply.expires_unix_ms = int(live[0].expires_at * 1000) if live else 0
     return reply
@@ -155,6 +160,7 @@ def lookup_reply(result: LookupResult, endpoint_of: EndpointOf) -> pb.LookupResp
         reply.checksums.extend(result.checksums)
         reply.tokens.extend(result.tokens)
         reply.nodes.extend(table.nodes)
+        reply.record_keys.extend(result.record_keys)
     return reply
 
 
@@ -188,7 +194,8 @@ class ExtentBatch:
     """Where the bytes of a batch are written or read, as columns parallel to the caller's keys (a view over a
     reply's repeated fields, not a copy): entry i is `tiers[i]`/`offsets[i]`/`sizes[i]` on node
     `nodes[node_index[i]]`, authorised by `ids[i]` + `tokens[i]` until `expires_ms`; `checksums[i]` is the
-    committed xxh3_64 of a read (empty for writes)."""
+    committed xxh3_64 of a read (empty for writes); `keys[i]` the key the object is stored under when the master
+    says (a tenant's key space), else empty: the caller's own keys are the stored ones."""
 
     nodes: Sequence[pb.NodeEndpoint]
     node_index: Sequence[int]
@@ -199,6 +206,7 @@ class ExtentBatch:
     tokens: Sequence[bytes]
     checksums: Sequence[int]
     expires_ms: int
+    keys: Sequence[bytes] = ()
 
 
 class _Same(Sequence[int]):
@@ -218,12 +226,13 @@ class _Same(Sequence[int]):
 
 def grants_of(reply: pb.PutStartResponse) -> ExtentBatch:
     return ExtentBatch(reply.nodes, reply.node_index, reply.tiers, reply.offsets, reply.sizes, reply.grant_ids,
-                       reply.tokens, (), reply.expires_unix_ms)
+                       reply.tokens, (), reply.expires_unix_ms, reply.record_keys)
 
 
 def hits_of(reply: pb.LookupResponse) -> ExtentBatch:
     return ExtentBatch(reply.nodes, reply.node_index, reply.tiers, reply.offsets, reply.sizes,
-                       _Same(reply.lease_id, reply.hits), reply.tokens, reply.checksums, reply.expires_unix_ms)
+                       _Same(reply.lease_id, reply.hits), reply.tokens, reply.checksums, reply.expires_unix_ms,
+                       reply.record_keys)
 
 
 def moves_of(reply: pb.MigrateStartResponse) -> tuple[ExtentBatch, ExtentBatch]:
@@ -300,13 +309,16 @@ def report_reply(result: ReportResult) -> pb.ReportObjectsResponse:
 
 def object_info(r: ObjectRecord, *, leases: int = 0) -> pb.ObjectInfo:
     return pb.ObjectInfo(key=r.key, namespace=r.ns_digest, node_id=r.node_id, tier=int(r.tier), offset=r.offset,
-                         size=r.size, checksum=r.checksum, leases=leases)
+                         size=r.size, checksum=r.checksum, leases=leases, tenant=r.tenant)
 
 
 def object_row(o: pb.ObjectInfo) -> dict:
-    """An ObjectInfo as the admin CLI prints it (`kvpool ls/inspect --json`)."""
-    return {"key": o.key.hex(), "namespace": o.namespace.hex(), "node": o.node_id,
-            "tier": pb.Tier.Name(o.tier).lower(), "offset": o.offset, "size": o.size, "checksum": f"{o.checksum:016x}"}
+    """An ObjectInfo as the admin CLI prints it (`kvpool ls/inspect --json`); "tenant" only when it has one."""
+    row = {"key": o.key.hex(), "namespace": o.namespace.hex(), "node": o.node_id,
+           "tier": pb.Tier.Name(o.tier).lower(), "offset": o.offset, "size": o.size, "checksum": f"{o.checksum:016x}"}
+    if o.tenant:
+        row["tenant"] = o.tenant
+    return row
 
 
 __all__ = ["ExtentBatch", "NodeTable", "check_columns", "tier_of", "ns_from_msg", "endpoint_from_info",

@@ -29,14 +29,18 @@ def grow(arr: array, size: int, fill: int) -> None:
 
 
 class LRUPolicy:
-    """O(1) insert/touch/remove per slot. Not thread-safe: the master serialises calls. Slots are ints >= 0."""
+    """O(1) insert/touch/remove per slot. Not thread-safe: the master serialises calls. Slots are ints >= 0.
+
+    `links`: (prev, next) arrays to thread this list through, shared with other lists whose slot sets are disjoint
+    (the master's per-tenant lists, store/quota.py: one pair of arrays for all of them instead of one per list).
+    A shared slot is "in" whichever list the caller put it in: membership tests (`slot in lru`) then say "in some
+    list", so the caller must address the right list itself."""
 
     name = "lru"
     __slots__ = ("_prev", "_next", "_head", "_tail", "_len")
 
-    def __init__(self) -> None:
-        self._prev = array("i")
-        self._next = array("i")
+    def __init__(self, links: tuple[array, array] | None = None) -> None:
+        self._prev, self._next = links if links is not None else (array("i"), array("i"))
         self._head = NIL
         self._tail = NIL
         self._len = 0

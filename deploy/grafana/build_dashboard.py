@@ -126,6 +126,18 @@ def build() -> dict:
               [(f"sum(rate(kvpool_connector_saved_blocks_total[{RI}]))", "saved"),
                (f"sum(rate(kvpool_connector_save_dropped_total[{RI}]))", "dropped (save queue full)")], "ops",
               "Dropped saves mean the pool cannot keep up with prefill."),
+        row(104, "Tenants (authentication on or quotas configured)", 59),
+        panel(18, "Tenant bytes / total quota", "bargauge", (0, 60, 8, 8),
+              [('sum by (tenant) (kvpool_tenant_bytes) / on(tenant) kvpool_tenant_quota_bytes{kind="total"}',
+                "{{tenant}}")], "percentunit", "Bytes a tenant holds against its total quota (tenants with one)."),
+        panel(19, "Token hit rate by tenant", "timeseries", (8, 60, 8, 8),
+              [(f"sum by (tenant) (rate(kvpool_tenant_hit_tokens_total[{RI}])) / sum by (tenant) "
+                f"(rate(kvpool_tenant_requested_tokens_total[{RI}]))", "{{tenant}}")], "percentunit",
+              "Each tenant's own hits (it can only hit its own objects).", defaults={"min": 0, "max": 1}),
+        panel(20, "Quota evictions and refused puts by tenant", "timeseries", (16, 60, 8, 8),
+              [(f"sum by (tenant) (rate(kvpool_tenant_quota_evictions_total[{RI}]))", "{{tenant}} evicted"),
+               (f"sum by (tenant) (rate(kvpool_tenant_no_space_total[{RI}]))", "{{tenant}} no space")], "ops",
+              "A tenant at its quota evicts its own coldest objects; no space: nothing of its own could go."),
     ]
     return {
         "uid": "kvpool-overview",

@@ -25,6 +25,8 @@ def register(sub) -> None:
                    help="only these block keys (32 hex digits each); a missing one prints 'missing'")
     p.add_argument("--namespace", default="", metavar="HEX", help="only this namespace (32 hex digits of its digest)")
     p.add_argument("--limit", type=int, default=100, metavar="N", help="at most N objects (default 100; 0 = all)")
+    p.add_argument("--tenant", default="", metavar="NAME",
+                   help="only this tenant's objects (authentication on: keys are listed as stored, in its key space)")
     from kvpool.admin import add_master_args
 
     add_master_args(p, json_help="one JSON object per line: key, namespace, node, tier, offset, size, checksum")
@@ -39,14 +41,16 @@ def run(args) -> int:
             rows = admin.inspect(args.keys)  # checks every key before the RPC: a bad one prints nothing
             rows = [r if r is not None else {"key": k.lower(), "missing": True} for k, r in zip(args.keys, rows)]
         else:
-            rows = admin.list(namespace=args.namespace, limit=args.limit)
+            rows = admin.list(namespace=args.namespace, limit=args.limit, tenant=args.tenant)
         for row in rows:
             if args.json:
                 print(json.dumps(row))
             elif row.get("missing"):
                 print(f"{row['key']}  missing")
             else:
-                print(f"{row['key']}  {row['namespace'][:12]}  {row['node']:<10} {row['tier']:<4} {row['size']:>10}")
+                tenant = f"  {row['tenant']}" if row.get("tenant") else ""
+                print(f"{row['key']}  {row['namespace'][:12]}  {row['node']:<10} {row['tier']:<4} {row['size']:>10}"
+                      f"{tenant}")
         return 0
 
     return run_admin("ls", args, body)

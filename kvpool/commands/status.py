@@ -13,6 +13,8 @@ examples:
 
 Hit rate is measured in tokens: hit tokens / requested tokens over all prefix lookups since the master started;
 a tier's share is the hit tokens it served / all requested tokens. "—" means no token was requested yet.
+With authentication on or tenant quotas, a line per tenant: its bytes against its DRAM and total quotas and its
+own token hit rate. A master listening beyond loopback without authentication is flagged with a WARNING line.
 Per-node detail: `kvpool nodes`; every counter: `kvpool stats`.
 exit codes: 0 ok, 1 master unreachable or failing, 2 bad argument."""
 
@@ -51,6 +53,28 @@ def render(address: str, stats: dict) -> list[str]:
     evictions = sum(stats.get("evictions", {}).values())
     lines.append(f"lookups {stats['lookups']}, evictions {evictions}, demotions {stats.get('demotions', 0)}, "
                  f"promotions {stats.get('promotions', 0)}")
+    tenants = stats.get("tenants") or {}
+    if tenants:
+        lines.append(f"  {'tenant':<16} {'objects':>8} {'dram / quota':>22} {'total / quota':>22} {'hit rate':>8} "
+                     f"{'quota evictions':>15} {'no space':>8}")
+
+        def of(used: int, quota: int) -> str:
+            return f"{human_bytes(used)} / {human_bytes(quota) if quota else '—'}"
+
+        for name in sorted(tenants):
+            t = tenants[name]
+            rate = t["hit_tokens"] / t["requested_tokens"] if t["requested_tokens"] else None
+            dram = of(t["bytes_by_tier"].get("dram", 0), t["quota"]["dram_bytes"])
+            lines.append(f"  {name:<16} {t['objects']:>8} {dram:>22} {of(t['bytes'], t['quota']['total_bytes']):>22} "
+                         f"{percent(rate):>8} {t['quota_evictions']:>15} {t['no_space']:>8}")
+    security = stats.get("security") or {}
+    if security.get("warning"):
+        lines.append(f"WARNING: {security['warning']}")
+    elif security.get("auth") or security.get("tls"):  # loopback and open (the zero-config default): nothing to say
+        lines.append("security: " + ", ".join(
+            [f"authentication {'on' if security.get('auth') else 'off'}",
+             "TLS" + (" with client certificates" if security.get("client_certificates") else "")
+             if security.get("tls") else "no TLS"]))
     return lines
 
 

@@ -257,6 +257,27 @@ function renderNamespaces(s) {
   body.replaceChildren(frag);
 }
 
+function renderTenants(s) {
+  // Present only with authentication on or quotas configured (store/stats.py "tenants").
+  const tenants = s.tenants || {};
+  const names = Object.keys(tenants).sort();
+  $("tenants-panel").hidden = !names.length;
+  const frag = document.createDocumentFragment();
+  const ofQuota = (used, quota) => quota ? `${fmtBytes(used)} / ${fmtBytes(quota)} (${pct(used, quota)})`
+                                         : `${fmtBytes(used)} / —`;
+  for (const name of names) {
+    const t = tenants[name];
+    const tr = el("tr", { class: "tenant-row", "data-tenant": name });
+    tr.append(el("td", { class: "tenant-name" }, name), el("td", { class: "num" }, fmtInt(t.objects)),
+              el("td", { class: "num tenant-dram" }, ofQuota((t.bytes_by_tier || {}).dram || 0, t.quota.dram_bytes)),
+              el("td", { class: "num tenant-total" }, ofQuota(t.bytes, t.quota.total_bytes)),
+              el("td", { class: "num" }, fmtInt(t.quota_evictions)), el("td", { class: "num" }, fmtInt(t.no_space)),
+              el("td", { class: "num tenant-hit-rate" }, pct(t.hit_tokens, t.requested_tokens)));
+    frag.append(tr);
+  }
+  $("tenants").tBodies[0].replaceChildren(frag);
+}
+
 // ---- polling ---------------------------------------------------------------------------------------------------
 let updates = 0;
 
@@ -285,6 +306,7 @@ async function refresh() {
     renderCharts(points);
     renderCapacity(stats);
     renderNamespaces(stats);
+    renderTenants(stats);
     updates += 1;
     document.body.dataset.updates = String(updates);
     setStatus("live", "live");

@@ -5,10 +5,13 @@
                                                      Demote / Promote / Drop on a node
     client   an engine or application, ONE tenant    put / lookup / get / contains / remove / stats, in its tenant
     admin    an operator                             list / inspect / evict / rm / drain / stats of everything
+    viewer   a dashboard reader or a Prometheus      stats of everything, the master's dashboard and /metrics;
+             scraper                                 nothing that changes the pool or reads a key
 
 Token files (and variables) hold whitespace-separated entries; a line starting with `#` is a comment:
 
-    node_tokens / admin_tokens:   TOKEN                  e.g.  3f9c...e1   (openssl rand -hex 32)
+    node_tokens / admin_tokens /
+    viewer_tokens:                TOKEN                  e.g.  3f9c...e1   (openssl rand -hex 32)
     client_tokens:                TENANT:TOKEN           e.g.  acme:7b21...9d
 
 A role (or a tenant) may list several tokens: that is rotation. Add the new token next to the old one, move every
@@ -41,6 +44,7 @@ class Role(str, enum.Enum):
     NODE = "node"
     CLIENT = "client"
     ADMIN = "admin"
+    VIEWER = "viewer"
 
 
 @dataclass(slots=True, frozen=True)
@@ -53,7 +57,7 @@ class Identity:
     name: str = ""
 
 
-def _sources(value: object, name: str) -> tuple[str, ...]:
+def split_sources(value: object, name: str) -> tuple[str, ...]:
     # A config file gives a list; a KVPOOL_* variable gives one string: "file:/a,file:/b" or whitespace-separated.
     if isinstance(value, str):
         value = tuple(p for p in _SPLIT_RE.split(value.strip()) if p)
@@ -74,13 +78,14 @@ class AuthConfig:
     node_tokens: tuple[str, ...] = ()
     admin_tokens: tuple[str, ...] = ()
     client_tokens: tuple[str, ...] = ()
+    viewer_tokens: tuple[str, ...] = ()
     cert_roles: bool = False
     reload_interval_s: float = 1.0
     validate_sources: bool = field(default=True, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("node_tokens", "admin_tokens", "client_tokens"):
-            object.__setattr__(self, name, _sources(getattr(self, name), name))
+        for name in ("node_tokens", "admin_tokens", "client_tokens", "viewer_tokens"):
+            object.__setattr__(self, name, split_sources(getattr(self, name), name))
             for i, text in enumerate(getattr(self, name)):
                 parse_source(text, f"{name}[{i}]")
         if not isinstance(self.cert_roles, bool):
@@ -93,11 +98,13 @@ class AuthConfig:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.node_tokens or self.admin_tokens or self.client_tokens or self.cert_roles)
+        return bool(self.node_tokens or self.admin_tokens or self.client_tokens or self.viewer_tokens
+                    or self.cert_roles)
 
     def sources(self) -> list[tuple[Role, Source]]:
         out = []
-        for role, name in ((Role.NODE, "node_tokens"), (Role.ADMIN, "admin_tokens"), (Role.CLIENT, "client_tokens")):
+        for role, name in ((Role.NODE, "node_tokens"), (Role.ADMIN, "admin_tokens"), (Role.CLIENT, "client_tokens"),
+                           (Role.VIEWER, "viewer_tokens")):
             out.extend((role, parse_source(text, f"{name}[{i}]")) for i, text in enumerate(getattr(self, name)))
         return out
 

@@ -34,6 +34,7 @@ NODE = frozenset({Role.NODE})
 CLIENT = frozenset({Role.CLIENT})
 ADMIN = frozenset({Role.ADMIN})
 CLIENT_OR_ADMIN = frozenset({Role.CLIENT, Role.ADMIN})
+STATS = frozenset({Role.CLIENT, Role.ADMIN, Role.VIEWER})
 
 _MASTER = {
     "RegisterNode": NODE,       # hands back the secret that signs every grant: nodes only
@@ -51,7 +52,7 @@ _MASTER = {
     "List": ADMIN,
     "Inspect": ADMIN,
     "Evict": ADMIN,
-    "Stats": CLIENT_OR_ADMIN,   # the master answers a client with its own tenant's figures
+    "Stats": STATS,             # a client gets its own tenant's figures; admin and viewer the pool's
     "BeginDrain": ADMIN,        # drain with moves is driven by `kvpool drain` (an admin credential)
     "MigrateStart": ADMIN,
     "MigrateCommit": ADMIN,

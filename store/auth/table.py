@@ -47,6 +47,10 @@ class TokenStore:
     def __len__(self) -> int:
         return len(self._table)
 
+    def tenants(self) -> set[str]:
+        """The tenants the client tokens name (the master knows their key tags before their first call)."""
+        return {ident.tenant for ident in self._table.values() if ident.tenant}
+
     def identify(self, token: str | bytes) -> Identity | None:
         """The identity `token` names, or None. Checks for changed token files first when a check is due."""
         if self._watch.due():

@@ -9,6 +9,8 @@ import json
 import os
 import re
 import shlex
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 
@@ -32,6 +34,32 @@ CONFIGS = {"master": MasterServerConfig, "node": NodeServerConfig, "connector": 
 # metrics_listen of a node): load_config ignores KVPOOL_* variables naming no field, so they are harmless before.
 PENDING_ENV = {"master": {"KVPOOL_HTTP_LISTEN"}, "node": {"KVPOOL_METRICS_LISTEN"}, "serve": set()}
 COMPOSE_SERVICES = {"redis", "master", "node-1", "node-2", "engine-1", "engine-2", "prometheus", "grafana"}
+
+
+SECRET_MOUNTS = ("/run/secrets/kvpool-tokens", "/run/secrets/kvpool-tls")
+
+
+@pytest.fixture(scope="module")
+def secrets_dir(tmp_path_factory) -> Path:
+    """What deploy/make_secrets.sh writes (run for real, into a temporary OUT), laid out as deploy/secrets/."""
+    out = tmp_path_factory.mktemp("deploy") / "secrets"
+    env = {**os.environ, "OUT": str(out), "KVPOOL": f"{sys.executable} -m kvpool.cli"}
+    done = subprocess.run(["bash", str(DEPLOY / "make_secrets.sh")], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert oct((out).stat().st_mode & 0o777) == "0o700"
+    return out
+
+
+def local_secrets(env: dict[str, str], secrets: Path) -> dict[str, str]:
+    """The deployment's secret paths (mounted at /run/secrets/kvpool-tokens|tls) mapped to `secrets`."""
+    return {k: v.replace(SECRET_MOUNTS[0], str(secrets / "tokens")).replace(SECRET_MOUNTS[1], str(secrets / "tls"))
+            for k, v in env.items()}
+
+
+def secret_paths(env: dict[str, str]) -> set[str]:
+    """The secret files a process is told to read (file:PATH sources and TLS paths under the secret mounts)."""
+    return {v.removeprefix("file:") for v in env.values() if v.removeprefix("file:").startswith(SECRET_MOUNTS)}
 
 
 def field_env(cls: type, prefix: str = "KVPOOL_") -> set[str]:
@@ -111,8 +139,9 @@ def config_via_cli(argv: list[str], env: dict[str, str], monkeypatch) -> object:
 
 # ---- compose --------------------------------------------------------------------------------------------------
 
-def test_compose_has_every_service_and_kvpool_roles_load_their_configs(monkeypatch):
+def test_compose_has_every_service_and_kvpool_roles_load_their_configs(monkeypatch, secrets_dir):
     services = compose()["services"]
+    declared = compose()["secrets"]
     assert set(services) == COMPOSE_SERVICES
     roles = {}
     for name, svc in services.items():
@@ -123,6 +152,12 @@ def test_compose_has_every_service_and_kvpool_roles_load_their_configs(monkeypat
             roles[name] = role
             env = {k: str(v) for k, v in svc.get("environment", {}).items()}
             assert set(env) <= ALLOWED_ENV[role], f"{name}: KVPOOL_* variables naming no config field"
+            # Every secret a service names is mounted into it, from a file make_secrets.sh writes.
+            mounted = {s["target"]: s["source"] for s in svc.get("secrets", [])}
+            assert secret_paths(env) and secret_paths(env) <= set(mounted), name
+            for target, source in mounted.items():
+                assert (secrets_dir / declared[source]["file"].removeprefix("./secrets/")).is_file(), source
+            env = local_secrets(env, secrets_dir)
             config = Path(args[args.index("--config") + 1])
             assert config.parent == Path("/etc/kvpool")
             if role == "serve":
@@ -226,8 +261,9 @@ def test_pool_metrics_grafana_queries_are_exported_by_a_running_pool(tmp_path):
                 text = r.read().decode()
     sampled = {re.sub(r"_(bucket|sum|count|created)$", "", line.split("{")[0].split(" ")[0])
                for line in text.splitlines() if line and not line.startswith("#")}
+    # (per-tenant metrics need tenants: an authenticated pool's /metrics is scraped in tests/kvpool/test_cli_security)
     pool_side = {n for n in grafana_metric_names()
-                 if not n.startswith(("kvpool_engine_", "kvpool_connector_"))}
+                 if not n.startswith(("kvpool_engine_", "kvpool_connector_", "kvpool_tenant_"))}
     assert pool_side <= sampled, f"queried but not exported with samples: {sorted(pool_side - sampled)}"
     assert 'kvpool_requested_tokens_total{namespace="tiny/default"} 64.0' in text.splitlines()
 
@@ -265,7 +301,7 @@ def test_node_statefulset_claims_a_local_ssd_and_runs_on_a_headless_service():
     assert {v["name"]: v for v in pod["volumes"]}["dshm"]["emptyDir"]["medium"] == "Memory"
 
 
-def test_workloads_load_their_configs_and_services_select_them(monkeypatch):
+def test_workloads_load_their_configs_and_services_select_them(monkeypatch, secrets_dir):
     configmap = by_kind("ConfigMap")["kvpool-config"]
     for name, body in configmap["data"].items():
         assert body == (DEPLOY / "config" / name).read_text(), f"ConfigMap {name} differs from deploy/config/"
@@ -285,6 +321,13 @@ def test_workloads_load_their_configs_and_services_select_them(monkeypatch):
             roles.add(role)
             env = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
             assert set(env) <= ALLOWED_ENV[role], f"{wname}: KVPOOL_* variables naming no config field"
+            # Every secret file named is an item of a Secret volume mounted where the path says.
+            volumes_by_name = {v["name"]: v for v in tmpl["spec"]["volumes"]}
+            items = {f"{m['mountPath']}/{i['path']}" for m in c["volumeMounts"]
+                     if "secret" in volumes_by_name.get(m["name"], {})  # (claims are not pod volumes)
+                     for i in volumes_by_name[m["name"]]["secret"]["items"]}
+            assert secret_paths(env) and secret_paths(env) <= items, wname
+            env = local_secrets(env, secrets_dir)
             config = Path(args[args.index("--config") + 1])
             assert config.name in configmap["data"] and config.parent == Path("/etc/kvpool")
             mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}

@@ -19,20 +19,23 @@ from kvpool.launcher import Proc, free_port, spawn, wait_grpc_serving  # noqa: F
 STARTUP_DEADLINE_S = 20.0
 
 
-def wait_serving(address: str, deadline_s: float = STARTUP_DEADLINE_S, proc: subprocess.Popen | None = None) -> None:
-    wait_grpc_serving(address, deadline_s, proc)
+def wait_serving(address: str, deadline_s: float = STARTUP_DEADLINE_S, proc: subprocess.Popen | None = None, *,
+                 tls=None) -> None:
+    wait_grpc_serving(address, deadline_s, proc, tls=tls)
 
 
 @dataclass
 class Cluster:
     """Master and nodes of one test; everything started is killed by `close()`. Node arenas live in a private
-    directory under /dev/shm that `close()` removes, so a SIGKILLed node leaves nothing behind."""
+    directory under /dev/shm that `close()` removes, so a SIGKILLed node leaves nothing behind. `tls`: the client
+    TlsConfig the health checks use when the servers speak TLS."""
 
     workdir: Path
     procs: list[Proc] = field(default_factory=list)
     master: Proc | None = None
     nodes: dict[str, Proc] = field(default_factory=dict)
     shm_dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="kvpool-test-", dir="/dev/shm"))
+    tls: object = None
 
     def start_master(self, *, port: int | None = None, redis_url: str | None = None, node_ttl_s: float = 1.5,
                      extra: list[str] | None = None) -> Proc:
@@ -43,7 +46,7 @@ class Cluster:
         proc = spawn(f"master-{len(self.procs)}", args, self.workdir)
         proc.address = f"127.0.0.1:{port}"
         self.procs.append(proc)
-        wait_serving(proc.address, proc=proc.popen)
+        wait_serving(proc.address, proc=proc.popen, tls=self.tls)
         self.master = proc
         return proc
 
@@ -58,7 +61,7 @@ class Cluster:
         proc = spawn(f"node-{node_id}-{len(self.procs)}", args, self.workdir)
         proc.address = f"127.0.0.1:{port}"
         self.procs.append(proc)
-        wait_serving(proc.address, proc=proc.popen)
+        wait_serving(proc.address, proc=proc.popen, tls=self.tls)
         self.nodes[node_id] = proc
         return proc
 

@@ -65,13 +65,35 @@ def test_memory_per_object_at_one_million_is_within_budget():
     assert per_object <= 200
 
 
-def test_rows_are_52_bytes_with_u32_last_access_chain_links_and_copy_page():
+def test_rows_are_54_bytes_with_u32_last_access_chain_links_copy_page_and_u16_tenant():
     from kvpool.store.index import NO_COPY, ROW
 
-    assert ROW.itemsize == 52 and ROW["atime"] == np.dtype(np.uint32) and ROW["copy"] == np.dtype(np.uint32)
-    assert ROW["parent"] == ROW["child"] == np.dtype(np.int32)
+    assert ROW.itemsize == 54 and ROW["atime"] == np.dtype(np.uint32) and ROW["copy"] == np.dtype(np.uint32)
+    assert ROW["parent"] == ROW["child"] == np.dtype(np.int32) and ROW["tenant"] == np.dtype(np.uint16)
     idx = Index()
-    slot = idx.add(key(1), node=0, tier=Tier.DRAM, state=State.COMMITTED, offset=0, size=1, ns=0, atime=4_000_000_000)
+    slot = idx.add(key(1), node=0, tier=Tier.DRAM, state=State.COMMITTED, offset=0, size=1, ns=0, atime=4_000_000_000,
+                   tenant=65535)
     assert idx.meta(slot).atime == 4_000_000_000 and int(idx.atime[slot]) == 4_000_000_000
     # a new object is a chain root with no child and no SSD copy
     assert int(idx.parent[slot]) == -1 and int(idx.child[slot]) == -1 and int(idx.copy[slot]) == NO_COPY
+    assert idx.meta(slot).tenant == 65535
+
+
+def test_bytes_are_counted_per_tenant_and_tier_through_add_move_and_free():
+    idx = Index(initial_slots=2)
+    a = idx.add(key(1), node=0, tier=Tier.DRAM, state=State.PENDING, offset=0, size=100, ns=0, tenant=2)
+    b = idx.add(key(2), node=0, tier=Tier.DRAM, state=State.COMMITTED, offset=4096, size=30, ns=0, tenant=2)
+    c = idx.add(key(3), node=0, tier=Tier.SSD, state=State.COMMITTED, offset=0, size=7, ns=0)
+    assert (idx.tenant_bytes(2, Tier.DRAM), idx.tenant_bytes(2), idx.tenant_slots(2)) == (130, 130, 2)
+    assert (idx.tenant_bytes(0, Tier.SSD), idx.tenant_bytes(1), idx.tenant_slots(1)) == (7, 0, 0)
+    assert idx.tenant_bytes(9) == 0  # a tenant the index never saw
+    idx.set_tier(b, Tier.SSD)
+    assert (idx.tenant_bytes(2, Tier.DRAM), idx.tenant_bytes(2, Tier.SSD), idx.tenant_bytes(2)) == (100, 30, 130)
+    idx.check_invariants()
+    idx.unlink_key(a)
+    idx.state[a] = State.DOOMED  # removed while leased: still held, still counted
+    assert idx.tenant_bytes(2) == 130
+    idx.free(a)
+    idx.free(c)
+    assert (idx.tenant_bytes(2), idx.tenant_slots(2), idx.tenant_bytes(0), idx.tenant_slots(0)) == (30, 1, 0, 0)
+    idx.check_invariants()

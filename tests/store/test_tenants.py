@@ -1,0 +1,291 @@
+"""store/tenants.py + store/quota.py through the Master, against a real StorageNode and a fake clock: each tenant's
+key space (exact keys of another tenant miss and cannot be removed), grants and leases owned by their tenant, stats
+per tenant, and quotas that evict (or demote) only the tenant's own objects in exact LRU order."""
+
+import numpy as np
+import pytest
+import xxhash
+
+from kvpool.store.config import MasterConfig, NodeConfig, TenantQuotas
+from kvpool.store.master import Master
+from kvpool.store.metadata import MemoryMetadata
+from kvpool.store.node import StorageNode
+from kvpool.store.records import NsRef, PutStatus
+from kvpool.store.tenants import Quota, Tenants, parse_quotas
+from kvpool.tiers.types import Tier
+from tests.store.fakes import Clock, key
+
+OBJ = 4096
+NS = NsRef(b"n" * 16, "smollm2/whoever-the-client-says", 16)
+STORED, EXISTS, NO_SPACE = PutStatus.STORED, PutStatus.EXISTS, PutStatus.NO_SPACE
+
+
+@pytest.fixture
+def make(tmp_path):
+    made = []
+
+    def _make(dram_objects=8, ssd_objects=0, quotas=None, metadata=None, secret=b"s" * 32, node=None, tenants=()):
+        node = node or StorageNode(NodeConfig(node_id="n1", dram_bytes=dram_objects * OBJ, shm_dir=str(tmp_path),
+                                              ssd_path=str(tmp_path / "ssd") if ssd_objects else None,
+                                              ssd_bytes=ssd_objects * 2 * OBJ))
+        master = Master(MasterConfig(promote_on_hit=False), metadata, clock=Clock(), token_secret=secret,
+                        quotas=quotas, tenants=tenants)
+        master.register_node(node.info(), node, expires=False)
+        made.append(node)
+        return master, node
+
+    yield _make
+    for node in made:
+        node.close()
+
+
+def put(master, node, keys, tenant, fill=None):
+    """put_start + write (under the STORED key the grant names, as a client does) + commit."""
+    results = master.put_start(keys, [OBJ] * len(keys), NS, tenant=tenant)
+    ids, sums = [], []
+    for k, r in zip(keys, results):
+        if r.grant is not None:
+            data = np.full(OBJ, k[0] if fill is None else fill, np.uint8)
+            loc = r.grant.location
+            node.write(loc.tier, loc.offset, r.grant.key, NS.digest, data, xxhash.xxh3_64_intdigest(data))
+            ids.append(r.grant.grant_id)
+            sums.append(xxhash.xxh3_64_intdigest(data))
+    assert master.put_commit(ids, sums, tenant=tenant) == [True] * len(ids)
+    return [r.status for r in results]
+
+
+def present(master, keys, tenant):
+    return master.contains(keys, tenant=tenant)
+
+
+# ---------------------------------------------------------------- key spaces
+
+
+def test_stored_keys_are_per_tenant_deterministic_and_secret_bound():
+    keys = [key(i) for i in range(4)]
+    t1, t2 = Tenants(b"a" * 32), Tenants(b"a" * 32)
+    acme, beta = t1.intern("acme"), t1.intern("beta")
+    assert t2.intern("acme") == acme and t2.stored_keys(acme, keys) == t1.stored_keys(acme, keys)
+    mine, theirs = t1.stored_keys(acme, keys), t1.stored_keys(beta, keys)
+    assert len(set(mine) | set(theirs) | set(keys)) == 12 and all(len(k) == 16 for k in mine + theirs)
+    other = Tenants(b"b" * 32)
+    assert other.stored_keys(0, keys) is keys
+    assert other.stored_keys(other.intern("acme"), keys) != mine  # another pool secret, another key space
+    assert [t1.owner_of(k) for k in mine + theirs + keys[:1]] == [acme] * 4 + [beta] * 4 + [0]
+
+
+def test_tenant_b_with_a_exact_keys_misses_and_cannot_remove_or_overwrite(make):
+    master, node = make()
+    keys = [key(i) for i in range(3)]
+    assert put(master, node, keys, "acme") == [STORED] * 3
+    assert master.lookup(keys, NS, tenant="beta").hits == 0
+    assert master.lookup(keys, NS, lease=False, tenant="beta").hits == 0
+    assert present(master, keys, "beta") == [False] * 3
+    assert master.remove(keys, tenant="beta") == 0
+    # B storing the same key bytes makes B's own objects; A's stay A's, byte for byte.
+    assert put(master, node, keys[:1], "beta", fill=0xBB) == [STORED]
+    got = master.lookup(keys, NS, tenant="acme")
+    assert got.hits == 3 and present(master, keys, "acme") == [True] * 3
+    buf = bytearray(OBJ)
+    assert node.read_into(Tier(got.tiers[0]), got.offsets[0], got.record_keys[0], OBJ, buf)
+    assert buf == bytes([keys[0][0]]) * OBJ
+    master.release([got.lease_id], tenant="acme")
+    # The unscoped space (auth off, admins) does not see tenants' keys as given either: they are stored keys.
+    assert present(master, keys, "") == [False] * 3
+    stored = got.record_keys
+    assert present(master, stored, "") == [True] * 3 and [r.tenant for r in master.inspect(stored)] == ["acme"] * 3
+    assert master.remove(keys, tenant="acme") == 3 and master.contains(keys, tenant="beta") == [True, False, False]
+    master.index.check_invariants()
+
+
+def test_grants_and_leases_belong_to_their_tenant(make):
+    master, node = make()
+    results = master.put_start([key(1)], [OBJ], NS, tenant="acme")
+    gid = results[0].grant.grant_id
+    assert master.put_commit([gid], [0], tenant="beta") == [False]   # not B's grant: unknown to B, still open
+    assert master.put_abort([gid], tenant="beta") == 0
+    assert master.put_commit([gid], [0], tenant="acme") == [True]
+    lease = master.lookup([key(1)], NS, tenant="acme").lease_id
+    assert master.release([lease], tenant="beta") == 0
+    assert int(master.index.leases[master.index.find(results[0].grant.key)]) == 1
+    assert master.release([lease], tenant="acme") == 1
+
+
+def test_stats_per_tenant_and_a_tenant_view(make):
+    master, node = make()
+    put(master, node, [key(1), key(2)], "acme")
+    put(master, node, [key(3)], "beta")
+    master.lookup([key(1), key(2), key(9)], NS, lease=False, tenant="acme")
+    master.lookup([key(1)], NS, lease=False, tenant="beta")
+    full = master.stats()
+    assert set(full["tenants"]) == {"acme", "beta"}
+    acme = full["tenants"]["acme"]
+    assert (acme["objects"], acme["bytes"], acme["bytes_by_tier"]["dram"]) == (2, 2 * OBJ, 2 * OBJ)
+    assert (acme["requested_tokens"], acme["hit_tokens"], acme["lookups"]) == (48, 32, 1)
+    assert full["tenants"]["beta"]["hit_tokens"] == 0 and full["tenants"]["beta"]["requested_tokens"] == 16
+    # The client's label names the credential's tenant, whatever the request said.
+    assert set(full["namespaces"]) == {"smollm2/acme", "smollm2/beta"}
+    view = master.stats_record(tenant="beta").to_dict()
+    assert view["nodes"] == {} and set(view["tenants"]) == {"beta"} and list(view["namespaces"]) == ["smollm2/beta"]
+    assert (view["objects"], view["requested_tokens"], view["lookups"]) == (1, 16, 1)
+
+
+def test_auth_off_has_no_tenants_in_stats_and_stores_keys_as_given(make):
+    master, node = make()
+    put(master, node, [key(1)], "")
+    assert "tenants" not in master.stats()
+    assert master.inspect([key(1)])[0].tenant == "" and master.index.find(key(1)) >= 0
+
+
+def test_tenant_objects_reloaded_from_the_journal_keep_their_owner(make, tmp_path):
+    meta = MemoryMetadata(persistent=True)
+    master, node = make(metadata=meta)
+    put(master, node, [key(1)], "acme")
+    again, _ = make(metadata=meta, node=node, tenants=["acme"])  # restarted on the same backend and secret
+    assert again.contains([key(1)], tenant="acme") == [True]
+    assert again.stats()["tenants"]["acme"]["objects"] == 1
+
+
+# ---------------------------------------------------------------- quotas
+
+
+def test_parse_quotas_and_its_errors_name_the_entry():
+    assert parse_quotas("acme:dram=8KiB,total=16KiB; *:total=1MiB") == {
+        "acme": Quota(8192, 16384), "*": Quota(0, 1 << 20)}
+    for text, msg in [("acme", "tenant_quotas[0] ('acme'): expected TENANT:"),
+                      ("acme:ram=1", "tenant_quotas[0] ('acme:ram=1'): expected dram=SIZE"),
+                      ("a:total=1;a:total=2", "tenant_quotas[1] ('a:total=2'): tenant 'a' is listed twice"),
+                      ("a:dram=2,total=1", "tenant_quotas[0] ('a:dram=2,total=1'): dram (2) is above total (1)"),
+                      ("a:total=lots", "tenant_quotas[0] ('a:total=lots') total: expected a size")]:
+        with pytest.raises(ValueError) as err:
+            TenantQuotas(tenant_quotas=text)
+        assert str(err.value).startswith(msg), err.value
+    assert TenantQuotas(tenant_quotas={"acme": {"total_bytes": "16KiB"}}).tenant_quotas == "acme:dram=0,total=16384"
+
+
+def test_total_quota_evicts_only_the_tenants_own_objects_in_lru_order(make):
+    master, node = make(dram_objects=16, quotas={"acme": Quota(total_bytes=4 * OBJ)})
+    a = [key(i) for i in range(1, 8)]
+    b = [key(i) for i in range(20, 23)]
+    for k in a[:4]:
+        assert put(master, node, [k], "acme") == [STORED]
+    assert put(master, node, b, "beta") == [STORED] * 3
+    master.release([master.lookup([a[0]], NS, tenant="acme").lease_id], tenant="acme")  # a0 is now A's hottest
+    beta_before = master.stats()["tenants"]["beta"]
+    evicted = []
+    for k in a[4:7]:
+        before = present(master, a, "acme")
+        assert put(master, node, [k], "acme") == [STORED]
+        after = present(master, a, "acme")
+        evicted += [a[i] for i in range(len(a)) if before[i] and not after[i]]
+    assert evicted == [a[1], a[2], a[3]]                       # coldest first, a0 kept for its hit
+    assert present(master, a, "acme") == [True, False, False, False, True, True, True]
+    assert present(master, b, "beta") == [True] * 3
+    stats = master.stats()
+    assert stats["tenants"]["acme"]["bytes"] == 4 * OBJ and stats["tenants"]["acme"]["quota_evictions"] == 3
+    assert stats["tenants"]["beta"] == beta_before
+    assert stats["evictions"]["dram"] == 3
+    master.index.check_invariants()
+
+
+def test_total_quota_full_of_leased_objects_is_no_space_and_evicts_nothing(make):
+    master, node = make(quotas={"acme": Quota(total_bytes=2 * OBJ)})
+    put(master, node, [key(1), key(2)], "acme")
+    lease = master.lookup([key(1), key(2)], NS, tenant="acme").lease_id
+    assert master.put_start([key(3)], [OBJ], NS, tenant="acme")[0].status is NO_SPACE
+    assert master.put_start([key(4)], [3 * OBJ], NS, tenant="acme")[0].status is NO_SPACE  # above the quota itself
+    assert present(master, [key(1), key(2)], "acme") == [True, True]
+    assert master.stats()["tenants"]["acme"]["no_space"] == 2
+    master.release([lease], tenant="acme")
+    assert put(master, node, [key(3)], "acme") == [STORED]
+    # the hit touched the chain [1, 2]: its tail (2) is colder than its parent, so 2 goes first
+    assert present(master, [key(1), key(2), key(3)], "acme") == [True, False, True]
+
+
+def test_pending_writes_count_against_the_quota(make):
+    master, _ = make(quotas={"acme": Quota(total_bytes=2 * OBJ)})
+    assert [r.status for r in master.put_start([key(1), key(2), key(3)], [OBJ] * 3, NS, tenant="acme")] == \
+        [STORED, STORED, NO_SPACE]
+
+
+def test_dram_quota_demotes_own_coldest_to_ssd_and_total_then_evicts_own_ssd_first(make):
+    master, node = make(dram_objects=8, ssd_objects=8,
+                        quotas={"acme": Quota(dram_bytes=2 * OBJ, total_bytes=4 * OBJ)})
+    a = [key(i) for i in range(1, 6)]
+    put(master, node, [key(40)], "beta")
+    for k in a[:2]:
+        put(master, node, [k], "acme")
+    tiers = lambda: [t.label if t is not None else None for t in  # noqa: E731
+                     [None if r is None else r.tier for r in master.inspect(master.tenants.stored_keys(1, a))]]
+    assert tiers() == ["dram", "dram", None, None, None]
+    put(master, node, [a[2]], "acme")
+    assert tiers() == ["ssd", "dram", "dram", None, None]       # a0 (coldest) demoted, nobody else's moved
+    put(master, node, [a[3]], "acme")
+    assert tiers() == ["ssd", "ssd", "dram", "dram", None]
+    put(master, node, [a[4]], "acme")                            # total 4 objects: a0 (coldest, on SSD) evicted
+    assert tiers() == [None, "ssd", "ssd", "dram", "dram"]
+    acme = master.stats()["tenants"]["acme"]
+    assert (acme["quota_demotions"], acme["quota_evictions"]) == (3, 1)
+    assert acme["bytes_by_tier"] == {"hbm": 0, "dram": 2 * OBJ, "ssd": 2 * OBJ}
+    assert master.inspect(master.tenants.stored_keys(2, [key(40)]))[0].tier is Tier.DRAM
+    # A's demoted objects are still hits, byte-exact, read from SSD.
+    got = master.lookup(a[1:], NS, tenant="acme")
+    assert got.hits == 4 and got.tiers[:2] == [int(Tier.SSD)] * 2
+    buf = bytearray(OBJ)
+    assert node.read_into(Tier.SSD, got.offsets[0], got.record_keys[0], OBJ, buf) and buf == bytes([a[1][0]]) * OBJ
+    master.index.check_invariants()
+
+
+def test_dram_quota_without_room_below_places_on_ssd_or_evicts_own(make):
+    master, node = make(dram_objects=8, quotas={"acme": Quota(dram_bytes=OBJ)})  # no SSD: shedding evicts
+    put(master, node, [key(1)], "acme")
+    put(master, node, [key(2)], "acme")
+    assert present(master, [key(1), key(2)], "acme") == [False, True]
+    assert master.stats()["tenants"]["acme"]["quota_evictions"] == 1
+
+
+def test_default_quota_applies_to_unnamed_tenants(make):
+    master, node = make(quotas={"*": Quota(total_bytes=OBJ), "big": Quota()})
+    put(master, node, [key(1)], "anyone")
+    put(master, node, [key(2)], "anyone")
+    for k in (key(1), key(2), key(3)):
+        put(master, node, [k], "big")
+    assert present(master, [key(1), key(2)], "anyone") == [False, True]
+    assert present(master, [key(1), key(2), key(3)], "big") == [True] * 3
+
+
+def test_a_hit_is_not_promoted_into_dram_past_the_tenants_dram_quota(make, tmp_path):
+    node = StorageNode(NodeConfig(node_id="n1", dram_bytes=8 * OBJ, shm_dir=str(tmp_path), ssd_path=str(tmp_path / "s"),
+                                  ssd_bytes=16 * OBJ))
+    master = Master(MasterConfig(promote_on_hit=True), clock=Clock(), token_secret=b"s" * 32,
+                    quotas={"acme": Quota(dram_bytes=2 * OBJ)})
+    master.register_node(node.info(), node, expires=False)
+    try:
+        for k in (key(1), key(2), key(3)):
+            put(master, node, [k], "acme")
+        put(master, node, [key(9)], "beta")
+        stored = master.tenants.stored_keys(1, [key(1), key(2), key(3)])
+        assert [r.tier for r in master.inspect(stored)] == [Tier.SSD, Tier.DRAM, Tier.DRAM]
+        master.release([master.lookup([key(1)], NS, tenant="acme").lease_id], tenant="acme")
+        assert master.promote_pending() == 0                 # acme's DRAM is at its quota: served from SSD
+        assert master.inspect(stored[:1])[0].tier is Tier.SSD
+        assert master.remove([key(2)], tenant="acme") == 1   # room within the quota again
+        master.release([master.lookup([key(1)], NS, tenant="acme").lease_id], tenant="acme")
+        assert master.promote_pending() == 1 and master.inspect(stored[:1])[0].tier is Tier.DRAM
+    finally:
+        node.close()
+
+
+def test_a_tenants_orphans_are_its_first_quota_victims(make):
+    master, node = make(quotas={"acme": Quota(total_bytes=3 * OBJ)})
+    a, b, c, x, y = (key(i) for i in (1, 2, 3, 4, 5))
+    assert put(master, node, [x], "acme") == [STORED]
+    assert put(master, node, [a, b, c], "acme") == [STORED] * 3              # c (4th) over quota 3: x evicted
+    assert present(master, [x, a, b, c], "acme") == [False, True, True, True]
+    assert put(master, node, [x], "acme") == [STORED]                          # evicts the chain's tail, c
+    assert present(master, [x, a, b, c], "acme") == [True, True, True, False]
+    master.release([master.lookup([a, b], NS, tenant="acme").lease_id], tenant="acme")  # x is the coldest again
+    assert master.remove([a], tenant="acme") == 1                              # b lost its parent: an orphan
+    assert put(master, node, [y], "acme") == [STORED]
+    assert put(master, node, [c], "acme") == [STORED]                          # over quota: the orphan b goes,
+    assert present(master, [x, b, y, c], "acme") == [True, False, True, True]  # not x, the coldest non-orphan
