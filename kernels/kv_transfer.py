@@ -81,7 +81,12 @@ def as_byte_tensor(buf) -> torch.Tensor:
 def object_view(buf, kv_cache: torch.Tensor) -> torch.Tensor:
     """`buf` (any buffer `as_byte_tensor` takes) as one pool object [layers, 2, bt, kv_heads, head_dim] of the cache's
     dtype, sharing memory."""
-    return _as(as_byte_tensor(buf), object_shape(kv_cache), kv_cache.dtype, "buffer")
+    flat = as_byte_tensor(buf)
+    shape = object_shape(kv_cache)
+    need = _numel(shape) * kv_cache.dtype.itemsize
+    if flat.numel() != need:
+        raise ValueError(f"buffer: has {flat.numel()} bytes, one block needs {need} {tuple(shape)}")
+    return _as(flat, shape, kv_cache.dtype, "buffer")
 
 
 def gather_blocks(kv_cache: torch.Tensor, block_ids: Sequence[int], out: Sequence[torch.Tensor], *,
