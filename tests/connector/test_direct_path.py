@@ -215,3 +215,19 @@ def test_config_errors_name_the_field():
                                                  r"CUDA device \(torch .*\); set device='cpu' or 'auto'$"):
                 EngineConfig(device=device)
         assert EngineConfig().torch_device == "cpu" and EngineConfig(device="auto").torch_device == "cpu"
+
+
+def test_gpu_bench_says_why_it_measures_nothing_on_a_cpu_machine():
+    import pathlib
+    import subprocess
+    import sys
+
+    from kvpool.tiers.gpu import unavailable_reason
+
+    if unavailable_reason() is None and torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: bench/gpu_path.py measures")
+    script = pathlib.Path(__file__).resolve().parents[2] / "bench" / "gpu_path.py"
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    reason = f"CuPy: {unavailable_reason()}" if unavailable_reason() else "torch"
+    assert out.stdout.startswith(f"bench/gpu_path.py: skipped, no CUDA device: {reason}")
