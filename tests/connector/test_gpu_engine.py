@@ -107,7 +107,7 @@ def test_a_fault_during_a_gpu_load_recomputes(reference_b_cuda):
 def test_hbm_dram_ssd_round_trips_are_byte_exact(tmp_path):
     size = 1 << 20
     with EmbeddedPool(hbm_bytes=2 * size, dram_bytes=2 * size, ssd_path=str(tmp_path), ssd_bytes=16 * size,
-                      shm_dir=str(tmp_path), promote_on_hit=False) as pool:
+                      shm_dir=str(tmp_path), promote_on_hit=False, write_behind=False) as pool:  # exclusive tiers
         assert pool.node.dram.pinned                                   # the node pins its arena when it has HBM
         data = {i: np.random.default_rng(i).integers(0, 256, size, dtype=np.uint8) for i in range(6)}
         key = {i: bytes([i + 1]) * 16 for i in range(6)}

@@ -85,7 +85,7 @@ def test_embedded_ssd_entries_are_staged_and_verified(tmp_path):
         return np.zeros(n, np.uint8)
 
     with EmbeddedPool(dram_bytes=2 * SIZE, ssd_path=str(tmp_path / "ssd"), ssd_bytes=1 << 20,
-                      shm_dir=str(tmp_path), promote_on_hit=False) as pool:
+                      shm_dir=str(tmp_path), promote_on_hit=False, write_behind=False) as pool:
         for ids in ((0, 1), (2, 3)):      # two puts: the first pair is the colder one, demoted by the second
             assert pool.put_many([key(i) for i in ids], [data(i) for i in ids]) == ["stored"] * 2
         tiers = {i: rec.tier.label for i, rec in enumerate(pool.master.inspect([key(i) for i in range(4)]))}
@@ -145,7 +145,7 @@ def up(port, tmp_path):
     shm = tempfile.mkdtemp(prefix="kvpool-test-", dir="/dev/shm")
     cluster = LocalCluster(UpConfig(listen=f"127.0.0.1:{port}", http_listen="", shm_dir=shm, dram_bytes=4 * SIZE,
                                     ssd_path=str(tmp_path / "ssd"), ssd_bytes=1 << 20, node_id="n1",
-                                    promote_on_hit=False, grant_ttl_s=1.0)).start()
+                                    promote_on_hit=False, grant_ttl_s=1.0, write_behind=False)).start()
     yield cluster
     cluster.stop()
     shutil.rmtree(shm, ignore_errors=True)
