@@ -13,6 +13,9 @@ Example (connector.yaml):
     tenant: default
     auth_token: file:/etc/kvpool/client.token   # pool with authentication on (or KVPOOL_AUTH_TOKEN); never the token
     tls_ca: /etc/kvpool/tls/ca.pem              # pool with TLS (tls_cert + tls_key too for mutual TLS)
+    transfer: auto             # auto (direct on a CUDA engine, staged on CPU) | staged | direct (connector/direct.py)
+    layerwise_load: auto       # auto (on with direct on CUDA) | on | off: load layer i+1 while layer i computes
+    pin_host_memory: true      # CUDA engines: register the pool memory mapped here as pinned (DMA)
 
 With authentication on the pool takes the tenant from the token (`auth_token`), not from `tenant`: `tenant` still
 goes into the namespace (so two tenants' keys differ even before the master scopes them).
@@ -37,6 +40,18 @@ class LoadPolicy(str, enum.Enum):
     ALWAYS = "always"
 
 
+class TransferMode(str, enum.Enum):
+    AUTO = "auto"          # direct where the engine's cache is on CUDA, staged on CPU (the CPU path unchanged)
+    STAGED = "staged"      # through the connector's staging tensor: get_many_into / put_many
+    DIRECT = "direct"      # straight between the cache and the pool's memory (reserve_many / acquire_many)
+
+
+class LayerwiseMode(str, enum.Enum):
+    AUTO = "auto"          # on where the transfer is direct and the cache is on CUDA
+    ON = "on"
+    OFF = "off"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ConnectorConfig:
     pool: str = "embedded"
@@ -59,6 +74,9 @@ class ConnectorConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_server_name: str = ""
+    transfer: TransferMode = TransferMode.AUTO
+    layerwise_load: LayerwiseMode = LayerwiseMode.AUTO
+    pin_host_memory: bool = True
 
     def __post_init__(self) -> None:
         def fix(name: str, enum_cls: type[enum.Enum]) -> None:
@@ -72,6 +90,13 @@ class ConnectorConfig:
 
         fix("save_policy", SavePolicy)
         fix("load_policy", LoadPolicy)
+        fix("transfer", TransferMode)
+        fix("layerwise_load", LayerwiseMode)
+        if self.layerwise_load is LayerwiseMode.ON and self.transfer is TransferMode.STAGED:
+            raise ValueError("layerwise_load=on needs transfer=direct or auto (a staged load is copied whole before "
+                             "the forward pass); set layerwise_load=off or transfer=direct")
+        if not isinstance(self.pin_host_memory, bool):
+            raise ValueError(f"pin_host_memory must be true or false, got {self.pin_host_memory!r}")
         if not isinstance(self.pool, str) or not self.pool:
             raise ValueError("pool must be 'embedded' or a master address host:port")
         if self.pool != "embedded":

@@ -8,6 +8,9 @@ Per request, on the engine's thread:
     prefill  ──save_kv──────────────────▶ gather new full blocks into a fresh tensor ─▶ bounded async queue
     finish   ──request_finished─────────▶ save the decode's full blocks too (the next turn's prompt has them)
 
+With `transfer` direct (the default on a CUDA engine) load_kv and save_kv instead copy straight between the cache and
+the pool's own memory, on a side stream, layer by layer (connector/direct.py); `wait_for_layer_load` is its hook.
+
 Failure policy: any pool fault (unreachable, timeout, bad checksum, a block evicted between lookup and load) turns
 into "recompute those tokens": the hook returns fewer tokens, the fault is counted by reason, logged once per
 reason, and the pool is left alone for `retry_after_s` so a dead pool costs each request nothing. Nothing here
@@ -28,8 +31,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kvpool.connector.config import ConnectorConfig, LoadPolicy, SavePolicy
+from kvpool.connector.config import ConnectorConfig, LayerwiseMode, LoadPolicy, SavePolicy, TransferMode
 from kvpool.connector.cost import LoadCostModel
+from kvpool.connector.direct import DirectTransfer
 from kvpool.connector.pool_factory import open_pool
 from kvpool.connector.saver import BlockSaver, SaveBatch
 from kvpool.connector.stats import ConnectorStats
@@ -70,6 +74,10 @@ class PoolConnector(KVConnectorBase):
         self.namespace = None
         self.cost: LoadCostModel | None = None
         self._metrics = None
+        self._direct: DirectTransfer | None = None
+        self._pin_wanted = False
+        self._pinned_pool = None
+        self.pin_report: dict[str, str] = {}    # pool memory pinned for DMA here: {node id: "pinned" | why not}
         self._saver = BlockSaver(self._get_pool, max_blocks=self.config.save_queue_blocks,
                                  on_saved=self._on_saved, on_error=lambda exc: self._fault(exc, "save"))
 
@@ -83,11 +91,32 @@ class PoolConnector(KVConnectorBase):
         self.namespace = dataclasses.replace(info.namespace, tenant=self.config.tenant)
         self.cost = LoadCostModel(bytes_per_token=self.namespace.block_bytes // info.block_tokens)
         self._shape = object_shape(info.kv_cache)
-        blocks = min(self.config.load_chunk_blocks, info.kv_cache.shape[2])
-        self._staging = torch.zeros((blocks, *self._shape), dtype=info.kv_cache.dtype)  # zeros: touched now
+        on_cuda = info.kv_cache.device.type == "cuda"
+        layerwise = self.config.layerwise_load is LayerwiseMode.ON or (
+            self.config.layerwise_load is LayerwiseMode.AUTO and on_cuda)
+        direct = self.config.transfer is TransferMode.DIRECT or (
+            self.config.transfer is TransferMode.AUTO and (on_cuda or self.config.layerwise_load is LayerwiseMode.ON))
+        if direct:
+            self._direct = DirectTransfer(info.kv_cache, self.namespace.block_bytes,
+                                          chunk_blocks=self.config.load_chunk_blocks, layerwise=layerwise)
+            self._pin_wanted = on_cuda and self.config.pin_host_memory
+            self._staging = None
+        else:
+            blocks = min(self.config.load_chunk_blocks, info.kv_cache.shape[2])
+            # zeros: touched now; pinned on CUDA so the staged copies are DMA too
+            self._staging = torch.zeros((blocks, *self._shape), dtype=info.kv_cache.dtype, pin_memory=on_cuda)
+        log.info("connector: %s transfer, layer-wise load %s, cache on %s", "direct" if direct else "staged",
+                 "on" if direct and layerwise else "off", info.kv_cache.device)
+
+    @property
+    def direct(self) -> bool:
+        """Whether KV moves straight between the cache and the pool's memory (connector/direct.py)."""
+        return self._direct is not None
 
     def get_num_external_tokens(self, request, num_local_cached_tokens: int) -> int:
         bt = self.config.block_tokens
+        if self._direct is not None:
+            self._direct.reap()
         state = self._state(request)
         max_blocks = (request.num_tokens - 1) // bt
         if not state.counted:
@@ -125,6 +154,8 @@ class PoolConnector(KVConnectorBase):
         pool = self._get_pool()
         if pool is None or n <= 0:
             return 0
+        if self._direct is not None:
+            return self._load_direct(pool, request, state, block_ids, first, n)
         # Chunks through one staging buffer reserved (and touched) at attach: no request pays page faults for it,
         # and memory stays bounded however long the hit is.
         chunk = self._staging.shape[0]
@@ -163,6 +194,30 @@ class PoolConnector(KVConnectorBase):
         state.mark_time, state.mark_tokens = time.perf_counter(), (first + got) * bt
         return got * bt
 
+    def _load_direct(self, pool, request, state: _RequestState, block_ids: list[int], first: int, n: int) -> int:
+        bt = self.config.block_tokens
+        result = self._direct.load(pool, state.keys[first:first + n], block_ids[first:first + n])
+        if result.error is not None:
+            self._fault(result.error, "load")      # blocks queued before the fault are valid: keep them
+        elif result.partial:
+            self._count_fallback("partial_load")
+        got = result.blocks
+        if got:
+            nbytes = got * self.namespace.block_bytes
+            self.cost.observe_load(nbytes, result.seconds)
+            self.stats.loads += 1
+            self.stats.load_seconds += result.seconds
+            self.stats.load_bytes += nbytes
+            for tier in result.tiers:
+                self._count_hit(tier, bt)
+        state.saved_blocks = max(state.saved_blocks, first + got)
+        state.mark_time, state.mark_tokens = time.perf_counter(), (first + got) * bt
+        return got * bt
+
+    def wait_for_layer_load(self, layer: int) -> None:
+        if self._direct is not None:
+            self._direct.wait(layer)
+
     def save_kv(self, request, block_ids: list[int], num_computed_tokens: int) -> None:
         state = self._state(request)
         now = time.perf_counter()
@@ -172,6 +227,8 @@ class PoolConnector(KVConnectorBase):
         self._save(request, state, block_ids, num_computed_tokens)
 
     def request_finished(self, request) -> None:
+        if self._direct is not None:
+            self._direct.reap()
         if request.request_id not in self._requests:
             return
         state = self._state(request)  # refresh keys: they now cover the generated tokens too
@@ -186,7 +243,17 @@ class PoolConnector(KVConnectorBase):
         """Wait for queued saves to reach the pool (tests, benchmarks, shutdown)."""
         return self._saver.flush(timeout)
 
+    def pinned_memory(self) -> dict[str, str]:
+        """Re-read which pool memory this process has pinned ({node id: "pinned" | why not}); {} before any pool."""
+        with self._pool_lock:
+            pool = self._pool
+        if pool is not None and self._pin_wanted:
+            self.pin_report = pool.pin_host_memory()
+        return dict(self.pin_report)
+
     def close(self) -> None:
+        if self._direct is not None:
+            self._direct.close()      # every queued copy done, every lease released
         self._saver.close()
         with self._pool_lock:
             if self._owns_pool and self._pool is not None:
@@ -224,14 +291,29 @@ class PoolConnector(KVConnectorBase):
         positions = list(positions)
         if not positions:
             return
-        if self._get_pool() is None:  # pool down: do not copy blocks out only to fail in the saver
+        pool = self._get_pool()
+        if pool is None:  # pool down: do not copy blocks out only to fail in the saver
             self._count_dropped(len(positions))
+            return
+        if self._direct is not None:
+            self._save_direct(pool, [state.keys[i] for i in positions], [block_ids[i] for i in positions])
             return
         blocks = torch.empty((len(positions), *self._shape), dtype=self.info.kv_cache.dtype)
         gather_blocks(self.info.kv_cache, [block_ids[i] for i in positions], blocks)
         batch = SaveBatch([state.keys[i] for i in positions], blocks, self.namespace)
         if not self._saver.offer(batch):
             self._count_dropped(len(positions))
+
+    def _save_direct(self, pool, keys: list[bytes], block_ids: list[int]) -> None:
+        try:
+            write, finish = self._direct.save(pool, keys, block_ids, self.namespace)
+        except Exception as exc:
+            self._fault(exc, "save")
+            self._count_dropped(len(keys))
+            return
+        if not self._saver.offer(SaveBatch(keys, None, self.namespace, commit=finish)):
+            write.abort()
+            self._count_dropped(len(keys))
 
     # ------------------------------------------------------------------ counting (stats record + Prometheus)
 
@@ -283,6 +365,17 @@ class PoolConnector(KVConnectorBase):
 
 
     def _get_pool(self):
+        pool = self._open_pool()
+        if pool is not None and self._pin_wanted and pool is not self._pinned_pool:
+            self._pinned_pool = pool
+            try:
+                self.pin_report = pool.pin_host_memory()
+                log.info("connector: pool memory pinned for DMA here: %s", self.pin_report or "(mapped on first use)")
+            except Exception as exc:  # noqa: BLE001 - unpinned memory still copies, staged by the driver
+                log.warning("connector: pinning the pool's memory failed: %s", exc)
+        return pool
+
+    def _open_pool(self):
         with self._pool_lock:
             if self._pool is not None:
                 return self._pool

@@ -20,8 +20,9 @@ log = logging.getLogger(__name__)
 @dataclass(slots=True)
 class SaveBatch:
     keys: list[bytes]
-    blocks: Any                 # torch tensor [n, *object_shape], owned by the batch
+    blocks: Any                 # torch tensor [n, *object_shape], owned by the batch (None with `commit`)
     namespace: Any
+    commit: Callable[[], list[str]] | None = None   # direct path: the bytes are already in the pool's extents
 
 
 class BlockSaver:
@@ -73,6 +74,10 @@ class BlockSaver:
                     self._idle.notify_all()
 
     def _save(self, batch: SaveBatch) -> None:
+        if batch.commit is not None:
+            statuses = batch.commit()
+            self._on_saved(statuses.count("stored"), statuses.count("exists"))
+            return
         pool = self._pool_getter()
         if pool is None:
             raise ConnectionError("pool not connected")

@@ -55,7 +55,7 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         loaded = load_model(self.model_path)
         spec = self.spec = loaded.spec
-        if config.max_model_len > spec.max_position_embeddings:
+        if config.max_model_len > spec.max_position_embeddings and not config.allow_long_context:
             raise ValueError(f"EngineConfig.max_model_len={config.max_model_len} exceeds the model's context "
                              f"length {spec.max_position_embeddings}")
         self.tokenizer = Tokenizer.from_loaded(loaded)
@@ -69,18 +69,22 @@ class LLMEngine:
             raise ValueError(f"EngineConfig.num_kv_blocks: {num_blocks} blocks of {bt} tokens cannot hold one "
                              f"sequence of max_model_len={config.max_model_len} tokens; add blocks or lower "
                              f"max_model_len")
-        self.runner = ModelRunner(loaded, num_blocks=num_blocks, block_tokens=bt, max_model_len=config.max_model_len)
+        self.device = config.torch_device
+        self.runner = ModelRunner(loaded, num_blocks=num_blocks, block_tokens=bt, max_model_len=config.max_model_len,
+                                  device=self.device)
         self.block_manager = BlockManager(num_blocks, bt, self.namespace, config.enable_prefix_caching)
         self.connector = connector or KVConnectorBase()
         self.scheduler = Scheduler(self.block_manager, self.connector, max_num_seqs=config.max_num_seqs,
                                    max_num_batched_tokens=config.max_num_batched_tokens)
+        if type(self.connector).wait_for_layer_load is not KVConnectorBase.wait_for_layer_load:
+            self.runner.before_layer = self.connector.wait_for_layer_load   # only a connector that loads per layer
         self.connector.attach(EngineInfo(kv_cache=self.runner.kv_cache, block_tokens=bt, namespace=self.namespace,
                                          fingerprint=self.fingerprint, num_layers=spec.num_layers,
                                          num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim))
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
-        log.info("engine ready: %s, %d KV blocks of %d tokens, fingerprint %s", self.model_path, num_blocks, bt,
-                 self.fingerprint)
+        log.info("engine ready: %s on %s, %d KV blocks of %d tokens, fingerprint %s", self.model_path, self.device,
+                 num_blocks, bt, self.fingerprint)
 
     @property
     def num_kv_blocks(self) -> int:

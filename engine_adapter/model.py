@@ -133,12 +133,15 @@ class LlamaModel(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                logit_rows: torch.Tensor) -> torch.Tensor:
-        """input_ids, positions [T] -> logits [len(logit_rows), vocab] (fp32)."""
+                logit_rows: torch.Tensor, before_layer=None) -> torch.Tensor:
+        """input_ids, positions [T] -> logits [len(logit_rows), vocab] (fp32). `before_layer(i)`, if given, runs
+        right before layer i touches the KV cache (a connector's layer-wise load waits there)."""
         x = F.embedding(input_ids, self.embed_tokens)
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
-        for layer in self.layers:
+        for i, layer in enumerate(self.layers):
+            if before_layer is not None:
+                before_layer(i)
             x = layer(x, cos, sin, meta)
         x = self.norm(x[logit_rows])
         return F.linear(x, self.lm_head)

@@ -2,6 +2,8 @@
 
 The cache is reserved once as kv_cache[num_layers, 2, num_blocks, block_tokens, kv_heads, head_dim]
 (kernels/kv_transfer.py draws it); each layer holds views of it, and the connector receives the same tensor.
+On a CUDA `device` the model, the cache and each step's inputs live there (same code); logits come back to the CPU
+for sampling. `before_layer`, when set (the connector's `wait_for_layer_load`), runs before each layer.
 """
 
 from __future__ import annotations
@@ -17,15 +19,19 @@ from kvpool.kernels.paged_attention import build_metadata
 
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, *, num_blocks: int, block_tokens: int, max_model_len: int,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, device: str = "cpu") -> None:
         spec = loaded.spec
         self.block_tokens = block_tokens
+        self.device = torch.device(device)
         self.model = LlamaModel(spec, max_model_len)
         self.model.load(loaded.state_dict)
         self.model.eval()
+        if self.device.type != "cpu":
+            self.model.to(self.device)
         self.kv_cache = torch.zeros(spec.num_layers, 2, num_blocks, block_tokens, spec.num_kv_heads, spec.head_dim,
-                                    dtype=dtype)
+                                    dtype=dtype, device=self.device)
         self.model.bind_cache(self.kv_cache)
+        self.before_layer = None
 
     @staticmethod
     def block_bytes(loaded: LoadedModel, block_tokens: int, dtype: torch.dtype = torch.float32) -> int:
@@ -46,9 +52,12 @@ class ModelRunner:
             tables.append(req.block_ids)
             if s.samples:
                 logit_rows.append(len(input_ids) - 1)
-        meta = build_metadata(q_lens, ctx_lens, tables, self.block_tokens)
-        rows = torch.tensor(logit_rows, dtype=torch.long)
-        return self.model(torch.tensor(input_ids), torch.tensor(positions), meta, rows)
+        device = self.device
+        meta = build_metadata(q_lens, ctx_lens, tables, self.block_tokens, device)
+        rows = torch.tensor(logit_rows, dtype=torch.long, device=device)
+        logits = self.model(torch.tensor(input_ids, device=device), torch.tensor(positions, device=device), meta, rows,
+                            self.before_layer)
+        return logits if device.type == "cpu" else logits.cpu()
 
     def step(self, scheduled: list[ScheduledRequest]) -> list[int]:
         logits = self.forward(scheduled)

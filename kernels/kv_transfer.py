@@ -16,6 +16,8 @@ So `obj[l, kv] == kv_cache[l, kv, b]`: one object is 2 * num_layers contiguous r
 of one object is two runs. Each copy below is a strided `copy_` with no temporary; the Python loop is per block
 (or per block and layer), never per token. Buffers may be any tensors with the right number of elements and the
 cache's dtype (e.g. `torch.frombuffer` views of a pool arena); they are reshaped as views, never copied.
+`non_blocking=True` (CUDA caches, kernels/streams.py) queues each copy on the current stream: from or into pinned
+host memory it is an asynchronous DMA, and the caller owns the ordering (events); on CPU it changes nothing.
 """
 
 from __future__ import annotations
@@ -57,20 +59,52 @@ def _check(kv_cache: torch.Tensor, block_ids: Sequence[int], bufs, arg: str) -> 
             raise ValueError(f"block_ids: {b} is outside [0, {num_blocks})")
 
 
-def gather_blocks(kv_cache: torch.Tensor, block_ids: Sequence[int], out: Sequence[torch.Tensor]) -> None:
+def as_byte_tensor(buf) -> torch.Tensor:
+    """A flat uint8 tensor sharing `buf`'s memory, never a copy: a tensor as it is; a host buffer (memoryview,
+    bytearray, numpy, mmap) through the buffer protocol; a device array (CuPy, anything with `__dlpack__` or
+    `__cuda_array_interface__`) through DLPack."""
+    if isinstance(buf, torch.Tensor):
+        return buf.reshape(-1).view(torch.uint8)
+    if hasattr(buf, "__cuda_array_interface__"):
+        return torch.from_dlpack(buf).reshape(-1).view(torch.uint8)
+    try:
+        view = memoryview(buf)
+    except TypeError:
+        if hasattr(buf, "__dlpack__"):
+            return torch.from_dlpack(buf).reshape(-1).view(torch.uint8)
+        raise ValueError(f"buffer: {type(buf).__name__} is neither a tensor, a host buffer nor DLPack-capable") from None
+    if view.nbytes == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(view.cast("B") if view.format != "B" or view.ndim != 1 else view, dtype=torch.uint8)
+
+
+def object_view(buf, kv_cache: torch.Tensor) -> torch.Tensor:
+    """`buf` (any buffer `as_byte_tensor` takes) as one pool object [layers, 2, bt, kv_heads, head_dim] of the cache's
+    dtype, sharing memory."""
+    flat = as_byte_tensor(buf)
+    shape = object_shape(kv_cache)
+    need = _numel(shape) * kv_cache.dtype.itemsize
+    if flat.numel() != need:
+        raise ValueError(f"buffer: has {flat.numel()} bytes, one block needs {need} {tuple(shape)}")
+    return _as(flat, shape, kv_cache.dtype, "buffer")
+
+
+def gather_blocks(kv_cache: torch.Tensor, block_ids: Sequence[int], out: Sequence[torch.Tensor], *,
+                  non_blocking: bool = False) -> None:
     """Cache blocks -> pool objects: out[i] (one object each, or a [n, *object_shape] tensor) = block block_ids[i]."""
     _check(kv_cache, block_ids, out, "out")
     shape = object_shape(kv_cache)
     for b, buf in zip(block_ids, out):
-        _as(buf, shape, kv_cache.dtype, "out").copy_(kv_cache[:, :, int(b)])
+        _as(buf, shape, kv_cache.dtype, "out").copy_(kv_cache[:, :, int(b)], non_blocking=non_blocking)
 
 
-def scatter_blocks(kv_cache: torch.Tensor, block_ids: Sequence[int], src: Sequence[torch.Tensor]) -> None:
+def scatter_blocks(kv_cache: torch.Tensor, block_ids: Sequence[int], src: Sequence[torch.Tensor], *,
+                   non_blocking: bool = False) -> None:
     """Pool objects -> cache blocks: block block_ids[i] = src[i]."""
     _check(kv_cache, block_ids, src, "src")
     shape = object_shape(kv_cache)
     for b, buf in zip(block_ids, src):
-        kv_cache[:, :, int(b)].copy_(_as(buf, shape, kv_cache.dtype, "src"))
+        kv_cache[:, :, int(b)].copy_(_as(buf, shape, kv_cache.dtype, "src"), non_blocking=non_blocking)
 
 
 def _layer_shape(kv_cache: torch.Tensor) -> tuple[int, ...]:
@@ -91,10 +125,11 @@ def gather_layer(kv_cache: torch.Tensor, layer: int, block_ids: Sequence[int], o
         _as(buf, shape, kv_cache.dtype, "out").copy_(kv_cache[layer, :, int(b)])
 
 
-def scatter_layer(kv_cache: torch.Tensor, layer: int, block_ids: Sequence[int], src: Sequence[torch.Tensor]) -> None:
+def scatter_layer(kv_cache: torch.Tensor, layer: int, block_ids: Sequence[int], src: Sequence[torch.Tensor], *,
+                  non_blocking: bool = False) -> None:
     """src[i] of shape [2, block_tokens, kv_heads, head_dim] (= obj[layer]) -> that layer of block block_ids[i]."""
     _check_layer(kv_cache, layer)
     _check(kv_cache, block_ids, src, "src")
     shape = _layer_shape(kv_cache)
     for b, buf in zip(block_ids, src):
-        kv_cache[layer, :, int(b)].copy_(_as(buf, shape, kv_cache.dtype, "src"))
+        kv_cache[layer, :, int(b)].copy_(_as(buf, shape, kv_cache.dtype, "src"), non_blocking=non_blocking)

@@ -3,6 +3,8 @@
     put_many:      PutStart (one RPC) ─▶ bytes to each granted extent ─▶ PutCommit (one RPC; xxh3_64 per object)
     get_many_into: Lookup with lease + expect_sizes (one RPC) ─▶ bytes from each location, checked against the
                    committed xxh3_64 ─▶ Release (not awaited; names the keys whose bytes were wrong, if any)
+    reserve_many / acquire_many (kvpool/extents.py): the same RPCs, but the caller copies into / out of same-host
+                   arena extents itself; the rest is staged through the data channel
 
 The three layers it is built from, each usable on its own:
   kvpool/pool.py       PoolFront: argument checks, namespace, put counters (shared with EmbeddedPool)
@@ -32,7 +34,9 @@ from typing import Sequence
 import xxhash
 
 from kvpool import fence
+from kvpool.buffers import as_writable_bytes
 from kvpool.credentials import Credentials
+from kvpool.extents import ExtentRead, ExtentWrite, Staging
 from kvpool.pool import PoolFront
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.rpc import MasterRpc
@@ -152,6 +156,110 @@ class PoolClient(PoolFront):
         if tiers_out is not None:
             tiers_out.extend(Tier(int(t)).label for t in reply.tiers[:filled])
         return filled
+
+    def _reserve(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging) -> ExtentWrite:
+        digest = _wire_digest(ns)
+        req = pb.PutStartRequest(namespace=digest, block_tokens=ns.block_tokens, namespace_label=ns.label,
+                                 client_host_id=self.host_id)
+        req.keys.extend(bytes(k) for k in keys)
+        req.sizes.extend(sizes)
+        sent_at = fence.now()
+        reply = self.rpc.call("PutStart", req, what="put_start")
+        deadline = fence.write_deadline(sent_at, reply.ttl_ms)
+        statuses = [wire.PUT_STATUS_NAME.get(s, "no_space") for s in reply.statuses]
+        granted = [i for i, s in enumerate(reply.statuses) if s == pb.STORED]
+        grants = wire.grants_of(reply)
+        try:
+            mapped = self.transfers.mapped_views(grants, granted)
+            buffers: list = [None] * len(keys)
+            for i in granted:
+                buffers[i] = mapped.get(i)
+                if buffers[i] is None:
+                    buffers[i] = as_writable_bytes(staging(sizes[i]), f"staging({sizes[i]})")
+        except BaseException:
+            self._abort([reply.grant_ids[i] for i in granted])
+            raise
+        for i in granted:
+            statuses[i] = "granted"
+        staged = [i for i in granted if i not in mapped]
+
+        def commit() -> list[str]:
+            out = [s if s != "granted" else "no_space" for s in statuses]
+            failed: set[int] = set()
+            if mapped and fence.now() >= deadline:
+                # The caller's copies may have landed after the grant lapsed: never commit them.
+                self.transfers.late_writes_skipped += len(mapped)
+                failed |= set(mapped)
+            try:
+                failed |= self.transfers.owners_gone(grants, [i for i in mapped if i not in failed])
+                if staged:
+                    failed |= self.transfers.write(grants, staged, keys, buffers, digest, deadline=deadline)
+            except BaseException:
+                self._abort([reply.grant_ids[i] for i in granted])
+                raise
+            if failed:
+                self._abort([reply.grant_ids[i] for i in failed])
+            ok = [i for i in granted if i not in failed]
+            if ok:
+                request = pb.PutCommitRequest()
+                request.grant_ids.extend(reply.grant_ids[i] for i in ok)
+                request.checksums.extend(xxhash.xxh3_64_intdigest(buffers[i]) for i in ok)
+                for i, status in zip(ok, self.rpc.call("PutCommit", request, what="put_commit").statuses):
+                    out[i] = "stored" if status == pb.COMMITTED else "no_space"
+            with self._puts_lock:
+                for status in out:
+                    self._puts[status] += 1
+            return out
+
+        def abort() -> None:
+            self._abort([reply.grant_ids[i] for i in granted])
+
+        return ExtentWrite(keys, statuses, buffers, [i in mapped for i in range(len(keys))], commit, abort)
+
+    def _acquire(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging) -> ExtentRead:
+        req = pb.LookupRequest(namespace=_wire_digest(ns), block_tokens=ns.block_tokens, namespace_label=ns.label,
+                               lease=True, client_host_id=self.host_id)
+        req.keys.extend(bytes(k) for k in keys)
+        req.expect_sizes.extend(sizes)
+        try:
+            reply = self.rpc.call("Lookup", req, retry=True, what="lookup")
+        except ValueError as exc:
+            msg = str(exc)
+            if msg.startswith("expect_sizes["):
+                raise ValueError("sizes" + msg[len("expect_sizes"):]) from None
+            raise
+        if not reply.lease_id:
+            return ExtentRead(keys, [], [], [], lambda n: n, lambda: None)
+        batch = wire.hits_of(reply)
+        corrupt: set[int] = set()
+        try:
+            mapped = self.transfers.mapped_views(batch, range(reply.hits))
+            staged = [i for i in range(reply.hits) if i not in mapped]
+            buffers: list = [None] * reply.hits
+            for i, view in mapped.items():
+                buffers[i] = view
+            for i in staged:
+                buffers[i] = as_writable_bytes(staging(reply.sizes[i]), f"staging({reply.sizes[i]})")
+            failed = self.transfers.read(batch, staged, keys, buffers, corrupt=corrupt) if staged else set()
+        except BaseException:
+            self._releaser.release(reply.lease_id, [bytes(keys[i]) for i in sorted(corrupt)])
+            raise
+        count = min(failed) if failed else reply.hits
+
+        def verify(n: int) -> int:
+            bad = self.transfers.check_mapped(batch, {i: v for i, v in mapped.items() if i < n})
+            corrupt.update(bad)
+            return min(bad) if bad else n
+
+        def release() -> None:
+            self._releaser.release(reply.lease_id, [bytes(keys[i]) for i in sorted(corrupt)])
+
+        tiers = [Tier(int(t)).label for t in reply.tiers[:count]]
+        return ExtentRead(keys, buffers[:count], [i in mapped for i in range(count)], tiers, verify, release)
+
+    def _pin(self) -> dict[str, str]:
+        self.transfers.pin_arenas = True
+        return self.transfers.pin_report()
 
     def _contains(self, keys: Sequence[bytes]) -> list[bool]:
         return list(self.rpc.call("Contains", pb.ContainsRequest(keys=[bytes(k) for k in keys]), retry=True,

@@ -7,6 +7,9 @@ wired directly (no RPC). Every eviction/demotion decision is the master's, so te
                    the checksum; a bad one is reported, counted and ends the prefix) ─▶ release ─▶ promote the
                    slow-tier hits (master.promote_pending, after the copy, outside the master lock)
 
+    reserve_many / acquire_many (kvpool/extents.py): the caller copies into / out of the arena extents itself;
+                   an HBM hit is handed out as the device extent (CuPy array, DLPack), SSD entries are staged
+
 Argument checks, namespaces and put counters are the shared front (kvpool/pool.py). Thread-safe: the master
 serialises metadata; byte copies run outside its lock on extents that a grant or lease makes exclusive. On open with
 `ssd_path`, records left on the SSD by an earlier process (even one killed with SIGKILL) are scanned and re-adopted
@@ -25,7 +28,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import xxhash
 
+from kvpool.buffers import as_writable_bytes
 from kvpool.config import load_config
+from kvpool.extents import ExtentRead, ExtentWrite, Staging
 from kvpool.pool import PoolFront
 from kvpool.store.config import EmbeddedConfig
 from kvpool.store.master import Master, SizeMismatch
@@ -35,6 +40,7 @@ from kvpool.store.records import NsRef, PutStatus
 from kvpool.store.writebehind import write_behind_loop
 from kvpool.tiers.types import Tier
 
+_HBM = int(Tier.HBM)
 _DRAM = int(Tier.DRAM)  # module constant: enum attribute lookups cost ~1 us each on the per-object path
 _TIER_LABELS = tuple(t.label for t in Tier)
 
@@ -133,6 +139,96 @@ class EmbeddedPool(PoolFront):
         if self.master.promotion_wanted.is_set():
             self.master.promote_pending()  # after the copy: this call read where the objects were
         return filled
+
+    def _reserve(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging) -> ExtentWrite:
+        results = self.master.put_start(keys, sizes, ns)
+        statuses, buffers, direct = [], [], []
+        for i, result in enumerate(results):
+            grant = result.grant
+            if grant is None:
+                statuses.append(result.status.value)
+                buffers.append(None)
+                direct.append(False)
+                continue
+            statuses.append("granted")
+            loc = grant.location
+            is_dram = loc.tier == _DRAM
+            buffers.append(self.node.dram.view(loc.offset, loc.size) if is_dram
+                           else as_writable_bytes(staging(loc.size), f"staging({loc.size})"))
+            direct.append(is_dram)
+        granted = [i for i, r in enumerate(results) if r.grant is not None]
+
+        def commit() -> list[str]:
+            out = [s if s != "granted" else "no_space" for s in statuses]
+            grant_ids, checksums = [], []
+            try:
+                for i in granted:
+                    loc = results[i].grant.location
+                    checksum = xxhash.xxh3_64_intdigest(buffers[i])
+                    if loc.tier != _DRAM:
+                        self.node.write(loc.tier, loc.offset, keys[i], ns.digest, buffers[i], checksum)
+                    grant_ids.append(results[i].grant.grant_id)
+                    checksums.append(checksum)
+            except BaseException:
+                self.master.put_abort([results[i].grant.grant_id for i in granted])
+                raise
+            for i, ok in zip(granted, self.master.put_commit(grant_ids, checksums)):
+                out[i] = "stored" if ok else "no_space"
+            with self._puts_lock:
+                for status in out:
+                    self._puts[status] += 1
+            return out
+
+        def abort() -> None:
+            self.master.put_abort([results[i].grant.grant_id for i in granted])
+
+        return ExtentWrite(keys, statuses, buffers, direct, commit, abort)
+
+    def _acquire(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging) -> ExtentRead:
+        try:
+            result = self.master.lookup(keys, ns, lease=True, expect_sizes=sizes)
+        except SizeMismatch as e:
+            raise ValueError(f"sizes[{e.position}] is {e.expected} bytes, object has {e.actual}") from None
+        buffers: list[Any] = []
+        direct: list[bool] = []
+        tiers: list[str] = []
+        if not result.lease_id:
+            return ExtentRead(keys, [], [], [], lambda n: n, lambda: None)
+        hbm_views = getattr(self.node.hbm, "array", None)   # the real HbmArena: device views (DLPack)
+        try:
+            for i, (tier, offset, size) in enumerate(zip(result.tiers, result.offsets, result.sizes)):
+                if tier == _DRAM:
+                    buffers.append(self.node.dram.view(offset, size))
+                    direct.append(True)
+                elif tier == _HBM and hbm_views is not None:
+                    buffers.append(hbm_views(offset, size))
+                    direct.append(True)
+                else:
+                    buf = as_writable_bytes(staging(size), f"staging({size})")
+                    if not self.node.read_into(Tier(tier), offset, keys[i], size, buf):
+                        self.master.report_corrupt(result.lease_id, [keys[i]])
+                        break
+                    buffers.append(buf)
+                    direct.append(False)
+                tiers.append(_TIER_LABELS[tier])
+        except BaseException:
+            self.master.release([result.lease_id])
+            raise
+
+        def release() -> None:
+            self.master.release([result.lease_id])
+            if self.master.promotion_wanted.is_set():
+                self.master.promote_pending()
+
+        # In-process extents: no stalled peer can touch them under the lease (get_many_into does not hash them
+        # either), so verification keeps every entry.
+        return ExtentRead(keys, buffers, direct, tiers, lambda n: n, release)
+
+    def _pin(self) -> dict[str, str]:
+        arena = self.node.dram
+        if arena is None:
+            return {}
+        return {self.node.node_id: "pinned" if arena.pin() else f"not pinned: {arena.pin_error}"}
 
     def _contains(self, keys: Sequence[bytes]) -> list[bool]:
         return self.master.contains(keys)

@@ -26,6 +26,12 @@ order for each request:
                                     the range, e.g. the leading run of blocks that arrived intact). Loading fewer —
                                     even 0, or raising — never fails the request: the engine recomputes the rest.
                                     Blocks beyond the returned count may hold garbage; they are overwritten.
+ 3b. wait_for_layer_load(layer)     in every forward pass, right before layer `layer` reads or writes the KV cache, for
+                                    layers 0..num_layers-1 in order. A connector whose load_kv only QUEUED its copies
+                                    (a GPU side stream, layer by layer) makes the compute wait for that layer's copies
+                                    here, so layer i+1 loads while layer i computes. load_kv's returned count is then a
+                                    promise: those blocks hold the loaded KV by the time their layer is waited for.
+                                    Only called when the connector overrides it (the default costs nothing).
  4. save_kv(request, block_ids, num_computed_tokens)
                                     after each step in which the request's prefill completed at least one new full
                                     block. Blocks block_ids[: num_computed_tokens // block_tokens] hold valid KV for
@@ -77,6 +83,9 @@ class KVConnectorBase:
 
     def load_kv(self, request, block_ids: list[int], num_local_cached_tokens: int, num_external_tokens: int) -> int:
         return 0
+
+    def wait_for_layer_load(self, layer: int) -> None:
+        return None
 
     def save_kv(self, request, block_ids: list[int], num_computed_tokens: int) -> None:
         return None

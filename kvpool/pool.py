@@ -1,13 +1,17 @@
 """The pool contract (`Pool`) and the front half both implementations share (`PoolFront`).
 
     Pool (Protocol)       what DESIGN.md's public API promises: put_many, lookup_prefix, get_many_into,
-                          contains_many, remove_many, stats, close, context manager
+                          contains_many, remove_many, stats, close, context manager; plus the zero-staging pair
+                          reserve_many / acquire_many (kvpool/extents.py) and pin_host_memory for GPU callers
     PoolFront             argument checks (keys, buffers, sizes, namespace), empty batches, put counters, closed
                           state; then one backend call on checked input:
                               _put(keys, views, ns)            -> statuses ("stored" | "exists" | "no_space")
                               _lookup(keys, ns)                -> leading hits
                               _get_into(keys, views, ns, tiers_out) -> buffers filled
                               _contains(keys) / _remove(keys) / _stats() / _close()
+                              _reserve(keys, sizes, ns, staging) -> ExtentWrite
+                              _acquire(keys, sizes, ns, staging) -> ExtentRead
+                              _pin() -> {node id: "pinned" | why not}
     EmbeddedPool          kvpool/embedded.py: the master and one node in this process
     PoolClient            kvpool/client.py: through a master process and its storage nodes
 
@@ -20,6 +24,7 @@ import threading
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from kvpool.buffers import as_bytes, as_writable_bytes
+from kvpool.extents import ExtentRead, ExtentWrite, Staging, default_staging
 from kvpool.keys import Namespace, check_keys
 from kvpool.store.records import NO_NS, NsRef
 
@@ -33,6 +38,14 @@ class Pool(Protocol):
 
     def get_many_into(self, keys: Sequence[bytes], buffers: Sequence[Any], *, namespace: Namespace | None = None,
                       tiers_out: list[str] | None = None) -> int: ...
+
+    def reserve_many(self, keys: Sequence[bytes], sizes: Sequence[int], *, namespace: Namespace | None = None,
+                     staging: Staging | None = None) -> ExtentWrite: ...
+
+    def acquire_many(self, keys: Sequence[bytes], sizes: Sequence[int], *, namespace: Namespace | None = None,
+                     staging: Staging | None = None) -> ExtentRead: ...
+
+    def pin_host_memory(self) -> dict[str, str]: ...
 
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]: ...
 
@@ -98,6 +111,41 @@ class PoolFront:
         ns = self._ns(namespace)
         return self._get_into(keys, views, ns, tiers_out) if keys else 0
 
+    def reserve_many(self, keys: Sequence[bytes], sizes: Sequence[int], *, namespace: Namespace | None = None,
+                     staging: Staging | None = None) -> ExtentWrite:
+        """Grant space for each key and hand out the granted bytes themselves (`ExtentWrite.buffers`) for the caller
+        to fill, then `commit()`. Direct where the extent is reachable here (same-host DRAM), else a staging buffer
+        from `staging(nbytes)` sent at commit. See kvpool/extents.py."""
+        self._check_open()
+        check_keys(keys, "keys")
+        sizes = self._sizes(keys, sizes)
+        staging = self._staging(staging)
+        ns = self._ns(namespace)
+        if not keys:
+            return ExtentWrite([], [], [], [], list, lambda: None)
+        return self._reserve(keys, sizes, ns, staging)
+
+    def acquire_many(self, keys: Sequence[bytes], sizes: Sequence[int], *, namespace: Namespace | None = None,
+                     staging: Staging | None = None) -> ExtentRead:
+        """Lease the leading hits and hand out their bytes (`ExtentRead.buffers`: the extents themselves where
+        reachable here, else staging buffers filled and verified), up to the first miss; `verify()` checks the
+        direct ones, `release()` ends the lease. `sizes[i]` must be the object's size. See kvpool/extents.py."""
+        self._check_open()
+        check_keys(keys, "keys")
+        sizes = self._sizes(keys, sizes)
+        staging = self._staging(staging)
+        ns = self._ns(namespace)
+        if not keys:
+            return ExtentRead([], [], [], [], lambda n: n, lambda: None)
+        return self._acquire(keys, sizes, ns, staging)
+
+    def pin_host_memory(self) -> dict[str, str]:
+        """Register the host memory this process copies through (the in-process arena, or every same-host node
+        arena mapped here, now and when mapped later) as CUDA pinned memory, so a device copy into or out of a
+        direct buffer is DMA. Returns {node id: "pinned" or why not}; never raises; call again to re-read."""
+        self._check_open()
+        return self._pin()
+
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
         self._check_open()
         check_keys(keys, "keys")
@@ -142,6 +190,15 @@ class PoolFront:
     def _contains(self, keys: Sequence[bytes]) -> list[bool]:
         raise NotImplementedError
 
+    def _reserve(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging) -> ExtentWrite:
+        raise NotImplementedError
+
+    def _acquire(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging) -> ExtentRead:
+        raise NotImplementedError
+
+    def _pin(self) -> dict[str, str]:
+        raise NotImplementedError
+
     def _remove(self, keys: Sequence[bytes]) -> int:
         raise NotImplementedError
 
@@ -164,6 +221,27 @@ class PoolFront:
         if len(buffers) != len(keys):
             raise ValueError(f"buffers has {len(buffers)} entries, keys has {len(keys)}")
         return [convert(b, f"buffers[{i}]") for i, b in enumerate(buffers)]
+
+    def _sizes(self, keys: Sequence[bytes], sizes: Sequence[int]) -> list[int]:
+        if isinstance(sizes, (bytes, bytearray, str)) or not hasattr(sizes, "__len__"):
+            raise ValueError(f"sizes must be a sequence of ints (one per key), got {type(sizes).__name__}")
+        if len(sizes) != len(keys):
+            raise ValueError(f"sizes has {len(sizes)} entries, keys has {len(keys)}")
+        out = []
+        for i, n in enumerate(sizes):
+            if isinstance(n, bool) or not hasattr(n, "__index__") or not 0 < int(n) <= self.max_object_bytes:
+                raise ValueError(f"sizes[{i}] must be an int in [1, max_object_bytes={self.max_object_bytes}], "
+                                 f"got {n!r}")
+            out.append(int(n))
+        return out
+
+    @staticmethod
+    def _staging(staging: Staging | None) -> Staging:
+        if staging is None:
+            return default_staging
+        if not callable(staging):
+            raise ValueError(f"staging must be a callable nbytes -> writable buffer, got {type(staging).__name__}")
+        return staging
 
     def _ns(self, namespace: Namespace | None) -> NsRef:
         if namespace is None:

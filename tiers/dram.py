@@ -18,7 +18,8 @@ Crash hygiene: the creating process holds an exclusive `flock` on its arena file
 drops it when the process dies, even by SIGKILL, so a file under the prefix that nobody holds is a leftover of a
 crashed node: `create` unlinks such files (`sweep_stale_arenas`) before reserving its own, or a node that crashed
 and restarted would keep its old arena's RAM pinned in /dev/shm until reboot. Peers that `attach` never lock.
-`pin()` registers the mapping with CUDA (cudaHostRegister) where a GPU exists so device copies are direct DMA.
+`pin()` registers the mapping with CUDA (cudaHostRegister through CuPy, tiers/gpu.py) where a GPU exists so
+device copies are direct DMA; it reports whether that worked and never raises.
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ class DramArena:
         self._capacity = capacity
         self._owner = owner
         self._pinned = False
+        self._pin_error: str | None = None
 
     # ---------------------------------------------------------------- construction
     @classmethod
@@ -238,14 +240,35 @@ class DramArena:
 
     # ---------------------------------------------------------------- pinning
     def pin(self) -> bool:
-        """Register the mapping as CUDA pinned host memory. False (and nothing done) when no CUDA device exists."""
+        """Register this process's mapping as page-locked host memory (cudaHostRegister through CuPy's runtime
+        API), so every host <-> device copy into or out of it is DMA, with no driver staging copy. Pinning is per
+        process (per mapping): the node pins its own for HBM <-> DRAM moves, a same-host engine pins its attached
+        mapping. True = pinned; False = not (no CUDA device, or the registration failed: `pin_error` says why,
+        and copies still work, staged by the driver). Never raises."""
         if self._pinned:
             return True
-        if not gpu.cuda_available():
+        if self._mm is None:
+            self._pin_error = "arena is closed"
             return False
-        gpu.host_register(self.address, self._capacity)
+        reason = gpu.unavailable_reason()
+        if reason is not None:
+            self._pin_error = reason
+            return False
+        try:
+            gpu.host_register(self.address, self._capacity)
+        except RuntimeError as exc:   # e.g. RLIMIT_MEMLOCK below the arena size in a container
+            self._pin_error = str(exc)
+            log.warning("DRAM arena %s not pinned (%s); host <-> device copies will be staged", self._path, exc)
+            return False
         self._pinned = True
+        self._pin_error = None
+        log.info("DRAM arena %s pinned (%d bytes registered with CUDA)", self._path, self._capacity)
         return True
+
+    @property
+    def pin_error(self) -> str | None:
+        """Why the last `pin()` returned False (None when pinned or never asked)."""
+        return self._pin_error
 
     def unpin(self) -> None:
         if self._pinned:

@@ -1,101 +1,170 @@
-"""The CUDA runtime, reached through ctypes so that tiers/ never imports torch or CuPy.
+"""The GPU layer of the tiers: CuPy, imported lazily, only inside the functions that touch a device.
 
-`cuda_available()` is the one clean GPU check: it loads libcudart (system library or the `nvidia-cuda-runtime`
-wheel that a torch CUDA build installs) and asks for the device count. Everything else here is a thin checked
-wrapper over the few runtime calls the tiers need: host registration (pinned DRAM arena), device malloc/free and
-memcpy (HBM arena). On a machine without CUDA, `cuda_available()` is False and nothing else is ever called.
+    cuda_available()      the one cheap check. In order, stopping at the first "no":
+                            1. the CUDA driver library (libcuda.so.1) loads          ctypes, no CuPy
+                            2. CuPy is installed (`pip install 'kvpool[gpu]'`)       importlib.util.find_spec
+                            3. CuPy's runtime reports at least one device             first `import cupy` here
+                          so a CPU machine answers from step 1 or 2 without ever importing CuPy.
+    unavailable_reason()  the words for a "no" (skip reasons, config errors, RuntimeError messages)
+    host_register / host_unregister / is_pinned
+                          cudaHostRegister on an existing mapping (the DRAM arena), through cupy.cuda.runtime
+    CopyStream            a dedicated non-blocking CUDA stream with events: the arenas' copies never queue behind
+                          an engine's kernels on the default stream, and a caller can wait on an event instead of
+                          the whole device
+
+Everything here except the three checks raises RuntimeError("no CUDA device: <reason>") where `cuda_available()`
+is False. `store/` and `tiers/` import this module freely: it imports nothing but the standard library at load.
 """
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
-import glob
 import importlib.util
 import logging
-import os
+from typing import Any
 
 log = logging.getLogger(__name__)
 
-# cudaMemcpyKind
-MEMCPY_HOST_TO_DEVICE = 1
-MEMCPY_DEVICE_TO_HOST = 2
-MEMCPY_DEVICE_TO_DEVICE = 3
-HOST_REGISTER_DEFAULT = 0
-HOST_REGISTER_PORTABLE = 1
-
-
-def _candidate_paths() -> list[str]:
-    names = ["libcudart.so", "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0"]
-    found = ctypes.util.find_library("cudart")
-    paths = [found] if found else []
-    # The runtime shipped as a wheel next to torch's CUDA build; found without importing torch.
-    try:
-        spec = importlib.util.find_spec("nvidia")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        for root in spec.submodule_search_locations:
-            paths += sorted(glob.glob(os.path.join(root, "cuda_runtime", "lib", "libcudart.so*")))
-    return paths + names
+INSTALL_HINT = "pip install 'kvpool[gpu]' (the cupy-cuda12x wheel; cupy-cuda13x for a CUDA 13 driver)"
+HOST_REGISTER_PORTABLE = 1     # cudaHostRegisterPortable: pinned for every CUDA context of the process
+MEMORY_TYPE_HOST = 1           # cudaMemoryTypeHost: what pointerGetAttributes says of registered host memory
 
 
 @functools.lru_cache(maxsize=1)
-def cudart() -> ctypes.CDLL | None:
-    """The loaded CUDA runtime library, or None when there is none."""
-    for path in _candidate_paths():
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        lib.cudaGetDeviceCount.argtypes = [ctypes.POINTER(ctypes.c_int)]
-        lib.cudaHostRegister.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
-        lib.cudaHostUnregister.argtypes = [ctypes.c_void_p]
-        lib.cudaMalloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t]
-        lib.cudaFree.argtypes = [ctypes.c_void_p]
-        lib.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        lib.cudaSetDevice.argtypes = [ctypes.c_int]
-        lib.cudaGetErrorString.restype = ctypes.c_char_p
-        lib.cudaGetErrorString.argtypes = [ctypes.c_int]
-        return lib
+def _driver_reason() -> str | None:
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "no CUDA driver (libcuda.so.1 does not load)"
     return None
 
 
-@functools.lru_cache(maxsize=1)
-def cuda_available() -> bool:
-    """True when a CUDA runtime loads and reports at least one device. Cached: devices do not come and go."""
-    lib = cudart()
-    if lib is None:
-        return False
-    count = ctypes.c_int(0)
+def _cupy_installed() -> bool:
     try:
-        rc = lib.cudaGetDeviceCount(ctypes.byref(count))
-    except Exception:  # noqa: BLE001 - a broken driver install is "no GPU", not a crash
-        log.debug("cudaGetDeviceCount raised", exc_info=True)
+        return importlib.util.find_spec("cupy") is not None
+    except (ImportError, ValueError):
         return False
-    return rc == 0 and count.value > 0
 
 
-def check(rc: int, what: str) -> None:
-    """Raise RuntimeError carrying CUDA's own message for a non-zero status."""
-    if rc != 0:
-        lib = cudart()
-        msg = lib.cudaGetErrorString(rc).decode() if lib is not None else "unknown"
-        raise RuntimeError(f"{what} failed: CUDA error {rc} ({msg})")
+@functools.lru_cache(maxsize=1)
+def unavailable_reason() -> str | None:
+    """Why kvpool cannot use a GPU here, or None when it can. Cached: devices and installs do not come and go."""
+    reason = _driver_reason()
+    if reason is not None:
+        return reason
+    if not _cupy_installed():
+        return f"CuPy is not installed ({INSTALL_HINT})"
+    try:
+        import cupy as cp  # the only place CuPy is first imported: after the driver and the install were found
+
+        count = cp.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001 - a broken driver/runtime pair is "no GPU", not a crash
+        return f"CuPy sees no CUDA device ({type(exc).__name__}: {exc})"
+    if count <= 0:
+        return "the CUDA driver reports no device"
+    return None
 
 
-def require_cuda() -> ctypes.CDLL:
-    if not cuda_available():
-        raise RuntimeError("no CUDA device")
-    lib = cudart()
-    assert lib is not None
-    return lib
+def cuda_available() -> bool:
+    """True when a CUDA device can be used through CuPy. Imports CuPy only where a driver and CuPy are present."""
+    return unavailable_reason() is None
+
+
+def require_cupy() -> Any:
+    """The CuPy module; RuntimeError("no CUDA device: <reason>") where `cuda_available()` is False."""
+    reason = unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(f"no CUDA device: {reason}")
+    import cupy as cp
+
+    return cp
+
+
+def _runtime_error(what: str, exc: BaseException) -> RuntimeError:
+    return RuntimeError(f"{what} failed: {type(exc).__name__}: {exc}")
 
 
 def host_register(ptr: int, size: int) -> None:
-    check(require_cuda().cudaHostRegister(ptr, size, HOST_REGISTER_PORTABLE), "cudaHostRegister")
+    """Page-lock [ptr, ptr + size) of this process for DMA (cudaHostRegister, portable). RuntimeError on failure
+    (e.g. RLIMIT_MEMLOCK, or a range already registered)."""
+    cp = require_cupy()
+    try:
+        cp.cuda.runtime.hostRegister(ptr, size, HOST_REGISTER_PORTABLE)
+    except cp.cuda.runtime.CUDARuntimeError as exc:
+        raise _runtime_error("cudaHostRegister", exc) from None
 
 
 def host_unregister(ptr: int) -> None:
-    check(require_cuda().cudaHostUnregister(ptr), "cudaHostUnregister")
+    cp = require_cupy()
+    try:
+        cp.cuda.runtime.hostUnregister(ptr)
+    except cp.cuda.runtime.CUDARuntimeError as exc:
+        raise _runtime_error("cudaHostUnregister", exc) from None
+
+
+def is_pinned(ptr: int) -> bool:
+    """What CUDA itself says: is `ptr` page-locked host memory (registered or cudaHostAlloc'd)? False without CUDA."""
+    if not cuda_available():
+        return False
+    cp = require_cupy()
+    try:
+        return int(cp.cuda.runtime.pointerGetAttributes(ptr).type) == MEMORY_TYPE_HOST
+    except cp.cuda.runtime.CUDARuntimeError:
+        return False
+
+
+def host_address(buf: Any) -> int:
+    """Address of byte 0 of a C-contiguous host buffer (bytes, bytearray, memoryview, numpy, mmap), no copy."""
+    import numpy as np
+
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    return int(arr.__array_interface__["data"][0]) if arr.nbytes else 0
+
+
+class CopyStream:
+    """A dedicated non-blocking stream on `device` for host <-> device copies with raw addresses.
+
+    `h2d`/`d2h`/`d2d` enqueue and return at once (truly asynchronous only from page-locked host memory: from
+    pageable memory the driver stages the copy and returns when it is done). `record()` gives an event a caller can
+    `synchronize()` or make another stream wait on; `synchronize()` waits for everything queued here."""
+
+    def __init__(self, device: int = 0) -> None:
+        cp = require_cupy()
+        self._cp = cp
+        self.device = device
+        with cp.cuda.Device(device):
+            self.stream = cp.cuda.Stream(non_blocking=True)
+
+    def _copy(self, dst: int, src: int, size: int, kind: int, what: str) -> None:
+        if size <= 0:
+            return
+        rt = self._cp.cuda.runtime
+        try:
+            with self._cp.cuda.Device(self.device):
+                rt.memcpyAsync(dst, src, size, kind, self.stream.ptr)
+        except rt.CUDARuntimeError as exc:
+            raise _runtime_error(f"cudaMemcpyAsync({what})", exc) from None
+
+    def h2d(self, dst: int, src: int, size: int) -> None:
+        self._copy(dst, src, size, self._cp.cuda.runtime.memcpyHostToDevice, "H2D")
+
+    def d2h(self, dst: int, src: int, size: int) -> None:
+        self._copy(dst, src, size, self._cp.cuda.runtime.memcpyDeviceToHost, "D2H")
+
+    def d2d(self, dst: int, src: int, size: int) -> None:
+        self._copy(dst, src, size, self._cp.cuda.runtime.memcpyDeviceToDevice, "D2D")
+
+    def record(self) -> Any:
+        """A CuPy event marking everything queued so far on this stream."""
+        with self._cp.cuda.Device(self.device):
+            event = self._cp.cuda.Event(block=False, disable_timing=False)
+            event.record(self.stream)
+        return event
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+
+__all__ = ["CopyStream", "cuda_available", "require_cupy", "host_address", "host_register", "host_unregister", "is_pinned",
+           "unavailable_reason", "INSTALL_HINT"]

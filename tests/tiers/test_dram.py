@@ -146,8 +146,11 @@ def test_close_is_idempotent_and_blocks_further_use(arena):
 def test_pin_without_cuda_is_a_no_op(arena):
     if cuda_available():
         pytest.skip("CUDA present: covered by the gpu test")
+    from kvpool.tiers.gpu import unavailable_reason
+
     assert arena.pin() is False
     assert not arena.pinned
+    assert arena.pin_error == unavailable_reason() and arena.pin_error
 
 
 @pytest.mark.gpu

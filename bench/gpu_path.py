@@ -1,0 +1,177 @@
+"""GPU data path: copy bandwidth out of the pinned shared arena, and TTFT with the connector's direct path.
+
+  bandwidth  host -> device and device -> host GB/s for one --copy-mib buffer, on one dedicated CUDA stream, wall
+             time around copy + stream synchronize, repeats interleaved across the three host sides:
+               arena      the DRAM arena (a /dev/shm file, as a node creates it) pinned with cudaHostRegister
+               pageable   a plain numpy buffer of the same size (the driver stages the copy)
+               peak       cudaHostAlloc memory: the pinned peak of this machine, measured in the same run
+             ratio lines: arena / peak (goal >= 0.9) and pageable / peak, per direction.
+  ttft       the bundled engine on CUDA, one prompt of each --lengths tokens (random ids, 1 generated token), local
+             prefix cache off so every run starts empty: cold (no pool) vs a pool hit through an in-process
+             EmbeddedPool (direct path: the arena pinned, H2D straight into the KV blocks), with layer-wise overlap
+             and without (the whole load before layer 0). Lengths past the model's 8K context use
+             allow_long_context (RoPE extrapolated: the timing is real, the text is not).
+             ratio lines: cold / hit per mode, and overlap vs whole-load.
+On a machine where torch or CuPy sees no CUDA device it prints why and exits 0 (nothing is measured).
+Usage: python bench/gpu_path.py [--copy-mib 256] [--repeats 5] [--lengths 4096,16384] [--skip-ttft] [--skip-bandwidth]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+from tqdm import tqdm
+
+from kvpool.tiers import gpu
+
+
+def why_no_gpu() -> str | None:
+    reason = gpu.unavailable_reason()
+    if reason is not None:
+        return f"CuPy: {reason}"
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} sees no CUDA device (CUDA build: {torch.version.cuda or 'none'})"
+    return None
+
+
+def bandwidth(copy_mib: int, repeats: int) -> None:
+    from kvpool.tiers.dram import DramArena
+
+    cp = gpu.require_cupy()
+    n = copy_mib << 20
+    device = cp.cuda.Memory(n)
+    shm = tempfile.mkdtemp(prefix="kvpool-bench-", dir="/dev/shm")
+    arena = DramArena.create(n, directory=shm)
+    pinned = arena.pin()
+    print(f"arena {arena.path}: {'pinned' if pinned else 'NOT pinned: ' + str(arena.pin_error)}")
+    arena.array(0, n)[:] = 1
+    pageable = np.ones(n, dtype=np.uint8)
+    peak_ptr = cp.cuda.runtime.hostAlloc(n, 0)
+    ctypes.memset(peak_ptr, 1, n)                           # touch every page, like the other two
+    hosts = {"arena": arena.address, "pageable": int(pageable.ctypes.data), "peak": int(peak_ptr)}
+    stream = gpu.CopyStream()
+    results: dict[tuple[str, str], list[float]] = {(h, d): [] for h in hosts for d in ("H2D", "D2H")}
+    try:
+        for _ in range(2):                                  # warm-up: first-touch mappings, driver caches
+            for ptr in hosts.values():
+                stream.h2d(device.ptr, ptr, n)
+                stream.d2h(ptr, device.ptr, n)
+            stream.synchronize()
+        for _ in tqdm(range(repeats), desc="bandwidth", leave=False):
+            for name, ptr in hosts.items():
+                for direction in ("H2D", "D2H"):
+                    t0 = time.perf_counter()
+                    if direction == "H2D":
+                        stream.h2d(device.ptr, ptr, n)
+                    else:
+                        stream.d2h(ptr, device.ptr, n)
+                    stream.synchronize()
+                    results[(name, direction)].append(n / (time.perf_counter() - t0) / 1e9)
+    finally:
+        cp.cuda.runtime.freeHost(peak_ptr)
+        arena.close()
+        arena.unlink()
+    for (name, direction), values in results.items():
+        print(f"{direction} {name:9s} {copy_mib} MiB: median {statistics.median(values):6.2f} GB/s "
+              f"(min {min(values):.2f}, max {max(values):.2f}, {len(values)} runs)")
+    for direction in ("H2D", "D2H"):
+        peak = statistics.median(results[("peak", direction)])
+        for name in ("arena", "pageable"):
+            ratio = statistics.median(results[(name, direction)]) / peak
+            goal = " (goal >= 0.9)" if name == "arena" else ""
+            print(f"ratio {direction} {name} / pinned peak: {ratio:.2f}x{goal}")
+
+
+def ttft(lengths: list[int], repeats: int) -> None:
+    import torch
+
+    from kvpool.connector.config import ConnectorConfig
+    from kvpool.connector.connector import PoolConnector
+    from kvpool.embedded import EmbeddedPool
+    from kvpool.engine_adapter.llm_engine import LLMEngine
+    from kvpool.engine_adapter.sampling import SamplingParams
+
+    one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    for length in lengths:
+        blocks = length // 16 + 2
+        args = dict(device="cuda", max_model_len=length + 16, num_kv_blocks=blocks, max_num_seqs=1,
+                    max_num_batched_tokens=length + 16, enable_prefix_caching=False,
+                    allow_long_context=length + 16 > 8192)
+        prompt = np.random.default_rng(length).integers(100, 40000, length).tolist()
+        cold = LLMEngine(**args)
+        block_bytes = cold.namespace.block_bytes
+        pool = EmbeddedPool(dram_bytes=(blocks + 8) * block_bytes)
+        engines = {"cold": cold}
+        for mode in ("on", "off"):
+            conn = PoolConnector(ConnectorConfig(load_policy="always", layerwise_load=mode, transfer="direct"),
+                                 pool=pool)
+            engines[f"hit layer-wise {mode}"] = LLMEngine(connector=conn, **args)
+        saver = engines["hit layer-wise on"]
+        saver.add_request(prompt, one)                    # fills the pool with the prompt's blocks
+        while saver.has_unfinished_requests():
+            saver.step()
+        saver.connector.flush()
+        print(f"{length} tokens: pool holds {pool.stats()['objects']} blocks of {block_bytes} bytes; pinned: "
+              f"{saver.connector.pinned_memory()}")
+        times: dict[str, list[float]] = {name: [] for name in engines}
+        loaded: dict[str, int] = {}
+        for _ in tqdm(range(repeats + 1), desc=f"ttft {length}", leave=False):
+            for name, engine in engines.items():
+                engine.add_request(prompt, one)
+                out = []
+                while engine.has_unfinished_requests():
+                    out += engine.step()
+                torch.cuda.synchronize()
+                times[name].append(out[-1].ttft)
+                loaded[name] = out[-1].num_cached_tokens_external
+        for name, values in times.items():
+            values = values[1:]                           # the first round warms kernels and allocators
+            print(f"TTFT {length} {name:20s}: median {statistics.median(values) * 1e3:8.1f} ms "
+                  f"(loaded {loaded[name]} tokens from the pool)")
+        cold_s = statistics.median(times["cold"][1:])
+        for mode in ("on", "off"):
+            hit = statistics.median(times[f"hit layer-wise {mode}"][1:])
+            print(f"ratio TTFT {length} cold / pool hit (layer-wise {mode}): {cold_s / hit:.2f}x")
+        on, off = (statistics.median(times[f"hit layer-wise {m}"][1:]) for m in ("on", "off"))
+        print(f"ratio TTFT {length} whole-load / layer-wise overlap: {off / on:.2f}x")
+        for engine in engines.values():
+            if hasattr(engine.connector, "close"):
+                engine.connector.close()
+        pool.close()
+        del engines, cold, saver
+        torch.cuda.empty_cache()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--copy-mib", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--lengths", default="4096,16384")
+    parser.add_argument("--skip-ttft", action="store_true")
+    parser.add_argument("--skip-bandwidth", action="store_true")
+    args = parser.parse_args(argv)
+    reason = why_no_gpu()
+    if reason is not None:
+        print(f"bench/gpu_path.py: skipped, no CUDA device: {reason}")
+        return 0
+    props = gpu.require_cupy().cuda.runtime.getDeviceProperties(0)
+    print(f"device 0: {props['name'].decode() if isinstance(props['name'], bytes) else props['name']}")
+    if not args.skip_bandwidth:
+        bandwidth(args.copy_mib, args.repeats)
+    if not args.skip_ttft:
+        ttft([int(x) for x in args.lengths.split(",") if x], args.repeats)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Zero-staging access to pool objects: the caller copies straight into and out of the bytes the pool holds.
+
+    put_many(keys, buffers)                caller buffer ──pool's memcpy──▶ extent                   (one copy)
+    reserve_many(keys, sizes) -> ExtentWrite  grants, then w.buffers[i] IS the granted extent
+        caller's own copy (e.g. a GPU engine's D2H DMA) ──▶ w.buffers[i]
+        w.commit()                         xxh3_64 of the bytes in place ─▶ commit: visible to readers
+    acquire_many(keys, sizes) -> ExtentRead   a read lease, then r.buffers[i] IS the object's extent
+        r.verify()                         xxh3_64 of the extents against the committed checksums (the same-host
+                                           fence, kvpool/fence.py): the leading run that matches stays in r.count
+        r.buffers[i] ──caller's own copy (e.g. H2D DMA into the engine's KV blocks)──▶
+        r.release()                        ends the lease: the extents may be reused from then on
+
+Which entries are direct (`direct[i]`): DRAM extents of a node on this host whose arena is mapped here (PoolClient),
+or of the in-process node (EmbeddedPool); and, in an EmbeddedPool with an HBM tier, an HBM hit is handed out as the
+device extent itself (a CuPy array: torch takes it through DLPack, no host hop). Every other entry (another host,
+SSD, a remote node's HBM) goes through a staging buffer from `staging(nbytes)` (default bytearray): the pool fills
+it (reads, verified as they arrive) or sends it at commit (writes). Pass a pinned allocator and those copies are DMA
+too. With `pin_host_memory()` the mapped arenas themselves are registered with CUDA in this process.
+
+Contract: read buffers are the pool's memory, never write into them; use nothing after `release()` / `commit()` /
+`abort()`. A write not committed before its grant's lifetime is failed ("no_space"), never committed late.
+Both records are context managers: leaving one releases (read) or aborts (write, when not committed).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+Staging = Callable[[int], Any]
+
+
+def default_staging(nbytes: int) -> memoryview:
+    return memoryview(bytearray(nbytes))
+
+
+class ExtentWrite:
+    """Grants for a batch of puts. `statuses[i]`: "granted" (write `buffers[i]`, then commit), "exists" or
+    "no_space" (`buffers[i]` is None)."""
+
+    __slots__ = ("keys", "statuses", "buffers", "direct", "_commit", "_abort", "_done")
+
+    def __init__(self, keys: Sequence[bytes], statuses: list[str], buffers: list[Any], direct: list[bool],
+                 commit: Callable[[], list[str]], abort: Callable[[], None]) -> None:
+        self.keys, self.statuses, self.buffers, self.direct = list(keys), statuses, buffers, direct
+        self._commit, self._abort, self._done = commit, abort, False
+
+    @property
+    def granted(self) -> list[int]:
+        return [i for i, s in enumerate(self.statuses) if s == "granted"]
+
+    def commit(self) -> list[str]:
+        """Checksum and commit every granted entry; one put_many-style status per key ("stored" | "exists" |
+        "no_space": a grant that expired or a node that died meanwhile). Once only."""
+        if self._done:
+            raise ValueError("this ExtentWrite was already committed or aborted")
+        self._done = True
+        return self._commit()
+
+    def abort(self) -> None:
+        """Free every granted extent without committing (idempotent; a no-op after commit)."""
+        if not self._done:
+            self._done = True
+            self._abort()
+
+    def __enter__(self) -> ExtentWrite:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.abort()
+
+
+class ExtentRead:
+    """The leading `count` hits of a lookup, held by one read lease until `release()`."""
+
+    __slots__ = ("keys", "count", "buffers", "direct", "tiers", "_verify", "_release", "_released")
+
+    def __init__(self, keys: Sequence[bytes], buffers: list[Any], direct: list[bool], tiers: list[str],
+                 verify: Callable[[int], int], release: Callable[[], None]) -> None:
+        self.keys = list(keys)
+        self.count = len(buffers)
+        self.buffers, self.direct, self.tiers = buffers, direct, tiers
+        self._verify, self._release, self._released = verify, release, False
+
+    def verify(self) -> int:
+        """Check the direct buffers' bytes now against the committed checksums (what the pool's `verify` mode asks
+        for); the first mismatch ends the run: `count` shrinks to the leading verified entries, the bad key is
+        reported at release so the pool forgets it. Returns the new `count`. Staged buffers were checked as they
+        arrived."""
+        if self._released:
+            raise ValueError("this ExtentRead was released")
+        self.count = self._verify(self.count)
+        return self.count
+
+    def release(self) -> None:
+        """End the lease (idempotent). The buffers must not be used afterwards."""
+        if not self._released:
+            self._released = True
+            self._release()
+
+    def __enter__(self) -> ExtentRead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+__all__ = ["ExtentRead", "ExtentWrite", "Staging", "default_staging"]

@@ -1,0 +1,233 @@
+"""The connector's direct path (connector/direct.py) on the CPU engine: the code a CUDA engine runs, with CPU tensors.
+
+Layer-wise loading on CPU defers each layer's copy until the engine's `wait_for_layer_load(layer)` hook, which is
+all a CUDA stream + event would promise: so these tests see wrong output if a hook came late or not at all, and can
+check at each layer's compute that exactly the layers waited for have arrived. Real engines, a real EmbeddedPool,
+and a real master + node (LocalCluster) for the same-host mapped arena and its read fence.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+
+from kvpool.client import PoolClient
+from kvpool.connector.config import ConnectorConfig
+from kvpool.connector.connector import PoolConnector
+from kvpool.embedded import EmbeddedPool
+from kvpool.engine_adapter.config import EngineConfig
+from kvpool.engine_adapter.llm import LLM
+from kvpool.errors import PoolUnavailable
+from kvpool.keys import block_keys
+from kvpool.store.config import UpConfig
+from kvpool.store.local_cluster import LocalCluster
+
+from tests.connector.engines import ENGINE_ARGS, GREEDY, PREFIX, QUESTION_A, QUESTION_B, make_engine
+
+DIRECT = dict(transfer="direct", load_policy="always")
+
+
+def run(engine, question):
+    out = engine.generate([PREFIX + question], GREEDY)[0]
+    engine.engine.connector.flush()
+    return out
+
+
+def shared_tokens(engine) -> int:
+    return len(engine.engine.tokenizer.encode(PREFIX)) // 16 * 16
+
+
+@pytest.mark.parametrize("layerwise", ["on", "off"])
+def test_direct_load_and_save_give_identical_output(layerwise, reference_b):
+    with EmbeddedPool(dram_bytes=128 << 20) as pool:
+        a = make_engine(pool, layerwise_load=layerwise, **DIRECT)
+        assert a.engine.connector.direct and a.engine.connector._staging is None
+        out_a = run(a, QUESTION_A)
+        saved = a.engine.connector.stats.saved_blocks
+        assert saved >= shared_tokens(a) // 16 and pool.stats()["objects"] == saved
+        # The saved objects are the cache's blocks, byte for byte (gathered straight into the arena extents).
+        conn = a.engine.connector
+        keys = block_keys(conn.namespace, out_a.prompt_token_ids)[:saved]
+        objects = torch.zeros((saved, *conn._shape))
+        assert pool.get_many_into(keys, list(objects.view(saved, -1).view(torch.uint8).numpy())) == saved
+        b = make_engine(pool, layerwise_load=layerwise, **DIRECT)
+        out_b = run(b, QUESTION_B)
+        assert out_b.num_cached_tokens_external >= shared_tokens(b) - 16
+        assert out_b.token_ids == reference_b
+        assert b.engine.connector.stats.pool_hit_tokens == {"dram": out_b.num_cached_tokens_external}
+        assert b.engine.connector.stats.fallbacks == {}
+        b.engine.connector.close()                      # every load finished, every lease released
+        assert pool.stats()["leases_open"] == 0
+        cached = a.engine.block_manager.cached                     # key -> block id in A's local prefix cache
+        for i, k in enumerate(keys):
+            assert torch.equal(objects[i], a.engine.runner.kv_cache[:, :, cached[k]]), i
+
+
+def test_each_layer_arrives_exactly_when_its_hook_runs(reference_b):
+    """At layer i's compute, layers <= i of the loaded blocks hold the pool's bytes and layers > i do not yet."""
+    with EmbeddedPool(dram_bytes=128 << 20) as pool:
+        run(make_engine(pool, **DIRECT), QUESTION_A)
+        b = make_engine(pool, layerwise_load="on", **DIRECT)
+        engine = b.engine
+        cache = engine.runner.kv_cache
+        conn = engine.connector
+        keys = block_keys(conn.namespace, engine.tokenizer.encode(PREFIX + QUESTION_B))
+        hit = pool.lookup_prefix(keys)
+        expected = torch.zeros((hit, *conn._shape))
+        assert pool.get_many_into(keys[:hit], list(expected.view(hit, -1).view(torch.uint8).numpy())) == hit
+        seen: list[tuple[str, int]] = []
+        checks: list[tuple[int, list[bool]]] = []
+        hook = engine.runner.before_layer
+
+        def before_layer(i):
+            seen.append(("wait", i))
+            hook(i)
+
+        def at_compute(layer_index):
+            def pre(module, args):
+                seen.append(("compute", layer_index))
+                if len(checks) < len(cache):                              # the first forward: the loading step
+                    first_block = engine.scheduler.running[0].block_ids[0]    # loaded from the pool (B has no local hit)
+                    arrived = [bool(torch.equal(cache[l, :, first_block], expected[0, l])) for l in range(len(cache))]
+                    checks.append((layer_index, arrived))
+            return pre
+
+        engine.runner.before_layer = before_layer
+        handles = [layer.register_forward_pre_hook(at_compute(i)) for i, layer in enumerate(engine.runner.model.layers)]
+        try:
+            out = run(b, QUESTION_B)
+        finally:
+            for h in handles:
+                h.remove()
+        layers = len(cache)
+        assert out.num_cached_tokens_external == hit * 16 and out.token_ids == reference_b
+        assert seen[:2 * layers] == [e for i in range(layers) for e in (("wait", i), ("compute", i))]
+        assert len(checks) == layers
+        for layer_index, arrived in checks:                       # the first step, the one that loaded
+            assert arrived == [l <= layer_index for l in range(layers)], layer_index
+
+
+def test_a_missing_hook_is_caught_on_cpu(reference_b):
+    """The deferred CPU copies are a real probe: an engine that never waits for its layers computes on stale KV."""
+    with EmbeddedPool(dram_bytes=128 << 20) as pool:
+        run(make_engine(pool, **DIRECT), QUESTION_A)
+        b = make_engine(pool, layerwise_load="on", **DIRECT)
+        b.engine.runner.before_layer = None                       # the hook never runs
+        out = run(b, QUESTION_B)
+        assert out.num_cached_tokens_external > 0
+        assert out.token_ids != reference_b
+        b.engine.connector.close()
+        assert pool.stats()["leases_open"] == 0                   # the copies still finished before the release
+
+
+@pytest.fixture
+def up(port):
+    shm = tempfile.mkdtemp(prefix="kvpool-test-", dir="/dev/shm")
+    cluster = LocalCluster(UpConfig(listen=f"127.0.0.1:{port}", http_listen="", shm_dir=shm, dram_bytes=64 << 20,
+                                    ssd_path=None, node_id="n1")).start()
+    yield cluster
+    cluster.stop()
+    shutil.rmtree(shm, ignore_errors=True)
+
+
+def test_same_host_pool_mapped_arena_and_its_read_fence(up, reference_b):
+    config = dict(pool=up.address, layerwise_load="on", **DIRECT)
+    a = LLM(connector=PoolConnector(ConnectorConfig(**config)), **ENGINE_ARGS)
+    run(a, QUESTION_A)
+    saved = a.engine.connector.stats.saved_blocks
+    b = LLM(connector=PoolConnector(ConnectorConfig(**config)), **ENGINE_ARGS)
+    out_b = run(b, QUESTION_B)
+    assert out_b.token_ids == reference_b and out_b.num_cached_tokens_external >= shared_tokens(b) - 16
+    assert b.engine.connector.stats.fallbacks == {}
+    # Damage the 3rd block in the node's arena: the next direct load verifies, stops there, recomputes the rest.
+    keys = block_keys(a.engine.connector.namespace, b.engine.tokenizer.encode(PREFIX + QUESTION_B))
+    with PoolClient(up.address) as probe:
+        read = probe.acquire_many(keys[2:3], [a.engine.connector.namespace.block_bytes])
+        assert read.direct == [True]
+        np.frombuffer(read.buffers[0], np.uint8)[123] ^= 0xFF
+        read.release()
+    c = LLM(connector=PoolConnector(ConnectorConfig(**config)), **ENGINE_ARGS)
+    out_c = run(c, QUESTION_B)
+    assert out_c.num_cached_tokens_external == 2 * 16
+    assert out_c.token_ids == reference_b
+    assert c.engine.connector.stats.fallbacks == {"partial_load": 1}
+    assert saved > 2
+    for engine in (a, b, c):
+        engine.engine.connector.close()
+
+
+class FaultAfter:
+    """A real pool whose acquire_many fails from the `n`-th call on (a node dying mid-load, as the caller sees it)."""
+
+    def __init__(self, pool, n):
+        self.pool, self.n, self.calls = pool, n, 0
+
+    def acquire_many(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls >= self.n:
+            raise PoolUnavailable("node n1 (127.0.0.1:1): connection reset")
+        return self.pool.acquire_many(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.pool, name)
+
+
+def test_a_fault_during_a_direct_load_recomputes_the_rest(reference_b):
+    with EmbeddedPool(dram_bytes=128 << 20) as pool:
+        run(make_engine(pool, **DIRECT), QUESTION_A)
+        flaky = FaultAfter(pool, 2)
+        b = make_engine(flaky, layerwise_load="on", load_chunk_blocks=3, **DIRECT)
+        out = run(b, QUESTION_B)
+        assert out.num_cached_tokens_external == 3 * 16              # the first chunk, then the fault
+        assert out.token_ids == reference_b
+        assert b.engine.connector.stats.fallbacks == {"unreachable": 1}
+        b.engine.connector.close()
+        assert pool.stats()["leases_open"] == 0
+
+
+def test_cpu_engine_keeps_the_staged_path_by_default():
+    with EmbeddedPool(dram_bytes=16 << 20) as pool:
+        engine = make_engine(pool)
+        conn = engine.engine.connector
+        assert not conn.direct and conn._staging is not None and not conn._staging.is_pinned()
+        assert conn.pin_report == {} and conn.pinned_memory() == {}
+
+
+def test_config_errors_name_the_field():
+    cases = [
+        (dict(transfer="dma"), "transfer must be one of auto, staged, direct, got 'dma'"),
+        (dict(layerwise_load="sometimes"), "layerwise_load must be one of auto, on, off, got 'sometimes'"),
+        (dict(layerwise_load="on", transfer="staged"), "layerwise_load=on needs transfer=direct or auto"),
+        (dict(pin_host_memory="yes"), "pin_host_memory must be true or false"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            ConnectorConfig(**kwargs)
+    with pytest.raises(ValueError, match=r"^EngineConfig.device must be auto, cpu, cuda or cuda:N, got 'tpu'$"):
+        EngineConfig(device="tpu")
+    if not torch.cuda.is_available():
+        for device in ("cuda", "cuda:1"):
+            with pytest.raises(ValueError, match=rf"^EngineConfig.device='{device}' asks for a GPU but torch sees no "
+                                                 r"CUDA device \(torch .*\); set device='cpu' or 'auto'$"):
+                EngineConfig(device=device)
+        assert EngineConfig().torch_device == "cpu" and EngineConfig(device="auto").torch_device == "cpu"
+
+
+def test_gpu_bench_says_why_it_measures_nothing_on_a_cpu_machine():
+    import pathlib
+    import subprocess
+    import sys
+
+    from kvpool.tiers.gpu import unavailable_reason
+
+    if unavailable_reason() is None and torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: bench/gpu_path.py measures")
+    script = pathlib.Path(__file__).resolve().parents[2] / "bench" / "gpu_path.py"
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    reason = f"CuPy: {unavailable_reason()}" if unavailable_reason() else "torch"
+    assert out.stdout.startswith(f"bench/gpu_path.py: skipped, no CUDA device: {reason}")

@@ -1,0 +1,210 @@
+"""reserve_many / acquire_many (kvpool/extents.py): the caller copies into and out of the pool's own bytes.
+
+EmbeddedPool (in-process arena, an SSD file) and PoolClient against a real master + node (LocalCluster on 127.0.0.1,
+its arena in a private /dev/shm directory): direct buffers ARE the arena extents (same-host DRAM), everything else is
+staged through the caller's allocator; the read fence, the write deadline, aborts and argument errors.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+
+import numpy as np
+import pytest
+import xxhash
+
+from kvpool.client import PoolClient
+from kvpool.embedded import EmbeddedPool
+from kvpool.store.config import UpConfig
+from kvpool.store.local_cluster import LocalCluster
+from kvpool.tiers.gpu import unavailable_reason
+
+SIZE = 8192
+
+
+def key(i: int) -> bytes:
+    return bytes([i]) * 16
+
+
+def data(i: int, size: int = SIZE) -> np.ndarray:
+    return np.random.default_rng(i).integers(0, 256, size, dtype=np.uint8)
+
+
+def fill(write, ids):
+    for i, buf in zip(ids, write.buffers):
+        if buf is not None:
+            np.frombuffer(buf, np.uint8)[:] = data(i)
+
+
+# ---------------------------------------------------------------- EmbeddedPool
+
+
+def test_embedded_buffers_are_the_arena_and_round_trip(tmp_path):
+    with EmbeddedPool(dram_bytes=1 << 20, shm_dir=str(tmp_path)) as pool:
+        w = pool.reserve_many([key(1), key(2)], [SIZE, SIZE])
+        assert w.statuses == ["granted", "granted"] and w.direct == [True, True] and w.granted == [0, 1]
+        base = pool.node.dram.address
+        offsets = [np.frombuffer(b, np.uint8).ctypes.data - base for b in w.buffers]
+        assert all(0 <= o < (1 << 20) for o in offsets)                  # inside the arena: no staging copy
+        fill(w, [1, 2])
+        assert pool.contains_many([key(1)]) == [False]                   # nothing visible before the commit
+        assert w.commit() == ["stored", "stored"]
+        with pytest.raises(ValueError, match="already committed"):
+            w.commit()
+        out = [np.zeros(SIZE, np.uint8) for _ in range(2)]
+        assert pool.get_many_into([key(1), key(2)], out) == 2 and all(np.array_equal(o, data(i))
+                                                                      for o, i in zip(out, (1, 2)))
+        again = pool.reserve_many([key(1), key(3)], [SIZE, SIZE])
+        assert again.statuses == ["exists", "granted"] and again.buffers[0] is None
+        again.abort()
+        with pool.acquire_many([key(1), key(2), key(3)], [SIZE] * 3) as r:
+            assert r.count == 2 and r.direct == [True, True] and r.tiers == ["dram", "dram"]
+            assert r.verify() == 2
+            assert [bytes(b) for b in r.buffers] == [data(1).tobytes(), data(2).tobytes()]
+        assert pool.stats()["puts"] == {"stored": 2, "exists": 0, "no_space": 0}
+
+
+def test_embedded_abort_frees_the_grants(tmp_path):
+    with EmbeddedPool(dram_bytes=4 * SIZE, shm_dir=str(tmp_path)) as pool:
+        with pool.reserve_many([key(i) for i in range(4)], [SIZE] * 4) as w:
+            assert w.statuses == ["granted"] * 4
+        assert pool.stats()["objects"] == 0
+        w = pool.reserve_many([key(i) for i in range(4)], [SIZE] * 4)   # the space is free again
+        assert w.statuses == ["granted"] * 4
+        fill(w, range(4))
+        assert w.commit() == ["stored"] * 4
+
+
+def test_embedded_ssd_entries_are_staged_and_verified(tmp_path):
+    staged: list[int] = []
+
+    def staging(n):
+        staged.append(n)
+        return np.zeros(n, np.uint8)
+
+    with EmbeddedPool(dram_bytes=2 * SIZE, ssd_path=str(tmp_path / "ssd"), ssd_bytes=1 << 20,
+                      shm_dir=str(tmp_path), promote_on_hit=False, write_behind=False) as pool:
+        for ids in ((0, 1), (2, 3)):      # two puts: the first pair is the colder one, demoted by the second
+            assert pool.put_many([key(i) for i in ids], [data(i) for i in ids]) == ["stored"] * 2
+        tiers = {i: rec.tier.label for i, rec in enumerate(pool.master.inspect([key(i) for i in range(4)]))}
+        assert tiers == {0: "ssd", 1: "ssd", 2: "dram", 3: "dram"}
+        with pool.acquire_many([key(i) for i in range(4)], [SIZE] * 4, staging=staging) as r:
+            assert r.count == 4 and r.direct == [False, False, True, True] and r.tiers == ["ssd", "ssd", "dram", "dram"]
+            assert staged == [SIZE, SIZE]
+            assert all(bytes(b) == data(i).tobytes() for i, b in enumerate(r.buffers))
+        # A damaged SSD record ends the run there, and the pool forgets it.
+        rec = pool.master.inspect([key(1)])[0]
+        with open(tmp_path / "ssd" / "kvpool.data", "r+b") as f:
+            f.seek(rec.offset + 4096 + 100)
+            f.write(b"\xff\x00\xff")
+        with pool.acquire_many([key(i) for i in range(4)], [SIZE] * 4) as r:
+            assert r.count == 1 and r.tiers == ["ssd"]
+        assert pool.contains_many([key(1)]) == [False]
+        # A staging allocator that hands back read-only memory is the caller's mistake: named, lease released.
+        with pytest.raises(ValueError, match=r"staging\(8192\) is read-only"):
+            pool.acquire_many([key(0)], [SIZE], staging=lambda n: bytes(n))
+        assert pool.stats()["leases_open"] == 0
+
+
+def test_argument_errors_name_the_argument_and_change_nothing(tmp_path):
+    with EmbeddedPool(dram_bytes=1 << 20, shm_dir=str(tmp_path), max_object_bytes=1 << 16) as pool:
+        cases = [
+            (lambda: pool.reserve_many([key(1)], [SIZE, SIZE]), "sizes has 2 entries, keys has 1"),
+            (lambda: pool.reserve_many([key(1)], [0]), r"sizes\[0\] must be an int in \[1, max_object_bytes=65536\]"),
+            (lambda: pool.reserve_many([key(1)], [1 << 17]), r"sizes\[0\] must be an int"),
+            (lambda: pool.reserve_many([key(1)], [True]), r"sizes\[0\] must be an int"),
+            (lambda: pool.reserve_many([key(1)], SIZE), "sizes must be a sequence of ints"),
+            (lambda: pool.reserve_many([b"short"], [SIZE]), "keys"),
+            (lambda: pool.acquire_many([key(1)], [SIZE], staging=42), "staging must be a callable"),
+        ]
+        for call, message in cases:
+            with pytest.raises(ValueError, match=message):
+                call()
+        assert pool.stats()["objects"] == 0
+        pool.put_many([key(1)], [data(1)])
+        with pytest.raises(ValueError, match=r"^sizes\[0\] is 4096 bytes, object has 8192$"):
+            pool.acquire_many([key(1)], [4096])
+        s = pool.stats()
+        assert (s["objects"], s["grants_open"], s["leases_open"]) == (1, 0, 0)
+
+
+def test_pin_host_memory_reports_why_not_without_a_gpu(tmp_path):
+    if unavailable_reason() is None:
+        pytest.skip("a CUDA device is present: tests/connector/test_gpu_engine.py covers pinning")
+    with EmbeddedPool(dram_bytes=1 << 20, shm_dir=str(tmp_path)) as pool:
+        assert pool.pin_host_memory() == {"local": f"not pinned: {unavailable_reason()}"}
+
+
+# ---------------------------------------------------------------- PoolClient against a real master + node
+
+
+@pytest.fixture
+def up(port, tmp_path):
+    shm = tempfile.mkdtemp(prefix="kvpool-test-", dir="/dev/shm")
+    cluster = LocalCluster(UpConfig(listen=f"127.0.0.1:{port}", http_listen="", shm_dir=shm, dram_bytes=4 * SIZE,
+                                    ssd_path=str(tmp_path / "ssd"), ssd_bytes=1 << 20, node_id="n1",
+                                    promote_on_hit=False, grant_ttl_s=1.0, write_behind=False)).start()
+    yield cluster
+    cluster.stop()
+    shutil.rmtree(shm, ignore_errors=True)
+
+
+def test_client_same_host_buffers_are_the_mapped_arena(up):
+    with PoolClient(up.address) as client:
+        w = client.reserve_many([key(i) for i in range(3)], [SIZE] * 3)
+        assert w.statuses == ["granted"] * 3 and w.direct == [True] * 3
+        fill(w, range(3))
+        assert w.commit() == ["stored"] * 3
+        with client.acquire_many([key(i) for i in range(3)], [SIZE] * 3) as r:
+            assert r.count == 3 and r.direct == [True] * 3 and r.tiers == ["dram"] * 3
+            assert r.verify() == 3
+            assert all(bytes(b) == data(i).tobytes() for i, b in enumerate(r.buffers))
+            # A late writer (simulated: bytes changed in place) makes entry 1 a miss at verify, never returned bytes.
+            np.frombuffer(r.buffers[1], np.uint8)[:8] ^= 0xFF
+            assert r.verify() == 1 and r.count == 1
+        assert client.checksum_failures == 1
+        assert client.pin_host_memory() == {"n1": f"not pinned: {unavailable_reason()}"} \
+            if unavailable_reason() else client.pin_host_memory() == {"n1": "pinned"}
+    with PoolClient(up.address) as other:   # the release named the bad key (the first client waited for it)
+        assert other.contains_many([key(i) for i in range(3)]) == [True, False, True]
+
+
+def test_client_tcp_and_ssd_entries_land_in_the_callers_staging(up):
+    handed: list[np.ndarray] = []
+
+    def staging(n):
+        handed.append(np.zeros(n, np.uint8))
+        return handed[-1]
+
+    with PoolClient(up.address, transport="tcp") as client:
+        w = client.reserve_many([key(i) for i in range(6)], [SIZE] * 6, staging=staging)
+        assert w.statuses == ["granted"] * 6 and w.direct == [False] * 6 and len(handed) == 6
+        fill(w, range(6))
+        assert w.commit() == ["stored"] * 6                  # DRAM holds 4: the oldest went to SSD meanwhile
+        handed.clear()
+        with client.acquire_many([key(i) for i in range(6)], [SIZE] * 6, staging=staging) as r:
+            assert r.count == 6 and r.direct == [False] * 6 and r.verify() == 6
+            assert all(np.frombuffer(b, np.uint8).ctypes.data == h.ctypes.data for b, h in zip(r.buffers, handed))
+            assert all(bytes(b) == data(i).tobytes() for i, b in enumerate(r.buffers))
+            assert sorted(set(r.tiers)) == ["dram", "ssd"]
+    with PoolClient(up.address) as client:                     # same host: DRAM direct, SSD staged
+        with client.acquire_many([key(i) for i in range(6)], [SIZE] * 6) as r:
+            assert r.count == 6
+            assert r.direct == [t == "dram" for t in r.tiers] and r.verify() == 6
+            assert all(xxhash.xxh3_64_intdigest(b) == xxhash.xxh3_64_intdigest(data(i)) for i, b in enumerate(r.buffers))
+
+
+def test_client_direct_write_past_its_grant_is_never_committed(up):
+    with PoolClient(up.address) as client:
+        w = client.reserve_many([key(7)], [SIZE])
+        assert w.direct == [True]
+        fill(w, [7])
+        time.sleep(1.0)                                        # the grant's whole lifetime (grant_ttl_s=1) passes
+        assert w.commit() == ["no_space"]
+        assert client.transfers.late_writes_skipped == 1
+        assert client.contains_many([key(7)]) == [False]
+        w = client.reserve_many([key(7)], [SIZE])              # a fresh grant works
+        fill(w, [7])
+        assert w.commit() == ["stored"]
