@@ -7,8 +7,8 @@ nodes (their endpoints and the gRPC channels the master reaches them by).
                                    endpoints table   RemoteNodeOps ──Demote/Promote/Drop──▶ node's NodeService
 
 Error mapping (every message names the field; a rejected call changes nothing because `Master` validates before
-it mutates): BatchTooLarge and NamespaceTableFull -> RESOURCE_EXHAUSTED, ValueError -> INVALID_ARGUMENT, KeyError (unknown node) ->
-NOT_FOUND, TokenError -> PERMISSION_DENIED, MetadataUnavailable (Redis down past its fail-over retries, or short of
+it mutates): BatchTooLarge and NamespaceTableFull -> RESOURCE_EXHAUSTED, ValueError -> INVALID_ARGUMENT,
+KeyError (unknown node) -> NOT_FOUND, TokenError -> PERMISSION_DENIED, MetadataUnavailable (Redis down past its fail-over retries, or short of
 its wait_replicas) -> UNAVAILABLE. Each refusal is reported to `on_rpc_error(method, code)` when the
 process exports metrics (kvpool/services.py wires it); store/ itself knows nothing of Prometheus.
 
