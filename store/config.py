@@ -52,6 +52,7 @@ from typing import Any, TypeVar
 from kvpool.tiers.policy import POLICY_NAMES as _POLICIES
 
 T = TypeVar("T")
+MAX_OBJECT_BYTES = 0xFFFFFFFF   # the index's u32 size column (store/index.py MAX_SIZE)
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _SIZE_MULT = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
@@ -149,6 +150,9 @@ class MasterConfig(_Group):
             raise ValueError(f"max_namespaces must be an int >= 2, got {self.max_namespaces!r}")
         if self.max_object_bytes == 0:
             raise ValueError("max_object_bytes must be > 0, got 0")
+        if self.max_object_bytes > MAX_OBJECT_BYTES:
+            raise ValueError(f"max_object_bytes must be <= {MAX_OBJECT_BYTES} (4 GiB - 1: the index's u32 size "
+                             f"column), got {self.max_object_bytes}")
         if self.max_batch_keys == 0:
             raise ValueError("max_batch_keys must be > 0, got 0")
         _check_positive(self, "lease_ttl_s", "grant_ttl_s", "node_ttl_s")

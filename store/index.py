@@ -1,13 +1,20 @@
 """The master's object index: key -> where the object lives and what state it is in. Compact by construction.
 
-Goal: <= 200 bytes per indexed object at 1M objects (measured in tests/store/test_index.py and bench/pool_local.py).
+Goal: <= 200 bytes per indexed object at 1M objects (measured in tests/store/test_index.py and bench/pool_remote.py).
 A dataclass per object costs ~150 B on its own, so fields live in parallel numpy columns addressed by a slot number:
 
     _slot_of: dict[bytes(16) -> int]   key -> slot         (~56 B key object + ~32 B int + ~40 B dict entry)
     _keys:    list[bytes | None]       slot -> key          (8 B pointer, shares the dict's key object)
-    _rows:    numpy structured array, one packed 54 B row per slot, columns exposed as views (index.offset[slot]):
-              node u16 | tier u8 | state u8 | ns u32 | leases u32 | offset i64 | size i64 | checksum u64 | atime u32
+    _rows:    numpy structured array, one packed 46 B row per slot, columns exposed as views (index.offset[slot]):
+              node u16 | tier u8 | state u8 | ns u16 | leases u16 | offset i64 | size u32 | checksum u64 | atime u32
               | parent i32 | child i32 | copy u32 | tenant u16
+
+Every column is as narrow as its bound allows, because each byte is a megabyte per million objects: `size` u32
+(MasterConfig.max_object_bytes < 4 GiB), `ns` u16 (at most MAX_NAMESPACES distinct namespace digests per master
+lifetime; the next one is refused with NamespaceTableFull, RESOURCE_EXHAUSTED on the wire, before anything changes),
+`leases` u16 (read leases plus the master's own pins of one object: a lookup stops its hits before an object with
+LEASE_CAP holders, so the count never wraps; the master's pins, at most one each from promotion, migration and the
+write-behind copier, fit in the headroom above LEASE_CAP).
 
 `parent` / `child` thread the prefix chains through the slots (store/chains.py: the parent's slot, ROOT = -1 unknown
 or none, ORPHAN = -2 an ancestor left; the only child's slot, NONE = -1, MANY = -2 with the children in a side table):
@@ -39,6 +46,10 @@ import numpy as np
 from kvpool.tiers.types import Tier
 
 
+class NamespaceTableFull(ValueError):
+    """The index interned MAX_NAMESPACES namespace digests already (RESOURCE_EXHAUSTED on the wire)."""
+
+
 class State(enum.IntEnum):
     FREE = 0
     PENDING = 1    # granted, bytes being written: invisible to readers, never evicted
@@ -49,6 +60,9 @@ class State(enum.IntEnum):
 # The states as plain ints, for per-key loops and numpy comparisons: an enum attribute lookup costs ~1 us.
 FREE, PENDING, COMMITTED, DOOMED = (int(s) for s in State)
 NO_COPY = 0xFFFFFFFF    # `copy` of an object without an SSD copy
+MAX_NAMESPACES = 0x10000    # distinct namespace digests one index interns (the u16 `ns` column)
+LEASE_CAP = 0xFFFF - 16     # read leases one object may hold at once (the u16 `leases` column, less the master's pins)
+MAX_SIZE = 0xFFFFFFFF       # the largest object the u32 `size` column holds
 COPY_PAGE = 4096        # `copy` unit (tiers.ssd.ALIGN: every SSD record starts on a page)
 
 
@@ -72,10 +86,10 @@ class ObjectMeta:
 
 _NT = len(Tier)  # usage entries per tenant
 
-ROW = np.dtype([("node", np.uint16), ("tier", np.uint8), ("state", np.uint8), ("ns", np.uint32),
-                ("leases", np.uint32), ("offset", np.int64), ("size", np.int64), ("checksum", np.uint64),
+ROW = np.dtype([("node", np.uint16), ("tier", np.uint8), ("state", np.uint8), ("ns", np.uint16),
+                ("leases", np.uint16), ("offset", np.int64), ("size", np.uint32), ("checksum", np.uint64),
                 ("atime", np.uint32), ("parent", np.int32), ("child", np.int32), ("copy", np.uint32),
-                ("tenant", np.uint16)])  # 54 B
+                ("tenant", np.uint16)])  # 46 B
 _COLUMNS = ROW.names
 
 
@@ -139,6 +153,9 @@ class Index:
     def intern_ns(self, digest: bytes) -> int:
         ns_id = self._ns_ids.get(digest)
         if ns_id is None:
+            if len(self._ns_digests) >= MAX_NAMESPACES:
+                raise NamespaceTableFull(f"namespace: this master already holds {MAX_NAMESPACES} distinct namespaces "
+                                         "(the index's u16 column); restart it empty to start over")
             ns_id = self._ns_ids[digest] = len(self._ns_digests)
             self._ns_digests.append(bytes(digest))
         return ns_id

@@ -19,7 +19,7 @@ from typing import Iterable
 import numpy as np
 
 from kvpool.store import tokens
-from kvpool.store.index import DOOMED, Index
+from kvpool.store.index import DOOMED, LEASE_CAP, Index
 
 
 class Leases:
@@ -76,6 +76,23 @@ class Leases:
         return [self._grants.pop(g)[0] for g in gone]
 
     # ---- leases
+
+    def leasable(self, slots: np.ndarray) -> int:
+        """How many leading `slots` one more lease may pin: the u16 count of an object stops at LEASE_CAP (a lookup
+        ends its hits before such an object, a miss for this reader only). One vector max in the common case; the
+        per-slot walk runs only when a batch could reach the cap (repeats of one key in a batch count each)."""
+        if not len(slots):
+            return 0
+        held = self.index.leases[slots]
+        if int(held.max()) + len(slots) <= LEASE_CAP:
+            return len(slots)
+        seen: dict[int, int] = {}
+        for i, (slot, n) in enumerate(zip(slots.tolist(), held.tolist())):
+            count = seen.get(slot, n) + 1
+            if count > LEASE_CAP:
+                return i
+            seen[slot] = count
+        return len(slots)
 
     def lease(self, slots: np.ndarray, expires_at: float) -> int:
         """Pin `slots` (int64 array, no repeats needed) under a new lease id."""

@@ -364,6 +364,8 @@ class Master:
                            ns.block_tokens)
             found = index.committed_prefix(keys)
             slots = np.array(found, dtype=np.int64)
+            if lease and len(found) and (n := self.leases.leasable(slots)) < len(found):
+                found, slots = found[:n], slots[:n]
             if expect_sizes is not None and len(found):
                 wrong = np.flatnonzero(index.size[slots] != np.asarray(expect_sizes[: len(found)], dtype=np.int64))
                 if len(wrong):

@@ -7,8 +7,8 @@ nodes (their endpoints and the gRPC channels the master reaches them by).
                                    endpoints table   RemoteNodeOps ──Demote/Promote/Drop──▶ node's NodeService
 
 Error mapping (every message names the field; a rejected call changes nothing because `Master` validates before
-it mutates): BatchTooLarge -> RESOURCE_EXHAUSTED, ValueError -> INVALID_ARGUMENT, KeyError (unknown node) ->
-NOT_FOUND, TokenError -> PERMISSION_DENIED, MetadataUnavailable (Redis down past its fail-over retries, or short of
+it mutates): BatchTooLarge and NamespaceTableFull -> RESOURCE_EXHAUSTED, ValueError -> INVALID_ARGUMENT,
+KeyError (unknown node) -> NOT_FOUND, TokenError -> PERMISSION_DENIED, MetadataUnavailable (Redis down past its fail-over retries, or short of
 its wait_replicas) -> UNAVAILABLE. Each refusal is reported to `on_rpc_error(method, code)` when the
 process exports metrics (kvpool/services.py wires it); store/ itself knows nothing of Prometheus.
 
@@ -31,6 +31,7 @@ from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
 from kvpool.store import checks, wire
 from kvpool.store.auth import Role, TokenSource, current_identity
+from kvpool.store.index import NamespaceTableFull
 from kvpool.store.master import BatchTooLarge, Master
 from kvpool.store.metadata import MetadataUnavailable
 from kvpool.store.remote_node import RemoteNodeOps
@@ -48,7 +49,7 @@ def _rpc(method):
     def wrapper(self, request, context):
         try:
             return method(self, request, context)
-        except BatchTooLarge as exc:
+        except (BatchTooLarge, NamespaceTableFull) as exc:
             code, msg = grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
         except TokenError as exc:
             code, msg = grpc.StatusCode.PERMISSION_DENIED, str(exc)

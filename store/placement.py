@@ -35,7 +35,7 @@ import numpy as np
 
 from kvpool.store.chains import ORPHAN, Chains
 from kvpool.store.copies import Copies
-from kvpool.store.index import COMMITTED, NO_COPY, PENDING, Index, State
+from kvpool.store.index import COMMITTED, MAX_SIZE, NO_COPY, PENDING, Index, State
 from kvpool.store.journal import Journal
 from kvpool.store.node import Drop, Move, NodeOps
 from kvpool.store.records import NodeInfo, ObjectRecord
@@ -489,6 +489,14 @@ class Placement:
         `dropped`. Returns how many were adopted."""
         by_tier: dict[Tier, list[ObjectRecord]] = {}
         for r in records:
+            try:   # what the index cannot hold is not adopted (the node erases unadopted records)
+                if r.size > MAX_SIZE:
+                    raise ValueError(f"size {r.size} over the index's u32 column")
+                self.index.intern_ns(r.ns_digest)
+            except ValueError as exc:
+                log.warning("node %s: record %s not adopted: %s", node.node_id, r.key.hex(), exc)
+                dropped.append(r.key)
+                continue
             by_tier.setdefault(Tier(r.tier), []).append(r)
         adopted = 0
         for tier, group in by_tier.items():

@@ -65,11 +65,12 @@ def test_memory_per_object_at_one_million_is_within_budget():
     assert per_object <= 200
 
 
-def test_rows_are_54_bytes_with_u32_last_access_chain_links_copy_page_and_u16_tenant():
+def test_rows_are_46_bytes_with_u32_last_access_and_size_chain_links_copy_page_and_u16_ns_leases_tenant():
     from kvpool.store.index import NO_COPY, ROW
 
-    assert ROW.itemsize == 54 and ROW["atime"] == np.dtype(np.uint32) and ROW["copy"] == np.dtype(np.uint32)
+    assert ROW.itemsize == 46 and ROW["atime"] == np.dtype(np.uint32) and ROW["copy"] == np.dtype(np.uint32)
     assert ROW["parent"] == ROW["child"] == np.dtype(np.int32) and ROW["tenant"] == np.dtype(np.uint16)
+    assert ROW["ns"] == ROW["leases"] == np.dtype(np.uint16) and ROW["size"] == np.dtype(np.uint32)
     idx = Index()
     slot = idx.add(key(1), node=0, tier=Tier.DRAM, state=State.COMMITTED, offset=0, size=1, ns=0, atime=4_000_000_000,
                    tenant=65535)
@@ -97,3 +98,20 @@ def test_bytes_are_counted_per_tenant_and_tier_through_add_move_and_free():
     idx.free(c)
     assert (idx.tenant_bytes(2), idx.tenant_slots(2), idx.tenant_bytes(0), idx.tenant_slots(0)) == (30, 1, 0, 0)
     idx.check_invariants()
+
+
+def test_the_narrow_columns_bounds_are_enforced_before_anything_changes():
+    from kvpool.store.config import MAX_OBJECT_BYTES, MasterConfig
+    from kvpool.store.index import MAX_NAMESPACES, MAX_SIZE, NamespaceTableFull
+
+    assert MAX_OBJECT_BYTES == MAX_SIZE == 2**32 - 1
+    assert MasterConfig(max_object_bytes=MAX_OBJECT_BYTES).max_object_bytes == MAX_OBJECT_BYTES
+    with pytest.raises(ValueError, match=r"^max_object_bytes must be <= 4294967295"):
+        MasterConfig(max_object_bytes=MAX_OBJECT_BYTES + 1)
+    idx = Index()
+    ids = [idx.intern_ns(i.to_bytes(16, "little")) for i in range(MAX_NAMESPACES)]
+    assert ids == list(range(MAX_NAMESPACES))
+    assert idx.intern_ns((7).to_bytes(16, "little")) == 7                     # a known digest still resolves
+    with pytest.raises(NamespaceTableFull, match=r"^namespace: this master already holds 65536"):
+        idx.intern_ns(b"\xff" * 16)
+    assert idx.ns_id_of(b"\xff" * 16) == -1

@@ -470,3 +470,29 @@ def test_nodes_reloaded_from_the_journal_get_a_grace_period_to_register(tmp_path
         assert m3.reap()["nodes"] == 1
     finally:
         node.close()
+
+
+def test_a_lookup_stops_before_an_object_whose_u16_lease_count_is_full(make):
+    from kvpool.store.index import LEASE_CAP, NamespaceTableFull
+
+    master, node = make(dram_objects=3)
+    k1, k2 = key(1), key(2)
+    assert put(master, node, [k1, k2]) == [PutStatus.STORED] * 2
+    # one key repeated in a batch pins it once per repeat: the count stops at LEASE_CAP, it never wraps
+    many = master.lookup([k1] * 65536)
+    assert many.hits == LEASE_CAP and int(master.index.leases[master.index.slot_of(k1)]) == LEASE_CAP
+    assert master.lookup([k1, k2]).hits == 0                                  # full: a miss for this reader only
+    assert master.lookup([k2]).hits == 1
+    assert master.lookup([k1, k2], lease=False).hits == 2                   # a probe pins nothing
+    master.release([many.lease_id])
+    assert int(master.index.leases[master.index.slot_of(k1)]) == 0
+    got = master.lookup([k1, k2])
+    assert got.hits == 2
+    master.release([got.lease_id])
+    # a master whose namespace table is full refuses a new namespace before anything changes
+    for i in range(master.index.ns_id_of(b"\0" * 16) + 2, 65536 + 1):
+        master.index.intern_ns(i.to_bytes(16, "big"))
+    before = len(master.index)
+    with pytest.raises(NamespaceTableFull, match="^namespace: "):
+        master.put_start([key(3)], [OBJ], NsRef(b"\xee" * 16, "new", 16))
+    assert len(master.index) == before and master.lookup([key(3)], lease=False).hits == 0
