@@ -53,6 +53,7 @@ class EmbeddedPool(PoolFront):
         self.config: EmbeddedConfig = load_config(EmbeddedConfig, config_path, **overrides)
         super().__init__(self.config.max_object_bytes)
         self.master = Master(self.config.master_config(), MemoryMetadata(), clock=clock)
+        self.config.start_recording(self.master)   # record_directory: checked before the node takes any memory
         self.node = StorageNode(self.config.node_config())
         self.master.register_node(self.node.info(), self.node, expires=False)
         self.recovered = self._adopt_ssd()
@@ -243,6 +244,7 @@ class EmbeddedPool(PoolFront):
         return out
 
     def _close(self) -> None:
+        self.master.stop_recording()
         self._stop_writer.set()
         if self._writer is not None:
             self._writer.join(timeout=30)
