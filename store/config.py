@@ -518,5 +518,5 @@ class EmbeddedConfig(TrafficRecording, MasterConfig, NodeConfig):
 
 
 __all__ = ["MasterConfig", "NodeConfig", "MasterServerFields", "NodeServerFields", "Liveness", "PeerAuthFields",
-           "AuthFields", "TlsFields", "TenantQuotas", "TrafficRecording", "MasterServerConfig", "NodeServerConfig", "UpConfig",
-           "EmbeddedConfig", "project", "parse_size"]
+           "AuthFields", "TlsFields", "TenantQuotas", "TrafficRecording", "MasterServerConfig", "NodeServerConfig",
+           "UpConfig", "EmbeddedConfig", "project", "parse_size"]

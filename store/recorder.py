@@ -196,12 +196,14 @@ class Recorder:
     def stop(self, timeout: float | None = 60.0) -> RecordingStatus:
         """End the recording (the caller has detached it from the master first) and wait for the files."""
         self._stop.set()
-        if self._thread.ident is None:      # never started
+        if self._thread.ident is None:      # never started: drain here
             self._drain()
             self._writer.close()
             self._finish()
-        self._thread.join(timeout)
+        else:
+            self._thread.join(timeout)
         return self.status
 
 
-__all__ = ["Recorder", "RecordingStatus", "check_args", "check_values", "OP_LOOKUP", "OP_PROBE", "OP_PUT", "DEFAULT_MAX_FILE_BYTES"]
+__all__ = ["Recorder", "RecordingStatus", "check_args", "check_values", "OP_LOOKUP", "OP_PROBE", "OP_PUT",
+           "DEFAULT_MAX_FILE_BYTES"]

@@ -339,5 +339,5 @@ def recording_row(m: pb.RecordingStatus) -> dict:
 __all__ = ["ExtentBatch", "NodeTable", "check_columns", "tier_of", "ns_from_msg", "endpoint_from_info",
            "info_from_endpoint", "dram_path", "put_start_reply", "lookup_reply", "migrate_start_reply", "grants_of",
            "hits_of", "moves_of", "moves_to_msg", "moves_from_msg", "drops_to_msg", "drops_from_msg", "report_to_msg",
-           "report_from_msg", "report_reply", "object_info", "object_row", "recording_msg", "recording_row", "PUT_STATUS",
-           "PUT_STATUS_NAME"]
+           "report_from_msg", "report_reply", "object_info", "object_row", "recording_msg", "recording_row",
+           "PUT_STATUS", "PUT_STATUS_NAME"]

@@ -132,7 +132,7 @@ def test_files_roll_within_their_bound_and_max_files_keeps_the_newest(tmp_path):
     bound = 4096
     m.start_recording(tmp_path, max_file_bytes=bound, max_files=3)
     rec = m.recorder
-    for burst in range(12):                   # each burst becomes one row group (the writer drains between)
+    for burst in range(6):                    # each burst becomes one row group (the writer drains between)
         for i in range(40):
             m.lookup(keys(16, f"{burst}-{i}"), NS, lease=False)
         n = 40 * (burst + 1)
@@ -140,7 +140,7 @@ def test_files_roll_within_their_bound_and_max_files_keeps_the_newest(tmp_path):
     final = m.stop_recording()
     files = sorted(tmp_path.glob("*.parquet"))
     assert [str(f) for f in files] == final.files and len(files) == 3    # older ones were deleted
-    assert final.rows == 480 and final.dropped == 0
+    assert final.rows == 240 and final.dropped == 0
     group = max(pq.ParquetFile(f).metadata.row_group(i).total_byte_size for f in files
                 for i in range(pq.ParquetFile(f).metadata.num_row_groups))
     for f in files[:-1]:
@@ -244,3 +244,15 @@ def test_the_rpcs_name_the_field_and_refuse_a_second_recording(server, tmp_path)
         final = stub.StopRecording(pb.StopRecordingRequest(), timeout=30)
         assert not final.recording and final.rows == 1 and len(final.files) == 1
         assert pq.read_table(final.files[0]).column("op").to_pylist() == ["probe"]   # lease unset
+
+
+def test_a_writer_that_falls_behind_drops_and_counts_rows_never_blocks(tmp_path):
+    from kvpool.store.recorder import Recorder
+
+    rec = Recorder(tmp_path, max_buffered_rows=3)      # its writer thread not started: nothing drains the buffer
+    for i in range(5):
+        rec.lookup(1e9 + i, NS, keys(2, str(i)), [1, 1], True)
+    assert rec.status.dropped == 2
+    status = rec.stop()
+    assert (status.rows, status.dropped, status.recording) == (3, 2, False)
+    assert [r["keys"] for r in rows_of(status)] == [key_ids(keys(2, str(i))).tolist() for i in range(3)]
