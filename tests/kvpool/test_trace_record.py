@@ -224,3 +224,13 @@ def test_up_refuses_an_unwritable_record_directory_naming_the_field(tmp_path):
     assert proc.stdout.strip() == f"kvpool up: record_directory {str(afile / 'x')!r} is not writable by the " \
                                   "master: Not a directory"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_embedded_pool_refuses_an_unwritable_record_directory_before_taking_memory(tmp_path):
+    afile = tmp_path / "file"
+    afile.write_text("x")
+    with pytest.raises(ValueError, match=r"^record_directory '.*/file/x' is not writable by the master: Not a "):
+        EmbeddedPool(dram_bytes=1 << 20, ssd_path=None, record_directory=str(afile / "x"))
+    with pytest.raises(ValueError, match=r"^record_duration_s must be a number of seconds >= 0"):
+        EmbeddedPool(dram_bytes=1 << 20, ssd_path=None, record_directory=str(tmp_path / "d"), record_duration_s=-1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
