@@ -584,6 +584,8 @@ class Master:
                             "write_behind": self.write_behind.counters.as_dict(self.write_behind.pending),
                             "orphaned": self.placement.counters.orphaned, "stopping": sorted(self._stopping)}
             record.tenants = {self.tenants.name(t): self._tenant_stats(t) for t in range(1, len(self.tenants))}
+            if (rec := self.recorder) is not None:       # only while one runs: `kvpool status` says so
+                record.extra["recording"] = rec.status.as_dict()
             return record
 
     def stats(self) -> dict:

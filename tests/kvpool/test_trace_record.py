@@ -138,6 +138,8 @@ def test_trace_record_detached_then_stop_gives_files_simulate_reads(up, tmp_path
                                       f"already recording to {out}: stop that first")
     with PoolClient(up, timeout=10) as client:
         calls = drive(client, 60, seed=11)
+    code, text, _ = run(capsys, "status", "--master", up)
+    assert code == 0 and f"\nrecording traffic to {out} for 600s: " in text
     code, text, err = run(capsys, "trace", "stop", "--master", up, "--json")
     assert (code, err) == (0, "")
     stopped = json.loads(text)
@@ -153,6 +155,8 @@ def test_trace_record_detached_then_stop_gives_files_simulate_reads(up, tmp_path
     assert plan["results"][0]["hit_blocks"] == sum(h for _, _, h in lookups)
     code, text, _ = run(capsys, "trace", "stop", "--master", up)          # idempotent: the last recording
     assert code == 0 and text.startswith(f"recorded {len(calls)} row(s) in {len(stopped['files'])} file(s) under {out}")
+    code, text, _ = run(capsys, "status", "--master", up, "--json")
+    assert code == 0 and "recording" not in json.loads(text)              # only while one runs
 
 
 def test_trace_record_waits_for_its_duration_then_prints_the_files(up, tmp_path, capsys):
