@@ -382,13 +382,13 @@ class Master:
                 if len(wrong):
                     i = int(wrong[0])
                     raise SizeMismatch(i, int(expect_sizes[i]), int(index.size[found[i]]))
+            if (rec := self.recorder) is not None:
+                rec.lookup(now, ns, list(keys), index.tier[slots].tolist(), lease)
             index.atime[slots] = self._ticks(now)  # a probe without a lease is a use too (someone wants it)
             tiers = index.tier[slots].tolist()
             self.lookup_stats.count(ns, len(keys), tiers)
             if tid != UNSCOPED:
                 self._lookups_of(tid).count(ns, len(keys), tiers)
-            if (rec := self.recorder) is not None:
-                rec.lookup(now, ns, list(keys), tiers, lease)
             if not lease or not len(slots):
                 return LookupResult(hits=len(found))
             self.placement.touch(slots)
