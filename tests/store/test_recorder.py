@@ -136,7 +136,7 @@ def test_files_roll_within_their_bound_and_max_files_keeps_the_newest(tmp_path):
         for i in range(40):
             m.lookup(keys(16, f"{burst}-{i}"), NS, lease=False)
         n = 40 * (burst + 1)
-        wait_for(lambda: rec.status.rows >= n, f"{n} rows written")
+        wait_for(lambda n=n: rec.status.rows >= n, f"{n} rows written")
     final = m.stop_recording()
     files = sorted(tmp_path.glob("*.parquet"))
     assert [str(f) for f in files] == final.files and len(files) == 3    # older ones were deleted
