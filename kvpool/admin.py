@@ -1,5 +1,5 @@
-"""Admin calls of the master (stats, nodes, list, inspect, remove, evict, drain) as plain dicts, and the plumbing
-every admin subcommand shares (`--master/--json/--timeout`, argument parsing, exit codes).
+"""Admin calls of the master (stats, nodes, list, inspect, remove, evict, drain, traffic recording) as plain dicts,
+and the plumbing every admin subcommand shares (`--master/--json/--timeout`, argument parsing, exit codes).
 
 `AdminClient` is thin over MasterService: every call has a deadline and faults become PoolError subclasses.
 The dicts it returns are exactly what `kvpool <command> --json` prints, so scripts and tests read one shape.
@@ -166,6 +166,20 @@ class AdminClient:
                 return drain(client, node_id, deadline_s=deadline_s).as_dict()
             except PoolError as exc:
                 raise PoolError(f"drain of {node_id} at {self.address} stopped: {exc}") from None
+
+    def start_recording(self, directory: str, *, duration_s: float, max_file_bytes: int | None = None,
+                        max_files: int = 0) -> dict:
+        """Have the master record its lookups and puts to Parquet files in `directory` (a path on the MASTER's host)
+        for `duration_s` seconds (0 = until `stop_recording`). Returns the recording's status dict."""
+        request = pb.StartRecordingRequest(directory=directory, duration_s=duration_s, max_files=max_files)
+        if max_file_bytes is not None:
+            request.max_file_bytes = max_file_bytes
+        return wire.recording_row(self._call("StartRecording", request))
+
+    def stop_recording(self) -> dict:
+        """End the master's recording (if any) once its files are complete; the final status dict (or the last
+        recording's, `recording` false)."""
+        return wire.recording_row(self._call("StopRecording", pb.StopRecordingRequest()))
 
     def close(self) -> None:
         self.rpc.close()

@@ -53,6 +53,7 @@ class EmbeddedPool(PoolFront):
         self.config: EmbeddedConfig = load_config(EmbeddedConfig, config_path, **overrides)
         super().__init__(self.config.max_object_bytes)
         self.master = Master(self.config.master_config(), MemoryMetadata(), clock=clock)
+        self.config.check_recording()   # an unwritable record_directory fails here, before the node takes memory
         self.node = StorageNode(self.config.node_config())
         self.master.register_node(self.node.info(), self.node, expires=False)
         self.recovered = self._adopt_ssd()
@@ -62,6 +63,7 @@ class EmbeddedPool(PoolFront):
             self._writer = threading.Thread(target=write_behind_loop, args=(self.master, self._stop_writer),
                                             name="kvpool-embedded-writer", daemon=True)
             self._writer.start()
+        self.config.start_recording(self.master)    # record_directory: every lookup and put from here on
 
     @classmethod
     def from_config(cls, path: str | os.PathLike, **overrides: Any) -> "EmbeddedPool":
@@ -243,6 +245,7 @@ class EmbeddedPool(PoolFront):
         return out
 
     def _close(self) -> None:
+        self.master.stop_recording()
         self._stop_writer.set()
         if self._writer is not None:
             self._writer.join(timeout=30)

@@ -6,6 +6,7 @@ through its public methods, with one registered node whose `NodeOps` moves no by
 
     REQUEST (Mooncake row)  lookup(chain) ─▶ release(lease) ─▶ put_start(missed tail) ─▶ put_commit(grants)
     LOOKUP (recorded)       lookup(chain) ─▶ release(lease)
+    PROBE (recorded)        lookup(chain, lease=False)          (lookup_prefix: the policy sees no use)
     PUT (recorded)          put_start(chain) ─▶ put_commit(grants)
 
 exactly as a connector drives the pool (load the hit prefix under a lease, prefill the rest, save it). Every block
@@ -30,7 +31,7 @@ from kvpool.store.config import MasterConfig
 from kvpool.store.master import Master
 from kvpool.store.records import NodeInfo
 from kvpool.tiers.policy import POLICY_NAMES
-from kvpool.trace import LOOKUP, PUT, REQUEST, Trace
+from kvpool.trace import PROBE, PUT, REQUEST, Trace
 
 UNIT = 4096                   # bytes of one simulated block in the master's allocator (its alignment)
 _TAG = 0xA5A5_A5A5_A5A5_A5A5  # high half of every simulated key: never ends in a NUL, so numpy "S16" keeps 16 bytes
@@ -109,7 +110,7 @@ def ceiling_hits(trace: Trace) -> np.ndarray:
             while h < b and ids[h] in seen:
                 h += 1
             hits[i] = h - a
-        if op != LOOKUP:                # a request stores its chain after the lookup; a put stores it
+        if op == REQUEST or op == PUT:  # a request stores its chain after the lookup; a put stores it
             seen.update(ids[a:b])
     return hits
 
@@ -152,7 +153,7 @@ def replay(trace: Trace, capacity_blocks: int, policy: str, *,
             h = 0
             if op != PUT:
                 chain = keys[a:b]
-                r = lookup(chain)
+                r = lookup(chain, lease=op != PROBE)
                 h = r.hits
                 if r.lease_id:
                     release([r.lease_id])

@@ -4,7 +4,8 @@ in store/traffic.py), read column-wise with pyarrow into one `Trace` of flat num
     Trace.offsets   [0, n0, n0+n1, ...]       event i's chain is block_ids[offsets[i]:offsets[i+1]], prefix order
     Trace.block_ids uint64                    compact block ids: equal id = the same block (and the same prefix)
     Trace.op        uint8 per event           REQUEST: look the chain up, then put what missed (a Mooncake request,
-                                              as a connector drives the pool); LOOKUP / PUT: one recorded master call
+                                              as a connector drives the pool); LOOKUP / PROBE / PUT: one recorded
+                                              master call (PROBE: a lookup without a read lease, no policy touch)
     Trace.time_s    float64 per event         seconds since the first event
     Trace.tokens    int64 per event           tokens the chain covers (a Mooncake request: input_length, whose last
                                               block may be partial; a recorded call: its `tokens` column)
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-REQUEST, LOOKUP, PUT = 0, 1, 2
+REQUEST, LOOKUP, PUT, PROBE = 0, 1, 2, 3
 MOONCAKE_BLOCK_TOKENS = 512
 
 
@@ -127,7 +128,7 @@ def read_traffic(files: list[Path], *, source: str) -> Trace:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from kvpool.store.traffic import COLUMNS, OP_LOOKUP, OP_PUT
+    from kvpool.store.traffic import COLUMNS, OP_LOOKUP, OP_PROBE, OP_PUT
 
     tables = []
     for f in files:
@@ -153,9 +154,11 @@ def read_traffic(files: list[Path], *, source: str) -> Trace:
     op = np.full(len(op_names), 255, dtype=np.uint8)
     op[op_names == OP_LOOKUP] = LOOKUP
     op[op_names == OP_PUT] = PUT
+    op[op_names == OP_PROBE] = PROBE
     if (op == 255).any():
         bad = int(np.argmax(op == 255))
-        raise TraceError(f"{source}: row {bad + 1}: op must be {OP_LOOKUP!r} or {OP_PUT!r}, got {op_names[bad]!r}")
+        raise TraceError(f"{source}: row {bad + 1}: op must be {OP_LOOKUP!r}, {OP_PROBE!r} or {OP_PUT!r}, "
+                         f"got {op_names[bad]!r}")
     time_us = _column(table, "time", source).cast(pa.int64()).to_numpy()
     labels = _column(table, "ns_label", source).dictionary_encode()
     return Trace(offsets=offsets, block_ids=keys.values.to_numpy().astype(np.uint64), op=op,
@@ -188,5 +191,5 @@ def _first_line(exc: Exception) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-__all__ = ["Trace", "TraceError", "load_trace", "read_mooncake", "read_traffic", "REQUEST", "LOOKUP", "PUT",
+__all__ = ["Trace", "TraceError", "load_trace", "read_mooncake", "read_traffic", "REQUEST", "LOOKUP", "PUT", "PROBE",
            "MOONCAKE_BLOCK_TOKENS"]

@@ -600,3 +600,41 @@ class DropResponse(_message.Message):
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     dropped: int
     def __init__(self, dropped: _Optional[int] = ...) -> None: ...
+
+class StartRecordingRequest(_message.Message):
+    __slots__ = ("directory", "max_file_bytes", "duration_s", "max_files")
+    DIRECTORY_FIELD_NUMBER: _ClassVar[int]
+    MAX_FILE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_FILES_FIELD_NUMBER: _ClassVar[int]
+    directory: str
+    max_file_bytes: int
+    duration_s: float
+    max_files: int
+    def __init__(self, directory: _Optional[str] = ..., max_file_bytes: _Optional[int] = ..., duration_s: _Optional[float] = ..., max_files: _Optional[int] = ...) -> None: ...
+
+class StopRecordingRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RecordingStatus(_message.Message):
+    __slots__ = ("recording", "directory", "files", "rows", "dropped", "duration_s", "elapsed_s", "max_file_bytes", "max_files")
+    RECORDING_FIELD_NUMBER: _ClassVar[int]
+    DIRECTORY_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_FILE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_FILES_FIELD_NUMBER: _ClassVar[int]
+    recording: bool
+    directory: str
+    files: _containers.RepeatedScalarFieldContainer[str]
+    rows: int
+    dropped: int
+    duration_s: float
+    elapsed_s: float
+    max_file_bytes: int
+    max_files: int
+    def __init__(self, recording: _Optional[bool] = ..., directory: _Optional[str] = ..., files: _Optional[_Iterable[str]] = ..., rows: _Optional[int] = ..., dropped: _Optional[int] = ..., duration_s: _Optional[float] = ..., elapsed_s: _Optional[float] = ..., max_file_bytes: _Optional[int] = ..., max_files: _Optional[int] = ...) -> None: ...

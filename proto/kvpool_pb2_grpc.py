@@ -134,6 +134,16 @@ class MasterServiceStub:
                 request_serializer=kvpool_dot_proto_dot_kvpool__pb2.MigrateAbortRequest.SerializeToString,
                 response_deserializer=kvpool_dot_proto_dot_kvpool__pb2.MigrateAbortResponse.FromString,
                 _registered_method=True)
+        self.StartRecording = channel.unary_unary(
+                '/kvpool.v1.MasterService/StartRecording',
+                request_serializer=kvpool_dot_proto_dot_kvpool__pb2.StartRecordingRequest.SerializeToString,
+                response_deserializer=kvpool_dot_proto_dot_kvpool__pb2.RecordingStatus.FromString,
+                _registered_method=True)
+        self.StopRecording = channel.unary_unary(
+                '/kvpool.v1.MasterService/StopRecording',
+                request_serializer=kvpool_dot_proto_dot_kvpool__pb2.StopRecordingRequest.SerializeToString,
+                response_deserializer=kvpool_dot_proto_dot_kvpool__pb2.RecordingStatus.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -259,6 +269,18 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartRecording(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StopRecording(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -361,6 +383,16 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.MigrateAbort,
                     request_deserializer=kvpool_dot_proto_dot_kvpool__pb2.MigrateAbortRequest.FromString,
                     response_serializer=kvpool_dot_proto_dot_kvpool__pb2.MigrateAbortResponse.SerializeToString,
+            ),
+            'StartRecording': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartRecording,
+                    request_deserializer=kvpool_dot_proto_dot_kvpool__pb2.StartRecordingRequest.FromString,
+                    response_serializer=kvpool_dot_proto_dot_kvpool__pb2.RecordingStatus.SerializeToString,
+            ),
+            'StopRecording': grpc.unary_unary_rpc_method_handler(
+                    servicer.StopRecording,
+                    request_deserializer=kvpool_dot_proto_dot_kvpool__pb2.StopRecordingRequest.FromString,
+                    response_serializer=kvpool_dot_proto_dot_kvpool__pb2.RecordingStatus.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -903,6 +935,60 @@ class MasterService:
             '/kvpool.v1.MasterService/MigrateAbort',
             kvpool_dot_proto_dot_kvpool__pb2.MigrateAbortRequest.SerializeToString,
             kvpool_dot_proto_dot_kvpool__pb2.MigrateAbortResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartRecording(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvpool.v1.MasterService/StartRecording',
+            kvpool_dot_proto_dot_kvpool__pb2.StartRecordingRequest.SerializeToString,
+            kvpool_dot_proto_dot_kvpool__pb2.RecordingStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StopRecording(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvpool.v1.MasterService/StopRecording',
+            kvpool_dot_proto_dot_kvpool__pb2.StopRecordingRequest.SerializeToString,
+            kvpool_dot_proto_dot_kvpool__pb2.RecordingStatus.FromString,
             options,
             channel_credentials,
             insecure,

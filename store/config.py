@@ -22,14 +22,16 @@ exactly once.
     TlsFields                 tls_cert tls_key tls_ca tls_require_client_cert      both: gRPC (and the node's data
                               tls_server_name tls_data_channel                     channel) over TLS
     TenantQuotas              tenant_quotas                                        the master: bytes per tenant
+    TrafficRecording          record_directory record_max_file_bytes               the master: record lookups and
+                              record_duration_s record_max_files                   puts from the start (off: "")
 
     process config            = groups (+ the fields only it has: where it listens, its worker threads)
-    MasterServerConfig        MasterServerFields + AuthFields + TlsFields + TenantQuotas + Liveness + MasterConfig
-                              + listen, workers
+    MasterServerConfig        MasterServerFields + AuthFields + TlsFields + TenantQuotas + TrafficRecording
+                              + Liveness + MasterConfig + listen, workers
     NodeServerConfig          NodeServerFields + PeerAuthFields + TlsFields + Liveness + NodeConfig + master, listen,
                               workers
     UpConfig (`kvpool up`)    every group + listen, node_listen
-    EmbeddedConfig            MasterConfig + NodeConfig
+    EmbeddedConfig            MasterConfig + NodeConfig + TrafficRecording
 
 Secrets never are config values: a token setting is a list of `file:PATH` / `env:NAME` sources (store/auth), so a
 flag, a config file or `kvpool config check --json` shows where a token is, never the token.
@@ -384,6 +386,41 @@ class TenantQuotas(_Group):
         return parse_quotas(self.tenant_quotas)
 
 
+@dataclass(frozen=True, kw_only=True)
+class TrafficRecording(_Group):
+    """Record the master's lookups and puts from its start (store/recorder.py; at run time: `kvpool trace record`).
+    Keys as 64-bit ids only: no KV bytes, no token ids. The directory is checked (created, writable) at start."""
+
+    record_directory: str = ""                # "" = off (the default)
+    record_max_file_bytes: int = 64 << 20     # a Parquet file is closed (and a new one started) past this size
+    record_duration_s: float = 0.0            # stop after this long; 0 = while the master runs
+    record_max_files: int = 0                 # keep only the newest N closed files; 0 = all
+
+    def __post_init__(self) -> None:
+        from kvpool.store.recorder import check_values
+
+        if not isinstance(self.record_directory, str):
+            raise ValueError(f"record_directory must be a path or empty (off), got {self.record_directory!r}")
+        _prefixed("record_", lambda: check_values(self.record_max_file_bytes, self.record_duration_s,
+                                                   self.record_max_files))
+        super().__post_init__()
+
+    def check_recording(self) -> None:
+        """The configured directory is (made) writable: ValueError naming record_directory otherwise."""
+        if self.record_directory:
+            from kvpool.store.recorder import check_args
+
+            _prefixed("record_", lambda: check_args(self.record_directory, self.record_max_file_bytes,
+                                                     self.record_duration_s, self.record_max_files))
+
+    def start_recording(self, master) -> None:
+        """Start the configured recording on `master` (nothing when off); ValueError naming the record_* field."""
+        if self.record_directory:
+            _prefixed("record_", lambda: master.start_recording(
+                self.record_directory, max_file_bytes=self.record_max_file_bytes,
+                duration_s=self.record_duration_s, max_files=self.record_max_files))
+
+
 def _normalise_auth(obj, names: tuple[str, ...]) -> None:
     from kvpool.store.auth.config import split_sources
 
@@ -406,7 +443,8 @@ def _prefixed(prefix: str, build):
 
 
 @dataclass(frozen=True, kw_only=True)
-class MasterServerConfig(MasterServerFields, AuthFields, TlsFields, TenantQuotas, Liveness, MasterConfig):
+class MasterServerConfig(MasterServerFields, AuthFields, TlsFields, TenantQuotas, TrafficRecording, Liveness,
+                         MasterConfig):
     """The `kvpool master` process."""
 
     listen: str = "127.0.0.1:50051"
@@ -437,8 +475,8 @@ class NodeServerConfig(NodeServerFields, PeerAuthFields, TlsFields, Liveness, No
 
 
 @dataclass(frozen=True, kw_only=True)
-class UpConfig(MasterServerFields, NodeServerFields, AuthFields, TlsFields, TenantQuotas, Liveness, MasterConfig,
-               NodeConfig):
+class UpConfig(MasterServerFields, NodeServerFields, AuthFields, TlsFields, TenantQuotas, TrafficRecording, Liveness,
+               MasterConfig, NodeConfig):
     """`kvpool up`: a master and one node in one process; every field of both processes, but where each listens
     (`listen` is the master's, `node_listen` the node's) and their worker threads."""
 
@@ -471,7 +509,7 @@ class UpConfig(MasterServerFields, NodeServerFields, AuthFields, TlsFields, Tena
 
 
 @dataclass(frozen=True, kw_only=True)
-class EmbeddedConfig(MasterConfig, NodeConfig):
+class EmbeddedConfig(TrafficRecording, MasterConfig, NodeConfig):
     """Everything `EmbeddedPool` takes, flat, so one file or one set of KVPOOL_* variables configures it."""
 
     node_id: str = "local"
@@ -484,5 +522,5 @@ class EmbeddedConfig(MasterConfig, NodeConfig):
 
 
 __all__ = ["MasterConfig", "NodeConfig", "MasterServerFields", "NodeServerFields", "Liveness", "PeerAuthFields",
-           "AuthFields", "TlsFields", "TenantQuotas", "MasterServerConfig", "NodeServerConfig", "UpConfig",
-           "EmbeddedConfig", "project", "parse_size"]
+           "AuthFields", "TlsFields", "TenantQuotas", "TrafficRecording", "MasterServerConfig", "NodeServerConfig",
+           "UpConfig", "EmbeddedConfig", "project", "parse_size"]

@@ -11,7 +11,8 @@
       ├─ Journal          store/journal.py    write-through to a persistent metadata backend, reload at start
       ├─ Tenants, Quotas  store/tenants.py,   each tenant's key space (stored keys), usage, quota enforcement
       │                   store/quota.py
-      └─ LookupStats      store/stats.py      hit accounting (pool-wide and per tenant); `stats_record()`
+      ├─ LookupStats      store/stats.py      hit accounting (pool-wide and per tenant); `stats_record()`
+      └─ Recorder         store/recorder.py   traffic recording (None = off: one attribute check per call)
 
 Plain records in and out (store/records.py), no callables; caller mistakes raise ValueError naming the argument
 before anything changes. Client calls take `tenant` (the name from the caller's credential; "" = the unscoped space,
@@ -19,10 +20,10 @@ every object when auth is off): keys are looked up in that tenant's space, grant
 are unknown to it, and its stats are its own. Node byte moves for eviction and demotion (NodeOps) run under the
 lock, so the master never races itself; promotions copy outside it (`promote_pending`).
 
-Why one module of ~600 lines: the Master IS the RPC surface, one method per MasterService call (put, lookup,
-release, nodes, drain moves, admin queries), each a few lines of argument checks (store/checks.py) and a call to the
-owner of the state, under the one lock. The state and its logic live in the owners above; splitting the surface
-across classes would split the lock or make them reach into each other again.
+Why one module of ~750 lines: the Master IS the RPC surface, one method per MasterService call (put, lookup,
+release, nodes, drain moves, admin queries, recording), each a few lines of argument checks (store/checks.py) and
+a call to the owner of the state, under the one lock. The state and its logic live in the owners above; splitting
+the surface across classes would split the lock or make them reach into each other again.
 
 Object life:   put_start ──▶ PENDING ──put_commit──▶ COMMITTED ──remove/evict──▶ gone
                               │ put_abort / grant expiry      │ remove while leased ──▶ DOOMED ──last release──▶ gone
@@ -56,6 +57,7 @@ from kvpool.store.node import NodeOps
 from kvpool.store.placement import Placement
 from kvpool.store.promotion import Promotions
 from kvpool.store.quota import ANY_TIER, Quotas
+from kvpool.store.recorder import DEFAULT_MAX_FILE_BYTES, Recorder, RecordingStatus
 from kvpool.store.records import (
     NO_NS,
     Grant,
@@ -86,6 +88,10 @@ class SizeMismatch(ValueError):
     def __init__(self, position: int, expected: int, actual: int) -> None:
         super().__init__(f"expect_sizes[{position}] is {expected} bytes, object has {actual}")
         self.position, self.expected, self.actual = position, expected, actual
+
+
+class RecordingActive(RuntimeError):
+    """start_recording while a recording runs (the wire answers FAILED_PRECONDITION)."""
 
 
 class Master:
@@ -125,6 +131,11 @@ class Master:
         if self.quotas is not None:
             self.promotions.allowed = self.quotas.may_promote
             self.drains.skip_tiers = self.quotas.move_skip
+        # Traffic recording (store/recorder.py): None = off. Lookups and put_starts hand it their rows under the
+        # lock (an append); its writer thread writes the files without the lock.
+        self.recorder: Recorder | None = None
+        self._last_recording: Recorder | None = None
+        self._record_lock = threading.Lock()        # one start / stop at a time
         self._next_reap = 0.0
         self._t0 = clock()          # atime 0; a reloaded object counts as accessed when the master started
         self._load()
@@ -290,6 +301,8 @@ class Master:
                 token = leases.sign(tokens.WRITE, grant_id, tier, offset, size, expires_at)
                 out.append(PutStartResult(_STORED, Grant(grant_id, bytes(key), Location(node.node_id, tier, offset,
                                                                                        size), expires_at, token)))
+            if (rec := self.recorder) is not None:
+                rec.put(now, ns, list(keys), out)
             self._flush()
             return out
 
@@ -371,6 +384,8 @@ class Master:
                 if len(wrong):
                     i = int(wrong[0])
                     raise SizeMismatch(i, int(expect_sizes[i]), int(index.size[found[i]]))
+            if (rec := self.recorder) is not None:
+                rec.lookup(now, ns, list(keys), index.tier[slots].tolist(), lease)
             index.atime[slots] = self._ticks(now)  # a probe without a lease is a use too (someone wants it)
             tiers = index.tier[slots].tolist()
             self.lookup_stats.count(ns, len(keys), tiers)
@@ -571,6 +586,8 @@ class Master:
                             "write_behind": self.write_behind.counters.as_dict(self.write_behind.pending),
                             "orphaned": self.placement.counters.orphaned, "stopping": sorted(self._stopping)}
             record.tenants = {self.tenants.name(t): self._tenant_stats(t) for t in range(1, len(self.tenants))}
+            if (rec := self.recorder) is not None:       # only while one runs: `kvpool status` says so
+                record.extra["recording"] = rec.status.as_dict()
             return record
 
     def stats(self) -> dict:
@@ -587,6 +604,47 @@ class Master:
 
     def node_ids(self) -> list[str]:
         return list(self.placement.nodes)
+
+    # ------------------------------------------------------------------ traffic recording (store/recorder.py)
+
+    def start_recording(self, directory: str, *, max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+                        duration_s: float = 0.0, max_files: int = 0) -> RecordingStatus:
+        """Record every lookup and put_start to rolling Parquet files in `directory` (on this host) for `duration_s`
+        seconds (0 = until `stop_recording`). ValueError naming the argument (unwritable directory included) before
+        anything starts; RecordingActive while a recording runs."""
+        with self._record_lock:
+            if self.recorder is not None:
+                raise RecordingActive(f"already recording to {self.recorder.status.directory}: stop that first")
+            rec = Recorder(directory, max_file_bytes=max_file_bytes, duration_s=duration_s, max_files=max_files,
+                           on_end=self._recording_ended)
+            with self._lock:
+                self.recorder = rec
+            rec.start()
+            return _snapshot(rec.status)
+
+    def stop_recording(self) -> RecordingStatus:
+        """End the recording (if one runs) and wait for its files; returns its final status, or the last
+        recording's (`recording` False, empty when there never was one). Idempotent."""
+        with self._record_lock:
+            with self._lock:
+                rec, self.recorder = self.recorder, None
+            if rec is None:
+                rec = self._last_recording
+                if rec is None:
+                    return RecordingStatus()
+            self._last_recording = rec
+            return _snapshot(rec.stop())
+
+    def recording_status(self) -> RecordingStatus:
+        rec = self.recorder or self._last_recording
+        return _snapshot(rec.status) if rec is not None else RecordingStatus()
+
+    def _recording_ended(self, rec: Recorder) -> None:
+        """The recorder's writer thread, when its duration is over: no row is appended after this returns."""
+        with self._lock:
+            if self.recorder is rec:
+                self.recorder = None
+                self._last_recording = rec
 
     # ------------------------------------------------------------------ time
 
@@ -687,4 +745,9 @@ class Master:
         self.journal.forget_changes()
 
 
-__all__ = ["Master", "SizeMismatch", "BatchTooLarge"]
+def _snapshot(status: RecordingStatus) -> RecordingStatus:
+    return RecordingStatus(status.recording, status.directory, list(status.files), status.rows, status.dropped,
+                           status.duration_s, status.elapsed_s, status.max_file_bytes, status.max_files)
+
+
+__all__ = ["Master", "SizeMismatch", "BatchTooLarge", "RecordingActive"]

@@ -6,6 +6,8 @@
                the master lock and after the lookup's reply, so neither the client nor the other clients wait
     writer     Master.copy_pending() every write_behind_s (when write_behind is on): DRAM objects copied to their
                reserved SSD extents, outside the lock (store/writebehind.py)
+    recorder   while traffic is recorded (record_directory, or the StartRecording RPC): rows to Parquet files,
+               outside the lock (store/recorder.py)
 
 With `redis_url` the index is journalled to Redis and the token secret is shared through it, so a restarted or
 standby master serves the same objects and the nodes' tokens. Metrics and the dashboard are attached by the
@@ -52,6 +54,7 @@ class MasterServer:
 
             self.metadata = RedisMetadata(config.redis_url, prefix=config.redis_prefix)
             secret = self.metadata.shared_secret()
+        config.check_recording()    # an unwritable record_directory stops the start here, before anything binds
         auth = config.auth_config()
         self.tls = config.tls_config()
         self.tokens = config.token_store()   # None: auth off, or client certificates only
@@ -100,6 +103,7 @@ class MasterServer:
             hook(method.rsplit("/", 1)[-1], code.name)
 
     def start(self) -> "MasterServer":
+        self.config.start_recording(self.master)    # record_directory (ValueError naming the field before serving)
         self.server.start()
         for thread in self._threads:
             thread.start()
@@ -139,6 +143,7 @@ class MasterServer:
         self._stop.set()
         self.health.enter_graceful_shutdown()
         self.server.stop(grace).wait()
+        self.master.stop_recording()                # the files complete before the process goes
         self.servicer.close()
         if self.metadata is not None:
             self.metadata.close()

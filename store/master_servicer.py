@@ -8,9 +8,10 @@ nodes (their endpoints and the gRPC channels the master reaches them by).
 
 Error mapping (every message names the field; a rejected call changes nothing because `Master` validates before
 it mutates): BatchTooLarge and NamespaceTableFull -> RESOURCE_EXHAUSTED, ValueError -> INVALID_ARGUMENT,
-KeyError (unknown node) -> NOT_FOUND, TokenError -> PERMISSION_DENIED, MetadataUnavailable (Redis down past its fail-over retries, or short of
-its wait_replicas) -> UNAVAILABLE. Each refusal is reported to `on_rpc_error(method, code)` when the
-process exports metrics (kvpool/services.py wires it); store/ itself knows nothing of Prometheus.
+KeyError (unknown node) -> NOT_FOUND, TokenError -> PERMISSION_DENIED, RecordingActive (StartRecording) ->
+FAILED_PRECONDITION, MetadataUnavailable (Redis down past its fail-over retries, or short of its wait_replicas) ->
+UNAVAILABLE. Each refusal is reported to `on_rpc_error(method, code)` when the process exports metrics
+(kvpool/services.py wires it); store/ itself knows nothing of Prometheus.
 
 Tenants: with authentication on (store/auth AuthInterceptor in front of this servicer) a CLIENT credential's tenant
 is passed to every client call of the Master (`current_identity()`, never a request field); admins and viewers, and
@@ -32,7 +33,7 @@ from kvpool.proto import kvpool_pb2_grpc as pbg
 from kvpool.store import checks, wire
 from kvpool.store.auth import Role, TokenSource, current_identity
 from kvpool.store.index import NamespaceTableFull
-from kvpool.store.master import BatchTooLarge, Master
+from kvpool.store.master import BatchTooLarge, Master, RecordingActive
 from kvpool.store.metadata import MetadataUnavailable
 from kvpool.store.remote_node import RemoteNodeOps
 from kvpool.store.stats import PoolStats
@@ -332,6 +333,23 @@ class MasterServicer(pbg.MasterServiceServicer):
     def MigrateAbort(self, request, context):
         self._check_batch(len(request.move_ids), "move_ids")
         return pb.MigrateAbortResponse(aborted=self.master.migrate_abort(list(request.move_ids)))
+
+    @_rpc
+    def StartRecording(self, request, context):
+        from kvpool.store.recorder import DEFAULT_MAX_FILE_BYTES
+
+        max_file_bytes = request.max_file_bytes if request.HasField("max_file_bytes") else DEFAULT_MAX_FILE_BYTES
+        try:
+            status = self.master.start_recording(request.directory, max_file_bytes=max_file_bytes,
+                                                 duration_s=request.duration_s, max_files=request.max_files)
+        except RecordingActive as exc:
+            log.info("StartRecording -> FAILED_PRECONDITION: %s", exc)
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        return wire.recording_msg(status)
+
+    @_rpc
+    def StopRecording(self, request, context):
+        return wire.recording_msg(self.master.stop_recording())
 
     def close(self) -> None:
         with self._lock:

@@ -6,7 +6,7 @@ One row per master call (a lookup or a put batch), columns:
     time        timestamp[us, UTC]   when the master handled the call
     namespace   fixed_size_binary[16] namespace digest (the chain root; not secret, keys derive from it)
     ns_label    string               "model/tenant" (NsRef.label), for per-namespace reports
-    op          string               "lookup" | "put"
+    op          string               "lookup" (under a read lease) | "probe" (no lease: lookup_prefix) | "put"
     keys        list<uint64>         the chain, prefix order: each key's first 8 bytes, little-endian. Keys are
                                      xxh3_128 digests, so 64 bits stay unique (collision odds ~n^2/2^65: 3e-8 at 1M)
     hits        int32                lookup: leading keys found; put: keys stored (granted)
@@ -39,8 +39,9 @@ import pyarrow.parquet as pq
 log = logging.getLogger(__name__)
 
 OP_LOOKUP = "lookup"
+OP_PROBE = "probe"      # a lookup without a read lease: the policy does not see it as a use (Master.lookup)
 OP_PUT = "put"
-OPS = (OP_LOOKUP, OP_PUT)
+OPS = (OP_LOOKUP, OP_PROBE, OP_PUT)
 KEY_BYTES = 16
 
 SCHEMA = pa.schema([
@@ -191,4 +192,4 @@ class TrafficWriter:
             log.info("traffic log: removed %s (max_files=%d)", old.name, self.max_files)
 
 
-__all__ = ["SCHEMA", "COLUMNS", "OPS", "OP_LOOKUP", "OP_PUT", "TrafficWriter", "key_ids"]
+__all__ = ["SCHEMA", "COLUMNS", "OPS", "OP_LOOKUP", "OP_PROBE", "OP_PUT", "TrafficWriter", "key_ids"]

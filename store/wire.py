@@ -321,7 +321,23 @@ def object_row(o: pb.ObjectInfo) -> dict:
     return row
 
 
+def recording_msg(status) -> pb.RecordingStatus:
+    """A store.recorder.RecordingStatus as the StartRecording / StopRecording reply."""
+    return pb.RecordingStatus(recording=status.recording, directory=status.directory, files=status.files,
+                              rows=status.rows, dropped=status.dropped, duration_s=status.duration_s,
+                              elapsed_s=status.elapsed_s, max_file_bytes=status.max_file_bytes,
+                              max_files=status.max_files)
+
+
+def recording_row(m: pb.RecordingStatus) -> dict:
+    """A RecordingStatus reply as `kvpool trace record/stop --json` prints it (RecordingStatus.as_dict's shape)."""
+    return {"recording": m.recording, "directory": m.directory, "files": list(m.files), "rows": m.rows,
+            "dropped": m.dropped, "duration_s": m.duration_s, "elapsed_s": round(m.elapsed_s, 3),
+            "max_file_bytes": m.max_file_bytes, "max_files": m.max_files}
+
+
 __all__ = ["ExtentBatch", "NodeTable", "check_columns", "tier_of", "ns_from_msg", "endpoint_from_info",
            "info_from_endpoint", "dram_path", "put_start_reply", "lookup_reply", "migrate_start_reply", "grants_of",
            "hits_of", "moves_of", "moves_to_msg", "moves_from_msg", "drops_to_msg", "drops_from_msg", "report_to_msg",
-           "report_from_msg", "report_reply", "object_info", "object_row", "PUT_STATUS", "PUT_STATUS_NAME"]
+           "report_from_msg", "report_reply", "object_info", "object_row", "recording_msg", "recording_row",
+           "PUT_STATUS", "PUT_STATUS_NAME"]

@@ -14,7 +14,8 @@ examples:
 Hit rate is measured in tokens: hit tokens / requested tokens over all prefix lookups since the master started;
 a tier's share is the hit tokens it served / all requested tokens. "—" means no token was requested yet.
 With authentication on or tenant quotas, a line per tenant: its bytes against its DRAM and total quotas and its
-own token hit rate. A master listening beyond loopback without authentication is flagged with a WARNING line.
+own token hit rate. While the master records traffic (`kvpool trace record`), a line says where to. A master
+listening beyond loopback without authentication is flagged with a WARNING line.
 Per-node detail: `kvpool nodes`; every counter: `kvpool stats`.
 exit codes: 0 ok, 1 master unreachable or failing, 2 bad argument."""
 
@@ -67,6 +68,11 @@ def render(address: str, stats: dict) -> list[str]:
             dram = of(t["bytes_by_tier"].get("dram", 0), t["quota"]["dram_bytes"])
             lines.append(f"  {name:<16} {t['objects']:>8} {dram:>22} {of(t['bytes'], t['quota']['total_bytes']):>22} "
                          f"{percent(rate):>8} {t['quota_evictions']:>15} {t['no_space']:>8}")
+    recording = stats.get("recording")
+    if recording:
+        until = f"for {recording['duration_s']:g}s" if recording["duration_s"] else "until `kvpool trace stop`"
+        lines.append(f"recording traffic to {recording['directory']} {until}: {recording['rows']} rows written, "
+                     f"{recording['dropped']} dropped")
     security = stats.get("security") or {}
     if security.get("warning"):
         lines.append(f"WARNING: {security['warning']}")

@@ -57,6 +57,8 @@ _MASTER = {
     "MigrateStart": ADMIN,
     "MigrateCommit": ADMIN,
     "MigrateAbort": ADMIN,
+    "StartRecording": ADMIN,    # writes files on the master's host (`kvpool trace record`)
+    "StopRecording": ADMIN,
 }
 _NODE = {"Write": GRANT, "Read": GRANT, "Demote": NODE, "Promote": NODE, "Drop": NODE}
 _HEALTH = {"Check": PUBLIC, "Watch": PUBLIC, "List": PUBLIC}

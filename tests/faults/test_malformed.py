@@ -137,10 +137,18 @@ MASTER_CASES = [
      "checksums: has 1 entries, move_ids has 2"),
     ("MigrateAbort", lambda a: pb.MigrateAbortRequest(move_ids=list(range(MAX_BATCH + 1))), EXHAUSTED,
      "move_ids: batch of 65"),
+    ("StartRecording", lambda a: pb.StartRecordingRequest(directory="/proc/kvpool-rec", duration_s=-1), INVALID,
+     "duration_s must be a number of seconds >= 0"),
+    ("StartRecording", lambda a: pb.StartRecordingRequest(directory="/proc/kvpool-rec", max_file_bytes=0), INVALID,
+     "max_file_bytes must be an int >= 1"),
+    ("StartRecording", lambda a: pb.StartRecordingRequest(), INVALID, "directory must be a non-empty path"),
+    ("StartRecording", lambda a: pb.StartRecordingRequest(directory="/proc/kvpool-rec"), INVALID,
+     "directory '/proc/kvpool-rec' is not writable by the master"),
 ]
 # RPCs whose every input is well-formed to protobuf and that answer OK without changing anything: an unknown node's
-# heartbeat is told to register; Stats takes no argument. Both also get the garbage-bytes case below.
-HARMLESS = {"Heartbeat": lambda a: pb.HeartbeatRequest(node_id="ghost", epoch=7), "Stats": lambda a: pb.StatsRequest()}
+# heartbeat is told to register; Stats and StopRecording take no argument. All get the garbage-bytes case below.
+HARMLESS = {"Heartbeat": lambda a: pb.HeartbeatRequest(node_id="ghost", epoch=7), "Stats": lambda a: pb.StatsRequest(),
+            "StopRecording": lambda a: pb.StopRecordingRequest()}     # nothing is recording: the empty status
 
 
 def _move(**changes):

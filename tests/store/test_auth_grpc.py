@@ -97,7 +97,8 @@ def test_master_methods_by_role():
     assert by_role[Role.CLIENT] == ["Contains", "Lookup", "PutAbort", "PutCommit", "PutStart", "Release", "Remove",
                                     "Stats"]
     assert by_role[Role.ADMIN] == ["BeginDrain", "DrainNode", "Evict", "Inspect", "List", "MigrateAbort",
-                                   "MigrateCommit", "MigrateStart", "Remove", "Stats"]
+                                   "MigrateCommit", "MigrateStart", "Remove", "StartRecording", "Stats",
+                                   "StopRecording"]
 
 
 @pytest.mark.parametrize("header, details", [
@@ -204,7 +205,7 @@ def test_auth_off_is_todays_behaviour():
             codes = {full: call(ch, full, module, m)[0] for full, module, m in all_methods()}
         assert codes == {full: grpc.StatusCode.UNIMPLEMENTED if full == "/grpc.health.v1.Health/List"
                          else grpc.StatusCode.OK for full in METHOD_RULES}
-        assert len(server.calls) == 25 + 1 and all(ident is None for _, ident in server.calls)
+        assert len(server.calls) == 27 + 1 and all(ident is None for _, ident in server.calls)
     finally:
         server.close()
 

@@ -146,6 +146,8 @@ def damaging_requests(pool, rows) -> dict[str, object]:
         m + "MigrateStart": pb.MigrateStartRequest(node_id="n1"),
         m + "MigrateCommit": pb.MigrateCommitRequest(move_ids=ids, checksums=[0] * len(ids)),
         m + "MigrateAbort": pb.MigrateAbortRequest(move_ids=ids),
+        m + "StartRecording": pb.StartRecordingRequest(directory="/tmp/kvpool-never-recorded", duration_s=60),
+        m + "StopRecording": pb.StopRecordingRequest(),
         n + "Demote": wire.moves_to_msg([move]),
         n + "Promote": wire.moves_to_msg([move]),
         n + "Drop": wire.drops_to_msg([Drop(bytes.fromhex(on_ssd["key"]), Tier.SSD, on_ssd["offset"], OBJ)]),
@@ -186,9 +188,9 @@ def test_every_rpc_without_a_credential_or_with_the_wrong_role_is_refused_and_ch
                 expected = grpc.StatusCode.UNAUTHENTICATED if unknown else grpc.StatusCode.PERMISSION_DENIED
                 assert code == expected, (who, full, code, details)
                 refused.append((who, full))
-        # 23 authenticated RPCs: all refused without a credential; a node may call 7 of them, a client 8, a viewer 1,
-        # an admin 10
-        assert len(refused) == 23 + 16 + 15 + 22 + 13
+        # 25 authenticated RPCs: all refused without a credential; a node may call 7 of them, a client 8, a viewer 1,
+        # an admin 12
+        assert len(refused) == 25 + 18 + 17 + 24 + 13
         assert pool_state(pool) == before
         bufs = [bytearray(OBJ) for _ in keys]
         assert acme.get_many_into(keys, bufs) == 3 and bufs == [bytearray(d) for d in datas]
