@@ -18,6 +18,9 @@ raises into the engine except a config mismatch at attach, which is a deployment
 
 Namespace: the engine's (model, weights fingerprint, dtype, layout), with the connector's tenant, so different
 models, dtypes or tenants never share blocks.
+
+Why one module of ~420 lines: it is the one implementation of the hook contract (kvpool/hooks.py), a method per
+hook; what each hook delegates to lives apart (connector/saver.py, cost.py, direct.py, pool_handle.py).
 """
 
 from __future__ import annotations
