@@ -109,18 +109,7 @@ class PoolClient(PoolFront):
         except BaseException:
             self._abort([reply.grant_ids[i] for i in granted])
             raise
-        if failed:
-            self._abort([reply.grant_ids[i] for i in failed])
-        ok = [i for i in granted if i not in failed]
-        if ok:
-            commit = pb.PutCommitRequest()
-            commit.grant_ids.extend(reply.grant_ids[i] for i in ok)
-            commit.checksums.extend(xxhash.xxh3_64_intdigest(views[i]) for i in ok)
-            for i, status in zip(ok, self.rpc.call("PutCommit", commit, what="put_commit").statuses):
-                if status != pb.COMMITTED:
-                    statuses[i] = "no_space"  # the grant expired before the commit: not stored
-        for i in failed:
-            statuses[i] = "no_space"
+        self._commit(reply.grant_ids, granted, failed, views, statuses)
         return statuses
 
     def _lookup(self, keys: Sequence[bytes], ns: NsRef) -> int:
@@ -197,15 +186,7 @@ class PoolClient(PoolFront):
             except BaseException:
                 self._abort([reply.grant_ids[i] for i in granted])
                 raise
-            if failed:
-                self._abort([reply.grant_ids[i] for i in failed])
-            ok = [i for i in granted if i not in failed]
-            if ok:
-                request = pb.PutCommitRequest()
-                request.grant_ids.extend(reply.grant_ids[i] for i in ok)
-                request.checksums.extend(xxhash.xxh3_64_intdigest(buffers[i]) for i in ok)
-                for i, status in zip(ok, self.rpc.call("PutCommit", request, what="put_commit").statuses):
-                    out[i] = "stored" if status == pb.COMMITTED else "no_space"
+            self._commit(reply.grant_ids, granted, failed, buffers, out)
             with self._puts_lock:
                 for status in out:
                     self._puts[status] += 1
@@ -286,6 +267,21 @@ class PoolClient(PoolFront):
         self.rpc.close()
 
     # ------------------------------------------------------------------ helpers
+
+    def _commit(self, grant_ids, granted: list[int], failed: set[int], buffers, out: list[str]) -> None:
+        """End a put's grants: abort the failed ones, commit the rest with the checksums of their bytes. Sets out[i]
+        to "stored" or "no_space" for every granted i (a grant that expired before the commit stored nothing)."""
+        if failed:
+            self._abort([grant_ids[i] for i in failed])
+        for i in failed:
+            out[i] = "no_space"
+        ok = [i for i in granted if i not in failed]
+        if ok:
+            request = pb.PutCommitRequest()
+            request.grant_ids.extend(grant_ids[i] for i in ok)
+            request.checksums.extend(xxhash.xxh3_64_intdigest(buffers[i]) for i in ok)
+            for i, status in zip(ok, self.rpc.call("PutCommit", request, what="put_commit").statuses):
+                out[i] = "stored" if status == pb.COMMITTED else "no_space"
 
     def _abort(self, grant_ids: list[int]) -> None:
         if not grant_ids:
