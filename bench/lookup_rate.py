@@ -123,15 +123,16 @@ class Pool:
         node = f"127.0.0.1:{free_port()}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("KVPOOL_")}
         log = open(os.path.join(workdir, "pool.log"), "ab")
-        cli = [python, "-m", "kvpool.cli"]
-        self.procs = [subprocess.Popen(cli + ["master", "--listen", self.address], stdout=log, stderr=log, env=env)]
+        cli = [python, "-m", "kvpool.cli"]  # run in workdir: `-m` puts the cwd first on sys.path (a checkout: kvpool/)
+        self.procs = [subprocess.Popen(cli + ["master", "--listen", self.address], stdout=log, stderr=log, env=env,
+                                       cwd=workdir)]
         wait_grpc_serving(self.address, 30, self.procs[0])
         # DRAM: the lookup chains + the DRAM get chains + about a quarter of the SSD chains.
         dram = (16 * CHAIN + DRAM_CHAINS * GET_BLOCKS + SSD_CHAINS * GET_BLOCKS // 4) * OBJECT_BYTES
         self.procs.append(subprocess.Popen(cli + ["node", "--master", self.address, "--listen", node,
                                                   "--dram-bytes", str(dram), "--shm-dir", self.shm,
                                                   "--ssd-path", os.path.join(workdir, "ssd"), "--ssd-bytes", "256MiB",
-                                                  "--node-id", "bench"], stdout=log, stderr=log, env=env))
+                                                  "--node-id", "bench"], stdout=log, stderr=log, env=env, cwd=workdir))
         wait_grpc_serving(node, 30, self.procs[1])
 
     def close(self) -> None:
