@@ -26,7 +26,9 @@ one of which is the right set for each key; the other copy is a stale hint that 
 
 Memory per tracked slot: 17 B of wlru's arrays + 32-64 B of ghost + 4-8 B of per-set cursors (nbytes(); measured
 in tests/tiers/test_clru.py) against LRU's 8 B. Weights and ghost size were picked on the one trace we have; other
-traffic may want other values (bench/trace_replay.py prints the comparison).
+traffic may want other values (bench/trace_replay.py prints the comparison). Where the pool is big enough to hold
+new blocks until their second use, strict demotion throws that use away: on tests/tiers/test_wlru.py's seeded
+conversations clru wins ~8 points over LRU at 5-8% of the unique blocks but loses ~5 at 15%.
 
 Leaf-first eviction (a radix tree's rule: never evict a block with a cached child) is not needed on top: every
 ranking here already puts a child before its parent, and on the trace at 5-25% a leaf-only filter over LRU

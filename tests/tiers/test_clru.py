@@ -9,13 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from kvpool.planner import UNIT, NullNode, chain_keys, replay
 from kvpool.store.config import MasterConfig
 from kvpool.store.master import Master
 from kvpool.store.records import NodeInfo
 from kvpool.tiers.clru import ClassLRUPolicy
 from kvpool.tiers.policy import POLICY_NAMES, EvictionPolicy, make_policy
+
+from kvpool.planner import UNIT, NullNode, chain_keys, replay
 
 _spec = importlib.util.spec_from_file_location("_wlru_tests", Path(__file__).with_name("test_wlru.py"))
 _wlru_tests = importlib.util.module_from_spec(_spec)
