@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
-POLICY_NAMES = ("lru", "s3fifo", "wlru")
+POLICY_NAMES = ("lru", "s3fifo", "wlru", "clru")
 
 
 @runtime_checkable
@@ -60,4 +60,7 @@ def make_policy(name: str) -> EvictionPolicy:
     if name == "wlru":
         from .wlru import WeightedLRUPolicy
         return WeightedLRUPolicy()
+    if name == "clru":
+        from .clru import ClassLRUPolicy
+        return ClassLRUPolicy()
     raise ValueError(f"policy must be one of {list(POLICY_NAMES)}, got {name!r}")

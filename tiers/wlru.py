@@ -77,7 +77,7 @@ class WeightedLRUPolicy:
             if c != _OUT:
                 c = c + 1 if c < top else c
             elif keys is not None:
-                c = self._ghost_pop(fingerprint(keys[i]))
+                c = self._ghost_pop(self._fingerprint(keys[i]))
             else:
                 c = 0
             top = min(top, c)
@@ -125,7 +125,7 @@ class WeightedLRUPolicy:
             return False
         if key is not None:                         # remember the class it reached (next time it starts one up)
             c = self._cls[slot]
-            self._ghost_add(fingerprint(key) | (c + 1 if c + 1 < CLASSES else c))
+            self._ghost_add(self._fingerprint(key) | (c + 1 if c + 1 < CLASSES else c))
         self._unlink(slot)
         return True
 
@@ -170,6 +170,8 @@ class WeightedLRUPolicy:
 
     def __len__(self) -> int:
         return self._count[0] + self._count[1] + self._count[2]
+
+    _fingerprint = staticmethod(fingerprint)   # key -> ghost entry with the class bits clear (tiers/clru.py: wider)
 
     def __contains__(self, slot: object) -> bool:
         return isinstance(slot, int) and 0 <= slot < len(self._cls) and self._cls[slot] != _OUT
