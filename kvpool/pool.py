@@ -27,6 +27,7 @@ from kvpool.buffers import as_bytes, as_writable_bytes
 from kvpool.extents import ExtentRead, ExtentWrite, Staging, default_staging
 from kvpool.keys import Namespace, check_keys
 from kvpool.store import checks
+from kvpool.store.checks import MAX_PIN_S, MAX_S_PER_TOKEN, pin_seconds  # noqa: F401 - re-exported for connectors
 from kvpool.store.records import NO_NS, NsRef
 
 
@@ -264,4 +265,4 @@ class PoolFront:
         return ref
 
 
-__all__ = ["Pool", "PoolFront"]
+__all__ = ["Pool", "PoolFront", "pin_seconds", "MAX_PIN_S", "MAX_S_PER_TOKEN"]
