@@ -41,7 +41,8 @@ def up(tmp_path_factory):
         wait_http_ok(f"http://{http}/health", 30, proc)
         channel = grpc.insecure_channel(address)
         with PoolClient(address, timeout=10) as client:
-            yield {"client": client, "stub": pbg.MasterServiceStub(channel), "http": http, "proc": proc}
+            yield {"client": client, "stub": pbg.MasterServiceStub(channel), "http": http, "proc": proc,
+                   "address": address}
         channel.close()
     finally:
         proc.stop()
@@ -118,3 +119,16 @@ def test_prefill_seconds_saved_in_stats_and_metrics(up):
     text = urllib.request.urlopen(f"http://{up['http']}/metrics", timeout=10).read().decode()
     line = next(x for x in text.splitlines() if x.startswith('kvpool_prefill_seconds_saved_total{namespace="m/t"}'))
     assert float(line.split()[-1]) == expected
+
+
+def test_kvpool_status_shows_pins_and_seconds_saved(up, capsys):
+    from kvpool.admin import human_bytes
+    from kvpool.cli import main
+
+    s = stats(up)
+    assert main(["status", "--master", up["address"]]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert f"prefill seconds saved {s['prefill_seconds_saved']:.3f} (hit tokens x the prefill s/token connectors " \
+           "measured)" in out
+    assert (f"pinned {s['pinned_objects']} objects ({human_bytes(s['pinned_bytes'])}), pins clipped {s['pins_clipped']}, pinned evictions "
+            f"{s['pinned_evictions']}") in out
