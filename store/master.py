@@ -275,6 +275,7 @@ class Master:
             now = self._tick()
             hold = self.retention.hold if pin_s > 0 else None
             pin_cap = self.retention.cap(self.placement.capacity()) if hold is not None else 0
+            pin_until = self.retention.until(pin_s)
             expires_at = now + self.config.grant_ttl_s
             ns_id = self.index.intern_ns(ns.digest)
             tid = self.tenants.intern(tenant)
@@ -288,7 +289,7 @@ class Master:
                     out.append(PutStartResult(_EXISTS))
                     prev = slot
                     if hold is not None:
-                        hold(slot, pin_s, pin_cap)
+                        hold(slot, pin_until, pin_cap)
                     continue
                 skip = ANY_TIER if quotas is None else quotas.admit(tid, size)
                 placed = None if skip is None else placement.place(size, prefer_node, exclude, skip=skip)
@@ -306,7 +307,7 @@ class Master:
                 placement.copies.reserve(slot, node)
                 prev = slot
                 if hold is not None:
-                    hold(slot, pin_s, pin_cap)
+                    hold(slot, pin_until, pin_cap)
                 grant_id = leases.grant(slot, expires_at)
                 token = leases.sign(tokens.WRITE, grant_id, tier, offset, size, expires_at)
                 out.append(PutStartResult(_STORED, Grant(grant_id, bytes(key), Location(node.node_id, tier, offset,

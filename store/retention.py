@@ -1,7 +1,7 @@
 """Retention hints: a put may ask the pool to keep its objects at least `pin_s` seconds (an agent or a multi-turn
 chat knows its prefix comes back). A hint, never a reservation:
 
-    put_start(keys, sizes, pin_s)  ──hold──▶  index.retained[slot] = now + ceil(pin_s)   (also for an EXISTS key:
+    put_start(keys, sizes, pin_s)  ──hold──▶  index.retained[slot] = now + ceil(pin_s)  (also for an EXISTS key:
                                               the pin is extended, so a chain's already-stored prefix is kept too)
                                    over the tenant's cap ─▶ not pinned, counted in `clipped`; the put goes on
     Placement._pick_victims        coldest first among UNPINNED victims; only when they cannot make the room, the
@@ -40,11 +40,15 @@ class Retention:
         """Pinned payload bytes one tenant may hold in a pool of `capacity` bytes."""
         return int(self.max_fraction * capacity)
 
-    def hold(self, slot: int, pin_s: float, cap: int) -> bool:
-        """Pin `slot` for `pin_s` seconds from now (extending a longer-lived pin never shortens it). False (and
-        counted) when that would take its tenant past `cap` pinned bytes."""
+    def until(self, pin_s: float) -> int:
+        """The end of a pin of `pin_s` seconds from now. Computed once per put: every key of the batch shares the one
+        int object (an int is 28 B; the dict entry is the rest of a pinned object's cost)."""
+        return self.now + math.ceil(pin_s)
+
+    def hold(self, slot: int, until: int, cap: int) -> bool:
+        """Pin `slot` until `until` (extending a longer-lived pin never shortens it). False (and counted) when that
+        would take its tenant past `cap` pinned bytes."""
         index = self.index
-        until = self.now + math.ceil(pin_s)
         if slot not in index.retained:
             tenant = int(index.tenant[slot])
             if index.retained_bytes(tenant) + int(index.size[slot]) > cap:
