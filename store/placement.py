@@ -372,7 +372,8 @@ class Placement:
                 continue
             if max_atime is not None and int(index.atime[slot]) > max_atime:
                 continue
-            if pinned and slot in pinned and live(slot):
+            # an orphan's pin protects nothing: no prefix lookup reaches it any more
+            if pinned and slot in pinned and live(slot) and index.parent[slot] != ORPHAN:
                 held.append(slot)
                 continue
             victims.append(slot)

@@ -6,7 +6,8 @@ chat knows its prefix comes back). A hint, never a reservation:
                                    over the tenant's cap ─▶ not pinned, counted in `clipped`; the put goes on
     Placement._pick_victims        coldest first among UNPINNED victims; only when they cannot make the room, the
                                    pinned ones yield, coldest first, counted in `yielded` (never a refused put while
-                                   any unpinned space could be freed, and never one because of pins at all)
+                                   any unpinned space could be freed, and never one because of pins at all);
+                                   an orphan (store/chains.py) is not protected: no lookup reaches it
 
 Bounded: a tenant's pinned payload bytes stay within `max_fraction` of the pool's capacity (every tier of every node;
 with authentication off the whole pool is one tenant). Expiry is lazy: a victim whose pin ended is unpinned when

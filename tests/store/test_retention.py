@@ -170,6 +170,19 @@ def test_a_put_of_existing_keys_extends_their_pin(make, clock):
     master.index.check_invariants()
 
 
+def test_a_pinned_orphan_is_not_protected(make, clock):
+    master, node = make(dram_objects=6, pin_max_fraction=1.0)
+    put(master, node, A, pin_s=600)
+    clock.now += 1
+    put(master, node, B)
+    assert master.remove([A[0]]) == 1          # A[1], A[2] lost their way in: orphans, still pinned
+    clock.now += 1
+    put(master, node, C[:3])                   # 5 held + 3 = 8 > 6: two go, the orphans first, pins or not
+    assert present(master, A + B) == [11, 12, 13]
+    assert master.stats()["pinned_evictions"] == 0
+    master.index.check_invariants()
+
+
 @pytest.mark.parametrize("bad", [-1, -0.5, math.nan, math.inf, True, MAX_PIN_S + 1, 1e30, "5", None])
 def test_bad_pin_s_is_a_value_error_naming_it_and_stores_nothing(make, bad):
     master, node = make(dram_objects=4)
