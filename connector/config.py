@@ -16,6 +16,8 @@ Example (connector.yaml):
     transfer: auto             # auto (direct on a CUDA engine, staged on CPU) | staged | direct (connector/direct.py)
     layerwise_load: auto       # auto (on with direct on CUDA) | on | off: load layer i+1 while layer i computes
     pin_host_memory: true      # CUDA engines: register the pool memory mapped here as pinned (DMA)
+    pin_s: 0                   # retention hint of every save (seconds; 0 = none); a request overrides it with
+                               # kv_transfer_params {"pin_s": N} (bundled engine and vLLM alike)
 
 With authentication on the pool takes the tenant from the token (`auth_token`), not from `tenant`: `tenant` still
 goes into the namespace (so two tenants' keys differ even before the master scopes them).
@@ -24,9 +26,13 @@ goes into the namespace (so two tenants' keys differ even before the master scop
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass
 
 from kvpool.config import load_config
+from kvpool.pool import pin_seconds
+
+log = logging.getLogger(__name__)
 
 
 class SavePolicy(str, enum.Enum):
@@ -77,6 +83,7 @@ class ConnectorConfig:
     transfer: TransferMode = TransferMode.AUTO
     layerwise_load: LayerwiseMode = LayerwiseMode.AUTO
     pin_host_memory: bool = True
+    pin_s: float = 0.0                   # retention hint of the blocks this connector saves (kvpool store/retention.py)
 
     def __post_init__(self) -> None:
         def fix(name: str, enum_cls: type[enum.Enum]) -> None:
@@ -95,6 +102,7 @@ class ConnectorConfig:
         if self.layerwise_load is LayerwiseMode.ON and self.transfer is TransferMode.STAGED:
             raise ValueError("layerwise_load=on needs transfer=direct or auto (a staged load is copied whole before "
                              "the forward pass); set layerwise_load=off or transfer=direct")
+        pin_seconds(self.pin_s)  # ValueError naming pin_s
         if not isinstance(self.pin_host_memory, bool):
             raise ValueError(f"pin_host_memory must be true or false, got {self.pin_host_memory!r}")
         if not isinstance(self.pool, str) or not self.pool:
@@ -133,3 +141,19 @@ class ConnectorConfig:
     def load(cls, path: str | None = None, **overrides) -> "ConnectorConfig":
         """File < KVPOOL_* environment < keyword overrides."""
         return load_config(cls, path, **overrides)
+
+
+def request_pin_s(request, default: float, logged: set[str]) -> float:
+    """The retention hint of a request's saves: its kv_transfer_params["pin_s"] (bundled engine and vLLM requests
+    both carry the attribute), else `default` (ConnectorConfig.pin_s). A bad value falls back to `default` and is
+    logged once: a caller's mistake in a hint must not cost the request anything."""
+    params = getattr(request, "kv_transfer_params", None)
+    if not isinstance(params, dict) or "pin_s" not in params:
+        return default
+    try:
+        return pin_seconds(params["pin_s"], "kv_transfer_params.pin_s")
+    except ValueError as exc:
+        if "pin_s" not in logged:
+            logged.add("pin_s")
+            log.warning("kvpool connector: %s; using pin_s=%s from the connector config", exc, default)
+        return default

@@ -19,7 +19,11 @@ raises into the engine except a config mismatch at attach, which is a deployment
 Namespace: the engine's (model, weights fingerprint, dtype, layout), with the connector's tenant, so different
 models, dtypes or tenants never share blocks.
 
-Why one module of ~420 lines: it is the one implementation of the hook contract (kvpool/hooks.py), a method per
+Retention hints: every save carries `pin_s` (ConnectorConfig.pin_s, or the request's kv_transfer_params["pin_s"]);
+a bad per-request value falls back to the config's, logged once. Seconds saved: each lookup carries this connector's
+measured prefill seconds per token (none before its first timed prefill), which the master multiplies by the hits.
+
+Why one module of ~430 lines: it is the one implementation of the hook contract (kvpool/hooks.py), a method per
 hook; what each hook delegates to lives apart (connector/saver.py, cost.py, direct.py, pool_handle.py).
 """
 
@@ -34,8 +38,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kvpool.connector.config import ConnectorConfig, LayerwiseMode, LoadPolicy, SavePolicy, TransferMode
-from kvpool.connector.cost import LoadCostModel
+from kvpool.connector.config import (ConnectorConfig, LayerwiseMode, LoadPolicy, SavePolicy, TransferMode,
+                                     request_pin_s)
+from kvpool.connector.cost import LoadCostModel, prefill_s_per_token
 from kvpool.connector.direct import DirectTransfer
 from kvpool.connector.pool_factory import open_pool
 from kvpool.connector.saver import BlockSaver, SaveBatch
@@ -137,7 +142,8 @@ class PoolConnector(KVConnectorBase):
             return 0
         try:
             self.stats.lookups += 1
-            hits = pool.lookup_prefix(state.keys[first:max_blocks], namespace=self.namespace)
+            hits = pool.lookup_prefix(state.keys[first:max_blocks], namespace=self.namespace,
+                                      prefill_s_per_token=prefill_s_per_token(self.cost))
         except Exception as exc:
             self._fault(exc, "lookup")
             return 0
@@ -298,23 +304,24 @@ class PoolConnector(KVConnectorBase):
         if pool is None:  # pool down: do not copy blocks out only to fail in the saver
             self._count_dropped(len(positions))
             return
+        pin_s = request_pin_s(request, self.config.pin_s, self._logged)
         if self._direct is not None:
-            self._save_direct(pool, [state.keys[i] for i in positions], [block_ids[i] for i in positions])
+            self._save_direct(pool, [state.keys[i] for i in positions], [block_ids[i] for i in positions], pin_s)
             return
         blocks = torch.empty((len(positions), *self._shape), dtype=self.info.kv_cache.dtype)
         gather_blocks(self.info.kv_cache, [block_ids[i] for i in positions], blocks)
-        batch = SaveBatch([state.keys[i] for i in positions], blocks, self.namespace)
+        batch = SaveBatch([state.keys[i] for i in positions], blocks, self.namespace, pin_s=pin_s)
         if not self._saver.offer(batch):
             self._count_dropped(len(positions))
 
-    def _save_direct(self, pool, keys: list[bytes], block_ids: list[int]) -> None:
+    def _save_direct(self, pool, keys: list[bytes], block_ids: list[int], pin_s: float) -> None:
         try:
-            write, finish = self._direct.save(pool, keys, block_ids, self.namespace)
+            write, finish = self._direct.save(pool, keys, block_ids, self.namespace, pin_s)
         except Exception as exc:
             self._fault(exc, "save")
             self._count_dropped(len(keys))
             return
-        if not self._saver.offer(SaveBatch(keys, None, self.namespace, commit=finish)):
+        if not self._saver.offer(SaveBatch(keys, None, self.namespace, commit=finish, pin_s=pin_s)):
             write.abort()
             self._count_dropped(len(keys))
 

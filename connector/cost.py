@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvpool.pool import MAX_S_PER_TOKEN
+
 
 @dataclass(slots=True)
 class LoadCostModel:
@@ -58,3 +60,12 @@ class LoadCostModel:
     def _mix(self, old: float, new: float, count: int) -> float:
         # The first measurement replaces the prior outright: priors are guesses, measurements are not.
         return new if count == 0 else (1 - self.alpha) * old + self.alpha * new
+
+
+def prefill_s_per_token(cost: LoadCostModel | None) -> float:
+    """What a lookup reports to the pool as this engine's prefill seconds per token (the pool counts hit tokens x
+    it as prefill seconds saved): the measured rate, or 0 before any prefill was timed (the prior is a guess)."""
+    if cost is None or not cost.prefills_measured or cost.prefill_rate <= 0:
+        return 0.0
+    return min(1.0 / cost.prefill_rate, MAX_S_PER_TOKEN)
+

@@ -129,10 +129,12 @@ class DirectTransfer:
 
     # ------------------------------------------------------------------ saves
 
-    def save(self, pool, keys: list[bytes], block_ids: list[int], namespace) -> Any:
+    def save(self, pool, keys: list[bytes], block_ids: list[int], namespace, pin_s: float = 0.0) -> Any:
         """Reserve and queue the copies out of the cache; returns the ExtentWrite and a `finish()` for the saver
-        thread (waits for the copy, commits). Raises on a pool fault (nothing reserved is kept)."""
-        write = pool.reserve_many(keys, [self.block_bytes] * len(keys), namespace=namespace, staging=self.staging)
+        thread (waits for the copy, commits). Raises on a pool fault (nothing reserved is kept). `pin_s`: the
+        retention hint of the put."""
+        write = pool.reserve_many(keys, [self.block_bytes] * len(keys), namespace=namespace, staging=self.staging,
+                                  pin_s=pin_s)
         granted = write.granted
         try:
             marker = gather_to(self.kv_cache, [block_ids[i] for i in granted], [write.buffers[i] for i in granted],

@@ -23,6 +23,7 @@ class SaveBatch:
     blocks: Any                 # torch tensor [n, *object_shape], owned by the batch (None with `commit`)
     namespace: Any
     commit: Callable[[], list[str]] | None = None   # direct path: the bytes are already in the pool's extents
+    pin_s: float = 0.0                               # retention hint of the put (0 = none)
 
 
 class BlockSaver:
@@ -83,5 +84,5 @@ class BlockSaver:
             raise ConnectionError("pool not connected")
         flat = batch.blocks.reshape(batch.blocks.shape[0], -1)
         statuses = pool.put_many(batch.keys, [flat[i].numpy() for i in range(len(batch.keys))],
-                                 namespace=batch.namespace)
+                                 namespace=batch.namespace, pin_s=batch.pin_s)
         self._on_saved(statuses.count("stored"), statuses.count("exists"))

@@ -27,7 +27,8 @@ Requests with a LoRA adapter, multimodal inputs or prompt embeddings bypass the 
 the token ids); each kind is logged once.
 
 The request attributes used: request_id, all_token_ids (prompt + output so far), num_tokens, cache_salt,
-lora_request, mm_features, prompt_embeds, skip_reading_prefix_cache.
+lora_request, mm_features, prompt_embeds, skip_reading_prefix_cache, kv_transfer_params (its "pin_s": the retention
+hint of the request's saves, else ConnectorConfig.pin_s).
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from kvpool.connector.config import ConnectorConfig, LoadPolicy, SavePolicy
-from kvpool.connector.cost import LoadCostModel
+from kvpool.connector.config import ConnectorConfig, LoadPolicy, SavePolicy, request_pin_s
+from kvpool.connector.cost import LoadCostModel, prefill_s_per_token
 from kvpool.connector.stats import ConnectorStats
 from kvpool.keys import Namespace, block_keys
 
@@ -64,6 +65,7 @@ class SaveSpec:
     req_id: str
     keys: list[bytes]
     block_ids: list[int]
+    pin_s: float = 0.0          # retention hint (ConnectorConfig.pin_s or the request's kv_transfer_params)
 
 
 @dataclass(slots=True)
@@ -148,7 +150,8 @@ class SchedulerPlanner:
             return 0
         try:
             self.stats.lookups += 1
-            hits = pool.lookup_prefix(state.keys[first:max_blocks], namespace=self.namespace)
+            hits = pool.lookup_prefix(state.keys[first:max_blocks], namespace=self.namespace,
+                                      prefill_s_per_token=prefill_s_per_token(self.cost))
         except Exception as exc:  # noqa: BLE001 - a pool fault is a miss, never a failed request
             self.pool.fault(exc, "lookup")
             return 0
@@ -218,7 +221,8 @@ class SchedulerPlanner:
         state.saved_upto = full
         if not positions:
             return None
-        return SaveSpec(step.req_id, [state.keys[i] for i in positions], [block_ids[i] for i in positions])
+        return SaveSpec(step.req_id, [state.keys[i] for i in positions], [block_ids[i] for i in positions],
+                        request_pin_s(state.request, self.config.pin_s, self._logged))
 
     def finished(self, req_id: str) -> None:
         self._reqs.pop(req_id, None)

@@ -86,7 +86,8 @@ class WorkerTransfer:
             self._rates[2] += num_scheduled_tokens
             self._rates[3] += self._clock() - self._forward_start
         self._forward_start = None
-        todo = [s for s in saves if s.req_id not in self._failed_reqs]
+        # grouped by retention hint: one put per hint (a put carries one pin_s)
+        todo = sorted((s for s in saves if s.req_id not in self._failed_reqs), key=lambda s: s.pin_s)
         n = sum(len(s.keys) for s in todo)
         if n == 0:
             return
@@ -101,9 +102,13 @@ class WorkerTransfer:
             log.exception("kvpool connector: copying %d blocks out of vLLM's KV cache failed", n)
             self.stats.save_dropped_blocks += n
             return
-        batch = SaveBatch([k for s in todo for k in s.keys], buf, self.namespace)
-        if not self._saver.offer(batch):
-            self.stats.save_dropped_blocks += n
+        start = 0
+        for pin_s in sorted({s.pin_s for s in todo}):
+            keys = [k for s in todo if s.pin_s == pin_s for k in s.keys]
+            batch = SaveBatch(keys, buf[start:start + len(keys)], self.namespace, pin_s=pin_s)
+            start += len(keys)
+            if not self._saver.offer(batch):
+                self.stats.save_dropped_blocks += len(keys)
 
     def take_invalid_block_ids(self) -> set[int]:
         invalid, self._invalid = self._invalid, set()

@@ -110,8 +110,12 @@ class LLMEngine:
         return ids
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+                    request_id: str | None = None, arrival_time: float | None = None,
+                    kv_transfer_params: dict | None = None) -> str:
+        """`kv_transfer_params`: per-request options for the KV connector (kvpool/hooks.py), e.g. {"pin_s": 600}."""
         params = params if params is not None else SamplingParams()
+        if kv_transfer_params is not None and not isinstance(kv_transfer_params, dict):
+            raise ValueError(f"kv_transfer_params: expected a dict, got {type(kv_transfer_params).__name__}")
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params: expected SamplingParams, got {type(params).__name__}")
         ids = self.encode_prompt(prompt)
@@ -124,7 +128,7 @@ class LLMEngine:
             seed = xxhash.xxh3_64_intdigest(f"{self.config.seed}:{request_id}".encode()) >> 1
         eos = () if params.ignore_eos else tuple(self.tokenizer.stop_token_ids)
         req = Request(request_id, ids, params, seed, arrival_time or time.perf_counter(), self.config.max_model_len,
-                      eos_token_ids=eos)
+                      eos_token_ids=eos, kv_transfer_params=kv_transfer_params)
         self.requests[request_id] = req
         self.scheduler.add(req)
         return request_id

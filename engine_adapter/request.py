@@ -34,6 +34,7 @@ class Request:
     num_preemptions: int = 0
     block_keys: list[bytes] = field(default_factory=list)    # keys of the full blocks of token_ids, cached
     admitted: bool = False
+    kv_transfer_params: dict | None = None                   # per-request connector options (kvpool/hooks.py)
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -42,9 +42,10 @@ class _EngineLoop(threading.Thread):
         self.sinks: dict[str, queue.Queue] = {}
         self.stopped = threading.Event()
 
-    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> queue.Queue:
+    def submit(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+               kv_transfer_params: dict | None = None) -> queue.Queue:
         sink: queue.Queue = queue.Queue()
-        self.inbox.put(("add", request_id, prompt_ids, params, sink, time.perf_counter()))
+        self.inbox.put(("add", request_id, prompt_ids, params, sink, time.perf_counter(), kv_transfer_params))
         return sink
 
     def abort(self, request_id: str) -> None:
@@ -85,9 +86,9 @@ class _EngineLoop(threading.Thread):
             self.engine.abort_request(item[1])
             self.sinks.pop(item[1], None)
             return
-        _, rid, prompt_ids, params, sink, arrival = item
+        _, rid, prompt_ids, params, sink, arrival, kv_params = item
         try:
-            self.engine.add_request(prompt_ids, params, rid, arrival_time=arrival)
+            self.engine.add_request(prompt_ids, params, rid, arrival_time=arrival, kv_transfer_params=kv_params)
         except ValueError as exc:
             sink.put(BadRequest(str(exc)))
             return
@@ -142,8 +143,10 @@ class EngineServer:
         self.close()
 
     # request parsing ------------------------------------------------------------------------------------------
-    def parse(self, path: str, body: dict) -> tuple[list[int], SamplingParams, bool]:
-        """-> (prompt token ids, sampling params, stream); BadRequest naming the field on any mistake."""
+    def parse(self, path: str, body: dict) -> tuple[list[int], SamplingParams, bool, dict | None]:
+        """-> (prompt token ids, sampling params, stream, kv_transfer_params); BadRequest naming the field on any
+        mistake. `kv_transfer_params` (a JSON object, as vLLM names it) is handed to the connector through the
+        request (kvpool/hooks.py), e.g. {"pin_s": 600}."""
         if not isinstance(body, dict):
             raise BadRequest("body: must be a JSON object")
         if path == "/v1/chat/completions":
@@ -165,6 +168,9 @@ class EngineServer:
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise BadRequest(f"stream: must be a boolean, got {stream!r}")
+        kv_params = body.get("kv_transfer_params")
+        if kv_params is not None and not isinstance(kv_params, dict):
+            raise BadRequest(f"kv_transfer_params: must be a JSON object, got {kv_params!r}")
         kwargs = {k: body[k] for k in _SAMPLING_FIELDS if body.get(k) is not None}
         if isinstance(kwargs.get("stop_token_ids"), list):
             kwargs["stop_token_ids"] = tuple(kwargs["stop_token_ids"])
@@ -173,7 +179,7 @@ class EngineServer:
             prompt_ids = self.engine.encode_prompt(prompt)
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
-        return prompt_ids, params, stream
+        return prompt_ids, params, stream, kv_params
 
 
 def _usage(out: RequestOutput) -> dict:
@@ -239,13 +245,13 @@ def _make_handler(server: EngineServer):
                     body = json.loads(raw or b"null")
                 except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                     raise BadRequest(f"body: malformed JSON ({exc})") from None
-                prompt_ids, params, stream = server.parse(self.path, body)
+                prompt_ids, params, stream, kv_params = server.parse(self.path, body)
             except BadRequest as exc:
                 self._error(400, str(exc))
                 return
             chat = self.path == "/v1/chat/completions"
             rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-            sink = server.loop.submit(rid, prompt_ids, params)
+            sink = server.loop.submit(rid, prompt_ids, params, kv_params)
             try:
                 if stream:
                     self._stream(rid, sink, chat)

@@ -91,10 +91,10 @@ class PoolClient(PoolFront):
 
     # ------------------------------------------------------------------ backend of PoolFront
 
-    def _put(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef) -> list[str]:
+    def _put(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef, pin_s: float) -> list[str]:
         digest = _wire_digest(ns)
         req = pb.PutStartRequest(namespace=digest, block_tokens=ns.block_tokens, namespace_label=ns.label,
-                                 client_host_id=self.host_id)
+                                 client_host_id=self.host_id, pin_s=pin_s)
         req.keys.extend(bytes(k) for k in keys)
         req.sizes.extend(v.nbytes for v in views)
         sent_at = fence.now()
@@ -112,9 +112,9 @@ class PoolClient(PoolFront):
         self._commit(reply.grant_ids, granted, failed, views, statuses)
         return statuses
 
-    def _lookup(self, keys: Sequence[bytes], ns: NsRef) -> int:
+    def _lookup(self, keys: Sequence[bytes], ns: NsRef, s_per_token: float) -> int:
         req = pb.LookupRequest(namespace=_wire_digest(ns), block_tokens=ns.block_tokens, namespace_label=ns.label,
-                               lease=False)
+                               lease=False, prefill_s_per_token=s_per_token)
         req.keys.extend(bytes(k) for k in keys)
         return self.rpc.call("Lookup", req, retry=True, what="lookup").hits
 
@@ -146,10 +146,11 @@ class PoolClient(PoolFront):
             tiers_out.extend(Tier(int(t)).label for t in reply.tiers[:filled])
         return filled
 
-    def _reserve(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging) -> ExtentWrite:
+    def _reserve(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging,
+                 pin_s: float) -> ExtentWrite:
         digest = _wire_digest(ns)
         req = pb.PutStartRequest(namespace=digest, block_tokens=ns.block_tokens, namespace_label=ns.label,
-                                 client_host_id=self.host_id)
+                                 client_host_id=self.host_id, pin_s=pin_s)
         req.keys.extend(bytes(k) for k in keys)
         req.sizes.extend(sizes)
         sent_at = fence.now()

@@ -84,8 +84,8 @@ class EmbeddedPool(PoolFront):
 
     # ------------------------------------------------------------------ backend of PoolFront
 
-    def _put(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef) -> list[str]:
-        results = self.master.put_start(keys, [v.nbytes for v in views], ns)
+    def _put(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef, pin_s: float) -> list[str]:
+        results = self.master.put_start(keys, [v.nbytes for v in views], ns, pin_s=pin_s)
         grant_ids: list[int] = []
         checksums: list[int] = []
         try:
@@ -114,8 +114,8 @@ class EmbeddedPool(PoolFront):
             statuses.append(status.value)
         return statuses
 
-    def _lookup(self, keys: Sequence[bytes], ns: NsRef) -> int:
-        return self.master.lookup(keys, ns, lease=False).hits
+    def _lookup(self, keys: Sequence[bytes], ns: NsRef, s_per_token: float) -> int:
+        return self.master.lookup(keys, ns, lease=False, s_per_token=s_per_token).hits
 
     def _get_into(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef,
                   tiers_out: list[str] | None) -> int:
@@ -142,8 +142,9 @@ class EmbeddedPool(PoolFront):
             self.master.promote_pending()  # after the copy: this call read where the objects were
         return filled
 
-    def _reserve(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging) -> ExtentWrite:
-        results = self.master.put_start(keys, sizes, ns)
+    def _reserve(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging,
+                 pin_s: float) -> ExtentWrite:
+        results = self.master.put_start(keys, sizes, ns, pin_s=pin_s)
         statuses, buffers, direct = [], [], []
         for i, result in enumerate(results):
             grant = result.grant

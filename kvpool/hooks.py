@@ -44,7 +44,9 @@ order for each request:
                                     offered so far have reached the store; True if they did within `timeout`.
 
 `request` is an engine_adapter.request.Request: request_id, token_ids (prompt + output), prompt_token_ids,
-num_prompt_tokens, num_computed_tokens, block_ids. Keys: `kvpool.block_keys(info.namespace, request.token_ids)` —
+num_prompt_tokens, num_computed_tokens, block_ids, kv_transfer_params (None or the dict the caller gave
+`add_request` / the HTTP body's "kv_transfer_params", as vLLM names it: per-request connector options such as
+{"pin_s": 600}, a retention hint for the blocks saved). Keys: `kvpool.block_keys(info.namespace, request.token_ids)` —
 the engine's local prefix cache uses the same keys, so a block is the same object everywhere.
 """
 

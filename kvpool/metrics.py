@@ -46,6 +46,15 @@ STATS_FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "kvpool_requested_tokens": ("counter", ("namespace",), "Tokens asked for by prefix lookups (full blocks)."),
     "kvpool_hit_tokens": ("counter", ("namespace", "tier"), "Requested tokens found in the pool, by serving tier."),
     "kvpool_lookups": ("counter", (), "Prefix lookups answered by the master."),
+    "kvpool_prefill_seconds_saved": ("counter", ("namespace",), "Hit tokens times the prefill seconds per token "
+                                     "their connector measured: the prefill time pool hits stand for."),
+    "kvpool_pinned_objects": ("gauge", (), "Objects holding a live retention hint (a put's pin_s)."),
+    "kvpool_pinned_bytes": ("gauge", (), "Payload bytes of objects holding a retention hint."),
+    "kvpool_pins_clipped": ("counter", (), "Keys stored unpinned because their tenant was at its pinned-bytes cap."),
+    "kvpool_pinned_evictions": ("counter", (), "Pinned objects demoted or evicted because nothing unpinned could "
+                                "make room (a pin yields rather than refuse a put)."),
+    "kvpool_tenant_pinned_bytes": ("gauge", ("tenant",), "Payload bytes of a tenant's pinned objects."),
+    "kvpool_tenant_prefill_seconds_saved": ("counter", ("tenant",), "A tenant's prefill seconds saved."),
     "kvpool_tier_objects": ("gauge", ("node", "tier"), "Committed objects held in a tier of a node."),
     "kvpool_tier_bytes": ("gauge", ("node", "tier"), "Bytes of committed objects held in a tier of a node."),
     "kvpool_tier_capacity_bytes": ("gauge", ("node", "tier"), "Capacity of a tier of a node."),
@@ -109,6 +118,12 @@ def fill_families(fams: dict, snap: PoolStats) -> None:
         for tier in sorted(c.hit_tokens_by_tier):
             fams["kvpool_hit_tokens"].add_metric([ns, tier], c.hit_tokens_by_tier[tier])
     fams["kvpool_lookups"].add_metric([], snap.lookups)
+    for ns in sorted(snap.namespaces):
+        fams["kvpool_prefill_seconds_saved"].add_metric([ns], snap.namespaces[ns].prefill_seconds_saved)
+    fams["kvpool_pinned_objects"].add_metric([], snap.pinned_objects)
+    fams["kvpool_pinned_bytes"].add_metric([], snap.pinned_bytes)
+    fams["kvpool_pins_clipped"].add_metric([], snap.pins_clipped)
+    fams["kvpool_pinned_evictions"].add_metric([], snap.pinned_evictions)
     for node in sorted(snap.nodes):
         for tier in sorted(snap.nodes[node]):
             u = snap.nodes[node][tier]
@@ -134,6 +149,8 @@ def fill_families(fams: dict, snap: PoolStats) -> None:
             fams["kvpool_tenant_hit_tokens"].add_metric([name, tier], n)
         fams["kvpool_tenant_quota_evictions"].add_metric([name], t.quota_evictions)
         fams["kvpool_tenant_no_space"].add_metric([name], t.no_space)
+        fams["kvpool_tenant_pinned_bytes"].add_metric([name], t.pinned_bytes)
+        fams["kvpool_tenant_prefill_seconds_saved"].add_metric([name], t.prefill_seconds_saved)
 
 
 @dataclass(slots=True, frozen=True)

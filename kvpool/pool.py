@@ -5,11 +5,11 @@
                           reserve_many / acquire_many (kvpool/extents.py) and pin_host_memory for GPU callers
     PoolFront             argument checks (keys, buffers, sizes, namespace), empty batches, put counters, closed
                           state; then one backend call on checked input:
-                              _put(keys, views, ns)            -> statuses ("stored" | "exists" | "no_space")
-                              _lookup(keys, ns)                -> leading hits
+                              _put(keys, views, ns, pin_s)     -> statuses ("stored" | "exists" | "no_space")
+                              _lookup(keys, ns, s_per_token)   -> leading hits
                               _get_into(keys, views, ns, tiers_out) -> buffers filled
                               _contains(keys) / _remove(keys) / _stats() / _close()
-                              _reserve(keys, sizes, ns, staging) -> ExtentWrite
+                              _reserve(keys, sizes, ns, staging, pin_s) -> ExtentWrite
                               _acquire(keys, sizes, ns, staging) -> ExtentRead
                               _pin() -> {node id: "pinned" | why not}
     EmbeddedPool          kvpool/embedded.py: the master and one node in this process
@@ -26,21 +26,24 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 from kvpool.buffers import as_bytes, as_writable_bytes
 from kvpool.extents import ExtentRead, ExtentWrite, Staging, default_staging
 from kvpool.keys import Namespace, check_keys
+from kvpool.store import checks
+from kvpool.store.checks import MAX_PIN_S, MAX_S_PER_TOKEN, pin_seconds  # noqa: F401 - re-exported for connectors
 from kvpool.store.records import NO_NS, NsRef
 
 
 @runtime_checkable
 class Pool(Protocol):
-    def put_many(self, keys: Sequence[bytes], buffers: Sequence[Any], *, namespace: Namespace | None = None
-                 ) -> list[str]: ...
+    def put_many(self, keys: Sequence[bytes], buffers: Sequence[Any], *, namespace: Namespace | None = None,
+                 pin_s: float = 0.0) -> list[str]: ...
 
-    def lookup_prefix(self, keys: Sequence[bytes], *, namespace: Namespace | None = None) -> int: ...
+    def lookup_prefix(self, keys: Sequence[bytes], *, namespace: Namespace | None = None,
+                      prefill_s_per_token: float = 0.0) -> int: ...
 
     def get_many_into(self, keys: Sequence[bytes], buffers: Sequence[Any], *, namespace: Namespace | None = None,
                       tiers_out: list[str] | None = None) -> int: ...
 
     def reserve_many(self, keys: Sequence[bytes], sizes: Sequence[int], *, namespace: Namespace | None = None,
-                     staging: Staging | None = None) -> ExtentWrite: ...
+                     staging: Staging | None = None, pin_s: float = 0.0) -> ExtentWrite: ...
 
     def acquire_many(self, keys: Sequence[bytes], sizes: Sequence[int], *, namespace: Namespace | None = None,
                      staging: Staging | None = None) -> ExtentRead: ...
@@ -72,10 +75,13 @@ class PoolFront:
 
     # ------------------------------------------------------------------ public API
 
-    def put_many(self, keys: Sequence[bytes], buffers: Sequence[Any], *, namespace: Namespace | None = None
-                 ) -> list[str]:
-        """Store each buffer under its key. One status per key: "stored" | "exists" | "no_space"."""
+    def put_many(self, keys: Sequence[bytes], buffers: Sequence[Any], *, namespace: Namespace | None = None,
+                 pin_s: float = 0.0) -> list[str]:
+        """Store each buffer under its key. One status per key: "stored" | "exists" | "no_space". `pin_s` > 0: a
+        retention hint: keep these objects (the stored ones and those that exist already) at least this long unless
+        the pool would otherwise have to refuse a put (store/retention.py)."""
         self._check_open()
+        pin_s = checks.pin_seconds(pin_s)
         check_keys(keys, "keys")
         views = self._views(keys, buffers, as_bytes)
         limit = self.max_object_bytes
@@ -87,18 +93,21 @@ class PoolFront:
         ns = self._ns(namespace)
         if not keys:
             return []
-        statuses = self._put(keys, views, ns)
+        statuses = self._put(keys, views, ns, pin_s)
         with self._puts_lock:
             for status in statuses:
                 self._puts[status] += 1
         return statuses
 
-    def lookup_prefix(self, keys: Sequence[bytes], *, namespace: Namespace | None = None) -> int:
-        """Number of leading keys present in any tier."""
+    def lookup_prefix(self, keys: Sequence[bytes], *, namespace: Namespace | None = None,
+                      prefill_s_per_token: float = 0.0) -> int:
+        """Number of leading keys present in any tier. `prefill_s_per_token`: the caller's measured prefill seconds
+        per token; with a `namespace` the pool counts hit tokens x that as prefill seconds saved."""
         self._check_open()
+        s_per_token = checks.seconds_per_token(prefill_s_per_token)
         check_keys(keys, "keys")
         ns = self._ns(namespace)
-        return self._lookup(keys, ns) if keys else 0
+        return self._lookup(keys, ns, s_per_token) if keys else 0
 
     def get_many_into(self, keys: Sequence[bytes], buffers: Sequence[Any], *, namespace: Namespace | None = None,
                       tiers_out: list[str] | None = None) -> int:
@@ -112,18 +121,19 @@ class PoolFront:
         return self._get_into(keys, views, ns, tiers_out) if keys else 0
 
     def reserve_many(self, keys: Sequence[bytes], sizes: Sequence[int], *, namespace: Namespace | None = None,
-                     staging: Staging | None = None) -> ExtentWrite:
+                     staging: Staging | None = None, pin_s: float = 0.0) -> ExtentWrite:
         """Grant space for each key and hand out the granted bytes themselves (`ExtentWrite.buffers`) for the caller
         to fill, then `commit()`. Direct where the extent is reachable here (same-host DRAM), else a staging buffer
-        from `staging(nbytes)` sent at commit. See kvpool/extents.py."""
+        from `staging(nbytes)` sent at commit. See kvpool/extents.py. `pin_s`: as for put_many."""
         self._check_open()
+        pin_s = checks.pin_seconds(pin_s)
         check_keys(keys, "keys")
         sizes = self._sizes(keys, sizes)
         staging = self._staging(staging)
         ns = self._ns(namespace)
         if not keys:
             return ExtentWrite([], [], [], [], list, lambda: None)
-        return self._reserve(keys, sizes, ns, staging)
+        return self._reserve(keys, sizes, ns, staging, pin_s)
 
     def acquire_many(self, keys: Sequence[bytes], sizes: Sequence[int], *, namespace: Namespace | None = None,
                      staging: Staging | None = None) -> ExtentRead:
@@ -177,10 +187,10 @@ class PoolFront:
 
     # ------------------------------------------------------------------ backend (implemented by the pools)
 
-    def _put(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef) -> list[str]:
+    def _put(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef, pin_s: float) -> list[str]:
         raise NotImplementedError
 
-    def _lookup(self, keys: Sequence[bytes], ns: NsRef) -> int:
+    def _lookup(self, keys: Sequence[bytes], ns: NsRef, s_per_token: float) -> int:
         raise NotImplementedError
 
     def _get_into(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef,
@@ -190,7 +200,8 @@ class PoolFront:
     def _contains(self, keys: Sequence[bytes]) -> list[bool]:
         raise NotImplementedError
 
-    def _reserve(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging) -> ExtentWrite:
+    def _reserve(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging,
+                 pin_s: float) -> ExtentWrite:
         raise NotImplementedError
 
     def _acquire(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging) -> ExtentRead:
@@ -254,4 +265,4 @@ class PoolFront:
         return ref
 
 
-__all__ = ["Pool", "PoolFront"]
+__all__ = ["Pool", "PoolFront", "pin_seconds", "MAX_PIN_S", "MAX_S_PER_TOKEN"]

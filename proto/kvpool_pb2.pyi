@@ -172,20 +172,22 @@ class FlushNodeResponse(_message.Message):
     def __init__(self, copied: _Optional[int] = ..., left: _Optional[int] = ...) -> None: ...
 
 class PutStartRequest(_message.Message):
-    __slots__ = ("namespace", "block_tokens", "keys", "sizes", "client_host_id", "namespace_label")
+    __slots__ = ("namespace", "block_tokens", "keys", "sizes", "client_host_id", "namespace_label", "pin_s")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
     CLIENT_HOST_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_LABEL_FIELD_NUMBER: _ClassVar[int]
+    PIN_S_FIELD_NUMBER: _ClassVar[int]
     namespace: bytes
     block_tokens: int
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     sizes: _containers.RepeatedScalarFieldContainer[int]
     client_host_id: str
     namespace_label: str
-    def __init__(self, namespace: _Optional[bytes] = ..., block_tokens: _Optional[int] = ..., keys: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., client_host_id: _Optional[str] = ..., namespace_label: _Optional[str] = ...) -> None: ...
+    pin_s: float
+    def __init__(self, namespace: _Optional[bytes] = ..., block_tokens: _Optional[int] = ..., keys: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., client_host_id: _Optional[str] = ..., namespace_label: _Optional[str] = ..., pin_s: _Optional[float] = ...) -> None: ...
 
 class PutStartResponse(_message.Message):
     __slots__ = ("statuses", "grant_ids", "node_index", "tiers", "offsets", "sizes", "tokens", "nodes", "expires_unix_ms", "ttl_ms", "record_keys")
@@ -240,7 +242,7 @@ class PutAbortResponse(_message.Message):
     def __init__(self, aborted: _Optional[int] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("namespace", "block_tokens", "keys", "lease", "client_host_id", "namespace_label", "expect_sizes")
+    __slots__ = ("namespace", "block_tokens", "keys", "lease", "client_host_id", "namespace_label", "expect_sizes", "prefill_s_per_token")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
@@ -248,6 +250,7 @@ class LookupRequest(_message.Message):
     CLIENT_HOST_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_LABEL_FIELD_NUMBER: _ClassVar[int]
     EXPECT_SIZES_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     namespace: bytes
     block_tokens: int
     keys: _containers.RepeatedScalarFieldContainer[bytes]
@@ -255,7 +258,8 @@ class LookupRequest(_message.Message):
     client_host_id: str
     namespace_label: str
     expect_sizes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, namespace: _Optional[bytes] = ..., block_tokens: _Optional[int] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease: _Optional[bool] = ..., client_host_id: _Optional[str] = ..., namespace_label: _Optional[str] = ..., expect_sizes: _Optional[_Iterable[int]] = ...) -> None: ...
+    prefill_s_per_token: float
+    def __init__(self, namespace: _Optional[bytes] = ..., block_tokens: _Optional[int] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease: _Optional[bool] = ..., client_host_id: _Optional[str] = ..., namespace_label: _Optional[str] = ..., expect_sizes: _Optional[_Iterable[int]] = ..., prefill_s_per_token: _Optional[float] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
     __slots__ = ("hits", "lease_id", "node_index", "tiers", "offsets", "sizes", "checksums", "tokens", "nodes", "expires_unix_ms", "record_keys")

@@ -138,5 +138,30 @@ def reported(records, node, max_object_bytes: int) -> None:
                              f"{r.tier.label} capacity {space.allocator.capacity}")
 
 
+MAX_PIN_S = 7 * 86400       # a retention hint longer than a week is a mistake, not a hint
+
+
+def pin_seconds(pin_s, name: str = "pin_s") -> float:
+    """A retention hint: seconds >= 0 (0 = none), finite, at most MAX_PIN_S; a bool is refused (True is not 1 s)."""
+    if isinstance(pin_s, bool) or not isinstance(pin_s, (int, float, np.integer, np.floating)) \
+            or not 0 <= pin_s <= MAX_PIN_S:
+        raise ValueError(f"{name} must be a number of seconds in [0, {MAX_PIN_S}] (0 = no retention hint), "
+                         f"got {pin_s!r}")
+    return float(pin_s)
+
+
+MAX_S_PER_TOKEN = 60.0      # one token's prefill taking a minute is a broken measurement
+
+
+def seconds_per_token(value, name: str = "prefill_s_per_token") -> float:
+    """A connector's measured prefill seconds per token: finite, in [0, MAX_S_PER_TOKEN] (0 = not measured)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not 0 <= value <= MAX_S_PER_TOKEN:
+        raise ValueError(f"{name} must be seconds per token in [0, {MAX_S_PER_TOKEN}] (0 = not measured), "
+                         f"got {value!r}")
+    return float(value)
+
+
 __all__ = ["BatchTooLarge", "keys", "ids", "same_length", "put_sizes", "namespace_digest", "list_args",
-           "evict_args", "cursor_args", "node_info", "reported", "KEY_BYTES", "MAX_IDLE_S"]
+           "evict_args", "cursor_args", "node_info", "reported", "pin_seconds", "seconds_per_token", "KEY_BYTES",
+           "MAX_IDLE_S", "MAX_PIN_S", "MAX_S_PER_TOKEN"]

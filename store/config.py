@@ -5,7 +5,7 @@ exactly once.
     MasterConfig              max_object_bytes max_batch_keys lease_ttl_s          Master (the pool's rules)
                               grant_ttl_s node_ttl_s suspect_after_s
                               reload_grace_s promote_on_hit policy max_namespaces
-                              write_behind write_behind_s
+                              write_behind write_behind_s pin_max_fraction
     NodeConfig                node_id dram_bytes ssd_path ssd_bytes shm_dir        StorageNode (a node's tiers)
                               share_dram hbm_bytes hbm_device ssd_fsync_s
     MasterServerFields        redis_url redis_prefix node_rpc_timeout_s            the master process
@@ -148,9 +148,16 @@ class MasterConfig(_Group):
     # nodes whose SSD is at least twice their DRAM (+ HBM) get copies (store/copies.py); the others stay exclusive.
     write_behind: bool = True
     write_behind_s: float = 0.2      # period of the write-behind copier: the lag of a copy behind its commit
+    # Retention hints (a put's pin_s, store/retention.py): a tenant's pinned payload bytes stay within this share of
+    # the pool's capacity (auth off: the whole pool is one tenant); pins past it are ignored and counted. 0 = none.
+    pin_max_fraction: float = 0.5
 
     def __post_init__(self) -> None:
         _check_nonneg_int(self, "max_object_bytes", "max_batch_keys")
+        value = self.pin_max_fraction
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+            raise ValueError(f"pin_max_fraction must be a share of the pool's capacity in [0, 1] (0 = no retention "
+                             f"hints honoured), got {value!r}")
         if isinstance(self.max_namespaces, bool) or not isinstance(self.max_namespaces, int) \
                 or self.max_namespaces < 2:
             raise ValueError(f"max_namespaces must be an int >= 2, got {self.max_namespaces!r}")

@@ -31,6 +31,11 @@ inclusive SSD copy of a faster-tier object is a cache of it, not counted again.
 started (store/master.py ATIME_TICKS_PER_S), saturating at 2**32 - 1 (13.6 years). Four bytes instead of a float64
 because it is per object; 0.1 s is plenty for "evict what nobody used for an hour".
 
+`retained` (store/retention.py) maps the slots that carry a retention hint (a put's `pin_s`) to the hint's end, in
+whole seconds since the master started. A side dict, not a column: only pinned slots pay for it (~100 B each), and
+pinned bytes are capped per tenant, so an index without pins costs nothing more per object (a u32 column would cost
+every object 4 B). Pinned payload bytes and slots are counted per tenant like `_usage`; `free` unpins.
+
 Invariants: a slot is FREE iff it is on the free list and its `_keys` entry is None; every key in `_slot_of` maps to
 a non-FREE slot whose `_keys` entry is that key. Namespace digests and node ids are interned into small tables.
 Not thread-safe: the master serialises access under its lock.
@@ -122,6 +127,9 @@ class Index:
         # payload bytes and slots per tenant: _usage[tenant * _NT + tier], _count[tenant] (grown on first use)
         self._usage: list[int] = [0] * _NT
         self._count: list[int] = [0]
+        self.retained: dict[int, int] = {}   # slot -> end of its retention hint (store/retention.py)
+        self._retained_bytes: list[int] = [0]
+        self._retained_count: list[int] = [0]
 
     def _grow(self, capacity: int) -> None:
         rows = np.zeros(capacity, dtype=ROW)
@@ -197,6 +205,8 @@ class Index:
         if tenant >= len(self._count):
             self._count.extend([0] * (tenant + 1 - len(self._count)))
             self._usage.extend([0] * (len(self._count) * _NT - len(self._usage)))
+            self._retained_bytes.extend([0] * (len(self._count) - len(self._retained_bytes)))
+            self._retained_count.extend([0] * (len(self._count) - len(self._retained_count)))
         self._usage[tenant * _NT + tier] += size
         self._count[tenant] += 1
         return slot
@@ -218,16 +228,48 @@ class Index:
     def tenant_slots(self, tenant: int) -> int:
         return self._count[tenant] if tenant < len(self._count) else 0
 
+    def retain(self, slot: int, until: int) -> None:
+        """Pin `slot` until `until` (seconds since the master started), extending a pin it already has."""
+        old = self.retained.get(slot)
+        if old is None:
+            tenant = int(self.tenant[slot])
+            self._retained_bytes[tenant] += int(self.size[slot])
+            self._retained_count[tenant] += 1
+            self.retained[slot] = until
+        elif until > old:
+            self.retained[slot] = until
+
+    def unretain(self, slot: int) -> None:
+        if self.retained.pop(slot, None) is not None:
+            tenant = int(self.tenant[slot])
+            self._retained_bytes[tenant] -= int(self.size[slot])
+            self._retained_count[tenant] -= 1
+
+    def retained_bytes(self, tenant: int | None = None) -> int:
+        """Payload bytes of pinned slots (expired pins not yet swept included) of `tenant` (None: every tenant)."""
+        if tenant is None:
+            return sum(self._retained_bytes)
+        return self._retained_bytes[tenant] if tenant < len(self._retained_bytes) else 0
+
+    def retained_slots(self, tenant: int | None = None) -> int:
+        if tenant is None:
+            return len(self.retained)
+        return self._retained_count[tenant] if tenant < len(self._retained_count) else 0
+
     def unlink_key(self, slot: int) -> None:
         """Make the key unfindable while the slot stays reserved (DOOMED objects still leased)."""
         key = self.key_at(slot)
         del self._slot_of[key]
+        if self.retained:
+            self.unretain(slot)   # nobody can find it: nothing left to keep
 
     def free(self, slot: int) -> None:
         """Release the slot; the key (if still linked) disappears."""
         key = self.key_at(slot)
         if self._slot_of.get(key) == slot:
             del self._slot_of[key]
+        if self.retained:
+            self.unretain(slot)
         self._keys[slot] = None
         tenant = int(self.tenant[slot])
         self._usage[tenant * _NT + int(self.tier[slot])] -= int(self.size[slot])
@@ -262,3 +304,10 @@ class Index:
             for tier in Tier:
                 held = int(self.size[mine[self.tier[mine] == tier]].sum())
                 assert self.tenant_bytes(t, tier) == held, f"tenant {t} {tier.label}: usage disagrees with the rows"
+        for slot in self.retained:
+            assert self._keys[slot] is not None, f"pinned slot {slot} is free"
+        pinned = np.fromiter(self.retained, dtype=np.int64, count=len(self.retained))
+        for t in range(len(self._count)):
+            mine = pinned[self.tenant[pinned] == t]
+            assert self.retained_slots(t) == len(mine), f"tenant {t}: pinned slot count disagrees"
+            assert self.retained_bytes(t) == int(self.size[mine].sum()), f"tenant {t}: pinned bytes disagree"

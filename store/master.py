@@ -110,6 +110,8 @@ class Master:
         self.journal = Journal(self.metadata, self.index)
         self.placement = Placement(self.index, self.config.policy, self.journal,
                                    write_behind=self.config.write_behind)
+        self.retention = self.placement.retention
+        self.retention.max_fraction = self.config.pin_max_fraction
         self.leases = Leases(self.index, token_secret)
         self.registry = NodeRegistry(self.placement)
         self.drains = Drains(self.index, self.placement, self.leases)
@@ -261,14 +263,19 @@ class Master:
     # ------------------------------------------------------------------ put
 
     def put_start(self, keys: Sequence[bytes], sizes: Sequence[int], ns: NsRef = NO_NS, *,
-                  prefer_node: str | None = None, tenant: str = "") -> list[PutStartResult]:
+                  prefer_node: str | None = None, tenant: str = "", pin_s: float = 0.0) -> list[PutStartResult]:
         """Grants (`grant.key` is the stored key), EXISTS or NO_SPACE per key. A tenant over its quota makes room
-        among its own objects first (store/quota.py)."""
+        among its own objects first (store/quota.py). `pin_s` > 0: a retention hint for every key, granted or
+        EXISTS (store/retention.py); past the tenant's pinned-bytes cap the key is stored unpinned."""
         keys = checks.keys(keys, self.config.max_batch_keys)
         checks.put_sizes(sizes, len(keys), self.config.max_object_bytes)
         checks.namespace_digest(ns.digest)
+        pin_s = checks.pin_seconds(pin_s)
         with self._lock:
             now = self._tick()
+            hold = self.retention.hold if pin_s > 0 else None
+            pin_cap = self.retention.cap(self.placement.capacity()) if hold is not None else 0
+            pin_until = self.retention.until(pin_s)
             expires_at = now + self.config.grant_ttl_s
             ns_id = self.index.intern_ns(ns.digest)
             tid = self.tenants.intern(tenant)
@@ -281,6 +288,8 @@ class Master:
                 if (slot := find(key, -1)) >= 0:
                     out.append(PutStartResult(_EXISTS))
                     prev = slot
+                    if hold is not None:
+                        hold(slot, pin_until, pin_cap)
                     continue
                 skip = ANY_TIER if quotas is None else quotas.admit(tid, size)
                 placed = None if skip is None else placement.place(size, prefer_node, exclude, skip=skip)
@@ -297,6 +306,8 @@ class Master:
                     placement.chains.link(slot, prev if prev >= 0 else None)
                 placement.copies.reserve(slot, node)
                 prev = slot
+                if hold is not None:
+                    hold(slot, pin_until, pin_cap)
                 grant_id = leases.grant(slot, expires_at)
                 token = leases.sign(tokens.WRITE, grant_id, tier, offset, size, expires_at)
                 out.append(PutStartResult(_STORED, Grant(grant_id, bytes(key), Location(node.node_id, tier, offset,
@@ -358,13 +369,17 @@ class Master:
     # ------------------------------------------------------------------ get
 
     def lookup(self, keys: Sequence[bytes], ns: NsRef = NO_NS, *, lease: bool = True,
-               expect_sizes: Sequence[int] | None = None, tenant: str = "") -> LookupResult:
+               expect_sizes: Sequence[int] | None = None, tenant: str = "",
+               s_per_token: float = 0.0) -> LookupResult:
         """Leading committed hits of a chain. With `lease`, pins them until `release` (or lease expiry) and returns
         their locations as columns: where each object is NOW. A leased hit on a slower tier than its node's fastest
         is queued for promotion (`promote_pending`, outside this call) when `promote_on_hit`. `expect_sizes` (one
         per key) makes a size disagreement a `SizeMismatch` raised before anything changes. A tenant's hits carry
-        their stored keys (`record_keys`); its namespace label names the tenant of the credential."""
+        their stored keys (`record_keys`); its namespace label names the tenant of the credential. `s_per_token`:
+        the caller's measured prefill seconds per token; a counting lookup (ns.block_tokens > 0) adds its hit tokens
+        times that to the prefill seconds saved (store/stats.py)."""
         keys = checks.keys(keys, self.config.max_batch_keys)
+        s_per_token = checks.seconds_per_token(s_per_token)
         if expect_sizes is not None:
             checks.same_length(expect_sizes, "expect_sizes", keys, "keys")
         with self._lock:
@@ -388,9 +403,9 @@ class Master:
                 rec.lookup(now, ns, list(keys), index.tier[slots].tolist(), lease)
             index.atime[slots] = self._ticks(now)  # a probe without a lease is a use too (someone wants it)
             tiers = index.tier[slots].tolist()
-            self.lookup_stats.count(ns, len(keys), tiers)
+            self.lookup_stats.count(ns, len(keys), tiers, s_per_token)
             if tid != UNSCOPED:
-                self._lookups_of(tid).count(ns, len(keys), tiers)
+                self._lookups_of(tid).count(ns, len(keys), tiers, s_per_token)
             if not lease or not len(slots):
                 return LookupResult(hits=len(found))
             self.placement.touch(slots)
@@ -581,6 +596,9 @@ class Master:
                 tid = self.tenants.intern(tenant)
                 return stats_mod.tenant_view(tenant, self._tenant_stats(tid), self._lookups_of(tid))
             record = stats_mod.snapshot(self.placement, self.lookup_stats, len(self.index))
+            index, rc = self.index, self.retention.counters
+            record.pinned_objects, record.pinned_bytes = index.retained_slots(), index.retained_bytes()
+            record.pins_clipped, record.pinned_evictions = rc.clipped, rc.yielded
             record.extra = {"grants_open": self.leases.open_grants, "leases_open": self.leases.open_leases,
                             "draining": sorted(self.drains.draining), "moves_open": self.drains.pinned(),
                             "write_behind": self.write_behind.counters.as_dict(self.write_behind.pending),
@@ -663,12 +681,14 @@ class Master:
 
     def _tick(self) -> float:
         now = self.clock()
+        self.retention.now = max(int(now - self._t0), 0)
         if now >= self._next_reap:
             self._reap(now)
         return now
 
     def _reap(self, now: float) -> dict[str, int]:
         cfg = self.config
+        self.retention.now = max(int(now - self._t0), 0)
         self._next_reap = now + min(cfg.lease_ttl_s, cfg.grant_ttl_s, cfg.node_ttl_s) / 4
         grants = self.leases.expired_grants(now)
         for slot in grants:
@@ -683,6 +703,8 @@ class Master:
             self.registry.remove(node_id)
         if moves := self.drains.reap(now):
             log.info("%d drain move(s) expired before their commit: destinations freed, sources unpinned", moves)
+        if self.index.retained:
+            self.retention.sweep()
         return {"grants": len(grants), "leases": len(leases), "nodes": len(silent)}
 
     def _node_leaves(self, number: int, node_id: str, *, leaving: bool) -> None:
@@ -704,7 +726,9 @@ class Master:
             objects=index.tenant_slots(tid), bytes_by_tier={t.label: index.tenant_bytes(tid, t) for t in Tier},
             quota_dram_bytes=quota.dram_bytes, quota_total_bytes=quota.total_bytes, lookups=lookups.lookups,
             requested_tokens=lookups.requested_tokens, hit_tokens_by_tier=dict(lookups.hit_tokens_by_tier),
-            quota_evictions=c.quota_evictions, quota_demotions=c.quota_demotions, no_space=c.no_space)
+            quota_evictions=c.quota_evictions, quota_demotions=c.quota_demotions, no_space=c.no_space,
+            pinned_objects=index.retained_slots(tid), pinned_bytes=index.retained_bytes(tid),
+            prefill_seconds_saved=lookups.prefill_seconds_saved)
 
     def _release(self, lease_id: int, owner: int | None = None) -> int:
         free = self.leases.release(lease_id, owner)

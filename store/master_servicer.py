@@ -188,7 +188,8 @@ class MasterServicer(pbg.MasterServiceServicer):
         ns = wire.ns_from_msg(request.namespace, request.block_tokens, request.namespace_label)
         tenant = self._tenant()
         results = self.master.put_start(list(request.keys), list(request.sizes), ns,
-                                        prefer_node=self._prefer(request.client_host_id), tenant=tenant)
+                                        prefer_node=self._prefer(request.client_host_id), tenant=tenant,
+                                        pin_s=request.pin_s)
         reply = wire.put_start_reply(results, self.endpoint, record_keys=bool(tenant))
         reply.ttl_ms = self._grant_ttl_ms
         return reply
@@ -212,7 +213,7 @@ class MasterServicer(pbg.MasterServiceServicer):
         ns = wire.ns_from_msg(request.namespace, request.block_tokens, request.namespace_label)
         expect = list(request.expect_sizes) if len(request.expect_sizes) else None
         result = self.master.lookup(list(request.keys), ns, lease=request.lease, expect_sizes=expect,
-                                    tenant=self._tenant())
+                                    tenant=self._tenant(), s_per_token=request.prefill_s_per_token)
         return wire.lookup_reply(result, self.endpoint)
 
     @_rpc

@@ -10,7 +10,8 @@ tier's policy, skipping leased objects (uncommitted ones are never in a policy: 
 a victim is demoted to the node's next slower tier (HBM -> DRAM -> SSD) when it has one and room can be made there
 (by the same rule, one tier down: the chain ends at the slowest tier, whose victims are evicted), else evicted.
 Victims are taken in rounds of "just enough bytes", so with equal-sized objects the order of eviction is exactly
-the policy order; orphans (blocks whose parent left the pool, store/chains.py) come first. Every byte move goes
+the policy order; orphans (blocks whose parent left the pool, store/chains.py) come first; objects with a live
+retention hint (store/retention.py) come last, only when the unpinned ones cannot make the room. Every byte move goes
 through the node's `NodeOps`, batched per round.
 Drops are sent before the writes that may reuse their extents (an SSD erase must never land on a new record).
 
@@ -43,6 +44,7 @@ from kvpool.store.index import COMMITTED, MAX_SIZE, NO_COPY, PENDING, Index, Sta
 from kvpool.store.journal import Journal
 from kvpool.store.node import Drop, Move, NodeOps
 from kvpool.store.records import NodeInfo, ObjectRecord
+from kvpool.store.retention import Retention
 from kvpool.tiers.allocator import OffsetAllocator
 from kvpool.tiers.policy import make_policy
 from kvpool.tiers.types import Tier
@@ -111,6 +113,7 @@ class Placement:
         self.journal = journal
         self.chains = Chains(index)
         self.copies = Copies(index, write_behind, self.allocate)
+        self.retention = Retention(index)
         self.nodes: dict[str, NodeState] = {}
         self.by_number: list[NodeState | None] = []
         self.counters = Counters()
@@ -172,6 +175,10 @@ class Placement:
         if node is None:
             raise KeyError(f"node_id {node_id!r} is not registered")
         return node
+
+    def capacity(self) -> int:
+        """Bytes of every tier of every node (what retention caps are a share of)."""
+        return sum(space.allocator.capacity for node in self.nodes.values() for space in node.spaces.values())
 
     def free_dram(self, node: NodeState) -> int:
         space = node.spaces.get(Tier.DRAM)
@@ -357,12 +364,25 @@ class Placement:
         index = self.index
         victims: list[int] = []
         freed = 0
+        pinned = index.retained
+        live = self.retention.live
+        held: list[int] = []        # pinned victims, coldest first: they go only if the unpinned ones are not enough
         for slot in space.policy.victims():
             if index.leases[slot] > 0 or index.state[slot] != COMMITTED:
                 continue
             if max_atime is not None and int(index.atime[slot]) > max_atime:
                 continue
+            # an orphan's pin protects nothing: no prefix lookup reaches it any more
+            if pinned and slot in pinned and live(slot) and index.parent[slot] != ORPHAN:
+                held.append(slot)
+                continue
             victims.append(slot)
+            freed += alloc.rounded(space.extent_size(int(index.size[slot])))
+            if freed >= need:
+                return victims
+        for slot in held:       # a pin is a hint: it yields rather than make the pool refuse a put
+            victims.append(slot)
+            self.retention.counters.yielded += 1
             freed += alloc.rounded(space.extent_size(int(index.size[slot])))
             if freed >= need:
                 break
@@ -464,9 +484,12 @@ class Placement:
         copy, dirty = self.copies.move_to(slot, node, tier)
         links = self.chains.take(slot)
         tenant = int(index.tenant[slot])
+        pin = index.retained.get(slot)
         self.forget(slot)
         new = index.add(key, node=node.number, tier=tier, state=State.COMMITTED, offset=offset, size=size, ns=ns,
                         checksum=checksum, atime=atime, tenant=tenant)
+        if pin is not None:
+            index.retain(new, pin)      # a moved object keeps its retention hint
         self.chains.give(new, links)
         index.copy[new] = copy
         if copy == NO_COPY:

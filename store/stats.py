@@ -11,6 +11,10 @@ not say its block size (NsRef.block_tokens == 0) counts keys only. Counters are 
 
     hit_rate = sum(hit_tokens_by_tier) / requested_tokens            (None before the first requested token)
 
+Prefill seconds saved (pool-wide, per namespace, per tenant): a hit rate is not a speed-up, so a counting lookup may
+carry its connector's measured prefill seconds per token, and its hit tokens times that are added up. Retention
+hints (store/retention.py): pinned_objects / pinned_bytes (gauges), pins_clipped / pinned_evictions (counters).
+
 Movements (evictions, demotions, promotions) are counted by the tier the object LEFT. The dict keeps `demotions` and
 `promotions` as totals (ints) beside `demotions_by_tier` / `promotions_by_tier`; a dict without the by-tier fields
 (an older master) implies DRAM -> SSD demotions and SSD -> DRAM promotions, the only moves a pool without HBM makes.
@@ -37,7 +41,8 @@ _IMPLIED_SOURCE = {"demotions": "dram", "promotions": "ssd"}
 _TYPED = {"tiers", "nodes", "objects", "lookups", "requested_keys", "hit_keys", "miss_keys", "hit_keys_by_tier",
           "requested_tokens", "hit_tokens", "hit_tokens_by_tier", "namespaces", "evictions", "demotions",
           "promotions", "demotions_by_tier", "promotions_by_tier", "ssd_corrupt", "dram_corrupt", "nodes_alive",
-          "puts", "tenants"}
+          "puts", "tenants", "prefill_seconds_saved", "pinned_objects", "pinned_bytes", "pins_clipped",
+          "pinned_evictions"}
 
 
 def _by_tier() -> dict[str, int]:
@@ -62,6 +67,7 @@ class NamespaceCounters:
 
     requested_tokens: int = 0
     hit_tokens_by_tier: dict[str, int] = field(default_factory=dict)
+    prefill_seconds_saved: float = 0.0
 
     @property
     def hit_tokens(self) -> int:
@@ -82,6 +88,9 @@ class TenantStats:
     quota_evictions: int = 0
     quota_demotions: int = 0
     no_space: int = 0
+    pinned_objects: int = 0         # objects holding a retention hint (store/retention.py), and their payload bytes
+    pinned_bytes: int = 0
+    prefill_seconds_saved: float = 0.0
 
     @property
     def bytes(self) -> int:
@@ -101,7 +110,8 @@ class TenantStats:
                 "lookups": self.lookups, "requested_tokens": self.requested_tokens, "hit_tokens": self.hit_tokens,
                 "hit_tokens_by_tier": dict(self.hit_tokens_by_tier), "hit_rate": self.hit_rate,
                 "quota_evictions": self.quota_evictions, "quota_demotions": self.quota_demotions,
-                "no_space": self.no_space}
+                "no_space": self.no_space, "pinned_objects": self.pinned_objects, "pinned_bytes": self.pinned_bytes,
+                "prefill_seconds_saved": self.prefill_seconds_saved}
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> "TenantStats":
@@ -113,7 +123,10 @@ class TenantStats:
                    quota_total_bytes=_count(quota.get("total_bytes", 0), f"{where}.quota.total_bytes"),
                    **{k: _count(d.get(k, 0), f"{where}.{k}") for k in ("lookups", "requested_tokens",
                                                                         "quota_evictions", "quota_demotions",
-                                                                        "no_space")},
+                                                                        "no_space", "pinned_objects",
+                                                                        "pinned_bytes")},
+                   prefill_seconds_saved=_seconds(d.get("prefill_seconds_saved", 0.0),
+                                                  f"{where}.prefill_seconds_saved"),
                    hit_tokens_by_tier=_tier_counts(d.get("hit_tokens_by_tier", {}), f"{where}.hit_tokens_by_tier"))
 
 
@@ -136,6 +149,11 @@ class PoolStats:
     nodes_alive: int | None = None        # None: every listed node (the master lists only live ones)
     puts: dict[str, int] | None = None    # a pool's own put outcomes (EmbeddedPool, PoolClient)
     tenants: dict[str, TenantStats] = field(default_factory=dict)
+    prefill_seconds_saved: float = 0.0    # hit tokens x the prefill seconds per token their connector measured
+    pinned_objects: int = 0               # retention hints (store/retention.py): objects pinned now, their bytes,
+    pinned_bytes: int = 0                 # keys stored unpinned past their tenant's cap, pinned objects that
+    pins_clipped: int = 0                 # yielded (demoted or evicted) because nothing unpinned could make room
+    pinned_evictions: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     # ---- derived values (the one place they are computed)
@@ -203,8 +221,14 @@ class PoolStats:
             "hit_tokens": self.hit_tokens,
             "hit_tokens_by_tier": dict(self.hit_tokens_by_tier),
             "namespaces": {label: {"requested_tokens": n.requested_tokens, "hit_tokens": n.hit_tokens,
-                                   "hit_tokens_by_tier": dict(n.hit_tokens_by_tier)}
+                                   "hit_tokens_by_tier": dict(n.hit_tokens_by_tier),
+                                   "prefill_seconds_saved": n.prefill_seconds_saved}
                            for label, n in self.namespaces.items()},
+            "prefill_seconds_saved": self.prefill_seconds_saved,
+            "pinned_objects": self.pinned_objects,
+            "pinned_bytes": self.pinned_bytes,
+            "pins_clipped": self.pins_clipped,
+            "pinned_evictions": self.pinned_evictions,
             "evictions": dict(self.evictions),
             "demotions": sum(self.demotions.values()),
             "promotions": sum(self.promotions.values()),
@@ -243,10 +267,12 @@ class PoolStats:
             c = _mapping(c, where)
             s.namespaces[str(label)] = NamespaceCounters(
                 _count(c.get("requested_tokens", 0), f"{where}.requested_tokens"),
-                _tier_counts(c.get("hit_tokens_by_tier", {}), f"{where}.hit_tokens_by_tier"))
+                _tier_counts(c.get("hit_tokens_by_tier", {}), f"{where}.hit_tokens_by_tier"),
+                _seconds(c.get("prefill_seconds_saved", 0.0), f"{where}.prefill_seconds_saved"))
         for name in ("objects", "lookups", "requested_tokens", "requested_keys", "hit_keys", "ssd_corrupt",
-                     "dram_corrupt"):
+                     "dram_corrupt", "pinned_objects", "pinned_bytes", "pins_clipped", "pinned_evictions"):
             setattr(s, name, _count(d.get(name, 0), name))
+        s.prefill_seconds_saved = _seconds(d.get("prefill_seconds_saved", 0.0), "prefill_seconds_saved")
         s.hit_tokens_by_tier = _tier_counts(d["hit_tokens_by_tier"], "hit_tokens_by_tier")
         s.hit_keys_by_tier = _tier_counts(d.get("hit_keys_by_tier", {}), "hit_keys_by_tier")
         s.evictions = _tier_counts(d.get("evictions", {}), "evictions")
@@ -271,6 +297,12 @@ def _count(value: Any, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"stats.{where} must be a non-negative int, got {value!r}")
     return value
+
+
+def _seconds(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise ValueError(f"stats.{where} must be a non-negative number of seconds, got {value!r}")
+    return float(value)
 
 
 def _mapping(value: Any, where: str) -> Mapping:
@@ -343,8 +375,11 @@ class LookupStats:
     requested_tokens: int = 0
     hit_tokens_by_tier: dict[str, int] = field(default_factory=_by_tier)
     namespaces: dict[str, NamespaceCounters] = field(default_factory=dict)
+    prefill_seconds_saved: float = 0.0
 
-    def count(self, ns, requested: int, hit_tiers: list[int]) -> None:
+    def count(self, ns, requested: int, hit_tiers: list[int], s_per_token: float = 0.0) -> None:
+        """`s_per_token`: the caller's measured prefill seconds per token (0 = none): its hit tokens times that
+        are counted as prefill seconds saved."""
         self.lookups += 1
         self.requested_keys += requested
         self.hit_keys += len(hit_tiers)
@@ -366,12 +401,19 @@ class LookupStats:
         for label, n in by_tier:
             self.hit_tokens_by_tier[label] += n * bt
             per_ns.hit_tokens_by_tier[label] += n * bt
+        if s_per_token and hit_tiers:
+            saved = len(hit_tiers) * bt * s_per_token
+            self.prefill_seconds_saved += saved
+            per_ns.prefill_seconds_saved += saved
 
 
 def tenant_view(name: str, usage: TenantStats, lookups: LookupStats) -> PoolStats:
     """What a client of tenant `name` sees of the pool: its own figures only."""
-    return PoolStats(namespaces={label: NamespaceCounters(n.requested_tokens, dict(n.hit_tokens_by_tier))
+    return PoolStats(namespaces={label: NamespaceCounters(n.requested_tokens, dict(n.hit_tokens_by_tier),
+                                                          n.prefill_seconds_saved)
                                  for label, n in lookups.namespaces.items()},
+                     prefill_seconds_saved=lookups.prefill_seconds_saved,
+                     pinned_objects=usage.pinned_objects, pinned_bytes=usage.pinned_bytes,
                      objects=usage.objects, lookups=lookups.lookups, requested_keys=lookups.requested_keys,
                      hit_keys=lookups.hit_keys, hit_keys_by_tier=dict(lookups.hit_keys_by_tier),
                      requested_tokens=lookups.requested_tokens, hit_tokens_by_tier=dict(lookups.hit_tokens_by_tier),
@@ -387,9 +429,9 @@ def snapshot(placement, lookups: LookupStats, objects: int) -> PoolStats:
     c = placement.counters
     return PoolStats(
         nodes=nodes,
-        namespaces={label: NamespaceCounters(n.requested_tokens, dict(n.hit_tokens_by_tier))
+        namespaces={label: NamespaceCounters(n.requested_tokens, dict(n.hit_tokens_by_tier), n.prefill_seconds_saved)
                     for label, n in lookups.namespaces.items()},
-        objects=objects, lookups=lookups.lookups, requested_keys=lookups.requested_keys, hit_keys=lookups.hit_keys,
+        prefill_seconds_saved=lookups.prefill_seconds_saved, objects=objects, lookups=lookups.lookups, requested_keys=lookups.requested_keys, hit_keys=lookups.hit_keys,
         hit_keys_by_tier=dict(lookups.hit_keys_by_tier), requested_tokens=lookups.requested_tokens,
         hit_tokens_by_tier=dict(lookups.hit_tokens_by_tier), evictions=dict(c.evictions),
         demotions=dict(c.demotions), promotions=dict(c.promotions), ssd_corrupt=c.ssd_corrupt,

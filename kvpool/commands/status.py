@@ -13,6 +13,9 @@ examples:
 
 Hit rate is measured in tokens: hit tokens / requested tokens over all prefix lookups since the master started;
 a tier's share is the hit tokens it served / all requested tokens. "—" means no token was requested yet.
+Prefill seconds saved: hit tokens x the prefill seconds per token the connectors measured and reported with their
+lookups. Pinned: objects holding a retention hint (a put's pin_s), keys stored unpinned past their tenant's cap
+(clipped), pinned objects that yielded to make room (pinned evictions); shown once any pin was asked for.
 With authentication on or tenant quotas, a line per tenant: its bytes against its DRAM and total quotas and its
 own token hit rate. While the master records traffic (`kvpool trace record`), a line says where to. A master
 listening beyond loopback without authentication is flagged with a WARNING line.
@@ -51,6 +54,13 @@ def render(address: str, stats: dict) -> list[str]:
         lines.append(f"token hit rate {percent(stats['hit_rate'])} ({hit} of {req} requested tokens): {by_tier}")
     else:
         lines.append("token hit rate — (no tokens requested yet)")
+    saved = stats.get("prefill_seconds_saved", 0.0)
+    if saved or req:
+        lines.append(f"prefill seconds saved {saved:.3f} (hit tokens x the prefill s/token connectors measured)")
+    if stats.get("pinned_objects") or stats.get("pins_clipped") or stats.get("pinned_evictions"):
+        lines.append(f"pinned {stats.get('pinned_objects', 0)} objects ({human_bytes(stats.get('pinned_bytes', 0))}),"
+                     f" pins clipped {stats.get('pins_clipped', 0)}, pinned evictions "
+                     f"{stats.get('pinned_evictions', 0)}")
     evictions = sum(stats.get("evictions", {}).values())
     lines.append(f"lookups {stats['lookups']}, evictions {evictions}, demotions {stats.get('demotions', 0)}, "
                  f"promotions {stats.get('promotions', 0)}")

@@ -42,6 +42,13 @@ function fmtTime(t) {
   return d.toTimeString().slice(0, 8);
 }
 
+// Seconds as the "Prefill time saved" card shows them (tests/kvpool/test_dashboard.py mirrors it).
+function fmtSeconds(s) {
+  if (s < 100) return `${s.toFixed(2)} s`;
+  if (s < 6000) return `${(s / 60).toFixed(1)} min`;
+  return `${(s / 3600).toFixed(1)} h`;
+}
+
 function el(tag, attrs, text) {
   const node = tag.startsWith("svg:") ? document.createElementNS(SVG_NS, tag.slice(4)) : document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
@@ -74,6 +81,11 @@ function renderCards(s, lastPoint) {
                 `${tier.toUpperCase()} ${pct(s.hit_tokens_by_tier[tier], req)}`);
     chips.append(chip);
   }
+  const saved = s.prefill_seconds_saved || 0;
+  $("seconds-saved").textContent = fmtSeconds(saved);
+  $("seconds-saved").dataset.seconds = saved;
+  $("pinned").textContent = `pinned ${fmtInt(s.pinned_objects || 0)} objects (${fmtBytes(s.pinned_bytes || 0)})` +
+    ` \u00b7 ${fmtInt(s.pins_clipped || 0)} clipped \u00b7 ${fmtInt(s.pinned_evictions || 0)} yielded`;
   $("requested-tokens").textContent = fmtInt(req);
   $("lookups").textContent = `${fmtInt(s.lookups)} lookups \u00b7 ` +
                              `${fmtInt(s.hit_keys || 0)} of ${fmtInt(s.requested_keys || 0)} blocks hit`;

@@ -107,9 +107,11 @@ def test_status_reports_the_token_hit_rate_by_tier(pool, capsys):
         "hit_tokens_by_tier": {"hbm": 0, "dram": 96, "ssd": 0}, "hit_rate": 0.75,
         "hit_rate_by_tier": {"dram": 0.75, "hbm": 0.0, "ssd": 0.0}, "tiers": EXPECTED_TIERS,
         "namespaces": {"cli-a/default": {"requested_tokens": 64, "hit_tokens": 64,
-                                         "hit_tokens_by_tier": {"hbm": 0, "dram": 64, "ssd": 0}},
+                                         "hit_tokens_by_tier": {"hbm": 0, "dram": 64, "ssd": 0},
+                                         "prefill_seconds_saved": 0.0},
                        "cli-b/default": {"requested_tokens": 64, "hit_tokens": 32,
-                                         "hit_tokens_by_tier": {"hbm": 0, "dram": 32, "ssd": 0}}},
+                                         "hit_tokens_by_tier": {"hbm": 0, "dram": 32, "ssd": 0},
+                                         "prefill_seconds_saved": 0.0}},
         "requested_keys": 8, "hit_keys": 6, "evictions": {"dram": 0, "ssd": 0}, "demotions": 0, "promotions": 0}
     code, out, err = run(capsys, "status", "--master", address)
     assert (code, err) == (0, "")
@@ -119,6 +121,7 @@ def test_status_reports_the_token_hit_rate_by_tier(pool, capsys):
         "  dram         6   24.0 KiB    8.0 MiB   0.3%",
         "  ssd          6   48.0 KiB   64.0 MiB   0.1%",
         "token hit rate 75.0% (96 of 128 requested tokens): dram 75.0%, ssd 0.0%",
+        "prefill seconds saved 0.000 (hit tokens x the prefill s/token connectors measured)",
         "lookups 2, evictions 0, demotions 0, promotions 0"]
 
 

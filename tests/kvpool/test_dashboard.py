@@ -284,6 +284,19 @@ def fmt_pct(num: int, den: int) -> str:
     return text
 
 
+def fmt_seconds(x: float) -> str:
+    """dashboard.js fmtSeconds."""
+    return f"{x:.2f} s" if x < 100 else f"{x / 60:.1f} min" if x < 6000 else f"{x / 3600:.1f} h"
+
+
+def fmt_bytes(n: int) -> str:
+    """dashboard.js fmtBytes."""
+    units, i, x = ["B", "KiB", "MiB", "GiB", "TiB"], 0, float(n)
+    while x >= 1024 and i < len(units) - 1:
+        x, i = x / 1024, i + 1
+    return f"{n} B" if i == 0 else f"{x:.1f} {units[i]}"
+
+
 def _chrome_or_skip():
     missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.path.exists(p)]
     if missing:
@@ -320,6 +333,9 @@ def check_dashboard_page(driver, url: str, stats: dict) -> PoolStats:
     assert chips == {t: f"{t.upper()} {fmt_pct(snap.hit_tokens_by_tier.get(t, 0), snap.requested_tokens)}"
                      for t in snap.active_tiers()}
     assert text("requested-tokens") == f"{snap.requested_tokens:,}"
+    assert text("seconds-saved") == fmt_seconds(snap.prefill_seconds_saved)
+    assert text("pinned") == (f"pinned {snap.pinned_objects:,} objects ({fmt_bytes(snap.pinned_bytes)}) \u00b7 "
+                              f"{snap.pins_clipped:,} clipped \u00b7 {snap.pinned_evictions:,} yielded")
     assert text("nodes-alive") == str(snap.nodes_alive)
     assert driver.find_element(By.ID, "conn-status").get_attribute("data-state") == "live"
     bars = {(b.get_attribute("data-node"), b.get_attribute("data-tier")):
@@ -364,7 +380,16 @@ def test_dashboard_page_in_headless_chromium_shows_exact_hit_rate(tmp_path):
         server.start()
         server.sample()
         requested, hit = run_traffic(pool, server, clock, steps=90)
+        # a connector's lookup reporting its prefill rate, and a pinned put: the "Prefill time saved" card
+        ns = NAMESPACES[0]
+        keys = block_keys(ns, prompt(0, 0))
+        n = pool.lookup_prefix(keys, namespace=ns, prefill_s_per_token=0.0375)
+        requested, hit = requested + len(keys) * ns.block_tokens, hit + n * ns.block_tokens
+        pool.put_many(keys[:2], [b"p" * ns.block_bytes] * 2, namespace=ns, pin_s=600)
+        clock.t += 1
+        server.sample()
         stats = pool.stats()
+        assert stats["prefill_seconds_saved"] == n * ns.block_tokens * 0.0375 > 0 and stats["pinned_objects"] == 2
         snap = check_dashboard_page(driver, server.url, stats)
         # The master counted exactly what the clients saw, and the page showed it.
         assert (snap.requested_tokens, snap.hit_tokens) == (requested, hit)

@@ -179,7 +179,8 @@ def test_lookup_prefix_stops_at_first_missing_key(make):
     assert not out[3].any()  # nothing past the miss was touched
     s = pool.stats()
     assert s["namespaces"]["m/default"] == {"requested_tokens": 48, "hit_tokens": 24,
-                                            "hit_tokens_by_tier": {"hbm": 0, "dram": 24, "ssd": 0}}
+                                            "hit_tokens_by_tier": {"hbm": 0, "dram": 24, "ssd": 0},
+                                            "prefill_seconds_saved": 0.0}
 
 
 def test_remove_many(make):

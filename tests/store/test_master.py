@@ -191,7 +191,8 @@ def test_token_counting_by_namespace_and_tier(make):
     s = master.stats()
     assert (s["requested_tokens"], s["hit_tokens"], s["hit_tokens_by_tier"]["dram"]) == (48, 16, 16)
     assert s["namespaces"] == {"m/t": {"requested_tokens": 48, "hit_tokens": 16,
-                                       "hit_tokens_by_tier": {"hbm": 0, "dram": 16, "ssd": 0}}}
+                                       "hit_tokens_by_tier": {"hbm": 0, "dram": 16, "ssd": 0},
+                                       "prefill_seconds_saved": 0.0}}
     assert (s["requested_keys"], s["hit_keys"], s["miss_keys"]) == (3, 1, 2)
 
 

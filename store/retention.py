@@ -1,0 +1,80 @@
+"""Retention hints: a put may ask the pool to keep its objects at least `pin_s` seconds (an agent or a multi-turn
+chat knows its prefix comes back). A hint, never a reservation:
+
+    put_start(keys, sizes, pin_s)  ──hold──▶  index.retained[slot] = now + ceil(pin_s)  (also for an EXISTS key:
+                                              the pin is extended, so a chain's already-stored prefix is kept too)
+                                   over the tenant's cap ─▶ not pinned, counted in `clipped`; the put goes on
+    Placement._pick_victims        coldest first among UNPINNED victims; only when they cannot make the room, the
+                                   pinned ones yield, coldest first, counted in `yielded` (never a refused put while
+                                   any unpinned space could be freed, and never one because of pins at all);
+                                   an orphan (store/chains.py) is not protected: no lookup reaches it
+
+Bounded: a tenant's pinned payload bytes stay within `max_fraction` of the pool's capacity (every tier of every node;
+with authentication off the whole pool is one tenant). Expiry is lazy: a victim whose pin ended is unpinned when
+the policy offers it, and `sweep` (the master's reaper, every few seconds) drops ended pins so the pinned-bytes
+figures stay current. Time is whole seconds since the master started; pins are not journalled (a restarted master
+starts with none). Memory: store/index.py `retained` (a dict over pinned slots only). Not thread-safe: master lock.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvpool.store.index import Index
+
+
+@dataclass(slots=True)
+class RetentionCounters:
+    clipped: int = 0        # keys whose pin was refused (their tenant at its pinned-bytes cap); stored unpinned
+    yielded: int = 0        # pinned objects taken as victims (demoted or evicted) because nothing unpinned could go
+
+
+class Retention:
+    def __init__(self, index: Index, max_fraction: float = 0.5) -> None:
+        self.index = index
+        self.max_fraction = max_fraction
+        self.now = 0                    # whole seconds since the master started (Master._tick keeps it current)
+        self.counters = RetentionCounters()
+
+    def cap(self, capacity: int) -> int:
+        """Pinned payload bytes one tenant may hold in a pool of `capacity` bytes."""
+        return int(self.max_fraction * capacity)
+
+    def until(self, pin_s: float) -> int:
+        """The end of a pin of `pin_s` seconds from now. Computed once per put: every key of the batch shares the one
+        int object (an int is 28 B; the dict entry is the rest of a pinned object's cost)."""
+        return self.now + math.ceil(pin_s)
+
+    def hold(self, slot: int, until: int, cap: int) -> bool:
+        """Pin `slot` until `until` (extending a longer-lived pin never shortens it). False (and counted) when that
+        would take its tenant past `cap` pinned bytes."""
+        index = self.index
+        if slot not in index.retained:
+            tenant = int(index.tenant[slot])
+            if index.retained_bytes(tenant) + int(index.size[slot]) > cap:
+                self.counters.clipped += 1
+                return False
+        index.retain(slot, until)
+        return True
+
+    def live(self, slot: int) -> bool:
+        """Whether `slot` holds a pin that has not ended (an ended one is dropped here)."""
+        until = self.index.retained.get(slot)
+        if until is None:
+            return False
+        if until > self.now:
+            return True
+        self.index.unretain(slot)
+        return False
+
+    def sweep(self) -> int:
+        """Drop ended pins; returns how many. O(pinned slots), bounded by the caps."""
+        index, now = self.index, self.now
+        ended = [slot for slot, until in index.retained.items() if until <= now]
+        for slot in ended:
+            index.unretain(slot)
+        return len(ended)
+
+
+__all__ = ["Retention", "RetentionCounters"]
