@@ -126,7 +126,8 @@ class ConnectorConfig:
         if not isinstance(self.tenant, str) or not self.tenant:
             raise ValueError("tenant must be a non-empty string")
         if self.transport not in ("auto", "tcp"):
-            raise ValueError(f"transport must be auto (shared memory on the same host, else TCP) or tcp, got {self.transport!r}")
+            raise ValueError("transport must be auto (shared memory on the same host, else TCP) or tcp, "
+                             f"got {self.transport!r}")
         if self.pool != "embedded":
             self.credentials()  # a bad source or certificate file fails here, naming the field
 

@@ -33,26 +33,24 @@ import dataclasses
 import logging
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 
-from kvpool.connector.config import (ConnectorConfig, LayerwiseMode, LoadPolicy, SavePolicy, TransferMode,
-                                     request_pin_s)
+from kvpool.connector.config import ConnectorConfig, LayerwiseMode, LoadPolicy, SavePolicy, TransferMode, request_pin_s
 from kvpool.connector.cost import LoadCostModel, prefill_s_per_token
 from kvpool.connector.direct import DirectTransfer
 from kvpool.connector.pool_factory import open_pool
 from kvpool.connector.saver import BlockSaver, SaveBatch
+from kvpool.connector.seen import SeenCounts
 from kvpool.connector.stats import ConnectorStats
-from kvpool.hooks import EngineInfo, KVConnectorBase
 from kvpool.errors import PoolDataError, PoolError, PoolTimeout
+from kvpool.hooks import EngineInfo, KVConnectorBase
 from kvpool.kernels.kv_transfer import gather_blocks, object_shape, scatter_blocks
 from kvpool.keys import block_keys
 
 log = logging.getLogger(__name__)
 
-_SEEN_CAPACITY = 200_000  # keys remembered for the after_n_hits save policy
 
 
 @dataclass(slots=True)
@@ -77,7 +75,7 @@ class PoolConnector(KVConnectorBase):
         self._retry_at = 0.0
         self._logged: set[str] = set()
         self._requests: dict[str, _RequestState] = {}
-        self._seen: OrderedDict[bytes, int] = OrderedDict()
+        self._seen = SeenCounts()
         self._staging: torch.Tensor | None = None
         self.namespace = None
         self.cost: LoadCostModel | None = None
@@ -131,7 +129,7 @@ class PoolConnector(KVConnectorBase):
             state.counted = True
             self._count_request(max_blocks * bt, min(num_local_cached_tokens, max_blocks * bt))
             if self.config.save_policy is SavePolicy.AFTER_N_HITS:
-                self._remember(state.keys[:max_blocks])
+                self._seen.remember(state.keys[:max_blocks])
         first = num_local_cached_tokens // bt
         state.lookup_first, state.lookup_hits = first, 0
         state.mark_time, state.mark_tokens = time.perf_counter(), num_local_cached_tokens
@@ -295,7 +293,7 @@ class PoolConnector(KVConnectorBase):
         positions = range(state.saved_blocks, end)
         if self.config.save_policy is SavePolicy.AFTER_N_HITS:
             need = self.config.save_after_hits
-            positions = [i for i in positions if self._seen.get(state.keys[i], 0) >= need]
+            positions = [i for i in positions if self._seen.count(state.keys[i]) >= need]
         state.saved_blocks = end
         positions = list(positions)
         if not positions:
@@ -364,14 +362,6 @@ class PoolConnector(KVConnectorBase):
         self.stats.save_skipped_blocks += skipped
         if self._metrics is not None:
             self._metrics.saved_blocks.inc(stored)
-
-    def _remember(self, keys: list[bytes]) -> None:
-        seen = self._seen
-        for key in keys:
-            seen[key] = seen.get(key, 0) + 1
-            seen.move_to_end(key)
-        while len(seen) > _SEEN_CAPACITY:
-            seen.popitem(last=False)
 
 
     def _get_pool(self):

@@ -35,18 +35,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from kvpool.connector.config import ConnectorConfig, LoadPolicy, SavePolicy, request_pin_s
 from kvpool.connector.cost import LoadCostModel, prefill_s_per_token
+from kvpool.connector.seen import SeenCounts
 from kvpool.connector.stats import ConnectorStats
 from kvpool.keys import Namespace, block_keys
 
 log = logging.getLogger(__name__)
 
-_SEEN_CAPACITY = 200_000  # keys remembered for the after_n_hits save policy
 
 
 @dataclass(slots=True)
@@ -120,7 +119,7 @@ class SchedulerPlanner:
         self._reqs: dict[str, _State] = {}
         self._bypassed: dict[str, str] = {}
         self._pending: dict[str, LoadSpec] = {}
-        self._seen: OrderedDict[bytes, int] = OrderedDict()
+        self._seen = SeenCounts()
         self._logged: set[str] = set()
 
     # ------------------------------------------------------------------ vLLM scheduler hooks
@@ -140,7 +139,7 @@ class SchedulerPlanner:
             self.stats.requested_tokens += max_blocks * bt
             self.stats.local_hit_tokens += min(first, max_blocks) * bt
             if self.config.save_policy is SavePolicy.AFTER_N_HITS:
-                self._remember(state.keys[:max_blocks])
+                self._seen.remember(state.keys[:max_blocks])
         state.lookup_first, state.lookup_hits = first, 0
         state.saved_upto = max(state.saved_upto, min(first, len(state.keys)))
         if first >= max_blocks or getattr(request, "skip_reading_prefix_cache", False):
@@ -216,7 +215,7 @@ class SchedulerPlanner:
         positions = range(state.saved_upto, full)
         if self.config.save_policy is SavePolicy.AFTER_N_HITS:
             need = self.config.save_after_hits
-            positions = [i for i in positions if self._seen.get(state.keys[i], 0) >= need]
+            positions = [i for i in positions if self._seen.count(state.keys[i]) >= need]
         positions = list(positions)
         state.saved_upto = full
         if not positions:
@@ -267,10 +266,3 @@ class SchedulerPlanner:
             bt = self.config.block_tokens
             state.keys = block_keys(self.namespace, list(state.request.all_token_ids[:blocks * bt]), state.extra)
 
-    def _remember(self, keys: list[bytes]) -> None:
-        seen = self._seen
-        for key in keys:
-            seen[key] = seen.get(key, 0) + 1
-            seen.move_to_end(key)
-        while len(seen) > _SEEN_CAPACITY:
-            seen.popitem(last=False)
