@@ -52,18 +52,23 @@ log = logging.getLogger(__name__)
 class PoolClient(PoolFront):
     def __init__(self, address: str, *, transport: str = "auto", timeout: float = 10.0, retries: int = 2,
                  max_object_bytes: int = 64 << 20, connect_timeout: float | None = None,
-                 verify: str = "all", token=None, tls=None, credentials: Credentials | None = None) -> None:
+                 verify: str = "all", token=None, tls=None, credentials: Credentials | None = None,
+                 control_channel: bool = True) -> None:
         """`verify`: which reads are checked against the object's committed xxh3_64 before they count as hits
         (a mismatch is a miss at that key, never returned bytes, and is reported so the master forgets the object).
         "all" (default): every read, same-host copies out of a mapped arena included (hashed chunk by chunk as they
         land, kvpool/fence.py): no stalled reader or late writer can make a read return wrong bytes; "remote": only
-        bytes that crossed the data channel; "none". The last two give that guarantee up."""
+        bytes that crossed the data channel; "none". The last two give that guarantee up.
+        `control_channel`: send the hot calls over the master's control channel when it has one (kvpool/rpc.py);
+        False: every call by gRPC."""
         if not isinstance(address, str) or ":" not in address:
             raise ValueError(f"address must be host:port of a kvpool master, got {address!r}")
         if not isinstance(timeout, (int, float)) or timeout <= 0:
             raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
         if not isinstance(retries, int) or retries < 0:
             raise ValueError(f"retries must be an int >= 0, got {retries!r}")
+        if not isinstance(control_channel, bool):
+            raise ValueError(f"control_channel must be True or False, got {control_channel!r}")
         creds = credentials if credentials is not None else Credentials.resolve(token, tls)
         self.transfers = Transfers(host_id(), transport=transport, timeout=float(timeout), verify=verify,
                                    ssl_context=creds.data_context(), server_name=creds.server_name)
@@ -72,7 +77,7 @@ class PoolClient(PoolFront):
         self.transport = transport
         self.verify = verify
         self.host_id = self.transfers.host_id
-        self.rpc = MasterRpc(address, timeout=timeout, retries=retries, credentials=creds)
+        self.rpc = MasterRpc(address, timeout=timeout, retries=retries, credentials=creds, control=control_channel)
         self._releaser = _Releaser(self.rpc)
         try:
             self.rpc.wait_ready(connect_timeout or self.rpc.timeout)

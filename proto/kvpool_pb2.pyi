@@ -497,6 +497,20 @@ class MigrateAbortResponse(_message.Message):
     aborted: int
     def __init__(self, aborted: _Optional[int] = ...) -> None: ...
 
+class HelloRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HelloResponse(_message.Message):
+    __slots__ = ("control_port", "instance", "control_tls")
+    CONTROL_PORT_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_TLS_FIELD_NUMBER: _ClassVar[int]
+    control_port: int
+    instance: bytes
+    control_tls: bool
+    def __init__(self, control_port: _Optional[int] = ..., instance: _Optional[bytes] = ..., control_tls: _Optional[bool] = ...) -> None: ...
+
 class StatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -144,6 +144,11 @@ class MasterServiceStub:
                 request_serializer=kvpool_dot_proto_dot_kvpool__pb2.StopRecordingRequest.SerializeToString,
                 response_deserializer=kvpool_dot_proto_dot_kvpool__pb2.RecordingStatus.FromString,
                 _registered_method=True)
+        self.Hello = channel.unary_unary(
+                '/kvpool.v1.MasterService/Hello',
+                request_serializer=kvpool_dot_proto_dot_kvpool__pb2.HelloRequest.SerializeToString,
+                response_deserializer=kvpool_dot_proto_dot_kvpool__pb2.HelloResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServiceServicer:
@@ -281,6 +286,12 @@ class MasterServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Hello(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -393,6 +404,11 @@ def add_MasterServiceServicer_to_server(servicer, server):
                     servicer.StopRecording,
                     request_deserializer=kvpool_dot_proto_dot_kvpool__pb2.StopRecordingRequest.FromString,
                     response_serializer=kvpool_dot_proto_dot_kvpool__pb2.RecordingStatus.SerializeToString,
+            ),
+            'Hello': grpc.unary_unary_rpc_method_handler(
+                    servicer.Hello,
+                    request_deserializer=kvpool_dot_proto_dot_kvpool__pb2.HelloRequest.FromString,
+                    response_serializer=kvpool_dot_proto_dot_kvpool__pb2.HelloResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -989,6 +1005,33 @@ class MasterService:
             '/kvpool.v1.MasterService/StopRecording',
             kvpool_dot_proto_dot_kvpool__pb2.StopRecordingRequest.SerializeToString,
             kvpool_dot_proto_dot_kvpool__pb2.RecordingStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Hello(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvpool.v1.MasterService/Hello',
+            kvpool_dot_proto_dot_kvpool__pb2.HelloRequest.SerializeToString,
+            kvpool_dot_proto_dot_kvpool__pb2.HelloResponse.FromString,
             options,
             channel_credentials,
             insecure,

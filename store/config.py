@@ -9,7 +9,8 @@ exactly once.
     NodeConfig                node_id dram_bytes ssd_path ssd_bytes shm_dir        StorageNode (a node's tiers)
                               share_dram hbm_bytes hbm_device ssd_fsync_s
     MasterServerFields        redis_url redis_prefix node_rpc_timeout_s            the master process
-                              list_limit http_listen
+                              list_limit http_listen control_listen
+                              control_max_connections control_idle_timeout_s
     NodeServerFields          data_listen advertise_host rpc_timeout_s             the node process
                               metrics_listen data_idle_timeout_s
                               data_max_connections stop_flush_s
@@ -246,9 +247,19 @@ class MasterServerFields(_Group):
     node_rpc_timeout_s: float = 5.0   # deadline of master -> node control calls (demote/promote/drop)
     list_limit: int = 1000
     http_listen: str = ""             # host:port of the dashboard + /metrics ("" = none)
+    control_listen: str = ""          # the control channel (store/control_channel.py): "" = the master's listen
+                                      # host, any free port; "off" = none (clients use gRPC for every call)
+    control_max_connections: int = 1024
+    control_idle_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         _check_positive(self, "node_rpc_timeout_s")
+        if self.control_listen not in ("", "off") and (not isinstance(self.control_listen, str)
+                                                       or ":" not in self.control_listen):
+            raise ValueError(f"control_listen must be host:port, empty (the master's host, any free port) or 'off', "
+                             f"got {self.control_listen!r}")
+        _check_positive_int(self, "control_max_connections")
+        _check_positive(self, "control_idle_timeout_s")
         _check_positive_int(self, "list_limit")
         _check_address(self, "http_listen", optional=True)
         if not isinstance(self.redis_prefix, str) or not self.redis_prefix:

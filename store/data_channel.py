@@ -83,7 +83,7 @@ class DataChannelError(Exception):
         self.message = message
 
 
-def _tune(sock: socket.socket) -> None:
+def tune_socket(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
         try:
@@ -92,12 +92,12 @@ def _tune(sock: socket.socket) -> None:
             pass
 
 
-def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+def recv_exact(sock: socket.socket, view: memoryview) -> None:
     got, n = 0, len(view)
     while got < n:
         k = sock.recv_into(view[got:], n - got)
         if k == 0:
-            raise ConnectionError("peer closed the data channel mid-frame")
+            raise ConnectionError("peer closed the connection mid-frame")
         got += k
 
 
@@ -105,11 +105,11 @@ def _discard(sock: socket.socket, size: int, scratch: memoryview) -> None:
     while size:
         k = sock.recv_into(scratch, min(size, len(scratch)))
         if k == 0:
-            raise ConnectionError("peer closed the data channel mid-frame")
+            raise ConnectionError("peer closed the connection mid-frame")
         size -= k
 
 
-def _readable(sock: socket.socket) -> bool:
+def readable(sock: socket.socket) -> bool:
     """Whether an idle connection has something to read now: EOF (the peer closed it) or data nobody asked for."""
     poller = select.poll()  # not select.select: descriptors above 1023 are common in an engine process
     poller.register(sock, select.POLLIN)
@@ -187,7 +187,7 @@ class DataServer:
                                 self.max_connections, self.refused_connections)
                 conn.close()
                 continue
-            _tune(conn)
+            tune_socket(conn)
             threading.Thread(target=self._serve, args=(conn,), name="kvpool-data-conn", daemon=True).start()
 
     def _serve(self, conn: socket.socket) -> None:
@@ -214,7 +214,7 @@ class DataServer:
         try:
             while True:
                 try:
-                    _recv_exact(conn, hview)
+                    recv_exact(conn, hview)
                 except (ConnectionError, OSError):
                     return
                 magic, op, tier, ident, offset, size, expires, token, key, ns = REQ.unpack(head)
@@ -234,7 +234,7 @@ class DataServer:
                         _discard(conn, size, scratch)
                         self._reply(conn, _status_of(exc), str(exc))
                         continue
-                    _recv_exact(conn, view)
+                    recv_exact(conn, view)
                     try:
                         self.handler.write_done(e, view)
                     except Exception as exc:  # noqa: BLE001
@@ -312,11 +312,11 @@ class DataClient:
                     break
                 sock, since = self._idle.pop()
             # Idle too long, or readable while idle (the node closed it: idle timeout, restart): not reusable.
-            if time.monotonic() - since < self.max_idle_s and not _readable(sock):
+            if time.monotonic() - since < self.max_idle_s and not readable(sock):
                 return sock
             sock.close()
         sock = socket.create_connection(self._addr, timeout=self.timeout)
-        _tune(sock)
+        tune_socket(sock)
         if self.ssl_context is not None:
             try:
                 sock = self.ssl_context.wrap_socket(sock, server_hostname=self.server_hostname)
@@ -362,18 +362,18 @@ class DataClient:
                         sock.sendall(extents[i].header(op))
                         sock.sendall(bufs[i])
                 for i in range(start, stop):
-                    _recv_exact(sock, rview)
+                    recv_exact(sock, rview)
                     status, msg_len, size = REP.unpack(rep)
                     if msg_len:
                         msg = bytearray(msg_len)
-                        _recv_exact(sock, memoryview(msg))
+                        recv_exact(sock, memoryview(msg))
                         results[i] = DataChannelError(status, msg.decode(errors="replace"))
                     elif status != OK:
                         results[i] = DataChannelError(status, "")
                     elif op == OP_READ:
                         if size != len(bufs[i]):
                             raise ConnectionError(f"node sent {size} bytes for a {len(bufs[i])}-byte extent")
-                        _recv_exact(sock, bufs[i])
+                        recv_exact(sock, bufs[i])
         except BaseException:
             sock.close()
             raise

@@ -1,4 +1,6 @@
-"""The master process: a `Master` behind its gRPC server (MasterService + health), plus its background threads.
+"""The master process: a `Master` behind its gRPC server (MasterService + health) and its control channel (the hot
+client calls over framed TCP, store/control_channel.py, announced by the Hello RPC; `control_listen: off` for none),
+plus its background threads.
 
     reaper     Master.reap() every min(ttl)/4: expired grants and leases, silent nodes (dropped within
                node_ttl_s even when no client calls in)
@@ -30,10 +32,12 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
 from kvpool.store.auth import AuthInterceptor
 from kvpool.store.auth.client import is_loopback
 from kvpool.store.config import MasterServerConfig
+from kvpool.store.control_channel import ControlServer
 from kvpool.store.master import Master
 from kvpool.store.master_servicer import MasterServicer
 from kvpool.store.remote_node import GRPC_OPTIONS
@@ -90,12 +94,33 @@ class MasterServer:
                        "learn the secret that signs every grant. Configure auth_*_tokens (and TLS).")
             self.servicer.security["warning"] = warning
             log.warning("%s\n%s\n%s", "!" * 100, warning, "!" * 100)
+        self.control = self._control_server(config, auth, serve_tls, host)
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._reap_loop, name="kvpool-reaper", daemon=True),
                          threading.Thread(target=self._promote_loop, name="kvpool-promoter", daemon=True)]
         if config.write_behind:
             self._threads.append(threading.Thread(target=write_behind_loop, args=(self.master, self._stop),
                                                   name="kvpool-writer", daemon=True))
+
+    def _control_server(self, config: MasterServerConfig, auth, serve_tls: bool, host: str) -> ControlServer | None:
+        """The control channel beside gRPC (store/control_channel.py), announced by the Hello RPC."""
+        if config.control_listen == "off":
+            return None
+        c_host, c_port = (config.control_listen.rsplit(":", 1) if config.control_listen else (host, "0"))
+        instance = secrets.token_bytes(16)
+        control = ControlServer(self.servicer, c_host, int(c_port), instance=instance, tokens=self.tokens,
+                                auth=auth.enabled, cert_roles=auth.cert_roles,
+                                ssl_context=self.tls.server_ssl_context() if serve_tls else None,
+                                idle_timeout_s=config.control_idle_timeout_s,
+                                max_connections=config.control_max_connections,
+                                on_reject=self._control_rejected)
+        self.servicer.hello = pb.HelloResponse(control_port=control.port, instance=instance, control_tls=serve_tls)
+        return control
+
+    def _control_rejected(self, method: str, code: str) -> None:
+        hook = self.servicer.on_rpc_error
+        if hook is not None:
+            hook(method, code)
 
     def _rejected(self, method: str, code: grpc.StatusCode) -> None:
         hook = self.servicer.on_rpc_error
@@ -105,6 +130,8 @@ class MasterServer:
     def start(self) -> "MasterServer":
         self.config.start_recording(self.master)    # record_directory (ValueError naming the field before serving)
         self.server.start()
+        if self.control is not None:
+            self.control.start()
         for thread in self._threads:
             thread.start()
         for service in ("", "kvpool.v1.MasterService"):
@@ -142,6 +169,8 @@ class MasterServer:
     def stop(self, grace: float = 2.0) -> None:
         self._stop.set()
         self.health.enter_graceful_shutdown()
+        if self.control is not None:
+            self.control.close()
         self.server.stop(grace).wait()
         self.master.stop_recording()                # the files complete before the process goes
         self.servicer.close()

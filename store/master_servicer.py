@@ -88,6 +88,7 @@ class MasterServicer(pbg.MasterServiceServicer):
         self._lock = threading.Lock()
         self._node_token, self._node_tls = node_token, node_tls
         self.security: dict = {}   # how the server is exposed (MasterServer fills it; Stats shows it to admins)
+        self.hello = pb.HelloResponse()  # where the control channel listens (MasterServer fills it; Hello answers)
         self.on_rpc_error: Callable[[str, str], None] | None = None
         if metadata is not None and hasattr(metadata, "load_node_endpoints"):
             for node_id, data in metadata.load_node_endpoints().items():
@@ -226,6 +227,9 @@ class MasterServicer(pbg.MasterServiceServicer):
             corrupt = checks.keys(list(request.corrupt_keys), self.max_batch_keys, "corrupt_keys")
             self.master.report_corrupt(request.lease_ids[0], corrupt, tenant=tenant)
         return pb.ReleaseResponse(released=self.master.release(list(request.lease_ids), tenant=tenant))
+
+    def Hello(self, request, context):
+        return self.hello
 
     @_rpc
     def Contains(self, request, context):

@@ -13,9 +13,9 @@ TLS lives next door in store/tls.py; certificates for a test cluster come from k
 from kvpool.store.auth.client import BearerInterceptor, TokenSource, auth_channel, bearer_metadata
 from kvpool.store.auth.config import AuthConfig, Identity, Role
 from kvpool.store.auth.methods import GRANT, METHOD_RULES, PUBLIC
-from kvpool.store.auth.server import AuthInterceptor, current_identity, identity_from_cert
+from kvpool.store.auth.server import AuthInterceptor, current_identity, identity_from_cert, role_refusal, serving_as
 from kvpool.store.auth.table import TokenStore
 
 __all__ = ["AuthConfig", "AuthInterceptor", "BearerInterceptor", "GRANT", "Identity", "METHOD_RULES", "PUBLIC",
            "Role", "TokenSource", "TokenStore", "auth_channel", "bearer_metadata", "current_identity",
-           "identity_from_cert"]
+           "identity_from_cert", "role_refusal", "serving_as"]

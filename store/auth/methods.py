@@ -59,6 +59,7 @@ _MASTER = {
     "MigrateAbort": ADMIN,
     "StartRecording": ADMIN,    # writes files on the master's host (`kvpool trace record`)
     "StopRecording": ADMIN,
+    "Hello": STATS,             # where the control channel listens: any role that may call the master
 }
 _NODE = {"Write": GRANT, "Read": GRANT, "Demote": NODE, "Promote": NODE, "Drop": NODE}
 _HEALTH = {"Check": PUBLIC, "Watch": PUBLIC, "List": PUBLIC}

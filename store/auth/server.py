@@ -18,6 +18,7 @@ before and `current_identity()` is None.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import logging
 from typing import Callable, Mapping
@@ -38,6 +39,27 @@ _BEHAVIOURS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
 def current_identity() -> Identity | None:
     """The caller of the RPC this thread is serving (None: auth off, or a PUBLIC / GRANT method)."""
     return _identity.get()
+
+
+@contextlib.contextmanager
+def serving_as(ident: Identity | None):
+    """Run the block with current_identity() = ident: for servers other than gRPC that authenticate a caller
+    themselves (the master's control channel, store/control_channel.py)."""
+    token = _identity.set(ident)
+    try:
+        yield
+    finally:
+        _identity.reset(token)
+
+
+def role_refusal(method: str, rule: Rule | None, ident: Identity) -> str:
+    """Why `ident` may not call `method` under `rule` ("" = it may); rule None: the method is in no table."""
+    if rule is None:
+        return f"{method}: not callable with authentication on"
+    if ident.role not in rule:
+        need = " or ".join(sorted(r.value for r in rule))
+        return f"{method}: needs a {need} credential; this one is {ident.role.value}"
+    return ""
 
 
 def _bearer(metadata) -> str | None:
@@ -118,15 +140,10 @@ class AuthInterceptor(grpc.ServerInterceptor):
 
     def _role_refusal(self, method: str, rule: Rule | None, ident: Identity) -> str:
         """Why `ident` may not call `method` ("" = it may)."""
-        if rule is None:
-            if method not in self._unlisted:  # a served method nobody put in the table: say so once, refuse always
-                self._unlisted.add(method)
-                log.error("auth: %s is served but not in the method table; refused", method)
-            return f"{method}: not callable with authentication on"
-        if ident.role not in rule:
-            need = " or ".join(sorted(r.value for r in rule))
-            return f"{method}: needs a {need} credential; this one is {ident.role.value}"
-        return ""
+        if rule is None and method not in self._unlisted:  # a served method nobody put in the table: say so once
+            self._unlisted.add(method)
+            log.error("auth: %s is served but not in the method table; refused", method)
+        return role_refusal(method, rule, ident)
 
     def _from_cert(self, method: str, rule: Rule | None, context) -> Identity:
         """Runs inside the handler (the verified certificate is on the context, not on the call details)."""

@@ -14,6 +14,7 @@ import pytest
 
 from kvpool import PoolClient
 from kvpool.proto import kvpool_pb2 as pb
+from kvpool.store.control_channel import CHANNEL_METHODS, ControlClient
 from kvpool.store.data_channel import MAGIC, OP_WRITE, REP, REQ
 from tests.faults.harness import Cluster, Figures, master_stub, node_stub, payload_of, stats, wait_until
 
@@ -148,7 +149,8 @@ MASTER_CASES = [
 # RPCs whose every input is well-formed to protobuf and that answer OK without changing anything: an unknown node's
 # heartbeat is told to register; Stats and StopRecording take no argument. All get the garbage-bytes case below.
 HARMLESS = {"Heartbeat": lambda a: pb.HeartbeatRequest(node_id="ghost", epoch=7), "Stats": lambda a: pb.StatsRequest(),
-            "StopRecording": lambda a: pb.StopRecordingRequest()}     # nothing is recording: the empty status
+            "StopRecording": lambda a: pb.StopRecordingRequest(),     # nothing is recording: the empty status
+            "Hello": lambda a: pb.HelloRequest()}
 
 
 def _move(**changes):
@@ -234,6 +236,45 @@ def test_malformed_master_rpc_answers_its_code_and_changes_nothing(pool, method,
     _, address, _ = pool
     before = _snapshot(address)
     _expect(lambda: getattr(master_stub(address), method)(make(address), timeout=5), code, fragment)
+    assert _snapshot(address) == before
+
+
+CHANNEL_CASES = [c for c in MASTER_CASES if c[0] in CHANNEL_METHODS]
+
+
+def _control(address: str) -> ControlClient:
+    hello = master_stub(address).Hello(pb.HelloRequest(), timeout=5)
+    return ControlClient("127.0.0.1", hello.control_port, hello.instance)
+
+
+@pytest.mark.parametrize("method,make,code,fragment", CHANNEL_CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(CHANNEL_CASES)])
+def test_malformed_control_channel_call_answers_the_same_code_and_changes_nothing(pool, method, make, code, fragment):
+    """The hot calls over the master's control channel (store/control_channel.py) run the same handlers: the same
+    status code and message for every malformed request, and nothing changes."""
+    _, address, _ = pool
+    before = _snapshot(address)
+    ctl = _control(address)
+    try:
+        got, body = ctl.call(method, make(address).SerializeToString(), "", 5.0)
+    finally:
+        ctl.close()
+    assert got == getattr(grpc.StatusCode, code).value[0], body
+    assert fragment in body.decode(), body
+    assert _snapshot(address) == before
+
+
+def test_garbage_bytes_to_every_control_channel_method_are_refused_and_change_nothing(pool):
+    _, address, _ = pool
+    before = _snapshot(address)
+    ctl = _control(address)
+    try:
+        for method in CHANNEL_METHODS:
+            got, body = ctl.call(method, b"\xff\xff\xff\xff\x0f", "", 5.0)  # no message parses from it
+            assert (got, body.decode()) == (grpc.StatusCode.INVALID_ARGUMENT.value[0],
+                                            f"request: not a {method}Request message")
+    finally:
+        ctl.close()
     assert _snapshot(address) == before
 
 

@@ -94,11 +94,12 @@ def test_master_methods_by_role():
     by_role = {r: sorted(m.rsplit("/", 1)[1] for m, rule in METHOD_RULES.items()
                          if m.startswith("/kvpool.v1.MasterService/") and r in rule) for r in Role}
     assert by_role[Role.NODE] == ["FlushNode", "Heartbeat", "RegisterNode", "ReportObjects"]
-    assert by_role[Role.CLIENT] == ["Contains", "Lookup", "PutAbort", "PutCommit", "PutStart", "Release", "Remove",
-                                    "Stats"]
-    assert by_role[Role.ADMIN] == ["BeginDrain", "DrainNode", "Evict", "Inspect", "List", "MigrateAbort",
+    assert by_role[Role.CLIENT] == ["Contains", "Hello", "Lookup", "PutAbort", "PutCommit", "PutStart", "Release",
+                                    "Remove", "Stats"]
+    assert by_role[Role.ADMIN] == ["BeginDrain", "DrainNode", "Evict", "Hello", "Inspect", "List", "MigrateAbort",
                                    "MigrateCommit", "MigrateStart", "Remove", "StartRecording", "Stats",
                                    "StopRecording"]
+    assert by_role[Role.VIEWER] == ["Hello", "Stats"]
 
 
 @pytest.mark.parametrize("header, details", [
@@ -205,7 +206,7 @@ def test_auth_off_is_todays_behaviour():
             codes = {full: call(ch, full, module, m)[0] for full, module, m in all_methods()}
         assert codes == {full: grpc.StatusCode.UNIMPLEMENTED if full == "/grpc.health.v1.Health/List"
                          else grpc.StatusCode.OK for full in METHOD_RULES}
-        assert len(server.calls) == 27 + 1 and all(ident is None for _, ident in server.calls)
+        assert len(server.calls) == 28 + 1 and all(ident is None for _, ident in server.calls)
     finally:
         server.close()
 

@@ -22,6 +22,7 @@ from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
 from kvpool.store import wire
 from kvpool.store.auth import GRANT, METHOD_RULES, PUBLIC, Role, TokenSource, auth_channel
+from kvpool.store.control_channel import CHANNEL_METHODS, ControlClient
 from kvpool.store.node import Drop, Move
 from kvpool.store.records import ObjectRecord
 from kvpool.tiers.types import Tier
@@ -148,6 +149,7 @@ def damaging_requests(pool, rows) -> dict[str, object]:
         m + "MigrateAbort": pb.MigrateAbortRequest(move_ids=ids),
         m + "StartRecording": pb.StartRecordingRequest(directory="/tmp/kvpool-never-recorded", duration_s=60),
         m + "StopRecording": pb.StopRecordingRequest(),
+        m + "Hello": pb.HelloRequest(),
         n + "Demote": wire.moves_to_msg([move]),
         n + "Promote": wire.moves_to_msg([move]),
         n + "Drop": wire.drops_to_msg([Drop(bytes.fromhex(on_ssd["key"]), Tier.SSD, on_ssd["offset"], OBJ)]),
@@ -188,9 +190,53 @@ def test_every_rpc_without_a_credential_or_with_the_wrong_role_is_refused_and_ch
                 expected = grpc.StatusCode.UNAUTHENTICATED if unknown else grpc.StatusCode.PERMISSION_DENIED
                 assert code == expected, (who, full, code, details)
                 refused.append((who, full))
-        # 25 authenticated RPCs: all refused without a credential; a node may call 7 of them, a client 8, a viewer 1,
-        # an admin 12
-        assert len(refused) == 25 + 18 + 17 + 24 + 13
+        # 26 authenticated RPCs: all refused without a credential; a node may call 7 of them, a client 9, a viewer 2,
+        # an admin 13
+        assert len(refused) == 26 + 19 + 17 + 24 + 13
+        assert pool_state(pool) == before
+        bufs = [bytearray(OBJ) for _ in keys]
+        assert acme.get_many_into(keys, bufs) == 3 and bufs == [bytearray(d) for d in datas]
+        assert acme.remove_many(keys) == 3
+
+
+def test_every_control_channel_call_without_a_credential_or_with_the_wrong_role_is_refused(pool):
+    """The same rules over the master's control channel (store/control_channel.py), which PoolClient uses for its
+    hot calls: the token travels with each request and the method table is the gRPC one."""
+    keys, datas = [key(i, salt=3) for i in range(3)], [blob(i, 3) for i in range(3)]
+    with client(pool, "acme", verify="all") as acme:
+        assert acme.rpc.uses_control_channel()
+        put_and_check(acme, keys, datas)
+        with admin(pool) as a:
+            rows = list(a.list(tenant="acme"))
+        requests = {full.rsplit("/", 1)[1]: req for full, req in damaging_requests(pool, rows).items()
+                    if full.startswith("/kvpool.v1.MasterService/") and full.rsplit("/", 1)[1] in CHANNEL_METHODS}
+        assert sorted(requests) == sorted(CHANNEL_METHODS)
+        with channel(pool.master.address, "acme") as ch:
+            hello = pbg.MasterServiceStub(ch).Hello(pb.HelloRequest(), timeout=5)
+        assert hello.control_port and len(hello.instance) == 16 and not hello.control_tls
+        ctl = ControlClient("127.0.0.1", hello.control_port, hello.instance)
+        before = pool_state(pool)
+        refused = []
+        try:
+            for who in (None, "unknown", "node", "acme", "viewer", "admin"):
+                token = {None: "", "unknown": "not-a-known-token-0000"}.get(who, TOKENS.get(who, ""))
+                for name, request in requests.items():
+                    if who in ROLE and ROLE[who] in METHOD_RULES[f"/kvpool.v1.MasterService/{name}"]:
+                        continue  # allowed: calling it would (rightly) change things
+                    code, body = ctl.call(name, request.SerializeToString(), token, 5.0)
+                    expected = {None: (16, "authorization: missing credential (send 'authorization: Bearer <token>')"),
+                                "unknown": (16, "authorization: unknown or revoked token")}.get(who)
+                    if expected is None:
+                        rule = METHOD_RULES[f"/kvpool.v1.MasterService/{name}"]
+                        need = " or ".join(sorted(r.value for r in rule))
+                        expected = (7, f"{name}: needs a {need} credential; this one is {ROLE[who].value}")
+                    assert (code, body.decode()) == expected, (who, name)
+                    refused.append((who, name))
+        finally:
+            ctl.close()
+        # 7 channel methods: all refused without a token or with an unknown one; a node, a viewer may call none of
+        # them; a client all; an admin only Remove
+        assert len(refused) == 7 + 7 + 7 + 0 + 7 + 6
         assert pool_state(pool) == before
         bufs = [bytearray(OBJ) for _ in keys]
         assert acme.get_many_into(keys, bufs) == 3 and bufs == [bytearray(d) for d in datas]
