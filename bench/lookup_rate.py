@@ -8,6 +8,9 @@ client processes, each process a `PoolClient` of its own, running for a fixed ti
   get 8 (ssd)    the same on chains whose blocks sit on SSD, so every hit is promoted to DRAM (demoting others:
                  the DRAM tier holds a fraction of the SSD chains), the case a promotion inside the master lock
                  serialises
+  lookup 64 grpc with --grpc-baseline: the same lookups with `PoolClient(control_channel=False)`, every call by
+                 gRPC (what the master's control channel, store/control_channel.py, replaced; builds from
+                 2026-11-23 on)
   redis 64       the peer: a redis-server (started here, loopback) answering a pipeline of 64 EXISTS from redis-py
                  + hiredis in the same number of processes; "lookup 64 / redis 64" is the master's ratio to it
                  (skipped, saying why, when redis-server or redis-py is missing)
@@ -79,13 +82,14 @@ def _client(argv: list[str]) -> None:
     lookups = [_keys(1, c, CHAIN) for c in range(16)]
     dram = [_keys(2, c, GET_BLOCKS) for c in range(DRAM_CHAINS)]
     ssd = [_keys(3, c, GET_BLOCKS) for c in range(SSD_CHAINS)]
-    with PoolClient(address, timeout=30) as pool:
+    kw = {"control_channel": False} if case == "lookup_grpc" else {}
+    with PoolClient(address, timeout=30, **kw) as pool:
         ops = misses = 0
         end = time.perf_counter() + seconds
         start = time.perf_counter()
         while time.perf_counter() < end:
             for _ in range(16):
-                if case == "lookup":
+                if case in ("lookup", "lookup_grpc"):
                     misses += pool.lookup_prefix(rng.choice(lookups)) != CHAIN
                 else:
                     keys = rng.choice(dram if case == "get_dram" else ssd)
@@ -206,11 +210,13 @@ def main(argv=None) -> int:
     ap.add_argument("--python", default=sys.executable, help="interpreter of the build to measure")
     ap.add_argument("--json", default="", help="also write the medians to this JSON file")
     ap.add_argument("--no-redis", action="store_true", help="skip the redis-server peer")
+    ap.add_argument("--grpc-baseline", action="store_true",
+                    help="also run the lookups with every call by gRPC (control_channel=False)")
     args = ap.parse_args(argv)
     procs = [int(p) for p in args.procs.split(",")]
     if args.seconds <= 0 or args.rounds < 1 or any(p < 1 for p in procs):
         ap.error("--seconds must be > 0, --rounds >= 1, --procs positive integers")
-    cases = ["lookup", "get_dram", "get_ssd"]
+    cases = ["lookup", "get_dram", "get_ssd"] + (["lookup_grpc"] if args.grpc_baseline else [])
     workdir = tempfile.mkdtemp(prefix="kvpool-lookup-rate-")
     print(f"# lookup rate {datetime.date.today()} {platform.machine()} {os.cpu_count()} cores, "
           f"python {args.python}", flush=True)
@@ -243,10 +249,13 @@ def main(argv=None) -> int:
         base = medians[f"{case}/{procs[0]}"]
         row = "  ".join(f"{p} proc {medians[f'{case}/{p}']:8.0f}/s ({medians[f'{case}/{p}'] / base:4.2f}x)"
                         for p in procs)
-        print(f"{case:9s} {row}")
+        print(f"{case:11s} {row}")
     if peer is not None:
         print("lookup 64 / redis 64-EXISTS pipeline: " + "  ".join(
             f"{p} proc {medians[f'lookup/{p}'] / medians[f'redis/{p}']:4.2f}x" for p in procs))
+    if "lookup_grpc" in cases:
+        print("lookup 64 control channel / gRPC: " + "  ".join(
+            f"{p} proc {medians[f'lookup/{p}'] / medians[f'lookup_grpc/{p}']:4.2f}x" for p in procs))
     if missed:
         print(f"WARNING: {missed} lookups/gets of DRAM-resident chains missed")
     if args.json:
