@@ -365,15 +365,14 @@ class Placement:
         victims: list[int] = []
         freed = 0
         pinned = index.retained
-        live = self.retention.live
+        protects = self.retention.protects
         held: list[int] = []        # pinned victims, coldest first: they go only if the unpinned ones are not enough
         for slot in space.policy.victims():
             if index.leases[slot] > 0 or index.state[slot] != COMMITTED:
                 continue
             if max_atime is not None and int(index.atime[slot]) > max_atime:
                 continue
-            # an orphan's pin protects nothing: no prefix lookup reaches it any more
-            if pinned and slot in pinned and live(slot) and index.parent[slot] != ORPHAN:
+            if pinned and protects(slot):
                 held.append(slot)
                 continue
             victims.append(slot)

@@ -8,6 +8,9 @@ chat knows its prefix comes back). A hint, never a reservation:
                                    pinned ones yield, coldest first, counted in `yielded` (never a refused put while
                                    any unpinned space could be freed, and never one because of pins at all);
                                    an orphan (store/chains.py) is not protected: no lookup reaches it
+    Quotas._pick (store/quota.py)  the same rule among a tenant's own objects when it is over its quota: its
+                                   unpinned objects go first (every tier), its pinned ones yield only when those
+                                   cannot make the room (`protects` is the one test both use)
 
 Bounded: a tenant's pinned payload bytes stay within `max_fraction` of the pool's capacity (every tier of every node;
 with authentication off the whole pool is one tenant). Expiry is lazy: a victim whose pin ended is unpinned when
@@ -21,6 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kvpool.store.chains import ORPHAN
 from kvpool.store.index import Index
 
 
@@ -67,6 +71,12 @@ class Retention:
             return True
         self.index.unretain(slot)
         return False
+
+    def protects(self, slot: int) -> bool:
+        """Whether `slot` is kept past unpinned victims: a live pin on an object a prefix lookup can still reach
+        (an orphan's pin protects nothing)."""
+        index = self.index
+        return slot in index.retained and self.live(slot) and index.parent[slot] != ORPHAN
 
     def sweep(self) -> int:
         """Drop ended pins; returns how many. O(pinned slots), bounded by the caps."""
