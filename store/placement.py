@@ -192,7 +192,8 @@ class Placement:
         return ObjectRecord(key=i.key_at(slot), ns_digest=i.ns_digest(int(i.ns[slot])),
                             node_id=self.by_number[int(i.node[slot])].node_id, tier=Tier(int(i.tier[slot])),
                             offset=int(i.offset[slot]), size=int(i.size[slot]), checksum=int(i.checksum[slot]),
-                            tenant=self.tenant_name(int(i.tenant[slot])))
+                            tenant=self.tenant_name(int(i.tenant[slot])),
+                            pinned_until=self.retention.end_of(slot) if i.retained else 0.0)
 
     # ---- where a new object goes ----
 

@@ -15,8 +15,11 @@ chat knows its prefix comes back). A hint, never a reservation:
 Bounded: a tenant's pinned payload bytes stay within `max_fraction` of the pool's capacity (every tier of every node;
 with authentication off the whole pool is one tenant). Expiry is lazy: a victim whose pin ended is unpinned when
 the policy offers it, and `sweep` (the master's reaper, every few seconds) drops ended pins so the pinned-bytes
-figures stay current. Time is whole seconds since the master started; pins are not journalled (a restarted master
-starts with none). Memory: store/index.py `retained` (a dict over pinned slots only). Not thread-safe: master lock.
+figures stay current. Time is whole seconds since the master started (`t0` on the master's clock); a journalled
+record carries its pin's end as master-clock seconds (`end_of`, ObjectRecord.pinned_until), so a master restarted
+on a persistent backend (Redis) reloads the pins that have not ended (`restore`, not re-checked against the tenant
+cap: each was within it when granted). Memory: store/index.py `retained` (a dict over pinned slots only). Not
+thread-safe: master lock.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class Retention:
         self.index = index
         self.max_fraction = max_fraction
         self.now = 0                    # whole seconds since the master started (Master._tick keeps it current)
+        self.t0 = 0.0                   # the master clock at its start (what `now` counts from)
         self.counters = RetentionCounters()
 
     def cap(self, capacity: int) -> int:
@@ -71,6 +75,19 @@ class Retention:
             return True
         self.index.unretain(slot)
         return False
+
+    def end_of(self, slot: int) -> float:
+        """The end of `slot`'s pin as master-clock seconds (what the journal keeps), 0.0 if it has none."""
+        until = self.index.retained.get(slot)
+        return 0.0 if until is None else self.t0 + until
+
+    def restore(self, slot: int, end: float) -> bool:
+        """Re-pin a reloaded object until the journalled `end` (master-clock seconds); False if it has ended."""
+        until = math.ceil(end - self.t0)
+        if until <= self.now:
+            return False
+        self.index.retain(slot, until)
+        return True
 
     def protects(self, slot: int) -> bool:
         """Whether `slot` is kept past unpinned victims: a live pin on an object a prefix lookup can still reach
