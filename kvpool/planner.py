@@ -16,6 +16,13 @@ fragments, so eviction order is the policy's order and a byte capacity only need
 
 Ceiling: an infinite pool hits every block whose id was seen before in an earlier chain (ids are chained, so a
 seen id means its whole prefix was stored too): `ceiling_hits`, counted by set membership, not by replay.
+
+What the pool sees is what kvpool's connectors send it: full blocks only (kvpool/trace.py drops a Mooncake row's
+partial last block by default, `partial_blocks="keep"` replays it). A request with no full block makes no pool call
+(the connectors skip it) but still counts as a request. Rates: block hit rate = hit blocks / block refs looked up
+(the chains as replayed); token hit rate = hit tokens / every input token of the requests (whole prompts, so the
+tokens of a dropped partial block count in the denominator and never hit) - the share of prefill the pool saves;
+for a recorded log, its `tokens` column (keys x block_tokens: the full blocks the connector asked the pool for).
 """
 
 from __future__ import annotations
@@ -148,6 +155,8 @@ def replay(trace: Trace, capacity_blocks: int, policy: str, *,
         bounds = (offsets[i:j + 1] - base).tolist()
         for e in range(i, j):
             a, b = bounds[e - i], bounds[e - i + 1]
+            if a == b:
+                continue                     # no full block: a connector makes no pool call
             clock.now = times[e]
             op = ops[e]
             h = 0
@@ -201,6 +210,10 @@ class Plan:
     ceiling_token_hit_rate: float
     ceiling_share: float
     prefill_tokens_per_s: float | None
+    input_tokens: int = 0          # the token hit rate's denominator: every input token of the lookups
+    partial_blocks: str = ""       # "drop" / "keep" (Mooncake), "" (a recorded log, replayed as recorded)
+    dropped_refs: int = 0          # partial last blocks left out ("drop")
+    dropped_tokens: int = 0        # their tokens (in input_tokens, never a hit)
     results: list[ReplayResult] = field(default_factory=list)
 
     def prefill_s_saved(self, r: ReplayResult) -> float | None:
@@ -233,6 +246,9 @@ class Plan:
                 "ceiling": {"block_hit_rate": self.ceiling_block_hit_rate,
                             "token_hit_rate": self.ceiling_token_hit_rate},
                 "ceiling_share": self.ceiling_share, "prefill_tokens_per_s": self.prefill_tokens_per_s,
+                "token_hit_rate_of": "input_tokens", "input_tokens": self.input_tokens,
+                "block_hit_rate_of": "block_refs", "partial_blocks": self.partial_blocks,
+                "dropped_partial_blocks": self.dropped_refs, "dropped_partial_tokens": self.dropped_tokens,
                 "results": rows, "smallest_capacity": smallest}
 
 
@@ -254,7 +270,9 @@ def plan(trace: Trace, capacities_blocks: Sequence[int], policies: Sequence[str]
     out = Plan(source=trace.source, events=len(trace), lookups=ceiling.lookups, block_refs=int(len(trace.block_ids)),
                unique_blocks=trace.unique_blocks(), block_bytes=block_bytes,
                ceiling_block_hit_rate=ceiling.block_hit_rate, ceiling_token_hit_rate=ceiling.token_hit_rate,
-               ceiling_share=ceiling_share, prefill_tokens_per_s=prefill_tokens_per_s)
+               ceiling_share=ceiling_share, prefill_tokens_per_s=prefill_tokens_per_s, input_tokens=ceiling.tokens,
+               partial_blocks=trace.partial_blocks, dropped_refs=trace.dropped_refs,
+               dropped_tokens=trace.dropped_tokens)
     for cap in sorted(set(int(c) for c in capacities_blocks)):
         for p in policies:
             out.results.append(replay(trace, cap, p, progress=progress)[0])
@@ -267,6 +285,8 @@ def format_plan(plan_: Plan) -> str:
     lines = [f"{plan_.source}: {plan_.events} requests, {plan_.block_refs} block refs, {plan_.unique_blocks} unique "
              f"blocks; infinite-pool ceiling: {plan_.ceiling_block_hit_rate:.1%} of blocks, "
              f"{plan_.ceiling_token_hit_rate:.1%} of tokens",
+             rate_basis(plan_.block_refs, plan_.input_tokens, plan_.partial_blocks, plan_.dropped_refs,
+                        plan_.dropped_tokens),
              f"{'capacity':>22}  {'policy':<10} {'block hit':>9} {'token hit':>9} {'prefill s saved':>15} "
              f"{'replay req/s':>12}"]
     for r in plan_.results:
@@ -286,6 +306,20 @@ def format_plan(plan_: Plan) -> str:
     if plan_.prefill_tokens_per_s is None:
         lines.append("prefill seconds saved: give --prefill-tokens-per-s (the engine's measured prefill rate)")
     return "\n".join(lines)
+
+
+def rate_basis(block_refs: int, input_tokens: int, partial_blocks: str, dropped_refs: int,
+               dropped_tokens: int) -> str:
+    """One line saying what the hit rates are shares of (printed under the trace's shape)."""
+    blocks = f"block hit rate = hit blocks / {block_refs:,} block refs"
+    if not partial_blocks:          # a recorded log: tokens = keys x block_tokens, what the connector asked for
+        return f"{blocks}; token hit rate = hit tokens / {input_tokens:,} tokens of the recorded chains (full blocks)"
+    if partial_blocks == "drop":
+        partial = (f"{dropped_refs:,} partial last blocks dropped (connectors store full blocks only; "
+                   f"--partial-blocks keep replays them), their {dropped_tokens:,} tokens counted, never hit")
+    else:
+        partial = "partial last blocks kept (replayed as stored blocks)"
+    return f"{blocks}; token hit rate = hit tokens / {input_tokens:,} input tokens (whole prompts); {partial}"
 
 
 def plot_plan(plan_: Plan, path: str) -> None:

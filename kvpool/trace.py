@@ -7,9 +7,18 @@ in store/traffic.py), read column-wise with pyarrow into one `Trace` of flat num
                                               as a connector drives the pool); LOOKUP / PROBE / PUT: one recorded
                                               master call (PROBE: a lookup without a read lease, no policy touch)
     Trace.time_s    float64 per event         seconds since the first event
-    Trace.tokens    int64 per event           tokens the chain covers (a Mooncake request: input_length, whose last
-                                              block may be partial; a recorded call: its `tokens` column)
+    Trace.tokens    int64 per event           the request's tokens (a Mooncake request: input_length, its whole
+                                              prompt even where a partial last block is dropped; a recorded call:
+                                              its `tokens` column = keys x block_tokens)
     Trace.block_tokens int32 per event        tokens per full block (hit tokens = min(hits * block_tokens, tokens))
+
+Partial blocks: a Mooncake row whose input_length is not a multiple of block_tokens ends in a partial block, and its
+last hash id names it. kvpool's connectors (connector/connector.py, connector/vllm_plan.py) and the bundled engine
+key, look up and save FULL blocks only, so by default (`partial_blocks="drop"`) a request's chain is
+`hash_ids[:input_length // block_tokens]`: a pool never sees the partial block, which could neither take capacity nor
+ever hit. `partial_blocks="keep"` replays the whole `hash_ids` (for a producer that stores partial blocks). Either
+way `tokens` stays the whole prompt, so token hit rates have one denominator: every input token. A recorded traffic
+log holds the keys the master saw (full blocks only when written by kvpool's connectors); it is read as written.
 
 Mooncake JSONL (kvcache-ai/Mooncake FAST25-release/traces): one object per line with `timestamp` (ms),
 `input_length`, `output_length` (tokens) and `hash_ids` (chained ids of 512-token blocks). Bad input raises
@@ -26,6 +35,7 @@ import numpy as np
 
 REQUEST, LOOKUP, PUT, PROBE = 0, 1, 2, 3
 MOONCAKE_BLOCK_TOKENS = 512
+PARTIAL_BLOCKS = ("drop", "keep")      # what a Mooncake row's partial last block does (see above); drop = default
 
 
 class TraceError(ValueError):
@@ -43,6 +53,9 @@ class Trace:
     source: str = ""
     ns: np.ndarray | None = None                      # per event: index into ns_labels (recorded traces)
     ns_labels: list[str] = field(default_factory=list)
+    partial_blocks: str = ""                          # Mooncake: "drop" / "keep"; recorded logs: "" (as recorded)
+    dropped_refs: int = 0                             # partial last blocks left out of the chains ("drop")
+    dropped_tokens: int = 0                           # the tokens of those blocks (still in `tokens`)
 
     def __len__(self) -> int:
         return len(self.op)
@@ -61,11 +74,13 @@ class Trace:
         return self.block_ids[self.offsets[i]:self.offsets[i + 1]]
 
 
-def load_trace(path: str | os.PathLike, *, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> Trace:
+def load_trace(path: str | os.PathLike, *, block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+               partial_blocks: str = "drop") -> Trace:
     """A trace by path: a directory of traffic-*.parquet files, one .parquet file, or Mooncake JSONL (any other
-    name). `block_tokens` applies to Mooncake traces (recorded ones carry their own)."""
+    name). `block_tokens` and `partial_blocks` apply to Mooncake traces (recorded ones carry their own blocks)."""
     if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens <= 0:
         raise ValueError(f"block_tokens must be an int > 0, got {block_tokens!r}")
+    check_partial_blocks(partial_blocks)
     p = Path(path)
     if p.is_dir():
         files = sorted(p.glob("*.parquet"))
@@ -76,10 +91,16 @@ def load_trace(path: str | os.PathLike, *, block_tokens: int = MOONCAKE_BLOCK_TO
         raise TraceError(f"trace file {str(p)!r} does not exist")
     if p.suffix == ".parquet":
         return read_traffic([p], source=str(p))
-    return read_mooncake(p, block_tokens=block_tokens)
+    return read_mooncake(p, block_tokens=block_tokens, partial_blocks=partial_blocks)
 
 
-def read_mooncake(path: str | os.PathLike, *, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> Trace:
+def check_partial_blocks(partial_blocks) -> None:
+    if partial_blocks not in PARTIAL_BLOCKS:
+        raise ValueError(f"partial_blocks must be one of {list(PARTIAL_BLOCKS)}, got {partial_blocks!r}")
+
+
+def read_mooncake(path: str | os.PathLike, *, block_tokens: int = MOONCAKE_BLOCK_TOKENS,
+                  partial_blocks: str = "drop") -> Trace:
     import pyarrow as pa
     import pyarrow.json as pj
 
@@ -119,9 +140,19 @@ def read_mooncake(path: str | os.PathLike, *, block_tokens: int = MOONCAKE_BLOCK
         tokens = np.minimum(tokens, full)
     else:
         tokens = full
+    dropped_refs = dropped_tokens = 0
+    if partial_blocks == "drop":
+        keep = tokens // block_tokens                   # <= lengths: tokens is capped at the chain's tokens
+        if (keep < lengths).any():
+            position = np.arange(len(values), dtype=np.int64) - np.repeat(offsets[:-1], lengths)
+            values = values[position < np.repeat(keep, lengths)]
+            dropped_refs = int((lengths - keep).sum())
+            dropped_tokens = int((tokens - keep * block_tokens).sum())
+            offsets = np.concatenate(([0], np.cumsum(keep))).astype(np.int64)
     return Trace(offsets=offsets, block_ids=values.astype(np.uint64), op=np.zeros(n, dtype=np.uint8),
                  time_s=(time_ms - time_ms[0]) / 1000.0, tokens=tokens.astype(np.int64),
-                 block_tokens=np.full(n, block_tokens, dtype=np.int32), source=name)
+                 block_tokens=np.full(n, block_tokens, dtype=np.int32), source=name, partial_blocks=partial_blocks,
+                 dropped_refs=dropped_refs, dropped_tokens=dropped_tokens)
 
 
 def read_traffic(files: list[Path], *, source: str) -> Trace:
@@ -191,5 +222,5 @@ def _first_line(exc: Exception) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-__all__ = ["Trace", "TraceError", "load_trace", "read_mooncake", "read_traffic", "REQUEST", "LOOKUP", "PUT", "PROBE",
-           "MOONCAKE_BLOCK_TOKENS"]
+__all__ = ["Trace", "TraceError", "load_trace", "check_partial_blocks", "read_mooncake", "read_traffic", "REQUEST",
+           "LOOKUP", "PUT", "PROBE", "MOONCAKE_BLOCK_TOKENS", "PARTIAL_BLOCKS"]

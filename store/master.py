@@ -140,6 +140,7 @@ class Master:
         self._record_lock = threading.Lock()        # one start / stop at a time
         self._next_reap = 0.0
         self._t0 = clock()          # atime 0; a reloaded object counts as accessed when the master started
+        self.retention.t0 = self._t0
         self._load()
 
     # ------------------------------------------------------------------ nodes
@@ -288,8 +289,8 @@ class Master:
                 if (slot := find(key, -1)) >= 0:
                     out.append(PutStartResult(_EXISTS))
                     prev = slot
-                    if hold is not None:
-                        hold(slot, pin_until, pin_cap)
+                    if hold is not None and hold(slot, pin_until, pin_cap) and self.index.state[slot] == COMMITTED:
+                        self.journal.touched(slot)      # its journalled record carries the pin's new end
                     continue
                 skip = ANY_TIER if quotas is None else quotas.admit(tid, size)
                 placed = None if skip is None else placement.place(size, prefer_node, exclude, skip=skip)
@@ -765,7 +766,11 @@ class Master:
         for node_id, records in by_node.items():
             node = self.placement.nodes.get(node_id)
             if node is not None:
-                self.placement.adopt(node, [r for r in records if Tier(r.tier) in node.spaces], [])
+                kept = [r for r in records if Tier(r.tier) in node.spaces]
+                self.placement.adopt(node, kept, [])
+                for r in kept:
+                    if r.pinned_until > now and (slot := self.index.find(r.key, -1)) >= 0:
+                        self.retention.restore(slot, r.pinned_until)
         self.journal.forget_changes()
 
 

@@ -192,7 +192,8 @@ class Placement:
         return ObjectRecord(key=i.key_at(slot), ns_digest=i.ns_digest(int(i.ns[slot])),
                             node_id=self.by_number[int(i.node[slot])].node_id, tier=Tier(int(i.tier[slot])),
                             offset=int(i.offset[slot]), size=int(i.size[slot]), checksum=int(i.checksum[slot]),
-                            tenant=self.tenant_name(int(i.tenant[slot])))
+                            tenant=self.tenant_name(int(i.tenant[slot])),
+                            pinned_until=self.retention.end_of(slot) if i.retained else 0.0)
 
     # ---- where a new object goes ----
 
@@ -365,15 +366,14 @@ class Placement:
         victims: list[int] = []
         freed = 0
         pinned = index.retained
-        live = self.retention.live
+        protects = self.retention.protects
         held: list[int] = []        # pinned victims, coldest first: they go only if the unpinned ones are not enough
         for slot in space.policy.victims():
             if index.leases[slot] > 0 or index.state[slot] != COMMITTED:
                 continue
             if max_atime is not None and int(index.atime[slot]) > max_atime:
                 continue
-            # an orphan's pin protects nothing: no prefix lookup reaches it any more
-            if pinned and slot in pinned and live(slot) and index.parent[slot] != ORPHAN:
+            if pinned and protects(slot):
                 held.append(slot)
                 continue
             victims.append(slot)

@@ -19,7 +19,9 @@ full (pool pressure evicts the pool's coldest, whoever owns them: a quota is a c
 Quota bytes are payload bytes (what the client put), of every object the tenant holds: pending writes and objects
 removed while still being read count until their space is free. A hit is not promoted into DRAM past its tenant's
 DRAM quota (`may_promote`): it is served from where it is, and a drain does not move an object into DRAM past it
-(`move_skip`). Not thread-safe: the master's lock serialises every call.
+(`move_skip`). Retention hints (store/retention.py) hold here as under pool pressure: a tenant's pinned objects are
+its last victims, taken (coldest first, counted in `pinned_evictions`) only when its unpinned ones cannot make the
+room. Not thread-safe: the master's lock serialises every call.
 """
 
 from __future__ import annotations
@@ -179,26 +181,39 @@ class Quotas:
         fits = self.index.tenant_bytes(tenant, Tier.DRAM) + int(self.index.size[slot]) <= quota.dram_bytes
         return ANY_TIER if fits else BELOW_DRAM
 
-    def _pick(self, tenant: int, tiers: Sequence[Tier], need: int) -> tuple[list[int], int]:
-        """The tenant's coldest committed, unleased objects in `tiers` (in that order) until `need` payload bytes."""
+    def _pick(self, tenant: int, tiers: Sequence[Tier], need: int) -> tuple[list[int], int, int]:
+        """The tenant's coldest committed, unleased objects in `tiers` (in that order) until `need` payload bytes:
+        unpinned ones first, then (as pool pressure does, store/retention.py) its pinned ones, coldest first, only
+        if the unpinned cannot make the room. Returns (victims, bytes, how many of them are pinned)."""
         index = self.index
         state, leases, size = index.state, index.leases, index.size
+        pinned, protects = index.retained, self.placement.retention.protects
         picked: list[int] = []
+        held: list[int] = []
         freed = 0
         for tier in tiers:
             for slot in self.lists.victims(tenant, int(tier)):
                 if leases[slot] > 0 or state[slot] != COMMITTED:
                     continue
+                if pinned and protects(slot):
+                    held.append(slot)
+                    continue
                 picked.append(slot)
                 freed += int(size[slot])
                 if freed >= need:
-                    return picked, freed
-        return picked, freed
+                    return picked, freed, 0
+        for n, slot in enumerate(held, 1):
+            picked.append(slot)
+            freed += int(size[slot])
+            if freed >= need:
+                return picked, freed, n
+        return picked, freed, len(held)
 
     def _evict_own(self, tenant: int, need: int) -> int:
-        victims, freed = self._pick(tenant, _TOTAL_ORDER, need)
+        victims, freed, pins = self._pick(tenant, _TOTAL_ORDER, need)
         if freed < need:
             return freed  # not enough of its own: evict nothing (the put is refused, the tenant keeps what it has)
+        self.placement.retention.counters.yielded += pins
         placement = self.placement
         drops: dict[int, list[Drop]] = {}
         for slot in victims:
@@ -212,9 +227,10 @@ class Quotas:
         return freed
 
     def _shed_dram(self, tenant: int, need: int) -> int:
-        victims, freed = self._pick(tenant, (Tier.DRAM,), need)
+        victims, freed, pins = self._pick(tenant, (Tier.DRAM,), need)
         if freed < need:
             return freed
+        self.placement.retention.counters.yielded += pins
         demoted, evicted = self.placement.shed(victims)
         counters = self.tenants.counters[tenant]
         counters.quota_demotions += demoted

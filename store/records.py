@@ -103,6 +103,7 @@ class ObjectRecord:
     size: int
     checksum: int
     tenant: str = ""        # the owner (admin listings); "" = the unscoped space
+    pinned_until: float = 0.0  # end of its retention hint, master-clock seconds (journalled; 0 = not pinned)
 
 
 @dataclass(slots=True, frozen=True)

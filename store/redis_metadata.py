@@ -9,6 +9,7 @@ Layout under one prefix (default "kvpool"), binary keys and values, no per-objec
     <p>:secret          STRING the pool's token secret (SET NX: the first master picks it, every later one reuses it)
 
     record = ns_digest 16s | tier B | offset Q | size Q | checksum Q      (little endian, 41 bytes)
+             [| pinned_until d]   only for an object with a retention hint (49 bytes; its end, master-clock seconds)
 
 Why hashes per node: a Redis top-level key costs ~70 bytes of overhead on its own; a hash field costs ~ its
 bytes plus ~20, so 1M objects take ~90 MB of Redis instead of ~160 MB. One hash per node makes "drop a node" one
@@ -52,6 +53,7 @@ from kvpool.tiers.types import Tier
 log = logging.getLogger(__name__)
 
 _REC = struct.Struct("<16sBQQQ")
+_PIN = struct.Struct("<d")
 _CHUNK = 4096
 SENTINEL_SCHEME = "redis+sentinel://"
 _RETRY_ON = [redis.ConnectionError, redis.TimeoutError]
@@ -159,7 +161,8 @@ class RedisMetadata:
     def put_objects(self, records: Iterable[ObjectRecord]) -> None:
         by_node: dict[str, dict[bytes, bytes]] = defaultdict(dict)
         for r in records:
-            by_node[r.node_id][bytes(r.key)] = _REC.pack(r.ns_digest, int(r.tier), r.offset, r.size, r.checksum)
+            value = _REC.pack(r.ns_digest, int(r.tier), r.offset, r.size, r.checksum)
+            by_node[r.node_id][bytes(r.key)] = value + _PIN.pack(r.pinned_until) if r.pinned_until else value
         if not by_node:
             return
         pipe = self._r.pipeline(transaction=False)
@@ -189,9 +192,10 @@ class RedisMetadata:
         out: list[ObjectRecord] = []
         for node_id in self._node_ids():
             for key, value in self._r.hscan_iter(self._obj_key(node_id), count=_CHUNK):
-                ns, tier, offset, size, checksum = _REC.unpack(value)
+                ns, tier, offset, size, checksum = _REC.unpack_from(value)
+                pin = _PIN.unpack_from(value, _REC.size)[0] if len(value) == _REC.size + _PIN.size else 0.0
                 out.append(ObjectRecord(key=key, ns_digest=ns, node_id=node_id, tier=Tier(tier), offset=offset,
-                                        size=size, checksum=checksum))
+                                        size=size, checksum=checksum, pinned_until=pin))
         return out
 
     def count_objects(self) -> int:

@@ -8,12 +8,18 @@ chat knows its prefix comes back). A hint, never a reservation:
                                    pinned ones yield, coldest first, counted in `yielded` (never a refused put while
                                    any unpinned space could be freed, and never one because of pins at all);
                                    an orphan (store/chains.py) is not protected: no lookup reaches it
+    Quotas._pick (store/quota.py)  the same rule among a tenant's own objects when it is over its quota: its
+                                   unpinned objects go first (every tier), its pinned ones yield only when those
+                                   cannot make the room (`protects` is the one test both use)
 
 Bounded: a tenant's pinned payload bytes stay within `max_fraction` of the pool's capacity (every tier of every node;
 with authentication off the whole pool is one tenant). Expiry is lazy: a victim whose pin ended is unpinned when
 the policy offers it, and `sweep` (the master's reaper, every few seconds) drops ended pins so the pinned-bytes
-figures stay current. Time is whole seconds since the master started; pins are not journalled (a restarted master
-starts with none). Memory: store/index.py `retained` (a dict over pinned slots only). Not thread-safe: master lock.
+figures stay current. Time is whole seconds since the master started (`t0` on the master's clock); a journalled
+record carries its pin's end as master-clock seconds (`end_of`, ObjectRecord.pinned_until), so a master restarted
+on a persistent backend (Redis) reloads the pins that have not ended (`restore`, not re-checked against the tenant
+cap: each was within it when granted). Memory: store/index.py `retained` (a dict over pinned slots only). Not
+thread-safe: master lock.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kvpool.store.chains import ORPHAN
 from kvpool.store.index import Index
 
 
@@ -35,6 +42,7 @@ class Retention:
         self.index = index
         self.max_fraction = max_fraction
         self.now = 0                    # whole seconds since the master started (Master._tick keeps it current)
+        self.t0 = 0.0                   # the master clock at its start (what `now` counts from)
         self.counters = RetentionCounters()
 
     def cap(self, capacity: int) -> int:
@@ -67,6 +75,25 @@ class Retention:
             return True
         self.index.unretain(slot)
         return False
+
+    def end_of(self, slot: int) -> float:
+        """The end of `slot`'s pin as master-clock seconds (what the journal keeps), 0.0 if it has none."""
+        until = self.index.retained.get(slot)
+        return 0.0 if until is None else self.t0 + until
+
+    def restore(self, slot: int, end: float) -> bool:
+        """Re-pin a reloaded object until the journalled `end` (master-clock seconds); False if it has ended."""
+        until = math.ceil(end - self.t0)
+        if until <= self.now:
+            return False
+        self.index.retain(slot, until)
+        return True
+
+    def protects(self, slot: int) -> bool:
+        """Whether `slot` is kept past unpinned victims: a live pin on an object a prefix lookup can still reach
+        (an orphan's pin protects nothing)."""
+        index = self.index
+        return slot in index.retained and self.live(slot) and index.parent[slot] != ORPHAN
 
     def sweep(self) -> int:
         """Drop ended pins; returns how many. O(pinned slots), bounded by the caps."""

@@ -16,7 +16,10 @@ examples:
 
 TRACE is a Mooncake JSONL file (timestamp, input_length, output_length, hash_ids of 512-token blocks), a traffic
 log written by the master (*.parquet), or a directory of them. Every block is one object; --capacity in bytes is
-divided by --block-bytes (the size of one block of KV: default 64MiB = 512 tokens of Llama-3-8B in fp16).
+divided by --block-bytes (the size of one block of KV: default 64MiB = 512 tokens of Llama-3-8B in fp16). A Mooncake
+row replays hash_ids[:input_length // block_tokens] (full blocks, what kvpool's connectors store) unless
+--partial-blocks keep. Token hit rate = hit tokens / every input token (whole prompts); block hit rate = hit blocks /
+block refs replayed.
 exit codes: 0 ok, 2 bad argument or unreadable trace."""
 
 
@@ -36,6 +39,9 @@ def register(sub) -> None:
     p.add_argument("--block-bytes", default="64MiB", metavar="B", help="bytes of one block (default 64MiB)")
     p.add_argument("--block-tokens", type=int, default=512, metavar="N",
                    help="tokens per block of a Mooncake trace (default 512; traffic logs carry their own)")
+    p.add_argument("--partial-blocks", default="drop", metavar="MODE",
+                   help="a Mooncake row's partial last block: drop (default: kvpool's connectors store full blocks "
+                   "only) or keep (a producer that stores partial blocks)")
     p.add_argument("--prefill-tokens-per-s", type=float, default=None, metavar="R",
                    help="the engine's prefill rate, to turn hit tokens into prefill seconds saved")
     p.add_argument("--ceiling-share", type=float, default=0.9, metavar="S",
@@ -94,6 +100,8 @@ def run(args) -> int:
         return _fail(f"--block-bytes: {args.block_bytes!r} must be > 0")
     if args.block_tokens <= 0:
         return _fail(f"--block-tokens: {args.block_tokens} must be > 0")
+    if args.partial_blocks not in ("drop", "keep"):
+        return _fail(f"--partial-blocks: {args.partial_blocks!r} must be drop or keep")
     if not 0 < args.ceiling_share <= 1:
         return _fail(f"--ceiling-share: {args.ceiling_share} must be in (0, 1]")
     if args.prefill_tokens_per_s is not None and not args.prefill_tokens_per_s > 0:
@@ -112,7 +120,7 @@ def run(args) -> int:
     from kvpool.trace import TraceError, load_trace
 
     try:
-        trace = load_trace(args.trace, block_tokens=args.block_tokens)
+        trace = load_trace(args.trace, block_tokens=args.block_tokens, partial_blocks=args.partial_blocks)
     except TraceError as exc:
         return _fail(f"--trace: {exc}")
     try:

@@ -23,14 +23,28 @@ def write_jsonl(path, rows) -> str:
 
 
 def test_mooncake_columns(tmp_path):
-    t = load_trace(write_jsonl(tmp_path / "t.jsonl", ROWS))
+    t = load_trace(write_jsonl(tmp_path / "t.jsonl", ROWS), partial_blocks="keep")
     assert len(t) == 3 and t.num_lookups == 3 and t.unique_blocks() == 5
     assert t.offsets.tolist() == [0, 3, 5, 6] and t.block_ids.tolist() == [0, 1, 2, 0, 3, 9]
     assert t.op.tolist() == [REQUEST] * 3 and t.time_s.tolist() == [0.0, 0.5, 3.0]
     assert t.tokens.tolist() == [1030, 600, 100] and t.block_tokens.tolist() == [512] * 3
     assert t.chain(1).tolist() == [0, 3]
+    assert (t.partial_blocks, t.dropped_refs, t.dropped_tokens) == ("keep", 0, 0)
     t16 = load_trace(tmp_path / "t.jsonl", block_tokens=16)   # input_length capped at the blocks' tokens
-    assert t16.tokens.tolist() == [48, 32, 16]
+    assert t16.tokens.tolist() == [48, 32, 16] and t16.offsets.tolist() == [0, 3, 5, 6] and t16.dropped_refs == 0
+
+
+def test_mooncake_partial_last_blocks_are_dropped_by_default(tmp_path):
+    """hash_ids[:input_length // block_tokens]: 1030 tokens = 2 full blocks, 600 = 1, 100 = none; tokens unchanged."""
+    t = load_trace(write_jsonl(tmp_path / "t.jsonl", ROWS))
+    assert t.offsets.tolist() == [0, 2, 3, 3] and t.block_ids.tolist() == [0, 1, 0]
+    assert t.tokens.tolist() == [1030, 600, 100] and t.unique_blocks() == 2 and t.chain(2).tolist() == []
+    assert (t.partial_blocks, t.dropped_refs, t.dropped_tokens) == ("drop", 3, 6 + 88 + 100)
+    t200 = load_trace(tmp_path / "t.jsonl", block_tokens=200)  # 1030 -> 5 full blocks of 200, capped at 3 ids
+    assert t200.offsets.tolist() == [0, 3, 5, 5] and t200.tokens.tolist() == [600, 400, 100]
+    assert (t200.dropped_refs, t200.dropped_tokens) == (1, 100)
+    with pytest.raises(ValueError, match=r"partial_blocks must be one of \['drop', 'keep'\], got 'trim'"):
+        load_trace(tmp_path / "t.jsonl", partial_blocks="trim")
 
 
 @pytest.mark.parametrize("text, message", [

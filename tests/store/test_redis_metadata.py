@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from kvpool.store.records import NodeInfo, ObjectRecord
@@ -91,3 +93,12 @@ def test_a_write_short_of_its_replicas_is_metadata_unavailable(tmp_path):
         m.close()
     finally:
         sentinel.close()
+
+
+def test_a_pinned_record_keeps_its_pin_end_and_an_unpinned_one_stays_41_bytes(redis_server):
+    a = RedisMetadata(redis_server.url, prefix="pins")
+    pinned = dataclasses.replace(_rec(1), pinned_until=1_800_000_123.5)
+    a.put_objects([pinned, _rec(2)])
+    assert sorted(len(v) for v in a._r.hvals("pins:obj:n1")) == [41, 49]
+    assert sorted(RedisMetadata(redis_server.url, prefix="pins").load_objects(), key=lambda r: r.key) == \
+        [pinned, _rec(2)]

@@ -11,6 +11,7 @@ import xxhash
 from kvpool.store.checks import MAX_PIN_S
 from kvpool.store.config import MasterConfig, NodeConfig
 from kvpool.store.master import Master
+from kvpool.store.metadata import MemoryMetadata
 from kvpool.store.node import StorageNode
 from kvpool.store.records import PutStatus
 from tests.store.fakes import Clock, key
@@ -211,5 +212,36 @@ def test_a_demoted_and_promoted_object_keeps_its_pin(tmp_path, clock):
         s = master.stats()
         assert (s["pinned_objects"], s["pinned_evictions"]) == (2, 1)
         master.index.check_invariants()
+    finally:
+        node.close()
+
+
+def test_pins_are_journalled_and_a_restarted_master_keeps_them_until_their_end(tmp_path, clock):
+    meta = MemoryMetadata(persistent=True)
+    node = StorageNode(NodeConfig(node_id="n1", dram_bytes=6 * OBJ, shm_dir=str(tmp_path)))
+    try:
+        m1 = Master(MasterConfig(), meta, clock=clock)
+        m1.register_node(node.info(), node, expires=False)
+        start = clock.now
+        put(m1, node, A, pin_s=60)
+        clock.now += 1
+        put(m1, node, B)
+        assert {r.key: r.pinned_until for r in meta.load_objects()} == {**{k: start + 60 for k in A},
+                                                                       **{k: 0.0 for k in B}}
+        clock.now += 1
+        put(m1, node, A[:1], pin_s=100)      # an existing key's longer pin reaches the journal too
+        assert {r.key: r.pinned_until for r in meta.load_objects()}[A[0]] == start + 2 + 100
+        clock.now += 10
+        m2 = Master(MasterConfig(), meta, clock=clock)     # restart: same backend, same node incarnation
+        m2.register_node(node.info(), node, expires=False)
+        assert m2.stats()["pinned_objects"] == 3
+        gone = []
+        for k in C:      # reloaded objects all count as used at the restart: LRU order is the reload order, but
+            before = set(present(m2, A + B))                 # the pinned chain A outlives B whatever that order
+            assert put(m2, node, [k]) == [PutStatus.STORED]
+            gone += sorted(before - set(present(m2, A + B)))
+        assert sorted(gone) == [11, 12, 13] and present(m2, A) == [1, 2, 3]
+        clock.now = start + 60                               # A's pins end at start + 60, A[0]'s at start + 102
+        assert m2.reap()["grants"] == 0 and m2.stats()["pinned_objects"] == 1
     finally:
         node.close()

@@ -39,9 +39,9 @@ def make(tmp_path):
         node.close()
 
 
-def put(master, node, keys, tenant, fill=None):
+def put(master, node, keys, tenant, fill=None, pin_s=0.0):
     """put_start + write (under the STORED key the grant names, as a client does) + commit."""
-    results = master.put_start(keys, [OBJ] * len(keys), NS, tenant=tenant)
+    results = master.put_start(keys, [OBJ] * len(keys), NS, tenant=tenant, pin_s=pin_s)
     ids, sums = [], []
     for k, r in zip(keys, results):
         if r.grant is not None:
@@ -186,6 +186,44 @@ def test_total_quota_evicts_only_the_tenants_own_objects_in_lru_order(make):
     assert stats["tenants"]["beta"] == beta_before
     assert stats["evictions"]["dram"] == 3
     master.index.check_invariants()
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_total_quota_evicts_a_tenants_pinned_objects_last_in_exact_order(make, pinned):
+    master, node = make(dram_objects=8, quotas={"acme": Quota(total_bytes=3 * OBJ)})
+    a = [key(i) for i in range(1, 8)]
+    pin = 60 if pinned else 0
+    evicted = []
+    for i, k in enumerate(a):                   # one key at a time: past the third, each put evicts exactly one
+        before = present(master, a, "acme")
+        assert put(master, node, [k], "acme", pin_s=pin if i in (0, 1, 5) else 0) == [STORED]
+        after = present(master, a, "acme")
+        evicted += [j + 1 for j in range(len(a)) if before[j] and not after[j]]
+    # LRU alone: oldest first. Pinned a1, a2 (and later a6): the unpinned go first, coldest first; once all three
+    # objects of the quota are pinned, the coldest pin (a1) yields rather than refuse the put.
+    assert evicted == ([3, 4, 5, 1] if pinned else [1, 2, 3, 4])
+    assert present(master, a, "acme") == ([False, True, False, False, False, True, True] if pinned
+                                          else [False, False, False, False, True, True, True])
+    s = master.stats()
+    assert s["pinned_evictions"] == (1 if pinned else 0)
+    assert s["tenants"]["acme"]["quota_evictions"] == 4
+    master.index.check_invariants()
+
+
+@pytest.mark.parametrize("pinned", [False, True])
+def test_dram_quota_sheds_a_tenants_unpinned_objects_before_its_pinned_ones(make, pinned):
+    master, node = make(dram_objects=8, ssd_objects=8, quotas={"acme": Quota(dram_bytes=2 * OBJ)})
+    a = [key(i) for i in range(1, 5)]
+    for i, k in enumerate(a[:3]):
+        put(master, node, [k], "acme", pin_s=60 if pinned and i == 0 else 0)
+    tiers = lambda: [None if r is None else r.tier.label  # noqa: E731
+                     for r in master.inspect(master.tenants.stored_keys(1, a))]
+    # over its DRAM quota by one: the coldest unpinned object is demoted (a1 unless a1 is pinned)
+    assert tiers() == (["dram", "ssd", "dram", None] if pinned else ["ssd", "dram", "dram", None])
+    put(master, node, [a[3]], "acme")
+    assert tiers() == (["dram", "ssd", "ssd", "dram"] if pinned else ["ssd", "ssd", "dram", "dram"])
+    assert master.stats()["tenants"]["acme"]["quota_demotions"] == 2
+    assert master.stats()["pinned_evictions"] == 0
 
 
 def test_total_quota_full_of_leased_objects_is_no_space_and_evicts_nothing(make):
