@@ -326,10 +326,19 @@ def check_dashboard_page(driver, url: str, stats: dict) -> PoolStats:
     snap = PoolStats.from_dict(stats)
     driver.get(url)
     WebDriverWait(driver, 30).until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-updates"))
-    text = lambda element_id: driver.find_element(By.ID, element_id).text  # noqa: E731
+    text = lambda element_id: driver.execute_script(  # noqa: E731 - found and read in one step (see `lists`)
+        "return document.getElementById(arguments[0]).innerText", element_id)
     assert text("hit-rate-value") == fmt_pct(snap.hit_tokens, snap.requested_tokens)
-    chips = {c.get_attribute("data-tier"): c.text
-             for c in driver.find_elements(By.CSS_SELECTOR, "#hit-rate-tiers .chip")}
+    # Lists are read in one script run: the page re-renders them on every poll, so elements found in one call may be
+    # replaced before the next reads them (StaleElementReferenceException on a loaded machine).
+    lists = driver.execute_script("""
+        const q = (sel) => Array.from(document.querySelectorAll(sel));
+        return {
+          chips: q("#hit-rate-tiers .chip").map(c => [c.dataset.tier, c.innerText]),
+          bars: q(".cap-bar").map(b => [b.dataset.node, b.dataset.tier, b.dataset.used, b.dataset.capacity]),
+          rows: q("#namespaces .ns-row").map(r => [r.dataset.namespace, r.querySelector(".ns-hit-rate").innerText]),
+        };""")
+    chips = dict(lists["chips"])
     assert chips == {t: f"{t.upper()} {fmt_pct(snap.hit_tokens_by_tier.get(t, 0), snap.requested_tokens)}"
                      for t in snap.active_tiers()}
     assert text("requested-tokens") == f"{snap.requested_tokens:,}"
@@ -338,12 +347,9 @@ def check_dashboard_page(driver, url: str, stats: dict) -> PoolStats:
                               f"{snap.pins_clipped:,} clipped \u00b7 {snap.pinned_evictions:,} yielded")
     assert text("nodes-alive") == str(snap.nodes_alive)
     assert driver.find_element(By.ID, "conn-status").get_attribute("data-state") == "live"
-    bars = {(b.get_attribute("data-node"), b.get_attribute("data-tier")):
-            (int(b.get_attribute("data-used")), int(b.get_attribute("data-capacity")))
-            for b in driver.find_elements(By.CSS_SELECTOR, ".cap-bar")}
+    bars = {(node, tier): (int(used), int(cap)) for node, tier, used, cap in lists["bars"]}
     assert bars == {(n, t): (u.bytes, u.capacity) for n, tiers in snap.nodes.items() for t, u in tiers.items()}
-    rows = [(r.get_attribute("data-namespace"), r.find_element(By.CSS_SELECTOR, ".ns-hit-rate").text)
-            for r in driver.find_elements(By.CSS_SELECTOR, "#namespaces .ns-row")]
+    rows = [tuple(r) for r in lists["rows"]]
     top = sorted(snap.namespaces.items(), key=lambda kv: (-kv[1].requested_tokens, kv[0]))[:10]
     assert rows == [(label, fmt_pct(c.hit_tokens, c.requested_tokens) if c.requested_tokens else "\u2014")
                     for label, c in top]
