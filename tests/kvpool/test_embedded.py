@@ -165,6 +165,30 @@ def test_corrupted_ssd_object_is_a_counted_miss(make, promote):
     assert pool.lookup_prefix(keys) == 1
 
 
+def test_a_prefix_of_ssd_hits_is_verified_and_stops_at_a_corrupt_record(make):
+    pool = make(dram_objects=0, ssd_objects=6, promote_on_hit=False)
+    keys = [key(i) for i in range(5)]
+    assert pool.put_many(keys, [value(k) for k in keys]) == ["stored"] * 5
+    records = pool.master.inspect(keys)
+    assert [r.tier.label for r in records] == ["ssd"] * 5             # no DRAM tier: every get reads SSD
+    out = [np.zeros(OBJ, np.uint8) for _ in keys]
+    tiers: list[str] = []
+    assert pool.get_many_into(keys, out, tiers_out=tiers) == 5 and tiers == ["ssd"] * 5
+    assert all(np.array_equal(o, value(k)) for o, k in zip(out, keys))
+    with open(pool.node.ssd.path, "r+b") as f:  # flip one payload byte of keys[3]
+        f.seek(records[3].offset + OBJ + 7)
+        byte = f.read(1)
+        f.seek(records[3].offset + OBJ + 7)
+        f.write(bytes([byte[0] ^ 0x01]))
+    out = [np.zeros(OBJ, np.uint8) for _ in keys]
+    tiers = []
+    assert pool.get_many_into(keys, out, tiers_out=tiers) == 3 and tiers == ["ssd"] * 3
+    assert all(np.array_equal(o, value(k)) for o, k in zip(out[:3], keys))
+    s = pool.stats()
+    assert (s["ssd_corrupt"], s["ssd_corrupt_reads"]) == (1, 1)
+    assert pool.contains_many(keys) == [True, True, True, False, True]
+
+
 def test_lookup_prefix_stops_at_first_missing_key(make):
     pool = make(dram_objects=8)
     ns = Namespace(model="m", fingerprint="f", kv_dtype="float32", block_tokens=4, num_layers=1, num_kv_heads=1,
