@@ -37,8 +37,8 @@ file is fully resident again after one read. But a "disk" read after DONTNEED wa
 read from the page cache (about 0.8-1.5 GB/s against 1.4-1.8 GB/s in a 512 MiB probe), O_DIRECT 8 MiB reads ran
 0.4-1.5 GB/s depending on the load, and a 4 KiB O_DIRECT random read took ~34 us (p50). That is a virtual disk:
 what the guest calls the disk is very likely served from the host's page cache (or a fast NVMe behind it), so "the
-disk's sequential bandwidth" here is the virtio path's bandwidth, not a physical SSD's. The bench measures the same path for both sides, so the ratio stays fair;
-the absolute GB/s belong to this VM only.
+disk's sequential bandwidth" here is the virtio path's bandwidth, not a physical SSD's. The bench measures the
+same path for both sides, so the ratio stays fair; the absolute GB/s belong to this VM only.
 
     python bench/ssd_read.py [--dir /var/tmp/kvpool] [--total 256MiB] [--rounds 7] [--batch 32] [--misalign 0]
                              [--profile DIR] [--no-service]
