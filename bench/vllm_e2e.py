@@ -10,7 +10,10 @@ dropped). Every ratio is to cold, measured in the same run; every case's greedy 
                                   the SSD file from the page cache before each request (a real disk read)
 
 One vLLM instance runs at a time (each start takes ~30 s and both cores; idle instances would steal CPU from the
-measured one). Prompts are random token ids, a new prompt per (length, repeat), so every prompt is new to every
+measured one). Every instance computes on the same single core: vLLM's CPU worker reserves one core for its
+scheduler process and, when a KV connector is configured, one more (meant for NIXL); on a 2-core machine that
+leaves nothing to reserve, so a connector instance would run its forward on 2 OpenMP threads and one without on 1
+(vllm/utils/ompmultiprocessing.py). VLLM_CPU_NUM_OF_RESERVED_CPU=1 for every instance keeps the columns comparable. Prompts are random token ids, a new prompt per (length, repeat), so every prompt is new to every
 instance but the local-hit case. TTFT is vLLM's own first_token_latency (arrival to first token, in the engine).
 Skips with the reason where the vLLM environment (scripts/setup_vllm.sh) is absent.
 
@@ -36,6 +39,7 @@ from kvpool.launcher import free_port, spawn, wait_grpc_serving
 BS = 128
 MAX_TOKENS = 4
 CASES = ("cold", "local hit", "A miss+save", "pool DRAM", "pool SSD")
+SAME_CORES = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}   # see the docstring: one compute core for every instance
 
 
 def drop_page_cache(path: Path) -> None:
@@ -85,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             wait_grpc_serving(addr, 60, proc)
 
         def phase(name, case, pool=None, *, twice_case=None, before=None):
-            inst = VllmInstance.start(name, work, pool=pool, max_model_len=max_len, kv_cache_gib=2)
+            inst = VllmInstance.start(name, work, pool=pool, max_model_len=max_len, kv_cache_gib=2, env=SAME_CORES)
             try:
                 # A process's first forward pays one-time costs (kernel set-up, first touch of buffers): every
                 # instance pays them on a short unrelated prompt, not on a measured one.

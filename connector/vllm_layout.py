@@ -196,6 +196,20 @@ class KVPages:
         for layer, kv in enumerate(self.layers):
             kv.index_copy_(0, idx, typed[:, layer])
 
+    def scatter_views(self, block_ids: Sequence[int], objects: Sequence) -> None:
+        """Copy objects[i] (any buffer of object_bytes: a pool extent mapped here, a staging row) into block
+        block_ids[i] of every layer: one copy per page, no staging buffer in between."""
+        if len(objects) != len(block_ids):
+            raise ValueError(f"objects has {len(objects)} entries, block_ids {len(block_ids)}")
+        self._index(block_ids)
+        for block, obj in zip(block_ids, objects):
+            src = obj if isinstance(obj, torch.Tensor) else torch.frombuffer(obj, dtype=torch.uint8)
+            if src.dtype != torch.uint8 or src.numel() != self.object_bytes:
+                raise ValueError(f"objects must be {self.object_bytes} bytes, got {src.numel()} {src.dtype}")
+            pages = src.view(self.dtype).view(self.num_layers, self.page_elems)
+            for layer, kv in enumerate(self.layers):
+                kv[block].copy_(pages[layer])
+
     def _index(self, block_ids: Sequence[int]) -> torch.Tensor:
         idx = torch.as_tensor(list(block_ids), dtype=torch.long)
         if int(idx.min()) < 0 or int(idx.max()) >= self.num_blocks:

@@ -4,7 +4,8 @@ it sees requests through the few attributes vLLM's `Request` has (below), so uni
 Per request, in vLLM's engine-core process (the scheduler):
 
     get_num_new_matched_tokens ─▶ lookup(request, local)   keys of the request's full blocks past vLLM's local
-                                                           prefix hit, capped so one token is left to compute;
+                                                           prefix hit; the hit is capped at num_tokens - 1, so
+                                                           one token is left to compute (see "The cap" below);
                                                            lookup_prefix in the pool (short deadline: this blocks
                                                            the scheduler) ─▶ hit tokens (0 on any fault)
     update_state_after_alloc ───▶ allocated(request, block_ids, n)   remember a load of n tokens into those blocks
@@ -16,6 +17,13 @@ Per request, in vLLM's engine-core process (the scheduler):
 Keys are kvpool's own chained xxh3_128 over the token ids (`kvpool.block_keys`), with the request's `cache_salt` as
 the extra bytes, in the namespace that carries the engine/layout tag. Not vLLM's `block_hashes`: those are pickled
 sha256 or xxhash seeded per process, equal across instances only if every instance shares a seed.
+
+The cap: vLLM must compute at least one token of a prompt to sample from. Its own prefix cache stops at the last
+full block before that token, so a prompt of exactly k blocks recomputes its whole last block (128 tokens). The pool
+does not have to: it loads the last full block too and reports one token less than the prompt (k * block - 1
+tokens, not block-aligned; vLLM 0.32's scheduler takes such a count as it is), and vLLM computes only the last
+token, whose KV slot the forward overwrites. A prompt that ends inside a block loads its full blocks and computes
+the partial tail, as vLLM's own hit does. Counters stay in whole blocks (requested, hit tokens by tier).
 
 Save bookkeeping: `saved_upto` = leading blocks known to be in the pool (vLLM's local hit, which this instance saved
 when it computed it; blocks loaded from the pool) or handed to the worker for saving. A request whose computed
@@ -92,6 +100,7 @@ class _State:
     lookup_first: int = 0
     lookup_hits: int = 0
     saved_upto: int = 0
+    saved_mark: int = 0         # computed tokens below which saved_upto no longer holds (truncation, preemption)
 
 
 def bypass_reason(request) -> str | None:
@@ -125,13 +134,16 @@ class SchedulerPlanner:
     # ------------------------------------------------------------------ vLLM scheduler hooks
 
     def lookup(self, request, num_computed_tokens: int) -> int:
-        """Tokens past `num_computed_tokens` (vLLM's block-aligned local hit) that the pool can supply: full blocks
-        only, leaving at least one token to compute; 0 on any pool fault. Counts requested tokens once per request."""
+        """Tokens past `num_computed_tokens` (vLLM's block-aligned local hit) that the pool can supply: its full
+        blocks, the result capped at num_tokens - 1 so one token is left to compute (so it is not block-aligned
+        when the prompt is a whole number of blocks); 0 on any pool fault. Counts requested tokens once per
+        request."""
         bt = self.config.block_tokens
         state = self._state(request)
         if state is None:
             return 0
-        max_blocks = (request.num_tokens - 1) // bt
+        cap = request.num_tokens - 1
+        max_blocks = min(request.num_tokens // bt, -(-cap // bt))   # full blocks holding a token below the cap
         first = num_computed_tokens // bt
         if not state.counted:
             state.counted = True
@@ -141,7 +153,9 @@ class SchedulerPlanner:
             if self.config.save_policy is SavePolicy.AFTER_N_HITS:
                 self._seen.remember(state.keys[:max_blocks])
         state.lookup_first, state.lookup_hits = first, 0
-        state.saved_upto = max(state.saved_upto, min(first, len(state.keys)))
+        if min(first, len(state.keys)) > state.saved_upto:
+            state.saved_upto = min(first, len(state.keys))
+            state.saved_mark = state.saved_upto * bt
         if first >= max_blocks or getattr(request, "skip_reading_prefix_cache", False):
             return 0
         pool = self.pool.get()
@@ -154,8 +168,8 @@ class SchedulerPlanner:
         except Exception as exc:  # noqa: BLE001 - a pool fault is a miss, never a failed request
             self.pool.fault(exc, "lookup")
             return 0
-        tokens = hits * bt
-        if tokens == 0 or tokens < self.config.min_hit_tokens:
+        tokens = min((first + hits) * bt, cap) - first * bt
+        if tokens <= 0 or tokens < self.config.min_hit_tokens:
             return 0
         if self.config.load_policy is LoadPolicy.AUTO and not self.cost.should_load(tokens):
             self.stats.add_fallback("slower_than_recompute")
@@ -167,7 +181,8 @@ class SchedulerPlanner:
         """vLLM allocated `block_ids` (all of the request's blocks) and will count `num_external_tokens` after the
         local hit as computed: plan their load for the next step."""
         state = self._reqs.get(request.request_id)
-        n = num_external_tokens // self.config.block_tokens
+        bt = self.config.block_tokens
+        n = -(-num_external_tokens // bt)      # the last one may be partly counted (the cap): loaded whole
         if state is None or n <= 0:
             return
         first = state.lookup_first
@@ -177,6 +192,7 @@ class SchedulerPlanner:
         self._pending[request.request_id] = LoadSpec(request.request_id, state.keys[first:first + n],
                                                      list(block_ids[first:first + n]))
         state.saved_upto = max(state.saved_upto, first + n)
+        state.saved_mark = max(state.saved_mark, min((first + n) * bt, first * bt + num_external_tokens))
 
     def build(self, scheduled: Sequence[ScheduledRequest], block_ids_of: Callable[[str], Sequence[int]]) -> StepPlan:
         """This step's plan: pending loads, and saves of the blocks that become full in it."""
@@ -201,10 +217,11 @@ class SchedulerPlanner:
 
     def _plan_save(self, state: _State, step: ScheduledRequest, block_ids_of) -> SaveSpec | None:
         bt = self.config.block_tokens
-        if step.num_computed_tokens < state.saved_upto * bt:
+        if step.num_computed_tokens < state.saved_mark:
             # vLLM truncated the request (a block failed to load) or restarted it (preemption): what it
             # recomputes from here on is saved again.
             state.saved_upto = step.num_computed_tokens // bt
+            state.saved_mark = state.saved_upto * bt
         known = len(state.request.all_token_ids)
         block_ids = block_ids_of(step.req_id)
         full = min(step.num_computed_tokens + step.num_scheduled_tokens, known) // bt
@@ -218,6 +235,7 @@ class SchedulerPlanner:
             positions = [i for i in positions if self._seen.count(state.keys[i]) >= need]
         positions = list(positions)
         state.saved_upto = full
+        state.saved_mark = full * bt
         if not positions:
             return None
         return SaveSpec(step.req_id, [state.keys[i] for i in positions], [block_ids[i] for i in positions],

@@ -1,8 +1,10 @@
 """Worker side of the vLLM connector: carry out a step's plan (vllm_plan.StepPlan) against the pool over vLLM's KV
 tensors. vLLM-free, so unit tests run it on plain tensors and a real pool.
 
-    start_load_kv ─▶ load(plan.loads)   before the forward, synchronously: get_many_into a staging buffer reserved
-                                        (and touched) at start, in chunks, scatter into vLLM's blocks. Blocks not
+    start_load_kv ─▶ load(plan.loads)   before the forward, synchronously, in chunks: acquire_many leases the
+                                        objects; same-host DRAM extents are copied straight into vLLM's pages,
+                                        then verified (the read fence); others (TCP, SSD) land in a staging buffer
+                                        reserved (and touched) at start, checked as they arrive. Blocks not
                                         loaded (miss, evicted since the lookup, bad checksum, pool down) are
                                         collected for get_block_ids_with_load_errors(): vLLM then recomputes from
                                         the first of them. Nothing raises.
@@ -141,11 +143,7 @@ class WorkerTransfer:
         try:
             while got < n:
                 k = min(chunk, n - got)
-                # No namespace: the scheduler's lookup_prefix already counted these tokens in the pool's hit
-                # stats (a get with a namespace would count every loaded token a second time).
-                done = pool.get_many_into(spec.keys[got:got + k], self._staging_np[:k], tiers_out=tiers)
-                if done:
-                    self.pages.scatter(spec.block_ids[got:got + done], self._staging)
+                done = self._load_chunk(pool, spec.keys[got:got + k], spec.block_ids[got:got + k], tiers)
                 got += done
                 if done < k:
                     # Evicted since the lookup, or a block failed its checksum: recompute from there.
@@ -165,6 +163,29 @@ class WorkerTransfer:
             for tier in tiers[:got] if len(tiers) >= got else ["unknown"] * got:
                 self.stats.add_hit(tier, bt)
         return got
+
+    def _load_chunk(self, pool, keys: Sequence[bytes], block_ids: Sequence[int], tiers: list[str]) -> int:
+        """Load the leading hits of `keys` into `block_ids`; returns how many are valid. Same-host DRAM objects are
+        copied from the pool's mapped extents straight into vLLM's pages (one copy, not get-into-staging then
+        scatter); others (TCP, SSD) arrive in rows of the staging buffer, checked as they land."""
+        rows = iter(self._staging_np)
+        # No namespace: the scheduler's lookup_prefix already counted these tokens in the pool's hit stats (a
+        # namespaced read would count every loaded token a second time).
+        read = pool.acquire_many(keys, [self.pages.object_bytes] * len(keys), staging=lambda nbytes: next(rows))
+        try:
+            if not read.count:
+                return 0
+            self.pages.scatter_views(block_ids[:read.count], read.buffers[:read.count])
+            # The same-host read fence, after the copy: a mapped extent whose bytes no longer hash to the committed
+            # checksum (a stalled peer wrote it) ends the hit there; the blocks copied from it are reported as not
+            # loaded, so vLLM recomputes them. The extents stay leased until release(); hashing them after the copy
+            # catches any change that had reached them by the end of it (kvpool/fence.py: a content check, so only
+            # a change and its exact undo would pass; a change landing after the copy costs a needless recompute).
+            done = read.verify()
+            tiers += read.tiers[:done]
+            return done
+        finally:
+            read.release()
 
     def _on_saved(self, stored: int, skipped: int) -> None:
         self.stats.saved_blocks += stored

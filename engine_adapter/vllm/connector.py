@@ -29,9 +29,12 @@ Facts of vLLM 0.32.0 this relies on (read in its source, checked with a real run
   neon, ...; this AVX2 machine: "vec") and set on every attention layer before `register_kv_caches`. The page bytes
   depend on it, so the namespace carries the tag "vllm-<version>/CPU_ATTN/<isa>/<kv layout>"; the worker checks its
   layers' ISA against the tag the scheduler keyed with, and refuses to start on a mismatch.
-- `get_num_new_matched_tokens(request, n)` gets vLLM's local prefix hit rounded down to a block; returning
-  (tokens, False) makes the load synchronous: the scheduler sets `has_sync_kv_loads` and the model runner calls
-  `start_load_kv` BEFORE the forward (otherwise after it). Failed blocks reported by
+- `get_num_new_matched_tokens(request, n)` gets vLLM's local prefix hit rounded down to a block; the count it
+  returns need not be block-aligned (the scheduler takes local + external <= num_tokens as it is), so a prompt of
+  whole blocks loads all of them and reports num_tokens - 1: vLLM computes one token, where its own local hit
+  recomputes the whole last block (checked: num_cached_tokens 4095 of 4096, greedy tokens equal to a full
+  prefill's). Returning (tokens, False) makes the load synchronous: the scheduler sets `has_sync_kv_loads` and
+  the model runner calls `start_load_kv` BEFORE the forward (otherwise after it). Failed blocks reported by
   `get_block_ids_with_load_errors()` in the same step make the scheduler drop that step's output for the request,
   truncate its computed tokens at the first failed block and recompute (with kv_load_failure_policy "recompute";
   "fail" would fail the request, so a different policy is warned about at start).

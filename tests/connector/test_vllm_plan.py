@@ -39,20 +39,63 @@ def step(rid, computed, scheduled):
 
 
 @pytest.mark.parametrize("num_tokens, stored, local, want", [
-    (16, 4, 0, 12),   # whole prompt in the pool: capped at 3 blocks so one token is left to compute
+    (16, 4, 0, 15),   # whole prompt in the pool: all 4 blocks load, capped at 15 tokens so one is left to compute
+    (16, 4, 12, 3),   # vLLM's own hit stops at block 3 (it leaves the whole last block): the pool adds 3 tokens
+    (16, 3, 0, 12),   # the pool lacks the last block: vLLM computes it, as after its own local hit
     (17, 4, 0, 16),   # one token past the last full block: all 4 blocks load
     (17, 2, 0, 8),    # the pool has only 2 leading blocks
     (17, 4, 8, 8),    # vLLM's local prefix hit covers blocks 0-1: only blocks 2-3 are asked for
     (17, 4, 16, 0),   # local hit already at the cap
     (3, 4, 0, 0),     # shorter than a block
+    (4, 4, 0, 3),     # exactly one block: 3 of its tokens come from the pool
 ])
 def test_lookup_is_capped_and_starts_after_the_local_hit(pool, num_tokens, stored, local, want):
     tokens = list(range(100, 100 + num_tokens))
     store(pool, list(range(100, 120)), stored)
     p, stats = planner(pool)
     assert p.lookup(FakeRequest("r", tokens), local) == want
-    assert stats.requested_tokens == (num_tokens - 1) // BT * BT
-    assert stats.local_hit_tokens == min(local, (num_tokens - 1) // BT * BT)
+    assert stats.requested_tokens == num_tokens // BT * BT        # whole blocks, as the hit counters
+    assert stats.local_hit_tokens == min(local, num_tokens // BT * BT)
+
+
+def test_whole_block_prompt_loads_its_last_block_and_saves_nothing_again(pool):
+    tokens = list(range(16))            # exactly 4 blocks
+    keys = store(pool, tokens, 4)
+    p, _ = planner(pool)
+    r = FakeRequest("r", tokens)
+    assert p.lookup(r, 0) == 15
+    blocks = [8, 6, 4, 2]
+    p.allocated(r, blocks, 15)          # 15 tokens counted as computed: the 4th block is partly counted
+    plan = p.build([step("r", 15, 1)], lambda rid: blocks)
+    assert [(l.keys, l.block_ids) for l in plan.loads] == [(keys, blocks)]    # loaded whole
+    assert plan.saves == []             # the step computes token 15 into block 2: it is in the pool already
+    r.all_token_ids.append(7)
+    assert p.build([step("r", 16, 1)], lambda rid: blocks + [1]).saves == []
+
+
+def test_whole_block_prompt_after_vllm_s_local_hit_loads_only_the_last_block(pool):
+    tokens = list(range(16))
+    keys = store(pool, tokens, 4)
+    p, _ = planner(pool)
+    r = FakeRequest("r", tokens)
+    assert p.lookup(r, 12) == 3
+    p.allocated(r, [5, 6, 7, 9], 3)
+    plan = p.build([step("r", 15, 1)], lambda rid: [5, 6, 7, 9])
+    assert [(l.keys, l.block_ids) for l in plan.loads] == [(keys[3:], [9])] and plan.saves == []
+
+
+def test_failed_load_of_the_partly_counted_block_is_saved_once_recomputed(pool):
+    tokens = list(range(16))
+    keys = store(pool, tokens, 4)
+    p, _ = planner(pool)
+    r = FakeRequest("r", tokens)
+    assert p.lookup(r, 0) == 15
+    blocks = [8, 6, 4, 2]
+    p.allocated(r, blocks, 15)
+    p.build([step("r", 15, 1)], lambda rid: blocks)
+    # Block 2 (index 3) failed to load: vLLM truncates to 12 computed tokens and recomputes tokens 12..15.
+    plan = p.build([step("r", 12, 4)], lambda rid: blocks)
+    assert [(s.keys, s.block_ids) for s in plan.saves] == [(keys[3:], [2])]
 
 
 def test_lookup_is_counted_once_per_request_and_min_hit_tokens_applies(pool):

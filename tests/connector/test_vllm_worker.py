@@ -3,6 +3,10 @@ a save by one "instance" loaded by another, and every pool fault turned into rec
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+
+import numpy as np
 import pytest
 import torch
 
@@ -14,6 +18,8 @@ from kvpool.connector.vllm_worker import WorkerTransfer
 from kvpool.embedded import EmbeddedPool
 from kvpool.errors import PoolDataError, PoolTimeout, PoolUnavailable
 from kvpool.launcher import free_port
+from kvpool.store.config import UpConfig
+from kvpool.store.local_cluster import LocalCluster
 
 from tests.connector.vllm_fakes import BT, LAYERS, LAYOUT, NS, FaultyPool, config, handle, kv_cache
 
@@ -113,7 +119,7 @@ def test_block_evicted_between_lookup_and_load_reports_the_rest(pool):
 ])
 def test_load_fault_recomputes_from_the_failed_chunk(pool, exc, at, reason, backs_off):
     _saved(pool)
-    faulty = FaultyPool(pool, "get_many_into", exc, at=at)
+    faulty = FaultyPool(pool, "acquire_many", exc, at=at)
     stats = ConnectorStats()
     h = handle(faulty, stats)
     w = WorkerTransfer(config(load_chunk_blocks=2), NS, KVPages(kv_cache(10)), h, stats)
@@ -173,3 +179,70 @@ def test_fail_reports_every_block_and_drops_the_request_s_saves(pool):
     w.save([SaveSpec("r", KEYS[3:4], [0])])
     assert w.flush(10) and stats.saved_blocks == 0
     w.close()
+
+
+# ---------------------------------------------------------------- against a real master + node (same-host arena)
+
+
+@pytest.fixture
+def up(port):
+    shm = tempfile.mkdtemp(prefix="kvpool-test-", dir="/dev/shm")
+    cluster = LocalCluster(UpConfig(listen=f"127.0.0.1:{port}", http_listen="", shm_dir=shm,
+                                    dram_bytes=16 * NS.block_bytes, ssd_path="", node_id="n1",
+                                    promote_on_hit=False, write_behind=False)).start()
+    yield cluster
+    cluster.stop()
+    shutil.rmtree(shm, ignore_errors=True)
+
+
+class LateWriter:
+    """A PoolClient whose acquired extent `victim` is overwritten in place as the lease is handed out: what a
+    stalled peer's late write does to bytes a reader copies straight out of the mapped arena."""
+
+    def __init__(self, client: PoolClient, victim: int) -> None:
+        self.client, self.victim, self.direct = client, victim, []
+
+    def acquire_many(self, *args, **kwargs):
+        read = self.client.acquire_many(*args, **kwargs)
+        self.direct += read.direct
+        if self.victim < read.count:
+            np.frombuffer(read.buffers[self.victim], np.uint8)[:8] ^= 0xFF
+        return read
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+
+@pytest.mark.parametrize("transport, direct", [("auto", True), ("tcp", False)])
+def test_load_is_byte_exact_from_the_arena_or_through_staging_rows(up, transport, direct):
+    cache_a, cache_b = kv_cache(10, seed=1), kv_cache(10, seed=2)
+    with PoolClient(up.address) as client, PoolClient(up.address, transport=transport) as reader:
+        a, _ = worker(client, cache_a)
+        a.save([SaveSpec("r", KEYS[:5], [3, 1, 4, 0, 2])])
+        assert a.flush(10)
+        spy = LateWriter(reader, victim=99)
+        b, stats = worker(spy, cache_b, load_chunk_blocks=2)   # three chunks: same host, straight from the arena
+        b.begin_step()
+        b.load([LoadSpec("q", KEYS[:5], [9, 8, 7, 6, 5])])
+        assert b.take_invalid_block_ids() == set() and spy.direct == [direct] * 5
+        for src, dst in zip([3, 1, 4, 0, 2], [9, 8, 7, 6, 5]):
+            assert [page(cache_b, l, dst) for l in range(LAYERS)] == [page(cache_a, l, src) for l in range(LAYERS)]
+        assert stats.pool_hit_tokens == {"dram": 5 * BT} and stats.fallbacks == {}
+        a.close(), b.close()
+
+
+def test_extent_changed_under_the_copy_is_reported_not_loaded(up):
+    with PoolClient(up.address) as client:
+        a, _ = worker(client, kv_cache(10, seed=1))
+        a.save([SaveSpec("r", KEYS[:4], [0, 1, 2, 3])])
+        assert a.flush(10)
+        b, stats = worker(LateWriter(client, victim=2), kv_cache(10, seed=2))
+        b.begin_step()
+        b.load([LoadSpec("q", KEYS[:4], [9, 8, 7, 6])])
+        # The fence runs after the copy: block 7 holds the changed bytes, so it and the blocks after it recompute.
+        assert b.take_invalid_block_ids() == {7, 6}
+        assert stats.fallbacks == {"partial_load": 1} and stats.pool_hit_tokens == {"dram": 2 * BT}
+        assert client.checksum_failures == 1
+        a.close(), b.close()
+    with PoolClient(up.address) as other:     # the release named the bad key: the pool forgot it
+        assert other.contains_many(KEYS[:4]) == [True, True, False, True]
