@@ -56,7 +56,7 @@ from kvpool.store.auth.config import Identity, Role
 from kvpool.store.auth.methods import METHOD_RULES
 from kvpool.store.auth.server import identity_from_cert, role_refusal, serving_as
 from kvpool.store.auth.table import TokenStore
-from kvpool.store.data_channel import readable, recv_exact, tune_socket
+from kvpool.store.sockets import ConnectionPool, ThreadedServer, recv_exact, tune_socket
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ class _Context:
 _CONTEXT = _Context()
 
 
-class ControlServer:
+class ControlServer(ThreadedServer):
     """Threaded server over a MasterServicer: one thread per connection (connections are few and long-lived)."""
 
     def __init__(self, servicer, host: str = "127.0.0.1", port: int = 0, *, instance: bytes,
@@ -109,107 +109,34 @@ class ControlServer:
                  on_reject: Callable[[str, str], None] | None = None) -> None:
         if len(instance) != 16:
             raise ValueError(f"instance must be 16 bytes, got {len(instance)}")
+        super().__init__(host, port, what="control", max_connections=max_connections, ssl_context=ssl_context,
+                         handshake_timeout_s=handshake_timeout_s)
         self.servicer = servicer
         self.instance = instance
         self.tokens, self.auth, self.cert_roles = tokens, auth, cert_roles
-        self.ssl_context = ssl_context
-        self.handshake_timeout_s = handshake_timeout_s
         self.idle_timeout_s = idle_timeout_s
-        self.max_connections = max_connections
         self.max_frame_bytes = max_frame_bytes
         self.on_reject = on_reject
-        self.refused_connections = 0
         self.calls = {name: 0 for name in CHANNEL_METHODS}   # answered requests per method (tests, stats)
-        self._sock = socket.create_server((host, port))
-        self._sock.listen(128)
-        self.port = self._sock.getsockname()[1]
-        self._stop = threading.Event()
-        self._conns: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._accept_loop, name="kvpool-control-accept", daemon=True)
 
-    def start(self) -> "ControlServer":
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self._stop.set()
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._sock.close()
-        with self._lock:
-            conns = list(self._conns)
-        for conn in conns:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def connections(self) -> int:
-        with self._lock:
-            return len(self._conns)
-
-    def _accept_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            with self._lock:
-                full = len(self._conns) >= self.max_connections
-                if not full:
-                    self._conns.add(conn)
-            if full:
-                self.refused_connections += 1
-                if self.refused_connections == 1 or self.refused_connections % 1000 == 0:
-                    log.warning("control channel: %d connections open (max_connections); refused %d so far",
-                                self.max_connections, self.refused_connections)
-                conn.close()
-                continue
-            tune_socket(conn)
-            threading.Thread(target=self._serve, args=(conn,), name="kvpool-control-conn", daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
+    def serve(self, conn: socket.socket) -> None:
         cert_ident: list[Identity | None] = []
-        try:
-            if self.ssl_context is not None:
-                raw = conn
-                raw.settimeout(self.handshake_timeout_s)
-                try:
-                    conn = self.ssl_context.wrap_socket(raw, server_side=True)
-                except (OSError, ValueError) as exc:  # a bad or untrusted peer, or a silent one past the deadline
-                    log.debug("control channel TLS handshake failed: %s", exc)
-                    with self._lock:
-                        self._conns.discard(raw)
-                    raw.close()
-                    return
-                with self._lock:
-                    self._conns.discard(raw)
-                    self._conns.add(conn)
-            conn.settimeout(self.idle_timeout_s)
-            conn.sendall(GREETING.pack(MAGIC, VERSION, self.instance))
-            head = bytearray(REQ.size)
-            hview = memoryview(head)
-            while True:
-                recv_exact(conn, hview)
-                size, call_id, method, token_len = REQ.unpack(head)
-                if size > self.max_frame_bytes:
-                    self._reply(conn, call_id, INVALID_ARGUMENT,
-                                f"frame: {size} bytes exceeds the control channel's {self.max_frame_bytes}")
-                    return  # the stream cannot be resynchronised without reading the oversize body
-                body = bytearray(token_len + size)
-                recv_exact(conn, memoryview(body))
-                code, reply = self._handle(conn, method, bytes(body[:token_len]), memoryview(body)[token_len:],
-                                           cert_ident)
-                self._reply(conn, call_id, code, reply)
-        except (ConnectionError, OSError) as exc:
-            log.debug("control connection ended: %s", exc)
-        finally:
-            with self._lock:
-                self._conns.discard(conn)
-            conn.close()
+        conn.settimeout(self.idle_timeout_s)
+        conn.sendall(GREETING.pack(MAGIC, VERSION, self.instance))
+        head = bytearray(REQ.size)
+        hview = memoryview(head)
+        while True:
+            recv_exact(conn, hview)
+            size, call_id, method, token_len = REQ.unpack(head)
+            if size > self.max_frame_bytes:
+                self._reply(conn, call_id, INVALID_ARGUMENT,
+                            f"frame: {size} bytes exceeds the control channel's {self.max_frame_bytes}")
+                return  # the stream cannot be resynchronised without reading the oversize body
+            body = bytearray(token_len + size)
+            recv_exact(conn, memoryview(body))
+            code, reply = self._handle(conn, method, bytes(body[:token_len]), memoryview(body)[token_len:],
+                                       cert_ident)
+            self._reply(conn, call_id, code, reply)
 
     def _handle(self, conn, method: int, token: bytes, payload: memoryview, cert_ident: list) -> tuple[int, bytes]:
         if not 1 <= method <= len(CHANNEL_METHODS):
@@ -275,24 +202,23 @@ class ControlClient:
     def __init__(self, host: str, port: int, instance: bytes, *, ssl_context: ssl.SSLContext | None = None,
                  server_hostname: str = "", max_idle_s: float = 120.0, connect_timeout: float = 2.0) -> None:
         self._addr = (host, port)
-        self.connect_timeout = connect_timeout
-        self.answered = False   # some call got its reply: the channel works from here
         self.instance = instance
         self.ssl_context = ssl_context
         self.server_hostname = server_hostname or host
-        self.max_idle_s = max_idle_s  # below the server's idle timeout (300 s by default): reuse never races it
-        self._idle: list[tuple[socket.socket, float]] = []
-        self._lock = threading.Lock()
-        self._closed = False
+        self.connect_timeout = connect_timeout
+        self.answered = False   # some call got its reply: the channel works from here
         self._next_id = 0
+        self._id_lock = threading.Lock()
+        # max_idle_s below the server's idle timeout (300 s by default): reuse never races its close
+        self._pool = ConnectionPool(self._dial, max_idle_s=max_idle_s)
 
     def call(self, method: str, request: bytes, token: str, timeout: float) -> tuple[int, bytes]:
         """(code, response bytes or UTF-8 error message). ControlUnreachable: nothing sent. OSError (TimeoutError
         included) after the request went out: whether the master ran it is unknown."""
-        sock = self._take(min(timeout, self.connect_timeout))
+        sock = self._pool.take()
         deadline = time.monotonic() + timeout
         tok = token.encode() if token else b""
-        with self._lock:
+        with self._id_lock:
             self._next_id = call_id = (self._next_id + 1) & 0xFFFFFFFF
         try:
             sock.settimeout(timeout)
@@ -309,21 +235,12 @@ class ControlClient:
             sock.close()
             raise
         self.answered = True
-        self._give(sock)
+        self._pool.give(sock)
         return code, bytes(body)
 
-    def _take(self, timeout: float) -> socket.socket:
-        while True:
-            with self._lock:
-                if not self._idle:
-                    break
-                sock, since = self._idle.pop()
-            # idle too long, or readable while idle (the master closed it: idle timeout, restart): not reusable
-            if time.monotonic() - since < self.max_idle_s and not readable(sock):
-                return sock
-            sock.close()
+    def _dial(self) -> socket.socket:
         try:
-            sock = socket.create_connection(self._addr, timeout=timeout)
+            sock = socket.create_connection(self._addr, timeout=self.connect_timeout)
         except OSError as exc:
             raise ControlUnreachable(f"control channel {self._addr[0]}:{self._addr[1]}: {exc}") from None
         try:
@@ -342,19 +259,8 @@ class ControlClient:
                                      "announced it (restarted?)")
         return sock
 
-    def _give(self, sock: socket.socket) -> None:
-        with self._lock:
-            if not self._closed:
-                self._idle.append((sock, time.monotonic()))
-                return
-        sock.close()
-
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for sock, _ in idle:
-            sock.close()
+        self._pool.close()
 
 
 __all__ = ["CHANNEL_METHODS", "ControlClient", "ControlServer", "ControlUnreachable", "RESPONSES", "Role"]

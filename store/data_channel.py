@@ -40,15 +40,13 @@ SSLSocket has no sendmsg). Without a context the code path is the plaintext one,
 from __future__ import annotations
 
 import logging
-import select
 import socket
 import ssl
 import struct
-import threading
-import time
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
+from kvpool.store.sockets import ConnectionPool, ThreadedServer, recv_exact, tune_socket
 from kvpool.store.tokens import TokenError
 
 log = logging.getLogger(__name__)
@@ -62,7 +60,6 @@ OK, DENIED, BAD_REQUEST, NOT_FOUND, ERROR = 0, 1, 2, 3, 4
 STATUS_NAMES = {OK: "OK", DENIED: "PERMISSION_DENIED", BAD_REQUEST: "INVALID_ARGUMENT", NOT_FOUND: "NOT_FOUND",
                 ERROR: "INTERNAL"}
 _WINDOW = 32  # requests in flight per connection: 32 headers always fit a socket buffer, so no send/recv deadlock
-_SOCK_BUF = 4 << 20
 _DISCARD_CHUNK = 256 << 10  # scratch for the payload of a refused WRITE (the only buffer a refusal costs)
 
 
@@ -83,37 +80,12 @@ class DataChannelError(Exception):
         self.message = message
 
 
-def tune_socket(sock: socket.socket) -> None:
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, opt, _SOCK_BUF)
-        except OSError:
-            pass
-
-
-def recv_exact(sock: socket.socket, view: memoryview) -> None:
-    got, n = 0, len(view)
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            raise ConnectionError("peer closed the connection mid-frame")
-        got += k
-
-
 def _discard(sock: socket.socket, size: int, scratch: memoryview) -> None:
     while size:
         k = sock.recv_into(scratch, min(size, len(scratch)))
         if k == 0:
             raise ConnectionError("peer closed the connection mid-frame")
         size -= k
-
-
-def readable(sock: socket.socket) -> bool:
-    """Whether an idle connection has something to read now: EOF (the peer closed it) or data nobody asked for."""
-    poller = select.poll()  # not select.select: descriptors above 1023 are common in an engine process
-    poller.register(sock, select.POLLIN)
-    return bool(poller.poll(0))
 
 
 def _send_two(sock: socket.socket, head: bytes, body: memoryview) -> None:
@@ -131,82 +103,20 @@ def _send_two_tls(sock: ssl.SSLSocket, head: bytes, body: memoryview) -> None:
     sock.sendall(body)
 
 
-class DataServer:
+class DataServer(ThreadedServer):
     """Threaded server: one thread per connection (connections are few and long-lived: one pool per client)."""
 
     def __init__(self, handler: DataHandler, host: str = "127.0.0.1", port: int = 0, *,
                  max_object_bytes: int = 64 << 20, ssl_context: ssl.SSLContext | None = None,
                  handshake_timeout_s: float = 10.0, idle_timeout_s: float = 60.0, max_connections: int = 256):
+        super().__init__(host, port, what="data", max_connections=max_connections, ssl_context=ssl_context,
+                         handshake_timeout_s=handshake_timeout_s)
         self.handler = handler
         self.max_object_bytes = max_object_bytes
-        self.ssl_context = ssl_context
-        self.handshake_timeout_s = handshake_timeout_s
         self.idle_timeout_s = idle_timeout_s
-        self.max_connections = max_connections
-        self.refused_connections = 0
-        self._sock = socket.create_server((host, port), reuse_port=False)
-        self._sock.listen(128)
-        self.address = f"{host}:{self._sock.getsockname()[1]}"
-        self._stop = threading.Event()
-        self._conns: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._accept_loop, name="kvpool-data-accept", daemon=True)
 
-    def start(self) -> "DataServer":
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self._stop.set()
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self._sock.close()
-        with self._lock:
-            for conn in list(self._conns):
-                try:
-                    conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def _accept_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            with self._lock:
-                full = len(self._conns) >= self.max_connections
-                if not full:
-                    self._conns.add(conn)
-            if full:
-                self.refused_connections += 1
-                if self.refused_connections == 1 or self.refused_connections % 1000 == 0:
-                    log.warning("data channel: %d connections open (max_connections); refused %d so far",
-                                self.max_connections, self.refused_connections)
-                conn.close()
-                continue
-            tune_socket(conn)
-            threading.Thread(target=self._serve, args=(conn,), name="kvpool-data-conn", daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        send_two = _send_two
-        if self.ssl_context is not None:
-            raw = conn
-            try:
-                raw.settimeout(self.handshake_timeout_s)
-                conn = self.ssl_context.wrap_socket(raw, server_side=True)
-            except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError: bad or untrusted peer, timeout
-                log.debug("data channel TLS handshake failed: %s", exc)
-                with self._lock:
-                    self._conns.discard(raw)
-                raw.close()
-                return
-            with self._lock:
-                self._conns.discard(raw)  # wrap_socket detached it; the SSLSocket owns the descriptor now
-                self._conns.add(conn)
-            send_two = _send_two_tls
+    def serve(self, conn: socket.socket) -> None:
+        send_two = _send_two_tls if isinstance(conn, ssl.SSLSocket) else _send_two
         conn.settimeout(self.idle_timeout_s)  # a silent peer (between requests or mid-frame) loses its connection
         head = bytearray(REQ.size)
         hview = memoryview(head)
@@ -250,10 +160,6 @@ class DataServer:
                     send_two(conn, REP.pack(OK, 0, len(view)), view)
         except (ConnectionError, OSError) as exc:
             log.debug("data connection ended: %s", exc)
-        finally:
-            with self._lock:
-                self._conns.discard(conn)
-            conn.close()
 
     @staticmethod
     def _reply(conn: socket.socket, status: int, message: str, size: int = 0) -> None:
@@ -300,21 +206,10 @@ class DataClient:
         self.timeout = timeout
         self.ssl_context = ssl_context
         self.server_hostname = server_hostname or host
-        self.max_idle_s = max_idle_s  # below the node's idle timeout (60 s by default): reuse never races its close
-        self._idle: list[tuple[socket.socket, float]] = []
-        self._lock = threading.Lock()
-        self._closed = False
+        # max_idle_s below the node's idle timeout (60 s by default): reuse never races its close
+        self._pool = ConnectionPool(self._dial, max_idle_s=max_idle_s)
 
-    def _take(self) -> socket.socket:
-        while True:
-            with self._lock:
-                if not self._idle:
-                    break
-                sock, since = self._idle.pop()
-            # Idle too long, or readable while idle (the node closed it: idle timeout, restart): not reusable.
-            if time.monotonic() - since < self.max_idle_s and not readable(sock):
-                return sock
-            sock.close()
+    def _dial(self) -> socket.socket:
         sock = socket.create_connection(self._addr, timeout=self.timeout)
         tune_socket(sock)
         if self.ssl_context is not None:
@@ -325,19 +220,8 @@ class DataClient:
                 raise
         return sock
 
-    def _give(self, sock: socket.socket) -> None:
-        with self._lock:
-            if not self._closed:
-                self._idle.append((sock, time.monotonic()))
-                return
-        sock.close()
-
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for sock, _ in idle:
-            sock.close()
+        self._pool.close()
 
     def write_many(self, extents: Sequence[Extent], payloads: Sequence[memoryview]) -> list[DataChannelError | None]:
         """Write payloads[i] into extents[i]; one error (or None) per extent. Transport faults raise OSError."""
@@ -349,7 +233,7 @@ class DataClient:
 
     def _run(self, op: int, extents: Sequence[Extent], bufs: Sequence[memoryview]) -> list[DataChannelError | None]:
         results: list[DataChannelError | None] = [None] * len(extents)
-        sock = self._take()
+        sock = self._pool.take()
         try:
             rep = bytearray(REP.size)
             rview = memoryview(rep)
@@ -377,5 +261,5 @@ class DataClient:
         except BaseException:
             sock.close()
             raise
-        self._give(sock)
+        self._pool.give(sock)
         return results

@@ -1,0 +1,178 @@
+"""What the pool's two framed TCP channels share: the node's data channel (store/data_channel.py) and the master's
+control channel (store/control_channel.py).
+
+    ThreadedServer   accept loop, one thread per connection, at most `max_connections` at once (more are closed at
+                     accept and counted in `refused_connections`), TLS wrap on the connection's own thread with a
+                     deadline, `close()` that shuts every live connection; a subclass serves one connection
+    ConnectionPool   a client's idle connections to one server (one per concurrent caller): a pooled connection the
+                     server closed (readable while idle: EOF) or that idled past `max_idle_s` is dropped, not reused
+    tune_socket / recv_exact / readable   socket helpers both channels use
+"""
+
+from __future__ import annotations
+
+import logging
+import select
+import socket
+import ssl
+import threading
+import time
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+SOCK_BUF = 4 << 20
+
+
+def tune_socket(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, SOCK_BUF)
+        except OSError:
+            pass
+
+
+def recv_exact(sock: socket.socket, view: memoryview) -> None:
+    got, n = 0, len(view)
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionError("peer closed the connection mid-frame")
+        got += k
+
+
+def readable(sock: socket.socket) -> bool:
+    """Whether an idle connection has something to read now: EOF (the peer closed it) or data nobody asked for."""
+    poller = select.poll()  # not select.select: descriptors above 1023 are common in an engine process
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+class ThreadedServer:
+    """Subclasses implement `serve(conn)`: the connection is tuned, wrapped in TLS when `ssl_context` is set, and
+    untracked and closed after `serve` returns or raises a socket error."""
+
+    def __init__(self, host: str, port: int, *, what: str, max_connections: int,
+                 ssl_context: ssl.SSLContext | None = None, handshake_timeout_s: float = 10.0) -> None:
+        self.what = what
+        self.max_connections = max_connections
+        self.ssl_context = ssl_context
+        self.handshake_timeout_s = handshake_timeout_s
+        self.refused_connections = 0
+        self._sock = socket.create_server((host, port))
+        self._sock.listen(128)
+        self.port = self._sock.getsockname()[1]
+        self.address = f"{host}:{self.port}"
+        self._stop = threading.Event()
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._accept_loop, name=f"kvpool-{what}-accept", daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def connections(self) -> int:
+        with self._lock:
+            return len(self._conns)
+
+    def serve(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            with self._lock:
+                full = len(self._conns) >= self.max_connections
+                if not full:
+                    self._conns.add(conn)
+            if full:
+                self.refused_connections += 1
+                if self.refused_connections == 1 or self.refused_connections % 1000 == 0:
+                    log.warning("%s channel: %d connections open (max_connections); refused %d so far", self.what,
+                                self.max_connections, self.refused_connections)
+                conn.close()
+                continue
+            tune_socket(conn)
+            threading.Thread(target=self._run, args=(conn,), name=f"kvpool-{self.what}-conn", daemon=True).start()
+
+    def _run(self, conn: socket.socket) -> None:
+        try:
+            if self.ssl_context is not None:
+                raw = conn
+                raw.settimeout(self.handshake_timeout_s)
+                try:
+                    conn = self.ssl_context.wrap_socket(raw, server_side=True)
+                except (OSError, ValueError) as exc:  # a bad or untrusted peer, or a silent one past the deadline
+                    log.debug("%s channel TLS handshake failed: %s", self.what, exc)
+                    conn = raw
+                    return
+                with self._lock:
+                    self._conns.discard(raw)   # wrap_socket detached it; the SSLSocket owns the descriptor now
+                    self._conns.add(conn)
+            self.serve(conn)
+        except (ConnectionError, OSError) as exc:
+            log.debug("%s connection ended: %s", self.what, exc)
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
+
+
+class ConnectionPool:
+    """Idle connections to one server. `dial()` opens a new one (the caller's connect, TLS and greeting)."""
+
+    def __init__(self, dial: Callable[[], socket.socket], *, max_idle_s: float) -> None:
+        self._dial = dial
+        self.max_idle_s = max_idle_s
+        self._idle: list[tuple[socket.socket, float]] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def take(self) -> socket.socket:
+        while True:
+            with self._lock:
+                if not self._idle:
+                    break
+                sock, since = self._idle.pop()
+            # idle too long, or readable while idle (the server closed it: idle timeout, restart): not reusable
+            if time.monotonic() - since < self.max_idle_s and not readable(sock):
+                return sock
+            sock.close()
+        return self._dial()
+
+    def give(self, sock: socket.socket) -> None:
+        with self._lock:
+            if not self._closed:
+                self._idle.append((sock, time.monotonic()))
+                return
+        sock.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for sock, _ in idle:
+            sock.close()
+
+
+__all__ = ["ConnectionPool", "ThreadedServer", "readable", "recv_exact", "tune_socket"]
