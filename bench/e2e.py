@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from pagecache import drop_page_cache
 from tqdm import tqdm
 
 from kvpool.connector.config import ConnectorConfig
@@ -48,15 +49,6 @@ def ttft(llm: LLM, prompt: list[int]) -> tuple[float, list[int], int]:
     if llm.engine.connector is not None and hasattr(llm.engine.connector, "flush"):
         llm.engine.connector.flush()
     return out.ttft, out.token_ids, out.num_cached_tokens_external
-
-
-def drop_page_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,6 +58,7 @@ import tempfile
 import time
 
 import numpy as np
+from pagecache import drop_page_cache
 from tqdm import tqdm
 
 from kvpool.config import parse_size
@@ -67,16 +68,6 @@ from kvpool.store.config import UpConfig
 SIZES = [64 << 10, 512 << 10, 2 << 20]
 CHUNK = 8 << 20
 GOAL = 0.8
-
-
-def drop_page_cache(path: str) -> None:
-    """fsync, then ask the kernel to drop the file's pages (clean pages go; a dirty one would stay: hence fsync)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def write_file(path: str, total: int) -> None:
@@ -139,13 +130,7 @@ class SsdCase:
     """One EmbeddedPool whose every object lives on its SSD file, and the buffers its gets fill."""
 
     def __init__(self, directory: str, size: int, total: int, batch: int, misalign: int) -> None:
-        self.size, self.batch = size, batch
-        self.n = total // size
-        rng = np.random.default_rng(size)
-        self.src = rng.integers(0, 256, self.n * size, dtype=np.uint8)
-        self.dst = aligned_array(self.n * size, misalign)
-        self.keys = [size.to_bytes(4, "little") + i.to_bytes(12, "little") for i in range(self.n)]
-        self.views = [self.dst[i * size:(i + 1) * size] for i in range(self.n)]
+        self._objects(size, total, batch, misalign)
         self.pool = EmbeddedPool(dram_bytes=0, ssd_path=directory, ssd_bytes=self.n * (size + 4096) + (64 << 20),
                                  promote_on_hit=False, write_behind=False)
         srcs = [self.src[i * size:(i + 1) * size] for i in range(self.n)]
@@ -161,6 +146,16 @@ class SsdCase:
         dt = self.get_all()
         self.verify()
         return dt
+
+    def _objects(self, size: int, total: int, batch: int, misalign: int) -> None:
+        """The objects' bytes, keys, and the buffer (and its per-object views) the gets fill."""
+        self.size, self.batch = size, batch
+        self.n = total // size
+        rng = np.random.default_rng(size)
+        self.src = rng.integers(0, 256, self.n * size, dtype=np.uint8)
+        self.dst = aligned_array(self.n * size, misalign)
+        self.keys = [size.to_bytes(4, "little") + i.to_bytes(12, "little") for i in range(self.n)]
+        self.views = [self.dst[i * size:(i + 1) * size] for i in range(self.n)]
 
     def prepare(self) -> None:
         self.dst.fill(0)                                        # a pass that filled nothing cannot pass verify()
@@ -200,17 +195,12 @@ class ServiceCase(SsdCase):
     through the node (the node's verified read, then its data channel on loopback)."""
 
     def __init__(self, directory: str, size: int, total: int, batch: int, misalign: int, workdir: str) -> None:
-        from kvpool import PoolClient
-        from kvpool.tiers.ssd import DATA_FILE
         from pool_remote import Pool
 
-        self.size, self.batch = size, batch
-        self.n = total // size
-        rng = np.random.default_rng(size)
-        self.src = rng.integers(0, 256, self.n * size, dtype=np.uint8)
-        self.dst = aligned_array(self.n * size, misalign)
-        self.keys = [size.to_bytes(4, "little") + i.to_bytes(12, "little") for i in range(self.n)]
-        self.views = [self.dst[i * size:(i + 1) * size] for i in range(self.n)]
+        from kvpool import PoolClient
+        from kvpool.tiers.ssd import DATA_FILE
+
+        self._objects(size, total, batch, misalign)
         self.service = Pool(0, workdir, name=f"ssd-{size}",
                             master_args=["--promote-on-hit", "false", "--write-behind", "false"],
                             node_args=["--ssd-path", directory,

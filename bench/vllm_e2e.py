@@ -23,7 +23,6 @@ Usage: python bench/vllm_e2e.py [--lengths 1024 4096] [--repeats 2]
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import shutil
 import statistics
@@ -31,6 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pagecache import drop_page_cache
 from tqdm import tqdm
 
 from kvpool.engine_adapter.vllm.instance import VllmInstance, skip_reason
@@ -40,15 +40,6 @@ BS = 128
 MAX_TOKENS = 4
 CASES = ("cold", "local hit", "A miss+save", "pool DRAM", "pool SSD")
 SAME_CORES = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "1"}   # see the docstring: one compute core for every instance
-
-
-def drop_page_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         full = {c: [cached[c][k] for k in keys] for c in ("local hit", "pool DRAM", "pool SSD")}
         print(f"  num_cached_tokens: {full}   (full blocks: {(n - 1) // BS * BS})")
     print(f"pool hit tokens by tier: B {hit_tiers.get('pool DRAM')}, D {hit_tiers.get('pool SSD')}")
-    print(f"C (SSD pool, computing and saving) TTFT: "
+    print("C (SSD pool, computing and saving) TTFT: "
           + ", ".join(f"{k[0]}: {v * 1e3:.0f} ms" for k, v in sorted(c_ttft.items())))
     print("outputs identical to cold in every case: " + ("yes" if not mismatches else f"NO ({mismatches})"))
     return 0 if not mismatches else 1
