@@ -283,6 +283,11 @@ class Master:
             keys = self.tenants.stored_keys(tid, keys)
             exclude = self._unplaceable()
             find, leases, placement, quotas = self.index.find, self.leases, self.placement, self.quotas
+            # The new objects that fit in free room, placed in one step (a quota admits object by object); the
+            # rest, one by one below. Nothing moved meanwhile, so every key's EXISTS answer is as it was.
+            fast = placement.place_new(keys, sizes, prefer_node, exclude) if quotas is None else []
+            taken = 0
+            copies = placement.copies.enabled
             out: list[PutStartResult] = []
             prev = -1   # the slot of the key before this one: a batch is one chain (store/chains.py)
             for key, size in zip(keys, sizes):
@@ -293,7 +298,11 @@ class Master:
                         self.journal.touched(slot)      # its journalled record carries the pin's new end
                     continue
                 skip = ANY_TIER if quotas is None else quotas.admit(tid, size)
-                placed = None if skip is None else placement.place(size, prefer_node, exclude, skip=skip)
+                if taken < len(fast):
+                    placed = fast[taken]
+                    taken += 1
+                else:
+                    placed = None if skip is None else placement.place(size, prefer_node, exclude, skip=skip)
                 if placed is None:
                     if skip is not None:
                         self.tenants.counters[tid].no_space += 1
@@ -305,7 +314,8 @@ class Master:
                                       ns=ns_id, tenant=tid)
                 if prev != -1:
                     placement.chains.link(slot, prev if prev >= 0 else None)
-                placement.copies.reserve(slot, node)
+                if copies:
+                    placement.copies.reserve(slot, node)
                 prev = slot
                 if hold is not None:
                     hold(slot, pin_until, pin_cap)

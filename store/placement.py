@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
@@ -240,6 +241,80 @@ class Placement:
                 if offset is not None:
                     return node, tier, offset
         return None
+
+    def place_new(self, keys: Sequence[bytes], sizes: Sequence[int], prefer_node: str | None,
+                  exclude: set[int]) -> list[tuple[NodeState, Tier, int]]:
+        """`place_many` for the keys of a put batch that are not stored yet, each key once (a repeat finds the
+        first one's grant): their placements in order, as far as free room takes them. Only for a batch whose new
+        objects are all one size (KV blocks are); otherwise none."""
+        find = self.index.find
+        seen: set[bytes] = set()
+        size = -1
+        for key, n in zip(keys, sizes):
+            if key in seen or find(key, -1) >= 0:
+                continue
+            seen.add(key)
+            if size != n:
+                if size != -1:
+                    return []
+                size = n
+        return self.place_many(size, len(seen), prefer_node, exclude) if seen else []
+
+    def place_many(self, size: int, count: int, prefer_node: str | None, exclude: set[int],
+                   skip: frozenset = frozenset()) -> list[tuple[NodeState, Tier, int]]:
+        """What `count` calls of `place(size, prefer_node, exclude, skip=skip)` would return, in order, as long as
+        each lands in free room, moving nothing (rule 1, or rule 2 landing on an SSD-only node's free room); it
+        stops before the first that would move or evict objects, which the caller places with `place`. A node's
+        objects are carved in one allocator call (`allocate_many`) while it stays the first choice: always, unless
+        another node ties with it (same tier and preference, or two SSD-only nodes), in which case the most free
+        bytes decides object by object, as `place` does. Empty when objects get SSD copies (the copy's room is part
+        of each choice): the caller places those one by one."""
+        cands = []
+        for node in self.nodes.values():
+            if node.number in exclude:
+                continue
+            tier = self.fastest_tier(node)
+            if tier is None or tier is _SSD or tier in skip:
+                continue
+            if self.copies.on(node, tier):
+                return []
+            space = node.spaces[tier]
+            cands.append((tier, node.node_id != prefer_node, node, space.allocator, space.extent_size(size)))
+        out: list[tuple[NodeState, Tier, int]] = []
+        self._carve(cands, count, out)
+        if len(out) < count:
+            # Rule 2 moves nothing when it lands on an SSD-only node's free room: that is its first choice when
+            # every other node's slowest tier is full (a node with a faster tier and room below it would demote)
+            ssd_only = []
+            for node in self.nodes.values():
+                if node.number in exclude or not node.spaces:
+                    continue
+                bottom = next(reversed(node.spaces.values()))
+                if self.fastest_tier(node) is _SSD:
+                    ssd_only.append((_SSD, False, node, bottom.allocator, bottom.extent_size(size)))
+                elif bottom.allocator.can_allocate(bottom.extent_size(size)):
+                    return out
+            self._carve(ssd_only, count, out, prefer_node=prefer_node)   # the most free, then the preferred node
+        return out
+
+    @staticmethod
+    def _carve(cands: list[tuple], count: int, out: list, prefer_node: str | None = None) -> None:
+        """Allocate for `place_many` on the best candidate (tier, rank, node, allocator, extent) by (tier, rank,
+        most free bytes[, preferred when `prefer_node`]), one allocator call per run on the same node."""
+        while len(out) < count:
+            best = None
+            for c in cands:
+                alloc = c[3]
+                if alloc.can_allocate(c[4]):
+                    rank = (c[0], c[1], -alloc.free_bytes, c[2].node_id != prefer_node)
+                    if best is None or rank < best[0]:
+                        best = (rank, c)
+            if best is None:
+                return
+            tier, _, node, alloc, extent = c = best[1]
+            rivals = any(d is not c and d[:2] == c[:2] and d[3].can_allocate(d[4]) for d in cands)
+            want = 1 if rivals else count - len(out)
+            out.extend((node, tier, off) for off in alloc.allocate_many(extent, want))
 
     # ---- policies ----
 

@@ -138,6 +138,36 @@ class OffsetAllocator:
         self._used_bytes += need
         return off
 
+    def allocate_many(self, size: int, count: int) -> list[int]:
+        """The offsets `count` calls of `allocate(size)` would return, in order, stopping at the first None (so
+        fewer than `count` when space runs out), at the cost of one step per free extent rather than one per
+        object: the best fit's remainder is smaller than every other free extent that fits, so it is the next
+        call's best fit, and a free extent is simply cut into as many consecutive objects as it holds."""
+        need = self.rounded(self._check_size(size))
+        out: list[int] = []
+        sizes = self._sizes
+        while len(out) < count:
+            i = bisect.bisect_left(sizes, need)
+            if i == len(sizes):
+                break
+            fsize = sizes[i]
+            heap = self._buckets[fsize]
+            while True:
+                off = heapq.heappop(heap)
+                if self._free_start.get(off) == fsize:
+                    break
+            self._remove_free(off, fsize)
+            k = min(count - len(out), fsize // need)
+            out.append(off)
+            for start in range(off + need, off + k * need, need):
+                self._set_bit(start)
+                out.append(start)
+            if fsize > k * need:
+                self._add_free(off + k * need, fsize - k * need)
+            self._num_used += k
+            self._used_bytes += k * need
+        return out
+
     def free(self, offset: int) -> int:
         """Release the extent at `offset`; returns its (rounded) size. ValueError if `offset` is not allocated."""
         off = self._used_start(offset)

@@ -181,3 +181,49 @@ def test_randomized_10k_ops_keep_invariants_and_never_overlap():
         a.free(off)
     a.check_invariants()
     assert free_extents(a) == [(0, 256 * K + 123)]
+
+
+def test_allocate_many_returns_exactly_what_repeated_allocate_returns():
+    """Two allocators driven through the same random history: one takes each batch with allocate_many, the other
+    with repeated allocate; offsets, free extents and counters stay identical (equal-sized holes, holes smaller
+    than the object, a batch spanning several holes, running out of space mid-batch)."""
+    rng = random.Random(99)
+    a, b = OffsetAllocator(512 * K + 77), OffsetAllocator(512 * K + 77)
+    live: list[int] = []
+    batches = with_ties = short = spans = 0
+    for step in range(3_000):
+        if live and rng.random() < 0.5:
+            for off in rng.sample(live, min(len(live), rng.randint(1, 12))):
+                live.remove(off)
+                assert a.free(off) == b.free(off)
+            continue
+        size, count = rng.choice([K, K, 3000, 2 * K, 5 * K]), rng.randint(1, 40)
+        holes = sorted(s for _, s in free_extents(a))
+        with_ties += len(holes) != len(set(holes))
+        want = []
+        for _ in range(count):
+            off = b.allocate(size)
+            if off is None:
+                break
+            want.append(off)
+        got = a.allocate_many(size, count)
+        assert got == want, step
+        short += len(got) < count
+        spans += any(y - x != a.rounded(size) for x, y in zip(got, got[1:]))
+        batches += 1
+        live.extend(got)
+        assert free_extents(a) == free_extents(b)
+        assert (a.used_bytes, a.num_allocations, a.largest_free) == (b.used_bytes, b.num_allocations, b.largest_free)
+        if step % 50 == 0:
+            a.check_invariants()
+    assert batches > 1000 and with_ties > 100 and short > 50 and spans > 100   # the cases named above happened
+    a.check_invariants()
+
+
+def test_allocate_many_bad_size_names_the_argument_and_changes_nothing():
+    a = OffsetAllocator(8 * K)
+    with pytest.raises(ValueError, match="size must be an int > 0"):
+        a.allocate_many(0, 3)
+    assert a.allocate_many(K, 0) == [] and a.free_bytes == 8 * K
+    assert a.allocate_many(3 * K, 5) == [0, 3 * K]      # the third does not fit
+    assert free_extents(a) == [(6 * K, 2 * K)]
