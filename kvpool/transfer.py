@@ -80,6 +80,7 @@ class Transfers:
         self.ssl_context = ssl_context
         self.server_name = server_name
         self._routes: dict[tuple[str, str, str], Route] = {}
+        self._mapped: tuple[str, ...] = ()
         self._lock = threading.Lock()
         self.pin_arenas = False         # register mapped arenas as CUDA pinned memory (a GPU caller's DMA)
 
@@ -105,6 +106,11 @@ class Transfers:
             if route.arena is not None and batch.tiers[i] == _DRAM:
                 out[i] = route.arena.view(batch.offsets[i], batch.sizes[i])
         return out
+
+    def mapped_nodes(self) -> tuple[str, ...]:
+        """Ids of the nodes whose DRAM this client copies through their mapped arena (every route to them has it
+        mapped): a lookup tells the master, which then signs no data-channel token for their DRAM hits."""
+        return self._mapped
 
     def check_mapped(self, batch: ExtentBatch, views: dict[int, memoryview]) -> set[int]:
         """The read fence on mapped extents the caller copied from itself: positions whose bytes do not hash to the
@@ -147,7 +153,7 @@ class Transfers:
 
     def close(self) -> None:
         with self._lock:
-            routes, self._routes = list(self._routes.values()), {}
+            routes, self._routes, self._mapped = list(self._routes.values()), {}, ()
         for route in routes:
             if route.data is not None:
                 route.data.close()
@@ -263,6 +269,10 @@ class Transfers:
         route = Route(ep.node_id, arena, data, ep.data_address)
         with self._lock:
             existing = self._routes.setdefault(cache_key, route)
+            if existing is route:
+                routes = self._routes.values()
+                unmapped = {r.node_id for r in routes if r.arena is None}
+                self._mapped = tuple(sorted({r.node_id for r in routes} - unmapped))
         if existing is not route:
             if data is not None:
                 data.close()

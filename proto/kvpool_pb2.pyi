@@ -242,7 +242,7 @@ class PutAbortResponse(_message.Message):
     def __init__(self, aborted: _Optional[int] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("namespace", "block_tokens", "keys", "lease", "client_host_id", "namespace_label", "expect_sizes", "prefill_s_per_token")
+    __slots__ = ("namespace", "block_tokens", "keys", "lease", "client_host_id", "namespace_label", "expect_sizes", "prefill_s_per_token", "mapped_nodes", "release_lease_ids")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
@@ -251,6 +251,8 @@ class LookupRequest(_message.Message):
     NAMESPACE_LABEL_FIELD_NUMBER: _ClassVar[int]
     EXPECT_SIZES_FIELD_NUMBER: _ClassVar[int]
     PREFILL_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    MAPPED_NODES_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
     namespace: bytes
     block_tokens: int
     keys: _containers.RepeatedScalarFieldContainer[bytes]
@@ -259,10 +261,12 @@ class LookupRequest(_message.Message):
     namespace_label: str
     expect_sizes: _containers.RepeatedScalarFieldContainer[int]
     prefill_s_per_token: float
-    def __init__(self, namespace: _Optional[bytes] = ..., block_tokens: _Optional[int] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease: _Optional[bool] = ..., client_host_id: _Optional[str] = ..., namespace_label: _Optional[str] = ..., expect_sizes: _Optional[_Iterable[int]] = ..., prefill_s_per_token: _Optional[float] = ...) -> None: ...
+    mapped_nodes: _containers.RepeatedScalarFieldContainer[str]
+    release_lease_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, namespace: _Optional[bytes] = ..., block_tokens: _Optional[int] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease: _Optional[bool] = ..., client_host_id: _Optional[str] = ..., namespace_label: _Optional[str] = ..., expect_sizes: _Optional[_Iterable[int]] = ..., prefill_s_per_token: _Optional[float] = ..., mapped_nodes: _Optional[_Iterable[str]] = ..., release_lease_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
-    __slots__ = ("hits", "lease_id", "node_index", "tiers", "offsets", "sizes", "checksums", "tokens", "nodes", "expires_unix_ms", "record_keys")
+    __slots__ = ("hits", "lease_id", "node_index", "tiers", "offsets", "sizes", "checksums", "tokens", "nodes", "expires_unix_ms", "record_keys", "released")
     HITS_FIELD_NUMBER: _ClassVar[int]
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -274,6 +278,7 @@ class LookupResponse(_message.Message):
     NODES_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     RECORD_KEYS_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
     hits: int
     lease_id: int
     node_index: _containers.RepeatedScalarFieldContainer[int]
@@ -285,7 +290,8 @@ class LookupResponse(_message.Message):
     nodes: _containers.RepeatedCompositeFieldContainer[NodeEndpoint]
     expires_unix_ms: int
     record_keys: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, hits: _Optional[int] = ..., lease_id: _Optional[int] = ..., node_index: _Optional[_Iterable[int]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[bytes]] = ..., nodes: _Optional[_Iterable[_Union[NodeEndpoint, _Mapping]]] = ..., expires_unix_ms: _Optional[int] = ..., record_keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    released: bool
+    def __init__(self, hits: _Optional[int] = ..., lease_id: _Optional[int] = ..., node_index: _Optional[_Iterable[int]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., tokens: _Optional[_Iterable[bytes]] = ..., nodes: _Optional[_Iterable[_Union[NodeEndpoint, _Mapping]]] = ..., expires_unix_ms: _Optional[int] = ..., record_keys: _Optional[_Iterable[bytes]] = ..., released: _Optional[bool] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("lease_ids", "corrupt_keys")

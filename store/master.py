@@ -40,7 +40,7 @@ import logging
 import os
 import threading
 import time
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -381,14 +381,18 @@ class Master:
 
     def lookup(self, keys: Sequence[bytes], ns: NsRef = NO_NS, *, lease: bool = True,
                expect_sizes: Sequence[int] | None = None, tenant: str = "",
-               s_per_token: float = 0.0) -> LookupResult:
+               s_per_token: float = 0.0, mapped_nodes: Collection[str] = (),
+               release: Sequence[int] = ()) -> LookupResult:
         """Leading committed hits of a chain. With `lease`, pins them until `release` (or lease expiry) and returns
         their locations as columns: where each object is NOW. A leased hit on a slower tier than its node's fastest
         is queued for promotion (`promote_pending`, outside this call) when `promote_on_hit`. `expect_sizes` (one
         per key) makes a size disagreement a `SizeMismatch` raised before anything changes. A tenant's hits carry
         their stored keys (`record_keys`); its namespace label names the tenant of the credential. `s_per_token`:
         the caller's measured prefill seconds per token; a counting lookup (ns.block_tokens > 0) adds its hit tokens
-        times that to the prefill seconds saved (store/stats.py)."""
+        times that to the prefill seconds saved (store/stats.py). `mapped_nodes`: nodes whose DRAM the caller maps
+        and copies itself; their DRAM hits get no read token (b""), which only the data channel checks. `release`:
+        read leases the caller is done with, released as `release` does once the lookup has passed its checks (a
+        lookup refused for bad arguments releases nothing)."""
         keys = checks.keys(keys, self.config.max_batch_keys)
         s_per_token = checks.seconds_per_token(s_per_token)
         if expect_sizes is not None:
@@ -417,6 +421,9 @@ class Master:
             self.lookup_stats.count(ns, len(keys), tiers, s_per_token)
             if tid != UNSCOPED:
                 self._lookups_of(tid).count(ns, len(keys), tiers, s_per_token)
+            if release:
+                self._release_all(release, tenant)
+                self._flush()
             if not lease or not len(slots):
                 return LookupResult(hits=len(found))
             self.placement.touch(slots)
@@ -428,8 +435,10 @@ class Master:
                                   node_ids=[by_number[n].node_id for n in index.node[slots].tolist()], tiers=tiers,
                                   offsets=offsets, sizes=sizes, checksums=index.checksum[slots].tolist())
             if self.token_secret is not None:
-                result.tokens = [self.leases.sign(tokens.READ, lease_id, t, o, z, expires_at)
-                                 for t, o, z in zip(tiers, offsets, sizes)]
+                sign = self.leases.sign
+                result.tokens = [b"" if t == Tier.DRAM and n in mapped_nodes else
+                                 sign(tokens.READ, lease_id, t, o, z, expires_at)
+                                 for n, t, o, z in zip(result.node_ids, tiers, offsets, sizes)]
             if tid != UNSCOPED:
                 result.record_keys = list(keys[: len(found)])
             if self.config.promote_on_hit and self.promotions.want(slots):
@@ -438,12 +447,13 @@ class Master:
 
     def release(self, lease_ids: Sequence[int], *, tenant: str = "") -> int:
         with self._lock:
-            owner = self.tenants.id_of(tenant) if tenant else None  # "": auth off, one space
-            n = 0
-            for lease_id in lease_ids:
-                n += self._release(lease_id, owner)
+            n = self._release_all(lease_ids, tenant)
             self._flush()
             return n
+
+    def _release_all(self, lease_ids: Sequence[int], tenant: str) -> int:
+        owner = self.tenants.id_of(tenant) if tenant else None  # "": auth off, one space
+        return sum(self._release(lease_id, owner) for lease_id in lease_ids)
 
     def report_corrupt(self, lease_id: int, keys: Sequence[bytes], *, tenant: str = "") -> int:
         """A reader found these objects' bytes bad (checksum) while `lease_id` held them: forget them (a miss for

@@ -214,8 +214,12 @@ class MasterServicer(pbg.MasterServiceServicer):
         ns = wire.ns_from_msg(request.namespace, request.block_tokens, request.namespace_label)
         expect = list(request.expect_sizes) if len(request.expect_sizes) else None
         result = self.master.lookup(list(request.keys), ns, lease=request.lease, expect_sizes=expect,
-                                    tenant=self._tenant(), s_per_token=request.prefill_s_per_token)
-        return wire.lookup_reply(result, self.endpoint)
+                                    tenant=self._tenant(), s_per_token=request.prefill_s_per_token,
+                                    mapped_nodes=frozenset(request.mapped_nodes),
+                                    release=list(request.release_lease_ids))
+        reply = wire.lookup_reply(result, self.endpoint)
+        reply.released = len(request.release_lease_ids) > 0
+        return reply
 
     @_rpc
     def Release(self, request, context):

@@ -110,6 +110,15 @@ def put_and_check(c: PoolClient, keys, datas):
     assert bufs == [bytearray(d) for d in datas]
 
 
+def leases_ended(pool) -> None:
+    """Wait for the get's read lease to end (the client releases it within a few ms, or a next lookup takes it)."""
+    deadline = time.monotonic() + 10
+    with admin(pool) as a:
+        while a.raw_stats()["leases_open"]:
+            assert time.monotonic() < deadline, "the read lease was never released"
+            time.sleep(0.005)
+
+
 # ---------------------------------------------------------------- every RPC, every credential
 
 
@@ -178,6 +187,7 @@ def test_every_rpc_without_a_credential_or_with_the_wrong_role_is_refused_and_ch
         requests = damaging_requests(pool, rows)
         assert set(requests) == {full for full, rule in METHOD_RULES.items()
                                  if rule not in (PUBLIC, GRANT)}  # every authenticated RPC of both servers
+        leases_ended(pool)
         before = pool_state(pool)
         refused = []
         for who in (None, "node", "acme", "viewer", "admin"):
@@ -215,6 +225,7 @@ def test_every_control_channel_call_without_a_credential_or_with_the_wrong_role_
             hello = pbg.MasterServiceStub(ch).Hello(pb.HelloRequest(), timeout=5)
         assert hello.control_port and len(hello.instance) == 16 and not hello.control_tls
         ctl = ControlClient("127.0.0.1", hello.control_port, hello.instance)
+        leases_ended(pool)
         before = pool_state(pool)
         refused = []
         try:
