@@ -119,6 +119,7 @@ class Placement:
         self.by_number: list[NodeState | None] = []
         self.counters = Counters()
         self.has_hbm = False            # some node registered an HBM tier: DRAM hits are worth promoting
+        self.has_fast = False           # some node registered HBM or DRAM: SSD hits are worth promoting
         self.track = None               # store.quota.TenantLists: per-tenant recency beside each policy (quotas)
         self.owner_of = lambda key: 0   # the tenant of a re-adopted object, by its stored key (store/tenants.py)
         self.tenant_name = lambda tenant: ""  # a tenant id's name, for records
@@ -135,6 +136,7 @@ class Placement:
 
     def add_node(self, info: NodeInfo, ops: NodeOps) -> NodeState:
         spaces = {}
+        self.has_fast = self.has_fast or info.hbm_bytes > 0 or info.dram_bytes > 0
         if info.hbm_bytes > 0:
             self.has_hbm = True
             spaces[Tier.HBM] = TierSpace(Tier.HBM, OffsetAllocator(info.hbm_bytes, info.alignment),

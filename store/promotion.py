@@ -73,7 +73,10 @@ class Promotions:
 
     def want(self, slots: np.ndarray) -> int:
         """Queue the hits among `slots` that sit below their node's fastest tier; returns how many were queued.
-        SSD hits always qualify; DRAM hits too once some node has HBM (`Placement.has_hbm`)."""
+        SSD hits qualify once some node has a faster tier (`Placement.has_fast`: none in an SSD-only pool); DRAM hits
+        once some node has HBM (`Placement.has_hbm`)."""
+        if not self.placement.has_fast:
+            return 0
         index = self.index
         floor = int(Tier.DRAM) if self.placement.has_hbm else int(Tier.SSD)
         slow = np.flatnonzero(index.tier[slots] >= floor)

@@ -172,3 +172,12 @@ def test_a_promotion_the_target_tier_refuses_leaves_no_pin_behind(tmp_path):
         assert int(master.index.leases[slot]) == 0 and master.stats()["leases_open"] == 0
     finally:
         node.close()
+
+
+def test_an_ssd_only_pool_queues_no_promotions(make):
+    master, node = make(dram_objects=0, ssd_objects=4)
+    put(master, node, [key(1), key(2)])
+    assert tiers(master, [key(1), key(2)]) == ["ssd", "ssd"]
+    res = master.lookup([key(1), key(2)])
+    assert res.hits == 2 and master.promotions.pending == 0 and not master.promotion_wanted.is_set()
+    master.release([res.lease_id])
