@@ -209,24 +209,26 @@ class Transfers:
             stored = batch.keys if len(batch.keys) else keys  # a tenant's objects: the keys the master stores
             extents = [Extent(batch.ids[i], tiers[i], offsets[i], sizes[i], batch.expires_ms, batch.tokens[i],
                               bytes(stored[i]), ns) for i in group]
+            digests = None if write or self.verify == "none" else [None] * len(group)
             try:
-                run = route.data.write_many if write else route.data.read_many_into
-                results = run(extents, [views[i] for i in group])
+                if write:
+                    results = route.data.write_many(extents, [views[i] for i in group])
+                else:
+                    results = route.data.read_many_into(extents, [views[i] for i in group], digests=digests)
             except OSError as exc:  # includes timeouts: this node's keys fail, the other nodes' go on
                 log.warning("node %s (%s) failed during a %s: %s", route.node_id, route.data_address,
                             "write" if write else "read", exc)
                 failed.update(group)
                 unreachable.append((route, exc))
                 continue
-            for i, err in zip(group, results):
+            for j, (i, err) in enumerate(zip(group, results)):
                 if err is not None:
                     log.info("node %s refused %s of key %s: %s", route.node_id, "write" if write else "read",
                              bytes(keys[i]).hex(), err)
                     failed.add(i)
                     if not write and err.status == NOT_FOUND:  # the node's SSD record check failed (not "unreachable")
                         bad.add(i)
-                elif not write and self.verify != "none" and \
-                        xxhash.xxh3_64_intdigest(views[i]) != batch.checksums[i]:
+                elif digests is not None and digests[j] != batch.checksums[i]:   # hashed as the bytes arrived
                     bad.add(i)
         if bad:
             self.checksum_failures += len(bad)

@@ -46,6 +46,8 @@ import struct
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
+import xxhash
+
 from kvpool.store.sockets import ConnectionPool, ThreadedServer, recv_exact, tune_socket
 from kvpool.store.tokens import TokenError
 
@@ -227,11 +229,15 @@ class DataClient:
         """Write payloads[i] into extents[i]; one error (or None) per extent. Transport faults raise OSError."""
         return self._run(OP_WRITE, extents, payloads)
 
-    def read_many_into(self, extents: Sequence[Extent], dests: Sequence[memoryview]) -> list[DataChannelError | None]:
-        """Fill dests[i] (exactly extents[i].size bytes) from the node; one error (or None) per extent."""
-        return self._run(OP_READ, extents, dests)
+    def read_many_into(self, extents: Sequence[Extent], dests: Sequence[memoryview], *,
+                       digests: list | None = None) -> list[DataChannelError | None]:
+        """Fill dests[i] (exactly extents[i].size bytes) from the node; one error (or None) per extent. `digests`
+        (a list as long as `extents`): digests[i] is set to the xxh3_64 of the bytes that landed in dests[i], hashed
+        piece by piece as they arrive (fused with the receive; none for an extent whose read failed)."""
+        return self._run(OP_READ, extents, dests, digests)
 
-    def _run(self, op: int, extents: Sequence[Extent], bufs: Sequence[memoryview]) -> list[DataChannelError | None]:
+    def _run(self, op: int, extents: Sequence[Extent], bufs: Sequence[memoryview],
+             digests: list | None = None) -> list[DataChannelError | None]:
         results: list[DataChannelError | None] = [None] * len(extents)
         sock = self._pool.take()
         try:
@@ -257,7 +263,12 @@ class DataClient:
                     elif op == OP_READ:
                         if size != len(bufs[i]):
                             raise ConnectionError(f"node sent {size} bytes for a {len(bufs[i])}-byte extent")
-                        recv_exact(sock, bufs[i])
+                        if digests is None:
+                            recv_exact(sock, bufs[i])
+                        else:
+                            hasher = xxhash.xxh3_64()
+                            recv_exact(sock, bufs[i], hasher)
+                            digests[i] = hasher.intdigest()
         except BaseException:
             sock.close()
             raise

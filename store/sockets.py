@@ -33,12 +33,16 @@ def tune_socket(sock: socket.socket) -> None:
             pass
 
 
-def recv_exact(sock: socket.socket, view: memoryview) -> None:
+def recv_exact(sock: socket.socket, view: memoryview, hasher=None) -> None:
+    """Fill `view` from `sock`. `hasher` (an xxhash object): updated with each piece as it lands, while the piece
+    is still in cache, so a caller verifying the bytes needs no second pass over memory."""
     got, n = 0, len(view)
     while got < n:
         k = sock.recv_into(view[got:], n - got)
         if k == 0:
             raise ConnectionError("peer closed the connection mid-frame")
+        if hasher is not None:
+            hasher.update(view[got:got + k])
         got += k
 
 

@@ -7,6 +7,7 @@ import time
 import tracemalloc
 
 import pytest
+import xxhash
 
 from kvpool.store import tokens
 from kvpool.store.data_channel import DENIED, NOT_FOUND, OK, OP_WRITE, REP, DataClient, DataServer, Extent
@@ -70,6 +71,12 @@ def test_pipelined_writes_then_reads_are_byte_exact(node):
     reads = [ext(tokens.READ, 7, offsets[i], len(p)) for i, p in enumerate(payloads)]
     assert client.read_many_into(reads, [memoryview(o) for o in outs]) == [None] * 70
     assert [bytes(o) for o in outs] == payloads
+    digests = [None] * 71      # hashed as the bytes arrive: a refused read gets none
+    outs = [bytearray(len(p)) for p in payloads] + [bytearray(100)]
+    results = client.read_many_into(reads + [ext(tokens.READ, 404, 0, 100)], [memoryview(o) for o in outs],
+                                    digests=digests)
+    assert results[:70] == [None] * 70 and results[70].status == NOT_FOUND
+    assert digests == [xxhash.xxh3_64_intdigest(p) for p in payloads] + [None]
 
 
 def test_bad_tokens_are_refused_and_the_stream_goes_on(node):
