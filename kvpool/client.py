@@ -55,14 +55,15 @@ class PoolClient(PoolFront):
     def __init__(self, address: str, *, transport: str = "auto", timeout: float = 10.0, retries: int = 2,
                  max_object_bytes: int = 64 << 20, connect_timeout: float | None = None,
                  verify: str = "all", token=None, tls=None, credentials: Credentials | None = None,
-                 control_channel: bool = True) -> None:
+                 control_channel: bool = True, release_linger_s: float = 0.005) -> None:
         """`verify`: which reads are checked against the object's committed xxh3_64 before they count as hits
         (a mismatch is a miss at that key, never returned bytes, and is reported so the master forgets the object).
         "all" (default): every read, same-host copies out of a mapped arena included (hashed chunk by chunk as they
         land, kvpool/fence.py): no stalled reader or late writer can make a read return wrong bytes; "remote": only
         bytes that crossed the data channel; "none". The last two give that guarantee up.
         `control_channel`: send the hot calls over the master's control channel when it has one (kvpool/rpc.py);
-        False: every call by gRPC."""
+        False: every call by gRPC. `release_linger_s`: how long a finished read lease waits for the next lookup to
+        carry it before a Release of its own is sent (the object stays unevictable that long; 0: at once)."""
         if not isinstance(address, str) or ":" not in address:
             raise ValueError(f"address must be host:port of a kvpool master, got {address!r}")
         if not isinstance(timeout, (int, float)) or timeout <= 0:
@@ -71,6 +72,9 @@ class PoolClient(PoolFront):
             raise ValueError(f"retries must be an int >= 0, got {retries!r}")
         if not isinstance(control_channel, bool):
             raise ValueError(f"control_channel must be True or False, got {control_channel!r}")
+        if isinstance(release_linger_s, bool) or not isinstance(release_linger_s, (int, float)) \
+                or not 0 <= release_linger_s <= 60:
+            raise ValueError(f"release_linger_s must be a number of seconds in [0, 60], got {release_linger_s!r}")
         creds = credentials if credentials is not None else Credentials.resolve(token, tls)
         self.transfers = Transfers(host_id(), transport=transport, timeout=float(timeout), verify=verify,
                                    ssl_context=creds.data_context(), server_name=creds.server_name)
@@ -80,7 +84,7 @@ class PoolClient(PoolFront):
         self.verify = verify
         self.host_id = self.transfers.host_id
         self.rpc = MasterRpc(address, timeout=timeout, retries=retries, credentials=creds, control=control_channel)
-        self._releaser = _Releaser(self.rpc)
+        self._releaser = _Releaser(self.rpc, float(release_linger_s))
         try:
             self.rpc.wait_ready(connect_timeout or self.rpc.timeout)
         except BaseException:
@@ -318,16 +322,16 @@ class PoolClient(PoolFront):
 class _Releaser:
     """Ends read leases without a round trip on the get's path. A finished lease waits here: the next lookup takes
     it along (LookupRequest.release_lease_ids), so a client reading in a loop sends no Release at all; what no
-    lookup took within LINGER_S, one long-lived thread sends in one Release. Keys read back wrong are reported at
+    lookup took within the linger time, one long-lived thread sends in one Release. Keys read back wrong are reported at
     once, in a Release of their own. (A gRPC future per release, what this replaced, started a polling thread per
     call, ~2 ms of a loaded 2-core machine on the get's own path; a Release per get, the step after, cost the
     client and the master a request each: ~15% of a 64 KiB x 32 get, bench/pool_remote.py.)"""
 
-    LINGER_S = 0.005
     _MAX_IDS = 1024  # lease ids per Release request
 
-    def __init__(self, rpc: MasterRpc) -> None:
+    def __init__(self, rpc: MasterRpc, linger_s: float) -> None:
         self._rpc = rpc
+        self._linger_s = linger_s
         self._cond = threading.Condition(threading.Lock())
         self._pending: list[int] = []
         self._reports: list[tuple[int, list[bytes]]] = []
@@ -372,7 +376,7 @@ class _Releaser:
             self._send([pb.ReleaseRequest(lease_ids=[lease_id], corrupt_keys=keys) for lease_id, keys in reports])
             with self._cond:
                 if self._pending and not self._closing:
-                    self._cond.wait(self.LINGER_S)      # a lookup may take them meanwhile; only close() wakes this
+                    self._cond.wait(self._linger_s)      # a lookup may take them meanwhile; only close() wakes this
                 ids, self._pending = self._pending, []
                 closing = self._closing
             self._send([pb.ReleaseRequest(lease_ids=ids[i:i + self._MAX_IDS]) for i in range(0, len(ids),

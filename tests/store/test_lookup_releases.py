@@ -41,8 +41,7 @@ def leases_open(c: PoolClient) -> int:
 
 def test_each_get_ends_the_previous_gets_lease_and_close_sends_the_last(cluster):
     calls = cluster.master.control.calls
-    with PoolClient(cluster.address) as c:
-        c._releaser.LINGER_S = 60.0      # nothing is sent by the releaser's timer during this test: exact counts
+    with PoolClient(cluster.address, release_linger_s=60) as c:   # no timer-sent Release here: exact counts
         assert c.put_many(KEYS[:4], DATAS[:4]) == ["stored"] * 4
         bufs = [bytearray(OBJ) for _ in range(4)]
         for n in range(1, 6):
@@ -57,6 +56,12 @@ def test_each_get_ends_the_previous_gets_lease_and_close_sends_the_last(cluster)
     assert calls["Lookup"] == 6 and calls["Release"] == 1
     with PoolClient(cluster.address) as admin:
         assert leases_open(admin) == 0
+
+
+def test_release_linger_s_out_of_range_names_the_field(cluster):
+    for bad in (-1, 61, True, "5ms"):
+        with pytest.raises(ValueError, match=r"^release_linger_s must be a number of seconds in \[0, 60\], got "):
+            PoolClient(cluster.address, release_linger_s=bad)
 
 
 def test_an_idle_clients_lease_ends_by_one_release(cluster):
