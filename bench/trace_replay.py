@@ -5,7 +5,8 @@ Replays ../shared/traces/synthetic_trace.jsonl (3,993 requests, chained 512-toke
 i.e. through the master's own index, placement and eviction code (lookup under a lease, release, put the missed
 tail, commit), one object per block, at 5/10/25/50% of the trace's unique blocks and at 3.1M and 10M tokens of
 capacity (6,054 and 19,531 blocks of 512 tokens). Policies are interleaved per size. Peer: the infinite-pool
-ceiling (every previously seen prefix hits). Replay speed is requests/s of the whole replay (one core).
+ceiling (every previously seen prefix hits); the reference: Belady's OPT at each size (kvpool/belady.py, offline,
+knowing the future: no policy can do better). Replay speed is requests/s of the whole replay (one core).
 
 A row's partial last block is dropped (`--partial-blocks drop`, the default: kvpool's connectors store and look up
 full blocks only, so the pool never sees it); `keep` replays it as a stored block. Block hit rate = hit blocks /
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from kvpool.belady import opt_hits
 from kvpool.planner import ceiling_hits, rate_basis, replay, summarize
 from kvpool.trace import PARTIAL_BLOCKS, TraceError, load_trace
 
@@ -99,20 +101,29 @@ def run_trace(path: Path, fractions: list[float], tokens: list[float], partial_b
                 r, _ = replay(trace, cap, policy, progress=bar.update)
                 speed[policy].append(len(trace) / (time.perf_counter() - t0))
                 results[(cap, policy)] = r
+    opt = {cap: summarize(trace, opt_hits(trace, cap).hits, policy="opt", capacity_blocks=cap) for _, cap in sizes}
     print(f"\n{title or path.name}: {len(trace)} requests, {len(trace.block_ids)} block refs, {unique} unique blocks; "
           f"infinite-pool ceiling {ceiling.block_hit_rate:.1%} of blocks, {ceiling.token_hit_rate:.1%} of tokens")
     print(rate_basis(len(trace.block_ids), ceiling.tokens, trace.partial_blocks, trace.dropped_refs,
                      trace.dropped_tokens))
     others = POLICIES[1:]
-    print(f"{'pool size':>24} {'blocks':>7}  " + "  ".join(f"{LABELS[p]:>7}" for p in POLICIES) + "  "
-          + "  ".join(f"{LABELS[p] + '-LRU':>11}" for p in others))
+    print("OPT = Belady's furthest-next-use with bypass over the chains' block references (kvpool/belady.py): "
+          "the most prefix hits any policy could get, an upper bound, not a policy; 'gap' = the share of the "
+          "LRU -> OPT gap a policy closes")
+    print(f"{'pool size':>24} {'blocks':>7}  " + "  ".join(f"{LABELS[p]:>7}" for p in POLICIES) + f"  {'OPT':>7}  "
+          + "  ".join(f"{LABELS[p] + '-LRU':>11}" for p in others) + "  "
+          + "  ".join(f"{LABELS[p] + ' gap':>9}" for p in others))
     for label, cap in sizes:
         rates = {p: results[(cap, p)].block_hit_rate for p in POLICIES}
-        print(f"{label:>24} {cap:>7}  " + "  ".join(f"{rates[p]:>7.1%}" for p in POLICIES) + "  "
-              + "  ".join(f"{100 * (rates[p] - rates['lru']):>+10.2f}p" for p in others))
-    print(f"{'token hit rate':>24} {'':>7}  " + "  ".join(f"{LABELS[p]:>7}" for p in POLICIES))
+        best = opt[cap].block_hit_rate
+        gap = best - rates["lru"]
+        print(f"{label:>24} {cap:>7}  " + "  ".join(f"{rates[p]:>7.1%}" for p in POLICIES) + f"  {best:>7.1%}  "
+              + "  ".join(f"{100 * (rates[p] - rates['lru']):>+10.2f}p" for p in others) + "  "
+              + "  ".join(f"{(rates[p] - rates['lru']) / gap if gap > 0 else float('nan'):>+9.1%}" for p in others))
+    print(f"{'token hit rate':>24} {'':>7}  " + "  ".join(f"{LABELS[p]:>7}" for p in POLICIES) + f"  {'OPT':>7}")
     for label, cap in sizes:
-        print(f"{label:>24} {cap:>7}  " + "  ".join(f"{results[(cap, p)].token_hit_rate:>7.1%}" for p in POLICIES))
+        print(f"{label:>24} {cap:>7}  " + "  ".join(f"{results[(cap, p)].token_hit_rate:>7.1%}" for p in POLICIES)
+              + f"  {opt[cap].token_hit_rate:>7.1%}")
     for policy in ("wlru", "clru"):
         for label, cap in sizes:
             lru, r = results[(cap, "lru")].block_hit_rate, results[(cap, policy)].block_hit_rate
