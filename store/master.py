@@ -290,10 +290,11 @@ class Master:
             copies = placement.copies.enabled
             out: list[PutStartResult] = []
             prev = -1   # the slot of the key before this one: a batch is one chain (store/chains.py)
+            prev_key = b""
             for key, size in zip(keys, sizes):
                 if (slot := find(key, -1)) >= 0:
                     out.append(PutStartResult(_EXISTS))
-                    prev = slot
+                    prev, prev_key = slot, key
                     if hold is not None and hold(slot, pin_until, pin_cap) and self.index.state[slot] == COMMITTED:
                         self.journal.touched(slot)      # its journalled record carries the pin's new end
                     continue
@@ -303,6 +304,12 @@ class Master:
                     taken += 1
                 else:
                     placed = None if skip is None else placement.place(size, prefer_node, exclude, skip=skip)
+                    if prev >= 0 and placed is not None and find(prev_key, -1) != prev:
+                        # Making room evicted (or moved) the key before this one; its slot may even be the one
+                        # this key is about to get. Gone: this key cannot be reached (an orphan, not a root).
+                        prev = find(prev_key, -1)
+                        if prev < 0:
+                            prev = -2
                 if placed is None:
                     if skip is not None:
                         self.tenants.counters[tid].no_space += 1
@@ -316,7 +323,7 @@ class Master:
                     placement.chains.link(slot, prev if prev >= 0 else None)
                 if copies:
                     placement.copies.reserve(slot, node)
-                prev = slot
+                prev, prev_key = slot, key
                 if hold is not None:
                     hold(slot, pin_until, pin_cap)
                 grant_id = leases.grant(slot, expires_at)

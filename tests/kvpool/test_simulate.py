@@ -45,9 +45,8 @@ def reference_lru(chains: list[list[int]], capacity: int) -> list[int]:
     - The missed tail is stored block by block. A block already present is left alone (not refreshed), but the
       next new block is linked under it. A new block, when full, takes the coldest committed block's place (blocks
       of the put under way cannot go; none committed: no space, and the blocks after that hole are orphans). The
-      tail's first block is a root; a block whose parent is an orphan is one; a block whose parent was the very
-      victim evicted to make its room is a root (the master links a new block to the slot of the key before it,
-      which the new block has just taken over).
+      tail's first block is a root; a block whose parent is an orphan is one, and so is a block whose parent was
+      the very victim evicted to make its room (its parent is gone).
     - An evicted block's descendants become orphans, unlinked, and go to the cold end in breadth-first prefix
       order (the deepest last, so first out). Stored blocks enter as the most recent, parent most recent, then the
       orphans among them go to the cold end in chain order.
@@ -114,9 +113,9 @@ def reference_lru(chains: list[list[int]], capacity: int) -> list[int]:
                 victim = next(iter(recency))
                 evict(victim)
             parent[block] = None
-            if hole:
+            if hole or (prev is not None and prev == victim):
                 parent[block] = orphan
-            elif prev is not None and prev != victim:
+            elif prev is not None:
                 link(block, prev)
             stored.append(block)
             prev, hole = block, False

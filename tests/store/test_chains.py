@@ -83,3 +83,34 @@ def test_a_junk_cycle_is_walked_once():
     chains.link(s[2], s[1])
     chains.confirm(np.array([s[2], s[0]]))              # lookups of [1, 2] and [2, 0]: 0 under 2, a cycle
     assert sorted(chains.detach(s[1])) == [s[0], s[2]]
+
+
+def test_a_block_put_after_its_parent_was_evicted_for_its_room_is_an_orphan():
+    """put_start([P, N]) with P stored and the pool full: N's room is made by evicting P, whose slot N then takes
+    over. N cannot be reached (its parent is gone), so it is an orphan and the next victim; the block that was
+    not touched (Q) stays."""
+    from kvpool.planner import UNIT, NullNode
+    from kvpool.store.config import MasterConfig
+    from kvpool.store.master import Master
+    from kvpool.store.records import NodeInfo
+
+    master = Master(MasterConfig(policy="lru"))
+    master.register_node(NodeInfo(node_id="n", dram_bytes=2 * UNIT, alignment=UNIT), NullNode(), expires=False)
+    P, Q, N, R = (bytes([c]) * 16 for c in b"PQNR")
+
+    def put(*keys: bytes) -> list[str]:
+        out = master.put_start(list(keys), [UNIT] * len(keys))
+        grants = [x.grant.grant_id for x in out if x.grant is not None]
+        master.put_commit(grants, [0] * len(grants))
+        return [x.status.value for x in out]
+
+    put(P)
+    put(Q)                                             # LRU victims: P, then Q
+    slot_p = master.index.find(P, -1)
+    assert put(P, N) == ["exists", "stored"]
+    slot_n = master.index.find(N, -1)
+    assert master.index.find(P, -1) == -1 and slot_n == slot_p      # P evicted, its slot reused by N
+    assert master.placement.chains.is_orphan(slot_n)
+    assert master.placement.counters.orphaned == 1
+    put(R)                                             # the orphan goes first, not Q
+    assert [master.lookup([k], lease=False).hits for k in (Q, N, R)] == [1, 0, 1]
