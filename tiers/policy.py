@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
-POLICY_NAMES = ("lru", "s3fifo", "wlru", "clru")
+POLICY_NAMES = ("lru", "s3fifo", "wlru", "clru", "bclru")
 
 
 @runtime_checkable
@@ -63,4 +63,7 @@ def make_policy(name: str) -> EvictionPolicy:
     if name == "clru":
         from .clru import ClassLRUPolicy
         return ClassLRUPolicy()
+    if name == "bclru":
+        from .bclru import BalancedClassLRUPolicy
+        return BalancedClassLRUPolicy()
     raise ValueError(f"policy must be one of {list(POLICY_NAMES)}, got {name!r}")

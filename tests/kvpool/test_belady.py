@@ -9,10 +9,10 @@ import random
 
 import numpy as np
 import pytest
+from kvpool.tiers.policy import POLICY_NAMES
 
 from kvpool.belady import next_use, opt_hits
 from kvpool.planner import replay
-from kvpool.tiers.policy import POLICY_NAMES
 from kvpool.trace import PUT, load_trace
 
 

@@ -89,10 +89,11 @@ def test_a_block_put_after_its_parent_was_evicted_for_its_room_is_an_orphan():
     """put_start([P, N]) with P stored and the pool full: N's room is made by evicting P, whose slot N then takes
     over. N cannot be reached (its parent is gone), so it is an orphan and the next victim; the block that was
     not touched (Q) stays."""
-    from kvpool.planner import UNIT, NullNode
     from kvpool.store.config import MasterConfig
     from kvpool.store.master import Master
     from kvpool.store.records import NodeInfo
+
+    from kvpool.planner import UNIT, NullNode
 
     master = Master(MasterConfig(policy="lru"))
     master.register_node(NodeInfo(node_id="n", dram_bytes=2 * UNIT, alignment=UNIT), NullNode(), expires=False)
