@@ -11,14 +11,22 @@ block is used again within the next 300 requests, by its uses so far and its age
 On the first a new block is worth under half of any reused one at any age, so clru's strict demotion pays; on the
 second a conversation's new turn is worth as much as a reused block some 10x older, and strict demotion throws away
 the next turn's hit once the pool could have held it (clru: -1.5 points at 10% of the unique blocks there). The
-new-block weight is the one knob that trades the two: swept over 15..1000 (with 3 and 2 for reused blocks), 15 was
-the only value that loses nowhere to LRU on either trace while keeping most of clru's gain at 10% on the first.
-It is picked on these two traces; other traffic may want another value (the planner shows it on a recorded log).
+new-block weight is the one knob that trades the two. Swept through the planner (new-block weight 10 / 15 / 20 /
+30 / 100 / 1000 with 3 and 2 for reused blocks, and reused-block weights 2-6 / 1-4 at 12-24): (15, 3, 2) has the
+largest worst-case gain over LRU at 5% and 10% across both traces, and 10-30 all stay within 0.02 point of LRU at
+every other size. It is not a robust optimum: on the Mooncake trace at 5% the gain moves between +0.0 and +0.6
+point as the weight goes from 10 to 30, and it was picked on these two traces only (the planner shows other
+weights' effect on a recorded log).
 
-What did not pay (same sweep, planner replays): more classes (use counts up to 15 with falling weights), GreedyDual
-over use counts with dynamic aging (LFU-DA: its aging spends a block's credit within ~100 requests, far shorter
-than the reuse gaps of 400-640 requests), and ARC-style online tuning of the new-block weight from ghost hits (new
-blocks return often on the Mooncake trace, but too late to be worth keeping: it tuned toward the wrong end).
+What did not pay (same replays): more classes (use counts up to 15 with falling weights: less at 5%), GreedyDual
+over use counts with dynamic aging (LFU-DA: its aging spends a block's credit long before the 400-640-request
+reuse gaps), ARC-style online tuning of the new-block weight from ghost hits (new blocks do come back on the
+Mooncake trace, but too late to be worth keeping: it tuned toward the wrong end), LHD-style learned hit density
+(hits inside a small pool teach nothing when reuse gaps exceed its turnover: within 0.15 point of LRU at 5-10%), and a
+learned P(reuse within a few turnovers | class, age) that also counts returns through a time-stamped ghost (+0.3
+/ +0.6 at 5 / 10% on the Mooncake trace, +4.1 / +1.0 on the second: below this fixed weighting on the first).
+Belady's OPT shows why the Mooncake trace resists: OPT's extra hits are mostly blocks with 1-5 earlier uses,
+kept 100-800 requests, whose reuse chance is nearly flat in age, so nothing seen online tells the kept ones apart.
 
 Memory per tracked slot: clru's (its arrays and ghost; nbytes()).
 """
