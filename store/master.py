@@ -432,13 +432,13 @@ class Master:
                 self._release_all(release, tenant)
                 self._flush()
             if not lease or not len(slots):
-                return LookupResult(hits=len(found))
+                return LookupResult(hits=len(found), released=bool(release))
             self.placement.touch(slots)
             expires_at = now + self.config.lease_ttl_s
             lease_id = self.leases.lease(slots, expires_at)
             by_number = self.placement.by_number
             offsets, sizes = index.offset[slots].tolist(), index.size[slots].tolist()
-            result = LookupResult(hits=len(found), lease_id=lease_id, expires_at=expires_at,
+            result = LookupResult(hits=len(found), lease_id=lease_id, expires_at=expires_at, released=bool(release),
                                   node_ids=[by_number[n].node_id for n in index.node[slots].tolist()], tiers=tiers,
                                   offsets=offsets, sizes=sizes, checksums=index.checksum[slots].tolist())
             if self.token_secret is not None:

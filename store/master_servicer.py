@@ -217,9 +217,7 @@ class MasterServicer(pbg.MasterServiceServicer):
                                     tenant=self._tenant(), s_per_token=request.prefill_s_per_token,
                                     mapped_nodes=frozenset(request.mapped_nodes),
                                     release=list(request.release_lease_ids))
-        reply = wire.lookup_reply(result, self.endpoint)
-        reply.released = len(request.release_lease_ids) > 0
-        return reply
+        return wire.lookup_reply(result, self.endpoint)
 
     @_rpc
     def Release(self, request, context):

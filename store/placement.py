@@ -262,9 +262,9 @@ class Placement:
                 size = n
         return self.place_many(size, len(seen), prefer_node, exclude) if seen else []
 
-    def place_many(self, size: int, count: int, prefer_node: str | None, exclude: set[int],
-                   skip: frozenset = frozenset()) -> list[tuple[NodeState, Tier, int]]:
-        """What `count` calls of `place(size, prefer_node, exclude, skip=skip)` would return, in order, as long as
+    def place_many(self, size: int, count: int, prefer_node: str | None,
+                   exclude: set[int]) -> list[tuple[NodeState, Tier, int]]:
+        """What `count` calls of `place(size, prefer_node, exclude)` would return, in order, as long as
         each lands in free room, moving nothing (rule 1, or rule 2 landing on an SSD-only node's free room); it
         stops before the first that would move or evict objects, which the caller places with `place`. A node's
         objects are carved in one allocator call (`allocate_many`) while it stays the first choice: always, unless
@@ -276,7 +276,7 @@ class Placement:
             if node.number in exclude:
                 continue
             tier = self.fastest_tier(node)
-            if tier is None or tier is _SSD or tier in skip:
+            if tier is None or tier is _SSD:
                 continue
             if self.copies.on(node, tier):
                 return []

@@ -75,6 +75,7 @@ class LookupResult:
     checksums: list[int] = field(default_factory=list)
     tokens: list[bytes] = field(default_factory=list)
     record_keys: list[bytes] = field(default_factory=list)   # a tenant's hits: the keys they are stored under
+    released: bool = False      # the lookup also ended the caller's finished leases (Master.lookup `release`)
 
     @property
     def locations(self) -> list[Location]:

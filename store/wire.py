@@ -150,7 +150,7 @@ def put_start_reply(results: Sequence[PutStartResult], endpoint_of: EndpointOf, 
 
 def lookup_reply(result: LookupResult, endpoint_of: EndpointOf) -> pb.LookupResponse:
     reply = pb.LookupResponse(hits=result.hits, lease_id=result.lease_id,
-                              expires_unix_ms=int(result.expires_at * 1000))
+                              expires_unix_ms=int(result.expires_at * 1000), released=result.released)
     if result.node_ids:
         table = NodeTable(endpoint_of)
         reply.node_index.extend(table.index(n) for n in result.node_ids)

@@ -121,22 +121,8 @@ class OffsetAllocator:
 
     def allocate(self, size: int) -> int | None:
         """Offset of a new extent of `rounded(size)` bytes, or None when no free extent is large enough."""
-        need = self.rounded(self._check_size(size))
-        i = bisect.bisect_left(self._sizes, need)
-        if i == len(self._sizes):
-            return None
-        fsize = self._sizes[i]
-        heap = self._buckets[fsize]
-        while True:                              # drop stale (lazily deleted) entries
-            off = heapq.heappop(heap)
-            if self._free_start.get(off) == fsize:
-                break
-        self._remove_free(off, fsize)
-        if fsize > need:
-            self._add_free(off + need, fsize - need)
-        self._num_used += 1
-        self._used_bytes += need
-        return off
+        out = self.allocate_many(size, 1)
+        return out[0] if out else None
 
     def allocate_many(self, size: int, count: int) -> list[int]:
         """The offsets `count` calls of `allocate(size)` would return, in order, stopping at the first None (so
@@ -152,7 +138,7 @@ class OffsetAllocator:
                 break
             fsize = sizes[i]
             heap = self._buckets[fsize]
-            while True:
+            while True:                          # drop stale (lazily deleted) entries
                 off = heapq.heappop(heap)
                 if self._free_start.get(off) == fsize:
                     break
