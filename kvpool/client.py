@@ -320,12 +320,9 @@ class PoolClient(PoolFront):
 
 
 class _Releaser:
-    """Ends read leases without a round trip on the get's path. A finished lease waits here: the next lookup takes
-    it along (LookupRequest.release_lease_ids), so a client reading in a loop sends no Release at all; what no
-    lookup took within the linger time, one long-lived thread sends in one Release. Keys read back wrong are reported at
-    once, in a Release of their own. (A gRPC future per release, what this replaced, started a polling thread per
-    call, ~2 ms of a loaded 2-core machine on the get's own path; a Release per get, the step after, cost the
-    client and the master a request each: ~15% of a 64 KiB x 32 get, bench/pool_remote.py.)"""
+    """Ends read leases off the get's path: the next lookup carries them (release_lease_ids), else one thread sends
+    them in one Release after the linger time; keys read back wrong go at once in a Release of their own. (A Release
+    per get cost client and master a request each: ~15% of a 64 KiB x 32 get, bench/pool_remote.py.)"""
 
     _MAX_IDS = 1024  # lease ids per Release request
 
