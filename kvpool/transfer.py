@@ -6,7 +6,10 @@
         per entry, by its node's route:
           same host (node's host_id equals ours and its DRAM arena file is there), DRAM tier:
               memcpy straight into / out of the node's arena, mapped once (`DramArena.attach`)
-          otherwise, or transport "tcp", or an SSD/HBM extent:
+          same host, a read of an SSD extent, the node shares its data file (`share_dram`) and we can open it:
+              one preadv of the record straight into the caller's buffer (`tiers.ssd.SsdReader`: header and
+              payload checked as the node would, the payload hashed once, in the caller's buffer)
+          otherwise, or transport "tcp", or an SSD write, or an HBM extent:
               the node's raw TCP data channel (store/data_channel.py), pipelined per node, `recv_into` the buffer
         -> the set of positions that failed (refused by the node, unreachable, or a read whose bytes do not hash to
            the committed checksum: a miss, never returned bytes)
@@ -50,15 +53,17 @@ log = logging.getLogger(__name__)
 
 VERIFY_MODES = ("remote", "all", "none")
 _DRAM = int(Tier.DRAM)
+_SSD = int(Tier.SSD)
 
 
 class Route:
     """How to reach one node: its arena mapped here (same host) and/or its data channel."""
 
-    __slots__ = ("node_id", "arena", "data", "data_address", "owner_gone")
+    __slots__ = ("node_id", "arena", "ssd", "data", "data_address", "owner_gone")
 
-    def __init__(self, node_id: str, arena, data: DataClient | None, data_address: str) -> None:
+    def __init__(self, node_id: str, arena, data: DataClient | None, data_address: str, ssd=None) -> None:
         self.node_id, self.arena, self.data, self.data_address = node_id, arena, data, data_address
+        self.ssd = ssd           # tiers.ssd.SsdReader of the node's data file (same host), else None
         self.owner_gone = False  # logged once: the arena's node died
 
 
@@ -77,6 +82,7 @@ class Transfers:
         self.checksum_failures = 0      # reads whose bytes did not match the committed checksum (misses)
         self.late_writes_skipped = 0    # same-host copies not started: the grant's deadline had passed
         self.dead_owner_writes = 0      # same-host copies failed because the arena's node died meanwhile
+        self.direct_ssd_reads = 0       # SSD records read here from a same-host node's data file (not its channel)
         self.ssl_context = ssl_context
         self.server_name = server_name
         self._routes: dict[tuple[str, str, str], Route] = {}
@@ -159,6 +165,8 @@ class Transfers:
                 route.data.close()
             if route.arena is not None:
                 route.arena.close()
+            if route.ssd is not None:
+                route.ssd.close()
 
     # ------------------------------------------------------------------ internals
 
@@ -172,10 +180,17 @@ class Transfers:
         routes = [self._route(ep) for ep in batch.nodes]
         node_index, tiers, offsets, sizes = batch.node_index, batch.tiers, batch.offsets, batch.sizes
         verify_local = not write and self.verify == "all"
+        stored = batch.keys if len(batch.keys) else keys  # a tenant's objects: the keys the master stores
+        direct_ssd = 0
         for i in positions:
             n = node_index[i]
             route = routes[n]
-            if route.arena is not None and tiers[i] == _DRAM:
+            if not write and route.ssd is not None and tiers[i] == _SSD:
+                # the record's own checks (key, size, header and payload checksums) and the committed checksum
+                if route.ssd.read_into(offsets[i], bytes(stored[i]), views[i][:sizes[i]]) != batch.checksums[i]:
+                    bad.add(i)
+                direct_ssd += 1
+            elif route.arena is not None and tiers[i] == _DRAM:
                 if write:
                     if fence.now() >= deadline:  # the grant may be gone: the extent may be someone else's
                         self.late_writes_skipped += 1
@@ -191,6 +206,8 @@ class Transfers:
                     views[i][:] = route.arena.view(offsets[i], sizes[i])
             else:
                 remote.setdefault(n, []).append(i)
+        if direct_ssd:
+            self.direct_ssd_reads += direct_ssd
         for n, group in local_writes.items():
             route = routes[n]
             if not route.arena.owner_alive():  # after the copies: the node may have died during them
@@ -206,7 +223,6 @@ class Transfers:
             if route.data is None:
                 failed.update(group)
                 continue
-            stored = batch.keys if len(batch.keys) else keys  # a tenant's objects: the keys the master stores
             extents = [Extent(batch.ids[i], tiers[i], offsets[i], sizes[i], batch.expires_ms, batch.tokens[i],
                               bytes(stored[i]), ns) for i in group]
             digests = None if write or self.verify == "none" else [None] * len(group)
@@ -245,8 +261,10 @@ class Transfers:
         return failed
 
     def _route(self, ep: pb.NodeEndpoint) -> Route:
-        path = wire.dram_path(ep) if self.transport == "auto" and ep.host_id == self.host_id else ""
-        cache_key = (ep.node_id, ep.data_address, path)
+        local = self.transport == "auto" and ep.host_id == self.host_id
+        path = wire.dram_path(ep) if local else ""
+        ssd_path = wire.ssd_path(ep) if local else ""
+        cache_key = (ep.node_id, ep.data_address, path, ssd_path)
         with self._lock:
             route = self._routes.get(cache_key)
             if route is not None:
@@ -262,13 +280,21 @@ class Transfers:
             else:
                 if self.pin_arenas:
                     arena.pin()   # logs why when it cannot; copies still work, staged by the driver
+        ssd = None
+        if ssd_path and os.path.isfile(ssd_path):   # (an older node advertised its SSD directory: not read)
+            from kvpool.tiers.ssd import SsdReader
+
+            try:
+                ssd = SsdReader(ssd_path)
+            except OSError as exc:   # e.g. another user's node (0600): its data channel checks every grant
+                log.info("cannot open %s of node %s, reading its SSD records over TCP: %s", ssd_path, ep.node_id, exc)
         data = None
         if ep.data_address:
             ctx = None
             if ep.data_tls:
                 ctx = self.ssl_context if self.ssl_context is not None else ssl.create_default_context()
             data = DataClient(ep.data_address, timeout=self.timeout, ssl_context=ctx, server_hostname=self.server_name)
-        route = Route(ep.node_id, arena, data, ep.data_address)
+        route = Route(ep.node_id, arena, data, ep.data_address, ssd)
         with self._lock:
             existing = self._routes.setdefault(cache_key, route)
             if existing is route:
@@ -280,6 +306,8 @@ class Transfers:
                 data.close()
             if arena is not None:
                 arena.close()
+            if ssd is not None:
+                ssd.close()
         return existing
 
 

@@ -206,7 +206,7 @@ class NodeConfig(_Group):
     ssd_path: str | None = None      # directory of the SSD file; None = no SSD tier
     ssd_bytes: int = 0
     shm_dir: str = "/dev/shm"
-    share_dram: bool = False         # keep the /dev/shm file linked so same-host clients can attach it
+    share_dram: bool = False         # same-host clients map the /dev/shm arena and read the SSD file
     hbm_bytes: int = 0               # device memory reserved as the fastest tier; > 0 needs a CUDA device
     hbm_device: int = 0
     # SSD writes reach the disk (fdatasync) at most this long after they are made; 0 = at the end of every write
@@ -488,7 +488,7 @@ class NodeServerConfig(NodeServerFields, PeerAuthFields, TlsFields, Liveness, No
     master: str = "127.0.0.1:50051"
     listen: str = "127.0.0.1:50052"   # gRPC NodeService
     workers: int = 8
-    share_dram: bool = True           # same-host clients map the arena (one memcpy per transfer)
+    share_dram: bool = True           # same-host clients map the arena, read SSD records themselves
 
     def __post_init__(self) -> None:
         _check_address(self, "listen", "master")

@@ -127,6 +127,11 @@ class StorageNode:
                         dram_path=str(self.dram.path) if self.dram is not None and self.config.share_dram else "",
                         hbm_bytes=self.hbm.capacity if self.hbm is not None else 0)
 
+    def ssd_share_path(self) -> str:
+        """The SSD data file same-host clients may read records from themselves (transfer.py), or "" (no SSD tier,
+        or `share_dram` off: then every read goes through the data channel's token check)."""
+        return self.ssd.path if self.ssd is not None and self.config.share_dram else ""
+
     # ---- client data path (same process) ----
 
     def dram_array(self, offset: int, size: int) -> np.ndarray:

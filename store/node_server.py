@@ -204,7 +204,7 @@ class NodeServer:
     def endpoint(self) -> pb.NodeEndpoint:
         info = dataclasses.replace(self.node.info(), address=self.address, incarnation=self.incarnation)
         return wire.endpoint_from_info(info, host_id=host_id(), data_address=self.data_address,
-                                       ssd_path=self.config.ssd_path or "",
+                                       ssd_path=self.node.ssd_share_path(),
                                        data_tls=self.data_server.ssl_context is not None)
 
     def start(self) -> "NodeServer":

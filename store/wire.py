@@ -103,8 +103,19 @@ def info_from_endpoint(ep: pb.NodeEndpoint) -> NodeInfo:
 
 
 def dram_path(ep: pb.NodeEndpoint) -> str:
+    """The node's shared DRAM arena file ("" when it shares none)."""
+    return _tier_path(ep, pb.DRAM)
+
+
+def ssd_path(ep: pb.NodeEndpoint) -> str:
+    """The node's SSD data file when it lets same-host clients read it ("" otherwise; nodes before 2026-11-26
+    advertised their SSD directory here: a path that is not a regular file is never read)."""
+    return _tier_path(ep, pb.SSD)
+
+
+def _tier_path(ep: pb.NodeEndpoint, tier: int) -> str:
     for t in ep.tiers:
-        if t.tier == pb.DRAM:
+        if t.tier == tier:
             return t.path
     return ""
 
@@ -337,7 +348,8 @@ def recording_row(m: pb.RecordingStatus) -> dict:
 
 
 __all__ = ["ExtentBatch", "NodeTable", "check_columns", "tier_of", "ns_from_msg", "endpoint_from_info",
-           "info_from_endpoint", "dram_path", "put_start_reply", "lookup_reply", "migrate_start_reply", "grants_of",
+           "info_from_endpoint", "dram_path", "ssd_path",
+           "put_start_reply", "lookup_reply", "migrate_start_reply", "grants_of",
            "hits_of", "moves_of", "moves_to_msg", "moves_from_msg", "drops_to_msg", "drops_from_msg", "report_to_msg",
            "report_from_msg", "report_reply", "object_info", "object_row", "recording_msg", "recording_row",
            "PUT_STATUS", "PUT_STATUS_NAME"]

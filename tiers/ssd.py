@@ -108,6 +108,57 @@ def _unpack_header(buf: Any) -> tuple[bytes, bytes, int, int] | None:
     return key, ns_digest, size, checksum
 
 
+def read_record(fd: int, offset: int, key: bytes, payload: memoryview, ns_digest: bytes | None = None) -> int | None:
+    """Read the record at `offset` of `fd` whose payload is `payload.nbytes` bytes: header page and payload in one
+    preadv (the payload straight into `payload`, no staging copy). Returns the payload's xxh3_64 (verified equal to
+    the header's), or None when the header's magic, version, checksum, key, size (or `ns_digest`, when given) do
+    not match, the payload does not hash to the header's checksum, the read comes up short or fails."""
+    head = bytearray(HEADER_BYTES)
+    try:
+        n = os.preadv(fd, [head, payload], offset)
+    except OSError:
+        log.warning("SSD read failed at offset %d", offset, exc_info=True)
+        return None
+    if n != HEADER_BYTES + payload.nbytes:
+        return None                                      # truncated file
+    parsed = _unpack_header(head)
+    if parsed is None:
+        return None
+    h_key, h_ns, h_size, h_sum = parsed
+    if h_key != key or h_size != payload.nbytes or (ns_digest is not None and h_ns != ns_digest):
+        return None
+    digest = xxhash.xxh3_64_intdigest(payload)
+    return digest if digest == h_sum else None
+
+
+class SsdReader:
+    """Read-only access to a node's data file from another process on its host (kvpool/transfer.py: a same-host
+    client reads SSD records itself instead of through the node's data channel). Opens the file O_RDONLY and
+    never locks or writes it; `read_into` runs SsdFile's checks. Safe against a concurrent writer: the payload is
+    hashed in the caller's buffer after the read, so bytes the node changed meanwhile fail the check (a miss)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+
+    def read_into(self, offset: int, key: bytes, out: memoryview) -> int | None:
+        """The record at `offset` (key `key`, payload `out.nbytes` bytes) into `out`: its verified xxh3_64, or
+        None (a miss; `out` is then undefined)."""
+        if self._fd < 0:
+            raise ValueError(f"SsdReader of {self.path} is closed")
+        if offset < 0 or offset % ALIGN:
+            raise ValueError(f"offset must be an int >= 0 and a multiple of {ALIGN}, got {offset!r}")
+        return read_record(self._fd, offset, key, out)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+    def __repr__(self) -> str:
+        return f"SsdReader({self.path!r})"
+
+
 class SsdFile:
     """One preallocated data file under `directory`. Thread-safe: positional I/O only (pread/pwrite/preadv)."""
 
@@ -211,22 +262,7 @@ class SsdFile:
             raise ValueError(f"size must be an int in [0, {dst.nbytes}] (the size of out), got {size!r}")
         self._check_key(key, "key")
         offset = self._check_extent(offset, record_size(size))
-        head = bytearray(HEADER_BYTES)
-        payload = dst[:size]
-        try:
-            n = os.preadv(self._fd, [head, payload], offset)
-        except OSError:
-            log.warning("SSD read failed at offset %d", offset, exc_info=True)
-            return self._corrupt()
-        if n != HEADER_BYTES + size:
-            return self._corrupt()                           # truncated file
-        parsed = _unpack_header(head)
-        if parsed is None:
-            return self._corrupt()
-        h_key, h_ns, h_size, h_sum = parsed
-        if h_key != key or h_size != size or (ns_digest is not None and h_ns != ns_digest):
-            return self._corrupt()
-        if xxhash.xxh3_64_intdigest(payload) != h_sum:
+        if read_record(self._fd, offset, key, dst[:size], ns_digest) is None:
             return self._corrupt()
         return True
 

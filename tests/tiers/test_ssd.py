@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from kvpool.tiers.ssd import DATA_FILE, HEADER_BYTES, SsdFile, SsdRecord, _pack_header, record_size
+from kvpool.tiers.ssd import DATA_FILE, HEADER_BYTES, SsdFile, SsdReader, SsdRecord, _pack_header, record_size
 
 CAP = 1 << 20
 NS = bytes(range(100, 116))
@@ -231,3 +231,39 @@ def test_threads_on_distinct_records_never_see_each_others_bytes(ssd):
         th.join(timeout=60)
     assert errors == [] and ssd.corrupt_reads == 0
     assert [(r.key, r.offset) for r in ssd.scan()] == [(key(t), t * 65536) for t in range(4)]
+
+
+def test_reader_in_another_process_reads_and_checks_records_like_the_owner(ssd):
+    """SsdReader is what a same-host client opens: the owner keeps its lock; the reader's checks are the owner's."""
+    data = payload(7, 20_000)
+    ssd.write(8192, key(7), NS, data)
+    ssd.write(0, key(8), NS, payload(8, 100))
+    code = textwrap.dedent(f"""
+        import sys
+        from kvpool.tiers.ssd import SsdReader
+        r = SsdReader({ssd.path!r})
+        out = bytearray(20_000)
+        print(r.read_into(8192, {key(7)!r}, memoryview(out)), out == {data!r},
+              r.read_into(8192, {key(8)!r}, memoryview(out)),       # wrong key
+              r.read_into(8192, {key(7)!r}, memoryview(out)[:19_999]),   # wrong size
+              r.read_into(0, {key(8)!r}, memoryview(out)[:100]) is not None)
+        r.close()
+        try:
+            r.read_into(0, {key(8)!r}, memoryview(out)[:100])
+        except ValueError as e:
+            print(e)
+    """)
+    lines = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                           check=True).stdout.splitlines()
+    assert lines == [f"{xxhash.xxh3_64_intdigest(data)} True None None True", f"SsdReader of {ssd.path} is closed"]
+    with open(ssd.path, "r+b") as raw:             # one payload byte flipped: a miss, counted by nobody but the caller
+        raw.seek(8192 + HEADER_BYTES + 5)
+        raw.write(bytes([data[5] ^ 1]))
+    reader = SsdReader(ssd.path)
+    try:
+        assert reader.read_into(8192, key(7), memoryview(bytearray(20_000))) is None
+        with pytest.raises(ValueError, match="^offset must be an int >= 0 and a multiple of 4096, got 100$"):
+            reader.read_into(100, key(7), memoryview(bytearray(10)))
+    finally:
+        reader.close()
+    assert ssd.corrupt_reads == 0   # the reader's misses are its caller's to count

@@ -1,0 +1,99 @@
+"""Same-host SSD reads (kvpool/transfer.py): a client on a node's host reads SSD records from the node's data file
+itself (one preadv into its buffer) instead of through the node's data channel, with the node's checks (header,
+key, size, payload checksum) and the committed checksum. Real master and node processes on 127.0.0.1; the node
+has no DRAM tier, so every object is an SSD record."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import grpc
+import pytest
+
+from kvpool import PoolClient
+from kvpool.proto import kvpool_pb2 as pb
+from kvpool.proto import kvpool_pb2_grpc as pbg
+from kvpool.store import wire
+from kvpool.tiers.ssd import DATA_FILE, HEADER_BYTES
+from tests.store.cluster import cluster, key_of, pattern  # noqa: F401
+
+SIZE = 64 << 10
+N = 12
+MASTER_ARGS = ["--write-behind", "false", "--promote-on-hit", "false"]
+
+
+def _lookup(address: str, keys: list[bytes]) -> pb.LookupResponse:
+    with grpc.insecure_channel(address) as ch:
+        stub = pbg.MasterServiceStub(ch)
+        reply = stub.Lookup(pb.LookupRequest(keys=keys, lease=True), timeout=5)
+        stub.Release(pb.ReleaseRequest(lease_ids=[reply.lease_id]), timeout=5)
+    return reply
+
+
+def _ssd_corrupt(address: str) -> int:
+    with grpc.insecure_channel(address) as ch:
+        return json.loads(pbg.MasterServiceStub(ch).Stats(pb.StatsRequest(), timeout=5).json)["ssd_corrupt"]
+
+
+def _get(address: str, keys: list[bytes], transport: str = "auto") -> tuple[int, list[bytes], int, int]:
+    """(hits, the bytes of each buffer, direct SSD reads, checksum failures) of one fresh client's get."""
+    with PoolClient(address, transport=transport, timeout=5) as c:
+        bufs = [bytearray(SIZE) for _ in keys]
+        hits = c.get_many_into(keys, bufs)
+        return hits, [bytes(b) for b in bufs], c.transfers.direct_ssd_reads, c.checksum_failures
+
+
+def test_same_host_reads_come_from_the_data_file_byte_exact_and_tcp_still_works(cluster):
+    master = cluster.start_master(extra=MASTER_ARGS)
+    cluster.start_node("n1", dram="0", ssd="4MiB")
+    keys = [key_of(i) for i in range(N)]
+    with PoolClient(master.address, timeout=5) as c:
+        assert c.put_many(keys, [pattern(i, SIZE) for i in range(N)]) == ["stored"] * N
+    reply = _lookup(master.address, keys)
+    assert reply.hits == N and set(reply.tiers) == {pb.SSD}
+    assert wire.ssd_path(reply.nodes[0]) == str(cluster.workdir / "ssd-n1" / DATA_FILE)
+    expected = [pattern(i, SIZE) for i in range(N)]
+    assert _get(master.address, keys, "auto") == (N, expected, N, 0)   # every record read here, none by the node
+    assert _get(master.address, keys, "tcp") == (N, expected, 0, 0)    # the data channel path is unchanged
+
+
+def test_a_damaged_record_read_directly_is_a_miss_reported_to_the_master(cluster):
+    master = cluster.start_master(extra=MASTER_ARGS)
+    cluster.start_node("n1", dram="0", ssd="4MiB")
+    keys = [key_of(i, salt=3) for i in range(N)]
+    with PoolClient(master.address, timeout=5) as c:
+        assert c.put_many(keys, [pattern(i, SIZE) for i in range(N)]) == ["stored"] * N
+    bad = 5
+    reply = _lookup(master.address, [keys[bad]])
+    path = wire.ssd_path(reply.nodes[0])
+    fd = os.open(path, os.O_RDWR)
+    try:   # one payload byte flipped under the committed record (what a bad sector or a stray writer does)
+        at = reply.offsets[0] + HEADER_BYTES + 100
+        os.pwrite(fd, bytes([os.pread(fd, 1, at)[0] ^ 0xFF]), at)
+    finally:
+        os.close(fd)
+    before = _ssd_corrupt(master.address)
+    hits, got, direct, failures = _get(master.address, keys)
+    # every hit was read (one batch), the damaged one checked and refused: the get stops there, a miss
+    assert (hits, got[:bad], direct, failures) == (bad, [pattern(i, SIZE) for i in range(bad)], N, 1)
+    with PoolClient(master.address, timeout=5) as c:
+        for _ in range(100):   # the report rides on the release, which is not awaited
+            if not c.contains_many([keys[bad]])[0]:
+                break
+            time.sleep(0.05)
+        assert c.contains_many([keys[bad], keys[bad + 1]]) == [False, True]
+    assert _ssd_corrupt(master.address) == before + 1
+
+
+@pytest.mark.parametrize("share", ["false", "true"])
+def test_a_node_that_does_not_share_is_read_through_its_data_channel(cluster, share):
+    master = cluster.start_master(extra=MASTER_ARGS)
+    cluster.start_node("n1", dram="0", ssd="4MiB", extra=["--share-dram", share])   # the last flag wins
+    keys = [key_of(i, salt=4) for i in range(4)]
+    with PoolClient(master.address, timeout=5) as c:
+        assert c.put_many(keys, [pattern(i, SIZE) for i in range(4)]) == ["stored"] * 4
+    shared = share == "true"
+    assert bool(wire.ssd_path(_lookup(master.address, keys).nodes[0])) is shared
+    assert _get(master.address, keys) == (4, [pattern(i, SIZE) for i in range(4)], 4 if shared else 0, 0)
