@@ -96,7 +96,7 @@ class Leases:
 
     def lease(self, slots: np.ndarray, expires_at: float) -> int:
         """Pin `slots` (int64 array, no repeats needed) under a new lease id."""
-        np.add.at(self.index.leases, slots, 1)
+        _pin(self.index.leases, slots, up=True)
         lease_id = self.new_id()
         self._leases[lease_id] = (slots, expires_at)
         return lease_id
@@ -114,7 +114,7 @@ class Leases:
             return None
         del self._leases[lease_id]
         index, slots = self.index, entry[0]
-        np.subtract.at(index.leases, slots, 1)
+        _pin(index.leases, slots, up=False)
         return slots[(index.leases[slots] == 0) & (index.state[slots] == DOOMED)].tolist()
 
     def expired_leases(self, now: float) -> list[int]:
@@ -133,6 +133,20 @@ class Leases:
 
     def unpin_many(self, slots: Iterable[int]) -> list[int]:
         return [s for s in slots if self.unpin(s)]
+
+
+def _pin(column: np.ndarray, slots: np.ndarray, *, up: bool) -> None:
+    """column[s] += 1 (up) or -= 1 for each s in slots, repeats counted (np.add.at); a plain fancy-index add when
+    the slots are distinct, as a chain's are (np.add.at costs ~5 us even for 32 slots, the set check under 1 us)."""
+    if len(slots) < 2 or len(set(slots.tolist())) == len(slots):
+        if up:
+            column[slots] += 1
+        else:
+            column[slots] -= 1
+    elif up:
+        np.add.at(column, slots, 1)
+    else:
+        np.subtract.at(column, slots, 1)
 
 
 __all__ = ["Leases"]

@@ -416,11 +416,12 @@ class Master:
             slots = np.array(found, dtype=np.int64)
             if lease and len(found) and (n := self.leases.leasable(slots)) < len(found):
                 found, slots = found[:n], slots[:n]
+            sizes = index.size[slots].tolist()
             if expect_sizes is not None and len(found):
-                wrong = np.flatnonzero(index.size[slots] != np.asarray(expect_sizes[: len(found)], dtype=np.int64))
-                if len(wrong):
-                    i = int(wrong[0])
-                    raise SizeMismatch(i, int(expect_sizes[i]), int(index.size[found[i]]))
+                expected = [int(n) for n in expect_sizes[: len(found)]]
+                if sizes != expected:
+                    i = next(i for i, (have, want) in enumerate(zip(sizes, expected)) if have != want)
+                    raise SizeMismatch(i, expected[i], sizes[i])
             if (rec := self.recorder) is not None:
                 rec.lookup(now, ns, list(keys), index.tier[slots].tolist(), lease)
             index.atime[slots] = self._ticks(now)  # a probe without a lease is a use too (someone wants it)
@@ -433,11 +434,11 @@ class Master:
                 self._flush()
             if not lease or not len(slots):
                 return LookupResult(hits=len(found), released=bool(release))
-            self.placement.touch(slots)
+            self.placement.touch(slots, tiers)
             expires_at = now + self.config.lease_ttl_s
             lease_id = self.leases.lease(slots, expires_at)
             by_number = self.placement.by_number
-            offsets, sizes = index.offset[slots].tolist(), index.size[slots].tolist()
+            offsets = index.offset[slots].tolist()
             result = LookupResult(hits=len(found), lease_id=lease_id, expires_at=expires_at, released=bool(release),
                                   node_ids=[by_number[n].node_id for n in index.node[slots].tolist()], tiers=tiers,
                                   offsets=offsets, sizes=sizes, checksums=index.checksum[slots].tolist())
@@ -448,7 +449,7 @@ class Master:
                                  for n, t, o, z in zip(result.node_ids, tiers, offsets, sizes)]
             if tid != UNSCOPED:
                 result.record_keys = list(keys[: len(found)])
-            if self.config.promote_on_hit and self.promotions.want(slots):
+            if self.config.promote_on_hit and self.promotions.want(slots, tiers):
                 self.promotion_wanted.set()
             return result
 

@@ -352,19 +352,22 @@ class Placement:
                 node.spaces[_TIERS[tier]].policy.mark_orphans(group)
                 self.counters.orphaned += len(group)
 
-    def touch(self, slots: np.ndarray) -> None:
-        """A hit on a chain: its links are confirmed and its policies see it used, parents before tails."""
+    def touch(self, slots: np.ndarray, tiers: list[int] | None = None) -> None:
+        """A hit on a chain: its links are confirmed and its policies see it used, parents before tails. `tiers`:
+        the slots' tiers as a list, when the caller has them already."""
         if not len(slots):
             return
         self.chains.confirm(slots)
         index = self.index
-        nodes, tiers = index.node[slots], index.tier[slots]
+        nodes = index.node[slots].tolist()
+        if tiers is None:
+            tiers = index.tier[slots].tolist()
         by_number = self.by_number
-        if (nodes == nodes[0]).all() and (tiers == tiers[0]).all():  # the common case: one chain, one tier
-            by_number[int(nodes[0])].spaces[_TIERS[int(tiers[0])]].policy.touch_chain(slots)  # numpy: see LRUPolicy
+        if nodes.count(nodes[0]) == len(nodes) and tiers.count(tiers[0]) == len(tiers):  # one chain, one tier
+            by_number[nodes[0]].spaces[_TIERS[tiers[0]]].policy.touch_chain(slots)  # numpy: see LRUPolicy
             return
         chains: dict[tuple[int, int], list[int]] = {}
-        for slot, n, t in zip(slots.tolist(), nodes.tolist(), tiers.tolist()):
+        for slot, n, t in zip(slots.tolist(), nodes, tiers):
             chains.setdefault((n, t), []).append(slot)
         for (number, tier), chain in chains.items():
             by_number[number].spaces[_TIERS[tier]].policy.touch_chain(chain)

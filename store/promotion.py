@@ -71,14 +71,17 @@ class Promotions:
     def pending(self) -> int:
         return len(self._wanted)
 
-    def want(self, slots: np.ndarray) -> int:
+    def want(self, slots: np.ndarray, tiers: list[int] | None = None) -> int:
         """Queue the hits among `slots` that sit below their node's fastest tier; returns how many were queued.
         SSD hits qualify once some node has a faster tier (`Placement.has_fast`: none in an SSD-only pool); DRAM hits
-        once some node has HBM (`Placement.has_hbm`)."""
+        once some node has HBM (`Placement.has_hbm`). `tiers`: the slots' tiers when the caller has them already
+        (a lookup whose hits are all fast returns at once)."""
         if not self.placement.has_fast:
             return 0
         index = self.index
         floor = int(Tier.DRAM) if self.placement.has_hbm else int(Tier.SSD)
+        if tiers is not None and (not tiers or max(tiers) < floor):
+            return 0
         slow = np.flatnonzero(index.tier[slots] >= floor)
         queued = 0
         for i in slow.tolist():

@@ -20,6 +20,7 @@ import numpy as np
 
 NIL = -1   # end of the list
 OUT = -2   # _next of an untracked slot
+_SPLICE_LOOP = 128   # chains up to this long are checked for adjacency in Python (_splice)
 
 
 def grow(arr: array, size: int, fill: int) -> None:
@@ -94,16 +95,29 @@ class LRUPolicy:
 
     def _splice(self, slots) -> bool:
         """If `slots` already sit adjacent from cold to hot as slots[-1] ... slots[0], move them to the hot end as
-        one block and return True; else change nothing and return False."""
-        s = np.asarray(slots, dtype=np.int64)
-        if s.ndim != 1 or s.min() < 0 or s.max() >= len(self._next):
-            return False
-        view = np.frombuffer(self._next, dtype=np.int32)   # no copy; released before the array can grow
-        adjacent = bool((view[s[1:]] == s[:-1]).all())
-        del view
-        if not adjacent:
-            return False
-        cold, hot = int(s[-1]), int(s[0])
+        one block and return True; else change nothing and return False. Up to _SPLICE_LOOP slots the adjacency is
+        checked in a Python loop over the list (a few numpy calls cost more than the whole walk), beyond in numpy."""
+        if len(slots) <= _SPLICE_LOOP:
+            sl = slots.tolist() if isinstance(slots, np.ndarray) else list(slots)
+            nxt = self._next
+            if min(sl) < 0 or max(sl) >= len(nxt):
+                return False
+            above = sl[0]
+            for slot in sl[1:]:
+                if nxt[slot] != above:
+                    return False
+                above = slot
+            cold, hot = sl[-1], sl[0]
+        else:
+            s = np.asarray(slots, dtype=np.int64)
+            if s.ndim != 1 or s.min() < 0 or s.max() >= len(self._next):
+                return False
+            view = np.frombuffer(self._next, dtype=np.int32)   # no copy; released before the array can grow
+            adjacent = bool((view[s[1:]] == s[:-1]).all())
+            del view
+            if not adjacent:
+                return False
+            cold, hot = int(s[-1]), int(s[0])
         if hot == self._tail:
             return True
         prev, nxt = self._prev, self._next

@@ -7,7 +7,6 @@ import pytest
 from kvpool.tiers.lru import LRUPolicy
 from kvpool.tiers.policy import EvictionPolicy, make_policy
 
-
 _SLOTS: dict[str, int] = {}
 
 
@@ -104,16 +103,18 @@ def test_keys_inserted_during_iteration_come_last():
     assert len(p) == 0
 
 
-def test_long_chains_match_a_reference_lru_under_random_touches():
-    """Chains > 16 slots take the block-splice path when already adjacent, the per-slot path otherwise; both must
-    give exactly the order of a plain reference LRU (a list, hot end last)."""
+@pytest.mark.parametrize("shortest, longest", [(17, 40), (129, 200)])
+def test_long_chains_match_a_reference_lru_under_random_touches(shortest, longest):
+    """Chains > 16 slots take the block-splice path when already adjacent (checked in Python up to 128 slots, in
+    numpy beyond), the per-slot path otherwise; all must give exactly the order of a plain reference LRU (a list,
+    hot end last)."""
     import random
 
     import numpy as np
 
     rng = random.Random(7)
     p, ref = LRUPolicy(), []
-    chains = [list(range(c * 40, c * 40 + rng.randint(17, 40))) for c in range(12)]
+    chains = [list(range(c * longest, c * longest + rng.randint(shortest, longest))) for c in range(12)]
 
     def ref_touch(chain, insert):
         for s in reversed(chain):
@@ -126,7 +127,7 @@ def test_long_chains_match_a_reference_lru_under_random_touches():
     for step in range(400):
         chain = rng.choice(chains)
         if rng.random() < 0.3:
-            chain = chain[: rng.randint(17, len(chain))]          # a prefix hit
+            chain = chain[: rng.randint(shortest, len(chain))]    # a prefix hit
         op = rng.random()
         if op < 0.3:
             p.insert_chain(chain)
