@@ -9,6 +9,9 @@ case is the local hit, so a pool hit is exactly "instance B reuses what instance
     pool SSD      the same with a pool whose DRAM holds one block: everything is read back from the SSD file,
                   after posix_fadvise(DONTNEED) drops the file from the page cache (so it is a real disk read)
     pool service  through `kvpool up` (master + node processes) with PoolClient: same-host shared-memory path
+    service SSD   through a second `kvpool up` whose node has no DRAM (every block an SSD record, promote_on_hit off),
+                  the node's data file dropped from the page cache before the load: the client reads the records
+                  from that file itself (same host, kvpool/transfer.py)
 
 Every ratio is to cold, measured in the same run; outputs of every case must equal cold's (greedy).
 Usage: python bench/e2e.py [--lengths 1024 4096] [--repeats 2]
@@ -59,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     work = Path(tempfile.mkdtemp(prefix="kvpool-e2e-"))
-    service = None
+    service = ssd_service = None
     if not args.no_service:
         from kvpool.launcher import free_port, spawn, wait_grpc_serving
 
@@ -67,7 +70,14 @@ def main(argv: list[str] | None = None) -> int:
         service = spawn("pool", ["up", "--listen", addr, "--dram-bytes", "2GiB", "--ssd-path", "none",
                                  "--http-listen", ""], work)
         wait_grpc_serving(addr, 60, service)
-    cases = ["cold", "local hit", "pool DRAM", "pool SSD"] + ([] if service is None else ["pool service"])
+        ssd_addr = f"127.0.0.1:{free_port()}"
+        ssd_file = work / "svc-ssd" / "kvpool.data"
+        ssd_service = spawn("pool-ssd", ["up", "--listen", ssd_addr, "--dram-bytes", "0", "--ssd-path",
+                                         str(ssd_file.parent), "--ssd-bytes", "3GiB", "--promote-on-hit", "false",
+                                         "--write-behind", "false", "--http-listen", ""], work)
+        wait_grpc_serving(ssd_addr, 60, ssd_service)
+    cases = ["cold", "local hit", "pool DRAM", "pool SSD"] + ([] if service is None else
+                                                             ["pool service", "service SSD"])
     results: dict[tuple[int, str], list[float]] = {}
     mismatches: list[str] = []
     engine(max(args.lengths)).generate([[1, 2, 3, 4]], GREEDY)  # load weights + warm up once per process
@@ -108,9 +118,18 @@ def main(argv: list[str] | None = None) -> int:
                         results.setdefault((length, "pool service"), []).append(t)
                         mismatches += [f"{length}/service"] if out != ref_s or ext == 0 else []
                         bar.update(1)
+                        salted = [prompt[0] + 2] + prompt[1:]
+                        _, ref_s, _ = ttft(engine(length), salted)
+                        ttft(engine(length, pool=ssd_addr), salted)
+                        drop_page_cache(ssd_file)
+                        t, out, ext = ttft(engine(length, pool=ssd_addr), salted)
+                        results.setdefault((length, "service SSD"), []).append(t)
+                        mismatches += [f"{length}/service-ssd"] if out != ref_s or ext == 0 else []
+                        bar.update(1)
     finally:
-        if service is not None:
-            service.stop()
+        for proc in (service, ssd_service):
+            if proc is not None:
+                proc.stop()
     print(f"\nTTFT, median of {args.repeats} (fresh engine per pool case; SmolLM2-135M fp32, CPU, "
           f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')})")
     print(f"{'prompt':>7}  " + "  ".join(f"{c:>13}" for c in cases))
