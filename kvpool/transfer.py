@@ -8,7 +8,10 @@
               memcpy straight into / out of the node's arena, mapped once (`DramArena.attach`)
           same host, a read of an SSD extent, the node shares its data file (`share_dram`) and we can open it:
               one preadv of the record straight into the caller's buffer (`tiers.ssd.SsdReader`: header and
-              payload checked as the node would, the payload hashed once, in the caller's buffer)
+              payload checked as the node would, the payload hashed once, in the caller's buffer); a record that
+              fails here is read again through the node's data channel, which has the last word (a file replaced
+              under an open reader, e.g. a node restarted on a fresh directory, costs a retry, never a false
+              "corrupt" report; the reader is reopened then)
           otherwise, or transport "tcp", or an SSD write, or an HBM extent:
               the node's raw TCP data channel (store/data_channel.py), pipelined per node, `recv_into` the buffer
         -> the set of positions that failed (refused by the node, unreachable, or a read whose bytes do not hash to
@@ -83,6 +86,7 @@ class Transfers:
         self.late_writes_skipped = 0    # same-host copies not started: the grant's deadline had passed
         self.dead_owner_writes = 0      # same-host copies failed because the arena's node died meanwhile
         self.direct_ssd_reads = 0       # SSD records read here from a same-host node's data file (not its channel)
+        self.direct_ssd_retries = 0     # ... of which failed here and were read again through the node's channel
         self.ssl_context = ssl_context
         self.server_name = server_name
         self._routes: dict[tuple[str, str, str], Route] = {}
@@ -182,13 +186,14 @@ class Transfers:
         verify_local = not write and self.verify == "all"
         stored = batch.keys if len(batch.keys) else keys  # a tenant's objects: the keys the master stores
         direct_ssd = 0
+        retry: dict[int, list[int]] = {}
         for i in positions:
             n = node_index[i]
             route = routes[n]
             if not write and route.ssd is not None and tiers[i] == _SSD:
                 # the record's own checks (key, size, header and payload checksums) and the committed checksum
                 if route.ssd.read_into(offsets[i], bytes(stored[i]), views[i][:sizes[i]]) != batch.checksums[i]:
-                    bad.add(i)
+                    retry.setdefault(n, []).append(i)
                 direct_ssd += 1
             elif route.arena is not None and tiers[i] == _DRAM:
                 if write:
@@ -208,6 +213,10 @@ class Transfers:
                 remote.setdefault(n, []).append(i)
         if direct_ssd:
             self.direct_ssd_reads += direct_ssd
+        for n, group in retry.items():
+            self.direct_ssd_retries += len(group)
+            remote.setdefault(n, []).extend(group)
+            self._reopen_if_replaced(routes[n])
         for n, group in local_writes.items():
             route = routes[n]
             if not route.arena.owner_alive():  # after the copies: the node may have died during them
@@ -259,6 +268,26 @@ class Transfers:
             kind = PoolTimeout if isinstance(exc, TimeoutError) else PoolUnavailable
             raise kind(f"node {route.node_id} ({route.data_address}): {exc}") from exc
         return failed
+
+    def _reopen_if_replaced(self, route: Route) -> None:
+        """A direct read failed: if the node's data file is another file now than the one this reader holds open,
+        read the new one from now on."""
+        old = route.ssd
+        if old is None or not old.replaced():
+            return
+        from kvpool.tiers.ssd import SsdReader
+
+        try:
+            new = SsdReader(old.path)
+        except OSError as exc:
+            log.info("cannot reopen %s of node %s, reading its SSD records over TCP: %s", old.path, route.node_id,
+                     exc)
+            new = None
+        with self._lock:
+            if route.ssd is old:
+                route.ssd = new     # not closed here: another thread may be reading it; it closes when dropped
+            elif new is not None:
+                new.close()
 
     def _route(self, ep: pb.NodeEndpoint) -> Route:
         local = self.transport == "auto" and ep.host_id == self.host_id

@@ -150,10 +150,23 @@ class SsdReader:
             raise ValueError(f"offset must be an int >= 0 and a multiple of {ALIGN}, got {offset!r}")
         return read_record(self._fd, offset, key, out)
 
+    def replaced(self) -> bool:
+        """Whether `path` names another file now (or none) than the one this reader has open."""
+        try:
+            now = os.stat(self.path)
+        except OSError:
+            return True
+        held = os.fstat(self._fd) if self._fd >= 0 else None
+        return held is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino)
+
     def close(self) -> None:
         if self._fd >= 0:
             fd, self._fd = self._fd, -1
             os.close(fd)
+
+    def __del__(self) -> None:
+        if getattr(self, "_fd", -1) >= 0:
+            self.close()
 
     def __repr__(self) -> str:
         return f"SsdReader({self.path!r})"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 
 import grpc
@@ -17,7 +18,7 @@ from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
 from kvpool.store import wire
 from kvpool.tiers.ssd import DATA_FILE, HEADER_BYTES
-from tests.store.cluster import cluster, key_of, pattern  # noqa: F401
+from tests.store.cluster import cluster, free_port, key_of, pattern  # noqa: F401
 
 SIZE = 64 << 10
 N = 12
@@ -40,9 +41,13 @@ def _ssd_corrupt(address: str) -> int:
 def _get(address: str, keys: list[bytes], transport: str = "auto") -> tuple[int, list[bytes], int, int]:
     """(hits, the bytes of each buffer, direct SSD reads, checksum failures) of one fresh client's get."""
     with PoolClient(address, transport=transport, timeout=5) as c:
-        bufs = [bytearray(SIZE) for _ in keys]
-        hits = c.get_many_into(keys, bufs)
-        return hits, [bytes(b) for b in bufs], c.transfers.direct_ssd_reads, c.checksum_failures
+        return _get_with(c, keys)
+
+
+def _get_with(c: PoolClient, keys: list[bytes]) -> tuple[int, list[bytes], int, int]:
+    bufs = [bytearray(SIZE) for _ in keys]
+    hits = c.get_many_into(keys, bufs)
+    return hits, [bytes(b) for b in bufs], c.transfers.direct_ssd_reads, c.checksum_failures
 
 
 def test_same_host_reads_come_from_the_data_file_byte_exact_and_tcp_still_works(cluster):
@@ -76,7 +81,8 @@ def test_a_damaged_record_read_directly_is_a_miss_reported_to_the_master(cluster
         os.close(fd)
     before = _ssd_corrupt(master.address)
     hits, got, direct, failures = _get(master.address, keys)
-    # every hit was read (one batch), the damaged one checked and refused: the get stops there, a miss
+    # every hit was read (one batch); the damaged one failed here, then at the node (its data channel has the last
+    # word): the get stops there, a miss
     assert (hits, got[:bad], direct, failures) == (bad, [pattern(i, SIZE) for i in range(bad)], N, 1)
     with PoolClient(master.address, timeout=5) as c:
         for _ in range(100):   # the report rides on the release, which is not awaited
@@ -97,3 +103,32 @@ def test_a_node_that_does_not_share_is_read_through_its_data_channel(cluster, sh
     shared = share == "true"
     assert bool(wire.ssd_path(_lookup(master.address, keys).nodes[0])) is shared
     assert _get(master.address, keys) == (4, [pattern(i, SIZE) for i in range(4)], 4 if shared else 0, 0)
+
+
+def test_a_data_file_replaced_under_an_open_reader_is_read_through_the_node_then_reopened(cluster):
+    """A node restarted on a fresh directory (same id and ports) has a new data file at the same path, while a
+    long-lived client still holds the old one open: its reads there fail the committed checksum, go to the node's
+    data channel (right bytes, no corruption reported), and the reader is reopened for the next get."""
+    master = cluster.start_master(extra=MASTER_ARGS)
+    port, data_port = free_port(), free_port()
+    node_args = dict(dram="0", ssd="4MiB", port=port, extra=["--data-listen", f"127.0.0.1:{data_port}"])
+    cluster.start_node("n1", **node_args)
+    keys = [key_of(i, salt=6) for i in range(N)]
+    with PoolClient(master.address, timeout=5) as c:
+        assert c.put_many(keys, [pattern(i, SIZE) for i in range(N)]) == ["stored"] * N
+        assert _get_with(c, keys) == (N, [pattern(i, SIZE) for i in range(N)], N, 0)
+        cluster.nodes["n1"].kill()
+        shutil.rmtree(cluster.workdir / "ssd-n1")
+        cluster.start_node("n1", **node_args)
+        for _ in range(200):   # the master forgets what the restarted node did not report
+            if c.contains_many(keys) == [False] * N:
+                break
+            time.sleep(0.05)
+        assert c.put_many(keys, [pattern(i, SIZE, version=1) for i in range(N)]) == ["stored"] * N
+        before = _ssd_corrupt(master.address)
+        new = [pattern(i, SIZE, version=1) for i in range(N)]
+        assert _get_with(c, keys) == (N, new, 2 * N, 0)
+        assert c.transfers.direct_ssd_retries == N          # the old file's records: every one read again
+        assert _get_with(c, keys) == (N, new, 3 * N, 0)
+        assert c.transfers.direct_ssd_retries == N          # reopened: the new file serves them directly
+    assert _ssd_corrupt(master.address) == before
