@@ -72,7 +72,9 @@ class DataHandler(Protocol):
 
     def write_done(self, e: "Extent", view: memoryview) -> None: ...
 
-    def read_view(self, e: "Extent") -> memoryview: ...
+    def read_view(self, e: "Extent") -> memoryview:
+        """The extent's bytes, valid until the next read_view on the same thread (the channel sends them first)."""
+        ...
 
 
 class DataChannelError(Exception):

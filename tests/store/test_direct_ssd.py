@@ -132,3 +132,23 @@ def test_a_data_file_replaced_under_an_open_reader_is_read_through_the_node_then
         assert _get_with(c, keys) == (N, new, 3 * N, 0)
         assert c.transfers.direct_ssd_retries == N          # reopened: the new file serves them directly
     assert _ssd_corrupt(master.address) == before
+
+
+def test_records_of_mixed_sizes_read_back_exact_both_ways(cluster):
+    """One connection reads records of growing and shrinking sizes (the node stages them in a buffer it keeps per
+    connection thread, and one past its 8 MiB cap in a buffer of its own): every one byte-exact, directly and over
+    the data channel."""
+    master = cluster.start_master(extra=MASTER_ARGS + ["--max-object-bytes", "16MiB"])
+    cluster.start_node("n1", dram="0", ssd="64MiB")
+    sizes = [64 << 10, 2 << 20, 4096, 9 << 20, 100_000, 1 << 20]
+    keys = [key_of(i, salt=7) for i in range(len(sizes))]
+    data = [pattern(i, n) for i, n in enumerate(sizes)]
+    with PoolClient(master.address, timeout=10) as c:
+        assert c.put_many(keys, data) == ["stored"] * len(keys)
+    for transport in ("tcp", "auto"):
+        with PoolClient(master.address, transport=transport, timeout=10) as c:
+            for _ in range(2):
+                bufs = [bytearray(n) for n in sizes]
+                assert c.get_many_into(keys, bufs) == len(keys)
+                assert [bytes(b) for b in bufs] == data
+            assert c.transfers.direct_ssd_reads == (0 if transport == "tcp" else 2 * len(keys))
