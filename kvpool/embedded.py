@@ -41,7 +41,8 @@ from kvpool.store.writebehind import write_behind_loop
 from kvpool.tiers.types import Tier
 
 _HBM = int(Tier.HBM)
-_DRAM = int(Tier.DRAM)  # module constant: enum attribute lookups cost ~1 us each on the per-object path
+_DRAM = int(Tier.DRAM)  # module constants: enum attribute lookups cost ~1 us each on the per-object path
+_SSD = int(Tier.SSD)
 _TIER_LABELS = tuple(t.label for t in Tier)
 
 
@@ -127,10 +128,16 @@ class EmbeddedPool(PoolFront):
             return 0
         filled = 0
         try:
+            on_ssd = [i for i, tier in enumerate(result.tiers) if tier == _SSD]
+            if on_ssd:   # one loop over the SSD hits (kvpool/tiers/ssd.py read_records); the order is kept below
+                ok = self.node.read_ssd_many([result.offsets[i] for i in on_ssd], [keys[i] for i in on_ssd],
+                                             [result.sizes[i] for i in on_ssd], [views[i] for i in on_ssd])
+                ssd_ok = dict(zip(on_ssd, ok))
             for i, (tier, offset, size) in enumerate(zip(result.tiers, result.offsets, result.sizes)):
                 if tier == _DRAM:
                     np.copyto(np.frombuffer(views[i], dtype=np.uint8), self.node.dram_array(offset, size))
-                elif not self.node.read_into(Tier(tier), offset, keys[i], size, views[i]):
+                elif not (ssd_ok[i] if tier == _SSD else
+                          self.node.read_into(Tier(tier), offset, keys[i], size, views[i])):
                     self.master.report_corrupt(result.lease_id, [keys[i]])
                     break
                 if tiers_out is not None:

@@ -185,16 +185,12 @@ class Transfers:
         node_index, tiers, offsets, sizes = batch.node_index, batch.tiers, batch.offsets, batch.sizes
         verify_local = not write and self.verify == "all"
         stored = batch.keys if len(batch.keys) else keys  # a tenant's objects: the keys the master stores
-        direct_ssd = 0
-        retry: dict[int, list[int]] = {}
+        direct_ssd: dict[int, list[int]] = {}
         for i in positions:
             n = node_index[i]
             route = routes[n]
             if not write and route.ssd is not None and tiers[i] == _SSD:
-                # the record's own checks (key, size, header and payload checksums) and the committed checksum
-                if route.ssd.read_into(offsets[i], bytes(stored[i]), views[i][:sizes[i]]) != batch.checksums[i]:
-                    retry.setdefault(n, []).append(i)
-                direct_ssd += 1
+                direct_ssd.setdefault(n, []).append(i)
             elif route.arena is not None and tiers[i] == _DRAM:
                 if write:
                     if fence.now() >= deadline:  # the grant may be gone: the extent may be someone else's
@@ -211,12 +207,17 @@ class Transfers:
                     views[i][:] = route.arena.view(offsets[i], sizes[i])
             else:
                 remote.setdefault(n, []).append(i)
-        if direct_ssd:
-            self.direct_ssd_reads += direct_ssd
-        for n, group in retry.items():
-            self.direct_ssd_retries += len(group)
-            remote.setdefault(n, []).extend(group)
-            self._reopen_if_replaced(routes[n])
+        for n, group in direct_ssd.items():
+            # the records' own checks (key, size, header and payload checksums), then the committed checksum
+            reader = routes[n].ssd
+            digests = reader.read_many_into([offsets[i] for i in group], [bytes(stored[i]) for i in group],
+                                            [views[i][:sizes[i]] for i in group])
+            retry = [i for i, digest in zip(group, digests) if digest != batch.checksums[i]]
+            self.direct_ssd_reads += len(group)
+            if retry:
+                self.direct_ssd_retries += len(retry)
+                remote.setdefault(n, []).extend(retry)
+                self._reopen_if_replaced(routes[n])
         for n, group in local_writes.items():
             route = routes[n]
             if not route.arena.owner_alive():  # after the copies: the node may have died during them

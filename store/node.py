@@ -162,6 +162,12 @@ class StorageNode:
             return True
         raise ValueError(f"tier {tier!r} is not on this node")
 
+    def read_ssd_many(self, offsets, keys, sizes, outs) -> list[bool]:
+        """SSD records into `outs` in one loop (tiers.ssd.SsdFile.read_many_into); False = missing or corrupt."""
+        if self.ssd is None:
+            raise ValueError("tier SSD is not on this node")
+        return self.ssd.read_many_into(offsets, keys, sizes, outs)
+
     # ---- NodeOps ----
 
     def demote(self, moves: list[Move]) -> list[bool]:
