@@ -1,5 +1,6 @@
 """Eviction policies on the Mooncake FAST'25 trace and a second, differently shaped synthetic trace: LRU vs S3-FIFO vs
-wlru vs clru vs bclru vs lclru (and Belady's OPT), block hit rate at several pool sizes, and how fast the planner replays.
+wlru vs clru vs bclru vs lclru (and Belady's OPT), block hit rate at several pool sizes, and how fast the planner
+replays.
 
 Replays ../shared/traces/synthetic_trace.jsonl (3,993 requests, chained 512-token block ids) with kvpool.planner,
 i.e. through the master's own index, placement and eviction code (lookup under a lease, release, put the missed
