@@ -37,6 +37,9 @@ Sensitivity and what did not pay (planner replays, points over LRU at 5 / 10% on
                                             0.3 / 0.55 point below LRU with seeds 0 / 1)
     the last block of each put at 1000      +1.52 / +1.82 (fixed split); +0.00 at 10% on the second: there the last
                                             full block is what the next turn reuses
+    bypass: puts in a 1000 list stored at   +1.56 / +1.49; +5.77 / +0.77 (the ghost admits a block on its second
+    the cold end (the next victims)         sight); a strict 100,000 instead of 1000: +1.47 / +1.63; +5.76 / +1.14
+    reused weights 2 / 1                    +0.88 / +1.19; +5.04 / +0.82
 So the Mooncake gain at 5% is a narrow margin over the +1.5 goal (+1.0..+1.6 across the settings above), picked on
 these two traces.
 
