@@ -1,5 +1,6 @@
 """Eviction policies on the Mooncake FAST'25 trace and a second, differently shaped synthetic trace: LRU vs S3-FIFO vs
-wlru vs clru vs bclru (and Belady's OPT), block hit rate at several pool sizes, and how fast the planner replays.
+wlru vs clru vs bclru vs lclru (and Belady's OPT), block hit rate at several pool sizes, and how fast the planner
+replays.
 
 Replays ../shared/traces/synthetic_trace.jsonl (3,993 requests, chained 512-token block ids) with kvpool.planner,
 i.e. through the master's own index, placement and eviction code (lookup under a lease, release, put the missed
@@ -37,8 +38,8 @@ from kvpool.belady import opt_hits
 from kvpool.planner import ceiling_hits, rate_basis, replay, summarize
 from kvpool.trace import PARTIAL_BLOCKS, TraceError, load_trace
 
-POLICIES = ("lru", "s3fifo", "wlru", "clru", "bclru")
-LABELS = {"lru": "LRU", "s3fifo": "S3-FIFO", "wlru": "wlru", "clru": "clru", "bclru": "bclru"}
+POLICIES = ("lru", "s3fifo", "wlru", "clru", "bclru", "lclru")
+LABELS = {"lru": "LRU", "s3fifo": "S3-FIFO", "wlru": "wlru", "clru": "clru", "bclru": "bclru", "lclru": "lclru"}
 DEFAULT_TRACE = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "synthetic_trace.jsonl"
 
 
@@ -124,7 +125,7 @@ def run_trace(path: Path, fractions: list[float], tokens: list[float], partial_b
     for label, cap in sizes:
         print(f"{label:>24} {cap:>7}  " + "  ".join(f"{results[(cap, p)].token_hit_rate:>7.1%}" for p in POLICIES)
               + f"  {opt[cap].token_hit_rate:>7.1%}")
-    for policy in ("wlru", "clru", "bclru"):
+    for policy in ("wlru", "clru", "bclru", "lclru"):
         for label, cap in sizes:
             lru, r = results[(cap, "lru")].block_hit_rate, results[(cap, policy)].block_hit_rate
             print(f"ratio {policy}/LRU block hit rate at {label}: {r / lru if lru else float('nan'):.3f}x "

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
-POLICY_NAMES = ("lru", "s3fifo", "wlru", "clru", "bclru")
+POLICY_NAMES = ("lru", "s3fifo", "wlru", "clru", "bclru", "lclru")
 
 
 @runtime_checkable
@@ -66,4 +66,7 @@ def make_policy(name: str) -> EvictionPolicy:
     if name == "bclru":
         from .bclru import BalancedClassLRUPolicy
         return BalancedClassLRUPolicy()
+    if name == "lclru":
+        from .lclru import LengthClassLRUPolicy
+        return LengthClassLRUPolicy()
     raise ValueError(f"policy must be one of {list(POLICY_NAMES)}, got {name!r}")

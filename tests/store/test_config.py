@@ -16,7 +16,7 @@ from kvpool.store.config import EmbeddedConfig, MasterConfig, NodeConfig
     (MasterConfig, "lease_ttl_s", 0, "lease_ttl_s must be a number > 0"),
     (MasterConfig, "grant_ttl_s", -1.0, "grant_ttl_s must be a number > 0"),
     (MasterConfig, "node_ttl_s", "x", "node_ttl_s must be a number > 0"),
-    (MasterConfig, "policy", "mru", r"policy must be one of \['lru', 's3fifo', 'wlru', 'clru', 'bclru'\]"),
+    (MasterConfig, "policy", "mru", r"policy must be one of \['lru', 's3fifo', 'wlru', 'clru', 'bclru', 'lclru'\]"),
     (MasterConfig, "suspect_after_s", -1, r"suspect_after_s must be a number of seconds >= 0 \(0 = the default\)"),
     (MasterConfig, "suspect_after_s", 10.0, r"suspect_after_s \(10.0\) must be below node_ttl_s \(10.0\)"),
     (MasterConfig, "reload_grace_s", float("nan"), "reload_grace_s must be a number of seconds >= 0"),

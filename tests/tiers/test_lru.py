@@ -34,7 +34,8 @@ def test_no_per_object_python_objects():
     assert 500 not in p and 499 in p and -1 not in p and "x" not in p and len(p) == 999
     p.insert_chain([5000])                          # a far slot doubles past it
     assert len(p._next) == 5001 and list(p.victims())[:2] == [999, 998] and list(p.victims())[-1] == 5000
-    with pytest.raises(ValueError, match=r"policy must be one of \['lru', 's3fifo', 'wlru', 'clru', 'bclru'\], got 'mru'"):
+    with pytest.raises(ValueError,
+                       match=r"policy must be one of \['lru', 's3fifo', 'wlru', 'clru', 'bclru', 'lclru'\], got 'mru'"):
         make_policy("mru")
 
 
