@@ -54,7 +54,7 @@ is its class byte, and a ghost entry is an 11-bit tag | 3-bit length bucket | 2-
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from .clru import _TAG_SHIFT, ClassLRUPolicy
 from .lru import NIL
@@ -229,35 +229,6 @@ class LengthClassLRUPolicy(ClassLRUPolicy):
             self._ghost_put(self._fingerprint(key), u + 1 if u < _TOP else u, lst if lst < BUCKETS else 0)
         self._unlink(slot)
         return True
-
-    def victims(self) -> Iterator[int]:
-        """Coldest first: the largest (clock - last use) x weight at the lists' cold ends (ties: the older stamp).
-        The caller may remove (evict) or skip (leased) each; a skipped one is not offered again."""
-        offered: set[int] = set()
-        cursor = list(self._head)
-        cls, nxt, stamp, weights = self._cls, self._next, self._stamp, self._weights
-        lists = range(len(weights))
-        while True:
-            best, best_rank, best_stamp = NIL, -1, 0
-            for c in lists:
-                slot = cursor[c]
-                if slot == NIL:
-                    continue
-                if cls[slot] != c or slot in offered:
-                    slot = cursor[c] = self._first_fresh(c, offered)   # stale cursor: rescan from the cold end
-                    if slot == NIL:
-                        continue
-                s = stamp[slot]
-                rank = (self._clock - s) * weights[c]
-                if rank > best_rank or (rank == best_rank and s < best_stamp):
-                    best, best_rank, best_stamp = slot, rank, s
-            if best == NIL:
-                return
-            c = cls[best]
-            after = nxt[best]
-            offered.add(best)
-            yield best
-            cursor[c] = nxt[best] if cls[best] == c else after
 
     # ---- ghost: clru's table, entries 11-bit tag | 3-bit bucket | 2-bit use class ----
 

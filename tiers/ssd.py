@@ -28,6 +28,10 @@ Crash rules (the file is the only state that survives a kill):
 * `read_into` verifies magic, version, header checksum, key, size and payload checksum; any mismatch, short
   read (truncated file) or I/O error is a miss (`False`) and counts in `corrupt_reads`. The payload has then
   already been read into the caller's buffer (no staging copy); callers treat False as "contents undefined".
+
+One module over 400 lines on purpose: the record format has one owner. SsdFile (the node's writer, reader and
+scan) and SsdReader (a same-host client's read-only handle) share its header layout and its checks
+(`read_records`); split, the format would be spelled out in two places.
 """
 
 from __future__ import annotations

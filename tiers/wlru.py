@@ -136,7 +136,7 @@ class WeightedLRUPolicy:
         cls, nxt, stamp, weights = self._cls, self._next, self._stamp, self._weights
         while True:
             best, best_rank, best_stamp = NIL, -1, 0
-            for c in range(CLASSES):
+            for c in range(len(weights)):   # one list per weight (subclasses may keep more lists)
                 slot = cursor[c]
                 if slot != NIL and (cls[slot] != c or slot in offered):
                     slot = cursor[c] = self._first_fresh(c, offered)   # stale cursor: rescan from the cold end
