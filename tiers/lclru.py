@@ -209,17 +209,6 @@ class LengthClassLRUPolicy(ClassLRUPolicy):
                 self._unlink(slot)
                 self._push(slot, want[i])
 
-    def mark_orphans(self, slots: Sequence[int]) -> None:
-        """Each tracked slot (prefix order) moves to the cold end of list 0, stamped older than anything (so its
-        weighted age beats every other block's), the last one given (the deepest tail) oldest of all."""
-        cls = self._cls
-        n = len(cls)
-        for slot in slots:
-            if slot < n and cls[slot] != _OUT:
-                self._unlink(slot)
-                self._orphan_clock -= 1
-                self._push_cold(slot, 0, self._orphan_clock)
-
     def remove(self, slot: int, key: bytes | None = None) -> bool:
         if slot not in self:
             return False

@@ -159,11 +159,7 @@ class SsdReader:
     def read_into(self, offset: int, key: bytes, out: memoryview) -> int | None:
         """The record at `offset` (key `key`, payload `out.nbytes` bytes) into `out`: its verified xxh3_64, or
         None (a miss; `out` is then undefined)."""
-        if self._fd < 0:
-            raise ValueError(f"SsdReader of {self.path} is closed")
-        if offset < 0 or offset % ALIGN:
-            raise ValueError(f"offset must be an int >= 0 and a multiple of {ALIGN}, got {offset!r}")
-        return read_record(self._fd, offset, key, out)
+        return self.read_many_into((offset,), (key,), (out,))[0]
 
     def read_many_into(self, offsets, keys, outs) -> list[int | None]:
         """`read_into` of each (offset, key, out) in turn, in one loop."""
