@@ -14,7 +14,7 @@ case is the local hit, so a pool hit is exactly "instance B reuses what instance
                   from that file itself (same host, kvpool/transfer.py)
 
 Every ratio is to cold, measured in the same run; outputs of every case must equal cold's (greedy).
-Usage: python bench/e2e.py [--lengths 1024 4096] [--repeats 2]
+Usage: python bench/e2e.py [--lengths 1024 4096] [--repeats 2] [--transfer auto|staged|direct] [--no-service]
 """
 
 from __future__ import annotations
@@ -40,9 +40,12 @@ from kvpool.engine_adapter.sampling import SamplingParams
 GREEDY = SamplingParams(temperature=0, max_tokens=2)
 
 
+TRANSFER = "auto"   # --transfer: the connector's transfer mode in every pool case
+
+
 def engine(max_len: int, pool_obj=None, **connector) -> LLM:
     use = pool_obj is not None or connector
-    conn = PoolConnector(ConnectorConfig(**connector), pool=pool_obj) if use else None
+    conn = PoolConnector(ConnectorConfig(transfer=TRANSFER, **connector), pool=pool_obj) if use else None
     return LLM(connector=conn, max_model_len=max_len + 64, num_kv_blocks=(max_len + 64) // 16 + 8, max_num_seqs=1,
                max_num_batched_tokens=max_len + 64)
 
@@ -59,7 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096])
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--no-service", action="store_true", help="skip the `kvpool up` case")
+    ap.add_argument("--transfer", choices=["auto", "staged", "direct"], default="auto",
+                    help="the connector's transfer mode (connector/config.py) in every pool case")
     args = ap.parse_args(argv)
+    global TRANSFER
+    TRANSFER = args.transfer
     rng = np.random.default_rng(0)
     work = Path(tempfile.mkdtemp(prefix="kvpool-e2e-"))
     service = ssd_service = None
@@ -130,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         for proc in (service, ssd_service):
             if proc is not None:
                 proc.stop()
-    print(f"\nTTFT, median of {args.repeats} (fresh engine per pool case; SmolLM2-135M fp32, CPU, "
-          f"{os.cpu_count()} cores, {time.strftime('%Y-%m-%d')})")
+    print(f"\nTTFT, median of {args.repeats} (fresh engine per pool case, transfer {args.transfer}; SmolLM2-135M fp32, "
+          f"CPU, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')})")
     print(f"{'prompt':>7}  " + "  ".join(f"{c:>13}" for c in cases))
     for length in args.lengths:
         meds = {c: statistics.median(results[(length, c)]) for c in cases}

@@ -18,6 +18,8 @@ Example (connector.yaml):
     pin_host_memory: true      # CUDA engines: register the pool memory mapped here as pinned (DMA)
     pin_s: 0                   # retention hint of every save (seconds; 0 = none); a request overrides it with
                                # kv_transfer_params {"pin_s": N} (bundled engine and vLLM alike)
+    warm_start: true           # connect at engine start and map + prefault the same-host nodes' arenas in the
+                               # background (PoolClient.warm), so the first request pays no connection or page faults
 
 With authentication on the pool takes the tenant from the token (`auth_token`), not from `tenant`: `tenant` still
 goes into the namespace (so two tenants' keys differ even before the master scopes them).
@@ -84,6 +86,7 @@ class ConnectorConfig:
     layerwise_load: LayerwiseMode = LayerwiseMode.AUTO
     pin_host_memory: bool = True
     pin_s: float = 0.0                   # retention hint of the blocks this connector saves (kvpool store/retention.py)
+    warm_start: bool = True              # connect + map/prefault same-host arenas at attach, in a thread
 
     def __post_init__(self) -> None:
         def fix(name: str, enum_cls: type[enum.Enum]) -> None:
@@ -103,8 +106,9 @@ class ConnectorConfig:
             raise ValueError("layerwise_load=on needs transfer=direct or auto (a staged load is copied whole before "
                              "the forward pass); set layerwise_load=off or transfer=direct")
         pin_seconds(self.pin_s)  # ValueError naming pin_s
-        if not isinstance(self.pin_host_memory, bool):
-            raise ValueError(f"pin_host_memory must be true or false, got {self.pin_host_memory!r}")
+        for name in ("pin_host_memory", "warm_start"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if not isinstance(self.pool, str) or not self.pool:
             raise ValueError("pool must be 'embedded' or a master address host:port")
         if self.pool != "embedded":

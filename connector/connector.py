@@ -84,6 +84,8 @@ class PoolConnector(KVConnectorBase):
         self._pin_wanted = False
         self._pinned_pool = None
         self.pin_report: dict[str, str] = {}    # pool memory pinned for DMA here: {node id: "pinned" | why not}
+        self.warm_report: dict[str, str] = {}   # what the start-up warm-up did: {node id: "mapped, N bytes ..."}
+        self._warm_thread: threading.Thread | None = None
         self._saver = BlockSaver(self._get_pool, max_blocks=self.config.save_queue_blocks,
                                  on_saved=self._on_saved, on_error=lambda exc: self._fault(exc, "save"))
 
@@ -113,6 +115,17 @@ class PoolConnector(KVConnectorBase):
             self._staging = torch.zeros((blocks, *self._shape), dtype=info.kv_cache.dtype, pin_memory=on_cuda)
         log.info("connector: %s transfer, layer-wise load %s, cache on %s", "direct" if direct else "staged",
                  "on" if direct and layerwise else "off", info.kv_cache.device)
+        if self.config.warm_start:
+            self._warm_thread = threading.Thread(target=self._warm, name="kvpool-connector-warm", daemon=True)
+            self._warm_thread.start()
+
+    def wait_warm(self, timeout: float | None = None) -> bool:
+        """Wait for the start-up warm-up (`warm_start`) to end; True once it has, or when none was started."""
+        thread = self._warm_thread
+        if thread is None:
+            return True
+        thread.join(timeout)
+        return not thread.is_alive()
 
     @property
     def direct(self) -> bool:
@@ -259,6 +272,7 @@ class PoolConnector(KVConnectorBase):
         return dict(self.pin_report)
 
     def close(self) -> None:
+        self.wait_warm(self.config.load_timeout_s)   # a warm-up in flight maps no arena into a closed pool
         if self._direct is not None:
             self._direct.close()      # every queued copy done, every lease released
         self._saver.close()
@@ -363,6 +377,21 @@ class PoolConnector(KVConnectorBase):
         if self._metrics is not None:
             self._metrics.saved_blocks.inc(stored)
 
+
+    def _warm(self) -> None:
+        """At start, in a thread: open the pool now instead of at the first request, and have it map (and
+        prefault) the same-host nodes' arenas, so the first load takes no page faults. Never raises: a fault is
+        counted and logged like any other, and the requests recompute until the pool answers."""
+        pool = self._get_pool()
+        if pool is None:
+            return
+        try:
+            self.warm_report = pool.warm()
+        except Exception as exc:  # noqa: BLE001 - a pool fault must never reach the engine
+            self._fault(exc, "warm")
+            return
+        if self.warm_report:
+            log.info("connector: pool ready: %s", self.warm_report)
 
     def _get_pool(self):
         pool = self._open_pool()

@@ -254,6 +254,10 @@ class PoolClient(PoolFront):
         self.transfers.pin_arenas = True
         return self.transfers.pin_report()
 
+    def _warm(self, prefault: bool) -> dict[str, str]:
+        nodes = self.rpc.call("Hello", pb.HelloRequest(), retry=True, what="hello").nodes
+        return self.transfers.warm(nodes, prefault=prefault)
+
     def _contains(self, keys: Sequence[bytes]) -> list[bool]:
         return list(self.rpc.call("Contains", pb.ContainsRequest(keys=[bytes(k) for k in keys]), retry=True,
                                   what="contains").present)

@@ -156,6 +156,16 @@ class PoolFront:
         self._check_open()
         return self._pin()
 
+    def warm(self, *, prefault: bool = True) -> dict[str, str]:
+        """Get ready for the first get, off its path: reach the master and map here every same-host node's arena
+        (and SSD file), the arena's page tables filled in with `prefault` (a fresh mapping otherwise takes a page
+        fault per 4-64 KiB on its first read of each page). Returns {node id: what was done}; an in-process pool
+        has nothing to do ({}). Faults raise as any call's (the connector calls it from a thread and logs them)."""
+        self._check_open()
+        if not isinstance(prefault, bool):
+            raise ValueError(f"prefault must be True or False, got {prefault!r}")
+        return self._warm(prefault)
+
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
         self._check_open()
         check_keys(keys, "keys")
@@ -208,6 +218,9 @@ class PoolFront:
         raise NotImplementedError
 
     def _pin(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def _warm(self, prefault: bool) -> dict[str, str]:
         raise NotImplementedError
 
     def _remove(self, keys: Sequence[bytes]) -> int:

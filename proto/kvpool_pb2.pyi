@@ -508,14 +508,16 @@ class HelloRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class HelloResponse(_message.Message):
-    __slots__ = ("control_port", "instance", "control_tls")
+    __slots__ = ("control_port", "instance", "control_tls", "nodes")
     CONTROL_PORT_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_FIELD_NUMBER: _ClassVar[int]
     CONTROL_TLS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
     control_port: int
     instance: bytes
     control_tls: bool
-    def __init__(self, control_port: _Optional[int] = ..., instance: _Optional[bytes] = ..., control_tls: _Optional[bool] = ...) -> None: ...
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeEndpoint]
+    def __init__(self, control_port: _Optional[int] = ..., instance: _Optional[bytes] = ..., control_tls: _Optional[bool] = ..., nodes: _Optional[_Iterable[_Union[NodeEndpoint, _Mapping]]] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ()

@@ -88,7 +88,7 @@ class MasterServicer(pbg.MasterServiceServicer):
         self._lock = threading.Lock()
         self._node_token, self._node_tls = node_token, node_tls
         self.security: dict = {}   # how the server is exposed (MasterServer fills it; Stats shows it to admins)
-        self.hello = pb.HelloResponse()  # where the control channel listens (MasterServer fills it; Hello answers)
+        self.hello = pb.HelloResponse()  # where the control channel listens (MasterServer fills it; Hello adds nodes)
         self.on_rpc_error: Callable[[str, str], None] | None = None
         if metadata is not None and hasattr(metadata, "load_node_endpoints"):
             for node_id, data in metadata.load_node_endpoints().items():
@@ -231,7 +231,14 @@ class MasterServicer(pbg.MasterServiceServicer):
         return pb.ReleaseResponse(released=self.master.release(list(request.lease_ids), tenant=tenant))
 
     def Hello(self, request, context):
-        return self.hello
+        with self._lock:
+            nodes = list(self._endpoints.values())
+        if not nodes:
+            return self.hello
+        reply = pb.HelloResponse()
+        reply.CopyFrom(self.hello)
+        reply.nodes.extend(nodes)
+        return reply
 
     @_rpc
     def Contains(self, request, context):

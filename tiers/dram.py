@@ -20,10 +20,16 @@ crashed node: `create` unlinks such files (`sweep_stale_arenas`) before reservin
 and restarted would keep its old arena's RAM pinned in /dev/shm until reboot. Peers that `attach` never lock.
 `pin()` registers the mapping with CUDA (cudaHostRegister through CuPy, tiers/gpu.py) where a GPU exists so
 device copies are direct DMA; it reports whether that worked and never raises.
+
+`prefault()` fills in this process's page tables for the arena ahead of use: a freshly attached mapping otherwise
+pays a page fault per 4-64 KiB on its first read of every page (~20 ms of a fresh client's first 180 MiB load,
+measured on the 2-core box 2026-11-26). The pages themselves already exist (the owner fallocated them), so it costs
+page-table memory (~2 MiB per GiB mapped) and CPU, no RAM for data; a same-host client calls it once, at start.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import logging
@@ -41,6 +47,9 @@ from . import gpu
 log = logging.getLogger(__name__)
 
 PREFIX = "kvpool-"
+_MADV_POPULATE_READ = 22       # Linux >= 5.14; older kernels answer EINVAL and the pages are touched instead
+_PREFAULT_CHUNK = 32 << 20     # per madvise call: the GIL is released around each one (ctypes)
+_PAGE = mmap.PAGESIZE
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 
 
@@ -238,6 +247,31 @@ class DramArena:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         return False
 
+    # ---------------------------------------------------------------- page tables
+    def prefault(self, max_bytes: int | None = None) -> int:
+        """Map this process's page-table entries for the first `max_bytes` of the arena (None: all of it), so
+        later copies in or out of it take no page faults. Meant for a same-host client at start, off any request's
+        path: runs in chunks that release the GIL. Returns the bytes populated (0 on a closed arena); never raises
+        (a kernel without MADV_POPULATE_READ gets one read per page instead)."""
+        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int)
+                                      or max_bytes < 0):
+            raise ValueError(f"max_bytes must be an int >= 0 or None, got {max_bytes!r}")
+        arr = self._np          # held: the mapping stays alive (close() defers the unmap) while we work
+        if arr is None:
+            return 0
+        total = self._capacity if max_bytes is None else min(max_bytes, self._capacity)
+        base = int(arr.__array_interface__["data"][0])
+        madvise = _libc_madvise()
+        done = 0
+        while done < total:
+            n = min(_PREFAULT_CHUNK, total - done)
+            if madvise is None or madvise(ctypes.c_void_p(base + done), ctypes.c_size_t(n),
+                                          _MADV_POPULATE_READ) != 0:
+                madvise = None  # EINVAL (older kernel) or anything else: read one byte per page from here on
+                int(arr[done:done + n:_PAGE].sum(dtype=np.uint64))
+            done += n
+        return done
+
     # ---------------------------------------------------------------- pinning
     def pin(self) -> bool:
         """Register this process's mapping as page-locked host memory (cudaHostRegister through CuPy's runtime
@@ -331,6 +365,22 @@ class DramArena:
         if offset + size > self._capacity:
             raise ValueError(f"offset + size ({offset} + {size}) exceeds the arena capacity {self._capacity}")
         return offset, size
+
+
+_MADVISE: list = []
+
+
+def _libc_madvise():
+    """libc's madvise through ctypes (which releases the GIL around the call), or None where it cannot be found."""
+    if not _MADVISE:
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).madvise
+            fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+            fn.restype = ctypes.c_int
+        except (OSError, AttributeError):
+            fn = None
+        _MADVISE.append(fn)
+    return _MADVISE[0]
 
 
 def _index(value: Any, argname: str) -> int:

@@ -160,6 +160,26 @@ def test_same_host_pool_mapped_arena_and_its_read_fence(up, reference_b):
         engine.engine.connector.close()
 
 
+@pytest.mark.parametrize("transfer", ["staged", "direct"])
+def test_warm_start_maps_the_arena_before_the_first_request(up, reference_b, transfer):
+    a = LLM(connector=PoolConnector(ConnectorConfig(pool=up.address, transfer=transfer)), **ENGINE_ARGS)
+    run(a, QUESTION_A)
+    b = LLM(connector=PoolConnector(ConnectorConfig(pool=up.address, transfer=transfer)), **ENGINE_ARGS)
+    conn = b.engine.connector
+    assert conn.wait_warm(30)
+    assert conn.warm_report == {"n1": f"mapped, {64 << 20} bytes prefaulted"}
+    out_b = run(b, QUESTION_B)
+    assert out_b.token_ids == reference_b and out_b.num_cached_tokens_external >= shared_tokens(b) - 16
+    assert conn.stats.fallbacks == {}
+    off = LLM(connector=PoolConnector(ConnectorConfig(pool=up.address, transfer=transfer, warm_start=False)),
+              **ENGINE_ARGS)
+    assert off.engine.connector.wait_warm(0) and off.engine.connector.warm_report == {}
+    assert run(off, QUESTION_B).token_ids == reference_b
+    assert off.engine.connector.warm_report == {}          # nothing mapped ahead: the first get mapped the arena
+    for engine in (a, b, off):
+        engine.engine.connector.close()
+
+
 class FaultAfter:
     """A real pool whose acquire_many fails from the `n`-th call on (a node dying mid-load, as the caller sees it)."""
 
@@ -203,6 +223,7 @@ def test_config_errors_name_the_field():
         (dict(layerwise_load="sometimes"), "layerwise_load must be one of auto, on, off, got 'sometimes'"),
         (dict(layerwise_load="on", transfer="staged"), "layerwise_load=on needs transfer=direct or auto"),
         (dict(pin_host_memory="yes"), "pin_host_memory must be true or false"),
+        (dict(warm_start=1), "warm_start must be true or false, got 1"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):

@@ -224,3 +224,44 @@ def test_owner_alive_says_whether_the_creating_process_still_holds_the_arena(tmp
         owner.wait(10)
     with DramArena.create(1 << 20, directory=str(tmp_path)) as mine:
         assert mine.owner_alive() is True
+
+
+def _thread_faults() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+
+
+@pytest.mark.parametrize("prefault", [False, True])
+def test_prefault_fills_a_fresh_mappings_page_tables(prefault):
+    # A same-host client's fresh mapping of pages the node already has: reading them takes page faults unless the
+    # mapping was prefaulted (PoolClient.warm does it at start). /dev/shm: the tmpfs arenas live on in production.
+    owner = DramArena.create(16 << 20, directory="/dev/shm")
+    try:
+        owner.write(0, np.arange(16 << 20, dtype=np.uint32).view(np.uint8)[:16 << 20])
+        peer = DramArena.attach(owner.path)
+        out = np.ones(16 << 20, dtype=np.uint8)          # the destination's own pages faulted in already
+        assert peer.prefault(0) == 0
+        if prefault:
+            assert peer.prefault() == 16 << 20
+        before = _thread_faults()
+        peer.read_into(0, out)
+        faults = _thread_faults() - before
+        assert bytes(out) == bytes(owner.view(0, 16 << 20))
+        if prefault:
+            assert faults == 0
+        else:
+            assert faults >= (16 << 20) // 65536          # at least one per 64 KiB (the kernel's fault-around)
+        peer.close()
+        assert peer.prefault() == 0                        # closed: nothing to do, no error
+    finally:
+        owner.close()
+        owner.unlink()
+
+
+def test_prefault_bounds_and_bad_argument(arena):
+    assert arena.prefault(8192) == 8192
+    assert arena.prefault(10 * CAP) == CAP
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="max_bytes"):
+            arena.prefault(bad)
