@@ -13,7 +13,9 @@ case is the local hit, so a pool hit is exactly "instance B reuses what instance
                   the node's data file dropped from the page cache before the load: the client reads the records
                   from that file itself (same host, kvpool/transfer.py)
 
-Every ratio is to cold, measured in the same run; outputs of every case must equal cold's (greedy).
+Every ratio is to cold, measured in the same run; outputs of every case must equal cold's (greedy). A pool case's
+engine is started, its connector's start-up warm-up (`warm_start`: connect, map and prefault the same-host arenas)
+included, before its first request is timed: as an instance is up before it takes traffic.
 Usage: python bench/e2e.py [--lengths 1024 4096] [--repeats 2] [--transfer auto|staged|direct] [--no-service]
 """
 
@@ -46,8 +48,11 @@ TRANSFER = "auto"   # --transfer: the connector's transfer mode in every pool ca
 def engine(max_len: int, pool_obj=None, **connector) -> LLM:
     use = pool_obj is not None or connector
     conn = PoolConnector(ConnectorConfig(transfer=TRANSFER, **connector), pool=pool_obj) if use else None
-    return LLM(connector=conn, max_model_len=max_len + 64, num_kv_blocks=(max_len + 64) // 16 + 8, max_num_seqs=1,
-               max_num_batched_tokens=max_len + 64)
+    llm = LLM(connector=conn, max_model_len=max_len + 64, num_kv_blocks=(max_len + 64) // 16 + 8, max_num_seqs=1,
+              max_num_batched_tokens=max_len + 64)
+    if conn is not None:
+        conn.wait_warm(30)   # an instance is started (and its connector warmed up) before its first request
+    return llm
 
 
 def ttft(llm: LLM, prompt: list[int]) -> tuple[float, list[int], int]:
