@@ -1,6 +1,7 @@
 """A pool connection that backs off after a fault: the one place a connector side decides "is the pool usable now".
 
     get()  -> the open PoolClient, or None while backing off (a dead pool then costs a request nothing)
+    warm() -> open now and map + prefault the same-host arenas (`Pool.warm`); never raises: {} on a fault
     fault(exc, where) -> the reason; drops the client and backs off `retry_after_s` unless the fault was one bad
                          block (checksum), which says nothing about the pool's health
     on_fault(reason, where) is called for every fault (connect failures too), so the owner counts it its way.
@@ -68,6 +69,21 @@ class PoolHandle:
             if pool is not None:
                 threading.Thread(target=_close_quietly, args=(pool,), daemon=True).start()
         return reason
+
+    def warm(self) -> dict[str, str]:
+        """Open the pool now and have it map (and prefault) the same-host nodes' arenas, so the first load takes
+        no connect and no page faults: {node id: what was done}. A fault is noted like any other ({})."""
+        pool = self.get()
+        if pool is None:
+            return {}
+        try:
+            report = pool.warm()
+        except Exception as exc:  # noqa: BLE001 - a pool fault must never reach the engine
+            self.fault(exc, "warm")
+            return {}
+        if report:
+            log.info("kvpool connector: pool %s ready: %s", self._address, report)
+        return report
 
     @property
     def backing_off(self) -> bool:

@@ -52,6 +52,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -221,6 +222,8 @@ class KVPoolConnector(KVConnectorBase_V1):
             raise RuntimeError(f"kvpool connector: the worker's attention layers use ISA {sorted(map(str, isas))}, "
                                f"the scheduler keyed blocks for {want!r}")
         self._transfer = WorkerTransfer(self.settings.connector, self.namespace, pages, self._pool, self._stats)
+        if self.settings.connector.warm_start:   # connect + map/prefault the arenas before the first request
+            threading.Thread(target=self._pool.warm, name="kvpool-connector-warm", daemon=True).start()
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)

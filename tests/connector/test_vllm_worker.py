@@ -246,3 +246,16 @@ def test_extent_changed_under_the_copy_is_reported_not_loaded(up):
         a.close(), b.close()
     with PoolClient(up.address) as other:     # the release named the bad key: the pool forgot it
         assert other.contains_many(KEYS[:4]) == [True, True, False, True]
+
+
+def test_warm_opens_the_pool_and_maps_the_arena_or_counts_the_fault(up):
+    stats = ConnectorStats()
+    h = handle(lambda: PoolClient(up.address), stats)
+    assert h.warm() == {"n1": f"mapped, {16 * NS.block_bytes} bytes prefaulted"}
+    assert h.get().transfers.mapped_nodes() == ("n1",) and stats.fallbacks == {}
+    h.close()
+    # The master answers but Hello fails: counted as a fault, the client dropped, nothing raised.
+    faulty = handle(lambda: FaultyPool(PoolClient(up.address), "warm", PoolUnavailable("master gone")), stats)
+    assert faulty.warm() == {} and stats.fallbacks == {"unreachable": 1} and faulty.backing_off
+    dead = handle(lambda: PoolClient(f"127.0.0.1:{free_port()}", timeout=0.2, connect_timeout=0.2), stats)
+    assert dead.warm() == {} and stats.fallbacks == {"unreachable": 2} and dead.backing_off
