@@ -16,7 +16,8 @@ case is the local hit, so a pool hit is exactly "instance B reuses what instance
 Every ratio is to cold, measured in the same run; outputs of every case must equal cold's (greedy). A pool case's
 engine is started, its connector's start-up warm-up (`warm_start`: connect, map and prefault the same-host arenas)
 included, before its first request is timed: as an instance is up before it takes traffic.
-Usage: python bench/e2e.py [--lengths 1024 4096] [--repeats 2] [--transfer auto|staged|direct] [--no-service]
+Usage: python bench/e2e.py [--lengths 1024 4096] [--repeats 2] [--transfer auto|staged|direct] [--warm-start on|off]
+       [--no-service]
 """
 
 from __future__ import annotations
@@ -43,11 +44,13 @@ GREEDY = SamplingParams(temperature=0, max_tokens=2)
 
 
 TRANSFER = "auto"   # --transfer: the connector's transfer mode in every pool case
+WARM_START = True   # --warm-start off: the connector connects and maps the arena at the first request instead
 
 
 def engine(max_len: int, pool_obj=None, **connector) -> LLM:
     use = pool_obj is not None or connector
-    conn = PoolConnector(ConnectorConfig(transfer=TRANSFER, **connector), pool=pool_obj) if use else None
+    config = ConnectorConfig(transfer=TRANSFER, warm_start=WARM_START, **connector) if use else None
+    conn = PoolConnector(config, pool=pool_obj) if use else None
     llm = LLM(connector=conn, max_model_len=max_len + 64, num_kv_blocks=(max_len + 64) // 16 + 8, max_num_seqs=1,
               max_num_batched_tokens=max_len + 64)
     if conn is not None:
@@ -69,9 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-service", action="store_true", help="skip the `kvpool up` case")
     ap.add_argument("--transfer", choices=["auto", "staged", "direct"], default="auto",
                     help="the connector's transfer mode (connector/config.py) in every pool case")
+    ap.add_argument("--warm-start", choices=["on", "off"], default="on",
+                    help="the connector's warm_start (off: the first request connects and maps the arena itself)")
     args = ap.parse_args(argv)
-    global TRANSFER
-    TRANSFER = args.transfer
+    global TRANSFER, WARM_START
+    TRANSFER, WARM_START = args.transfer, args.warm_start == "on"
     rng = np.random.default_rng(0)
     work = Path(tempfile.mkdtemp(prefix="kvpool-e2e-"))
     service = ssd_service = None
@@ -142,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         for proc in (service, ssd_service):
             if proc is not None:
                 proc.stop()
-    print(f"\nTTFT, median of {args.repeats} (fresh engine per pool case, transfer {args.transfer}; SmolLM2-135M fp32, "
-          f"CPU, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')})")
+    print(f"\nTTFT, median of {args.repeats} (fresh engine per pool case, transfer {args.transfer}, warm start "
+          f"{args.warm_start}; SmolLM2-135M fp32, CPU, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')})")
     print(f"{'prompt':>7}  " + "  ".join(f"{c:>13}" for c in cases))
     for length in args.lengths:
         meds = {c: statistics.median(results[(length, c)]) for c in cases}
