@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -147,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         for proc in (service, ssd_service):
             if proc is not None:
                 proc.stop()
+        shutil.rmtree(work, ignore_errors=True)   # the SSD files: 1 GiB per embedded case, 3 GiB for the service
     print(f"\nTTFT, median of {args.repeats} (fresh engine per pool case, transfer {args.transfer}, warm start "
           f"{args.warm_start}; SmolLM2-135M fp32, CPU, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')})")
     print(f"{'prompt':>7}  " + "  ".join(f"{c:>13}" for c in cases))
