@@ -23,7 +23,7 @@ Retention hints: every save carries `pin_s` (ConnectorConfig.pin_s, or the reque
 a bad per-request value falls back to the config's, logged once. Seconds saved: each lookup carries this connector's
 measured prefill seconds per token (none before its first timed prefill), which the master multiplies by the hits.
 
-Why one module of ~430 lines: it is the one implementation of the hook contract (kvpool/hooks.py), a method per
+Why one module of ~450 lines: it is the one implementation of the hook contract (kvpool/hooks.py), a method per
 hook; what each hook delegates to lives apart (connector/saver.py, cost.py, direct.py, pool_handle.py).
 """
 
