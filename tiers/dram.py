@@ -32,6 +32,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import functools
 import logging
 import mmap
 import operator
@@ -251,8 +252,8 @@ class DramArena:
     def prefault(self, max_bytes: int | None = None) -> int:
         """Map this process's page-table entries for the first `max_bytes` of the arena (None: all of it), so
         later copies in or out of it take no page faults. Meant for a same-host client at start, off any request's
-        path: runs in chunks that release the GIL. Returns the bytes populated (0 on a closed arena); never raises
-        (a kernel without MADV_POPULATE_READ gets one read per page instead)."""
+        path: runs in chunks that release the GIL. Returns the bytes populated (0 on a closed arena). Only a bad
+        `max_bytes` raises (ValueError); a kernel without MADV_POPULATE_READ gets one read per page instead."""
         if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int)
                                       or max_bytes < 0):
             raise ValueError(f"max_bytes must be an int >= 0 or None, got {max_bytes!r}")
@@ -367,20 +368,16 @@ class DramArena:
         return offset, size
 
 
-_MADVISE: list = []
-
-
+@functools.cache
 def _libc_madvise():
     """libc's madvise through ctypes (which releases the GIL around the call), or None where it cannot be found."""
-    if not _MADVISE:
-        try:
-            fn = ctypes.CDLL(None, use_errno=True).madvise
-            fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-            fn.restype = ctypes.c_int
-        except (OSError, AttributeError):
-            fn = None
-        _MADVISE.append(fn)
-    return _MADVISE[0]
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def _index(value: Any, argname: str) -> int:
