@@ -9,6 +9,9 @@ case is the local hit, so a pool hit is exactly "instance B reuses what instance
     pool SSD      the same with a pool whose DRAM holds one block: everything is read back from the SSD file,
                   after posix_fadvise(DONTNEED) drops the file from the page cache (so it is a real disk read)
     pool service  through `kvpool up` (master + node processes) with PoolClient: same-host shared-memory path
+    service 1 thread  (--verify-threads both) the service case again, connector verify_threads=0: the same-host
+                  read copied and hashed on the engine's thread alone (kvpool/fence.py), against the default
+                  helper thread; the two alternate which reads first
     service SSD   through a second `kvpool up` whose node has no DRAM (every block an SSD record, promote_on_hit off),
                   the node's data file dropped from the page cache before the load: the client reads the records
                   from that file itself (same host, kvpool/transfer.py)
@@ -17,7 +20,7 @@ Every ratio is to cold, measured in the same run; outputs of every case must equ
 engine is started, its connector's start-up warm-up (`warm_start`: connect, map and prefault the same-host arenas)
 included, before its first request is timed: as an instance is up before it takes traffic.
 Usage: python bench/e2e.py [--lengths 1024 4096] [--repeats 2] [--transfer auto|staged|direct] [--warm-start on|off]
-       [--no-service]
+                          [--verify-threads 1|0|both] [--no-service]
 """
 
 from __future__ import annotations
@@ -75,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the connector's transfer mode (connector/config.py) in every pool case")
     ap.add_argument("--warm-start", choices=["on", "off"], default="on",
                     help="the connector's warm_start (off: the first request connects and maps the arena itself)")
+    ap.add_argument("--verify-threads", choices=["1", "0", "both"], default="1",
+                    help="the connector's verify_threads in the service case; both: also a 'service 1 thread' case "
+                         "(verify_threads=0) on the same stored blocks")
     args = ap.parse_args(argv)
     global TRANSFER, WARM_START
     TRANSFER, WARM_START = args.transfer, args.warm_start == "on"
@@ -96,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         wait_grpc_serving(ssd_addr, 60, ssd_service)
     cases = ["cold", "local hit", "pool DRAM", "pool SSD"] + ([] if service is None else
                                                              ["pool service", "service SSD"])
+    if service is not None and args.verify_threads == "both":
+        cases.insert(cases.index("service SSD"), "service 1 thread")
     results: dict[tuple[int, str], list[float]] = {}
     mismatches: list[str] = []
     engine(max(args.lengths)).generate([[1, 2, 3, 4]], GREEDY)  # load weights + warm up once per process
@@ -132,10 +140,15 @@ def main(argv: list[str] | None = None) -> int:
                         salted = [prompt[0] + 1] + prompt[1:]  # fresh keys in the long-lived service pool
                         _, ref_s, _ = ttft(engine(length), salted)
                         ttft(engine(length, pool=addr), salted)
-                        t, out, ext = ttft(engine(length, pool=addr), salted)
-                        results.setdefault((length, "pool service"), []).append(t)
-                        mismatches += [f"{length}/service"] if out != ref_s or ext == 0 else []
-                        bar.update(1)
+                        # --verify-threads both: a fresh engine per setting on the same stored blocks, the
+                        # first reader alternating (the second may find the arena's bytes still in cache)
+                        settings = [1, 0] if args.verify_threads == "both" else [int(args.verify_threads)]
+                        for vt in (settings if rep % 2 == 0 else settings[::-1]):
+                            t, out, ext = ttft(engine(length, pool=addr, verify_threads=vt), salted)
+                            case = "service 1 thread" if vt == 0 and len(settings) == 2 else "pool service"
+                            results.setdefault((length, case), []).append(t)
+                            mismatches += [f"{length}/{case}"] if out != ref_s or ext == 0 else []
+                            bar.update(1)
                         salted = [prompt[0] + 2] + prompt[1:]
                         _, ref_s, _ = ttft(engine(length), salted)
                         ttft(engine(length, pool=ssd_addr), salted)
@@ -160,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
         meds = {c: statistics.median(results[(length, c)]) for c in cases}
         for c in cases[1:]:
             print(f"ratio e2e_ttft {length} {c.replace(' ', '_')}: {meds['cold'] / meds[c]:.1f}x faster than cold")
+        for c in ("pool service", "service 1 thread"):
+            if c in meds:
+                print(f"ratio e2e_ttft {length} {c.replace(' ', '_')} vs local hit: "
+                      f"{meds['local hit'] / meds[c]:.2f}x the local hit's speed (goal 0.9x)")
     print("outputs identical to cold in every case: " + ("yes" if not mismatches else f"NO ({mismatches})"))
     return 0 if not mismatches else 1
 

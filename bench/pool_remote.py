@@ -19,7 +19,8 @@ object costs it), also with the objects owned by a tenant under a quota (tenant 
 The same-host columns run with the client's default fence (every read checked against the committed xxh3_64,
 kvpool/fence.py). `--fence` adds, interleaved in the same rounds, a same-host get of the same objects under each
 fence candidate: no check of same-host copies (what a lease re-check alone costs: nothing), the hash after the copy,
-and the hash fused with the copy (the default).
+the hash fused with the copy on the calling thread (`verify_threads=0`), and fused with a helper thread hashing what
+has landed while the next chunk copies (the default).
 
     python bench/pool_remote.py [--total 256MiB] [--batch 32] [--rounds 3] [--index-objects 1000000] [--fence]
 
@@ -204,7 +205,7 @@ class Redis:
 
 
 MODES = ("", "auth ", "tls ")  # column prefixes: auth off, auth on, auth + TLS on
-FENCE_CANDIDATES = ("no check", "hash after copy", "fused (default)")
+FENCE_CANDIDATES = ("no check", "hash after copy", "fused, one thread", "fused, helper thread (default)")
 
 
 def measure_size(pools: dict[str, tuple[str, dict]], size: int, count: int, batch: int, rounds: int, redis, mc, bar,
@@ -220,6 +221,7 @@ def measure_size(pools: dict[str, tuple[str, dict]], size: int, count: int, batc
     clients = {f"{mode}{t}": PoolClient(address, transport=t, timeout=60, **creds)
                for mode, (address, creds) in pools.items() for t in ("auto", "tcp")}
     unchecked = PoolClient(pools[""][0], timeout=60, verify="remote") if fence_candidates else None
+    one_thread = PoolClient(pools[""][0], timeout=60, verify_threads=0) if fence_candidates else None
     raw = RawSocket(size)
     if mc is not None:
         mc.register(src + dst)
@@ -273,11 +275,13 @@ def measure_size(pools: dict[str, tuple[str, dict]], size: int, count: int, batc
                 check()
                 chunk, fence.CHUNK = fence.CHUNK, 1 << 62  # one chunk: copy everything, then hash it
                 try:
-                    timed("fence hash after copy", lambda: get_all(auto))
+                    timed("fence hash after copy", lambda: get_all(one_thread))
                 finally:
                     fence.CHUNK = chunk
                 check()
-                timed("fence fused (default)", lambda: get_all(auto))
+                timed("fence fused, one thread", lambda: get_all(one_thread))
+                check()
+                timed("fence fused, helper thread (default)", lambda: get_all(auto))
                 check()
             for t, c in order:
                 c.remove_many(keys[t])
@@ -305,6 +309,7 @@ def measure_size(pools: dict[str, tuple[str, dict]], size: int, count: int, batc
             c.close()
         if unchecked is not None:
             unchecked.close()
+            one_thread.close()
         raw.close()
     return {name: count * size / min(v) / 1e9 for name, v in times.items()}
 
@@ -425,7 +430,7 @@ def main(argv=None) -> int:
     import mooncake_peer
 
     mooncake_reason = mooncake_peer.unavailable()
-    steps = len(SIZES) * args.rounds * (4 * len(MODES) + 2 + (3 if args.fence else 0)
+    steps = len(SIZES) * args.rounds * (4 * len(MODES) + 2 + (len(FENCE_CANDIDATES) if args.fence else 0)
                                         + (2 if redis_reason is None else 0) + (2 if mooncake_reason is None else 0))
     rows = {}
     sec = Security(workdir)

@@ -87,6 +87,7 @@ class ConnectorConfig:
     pin_host_memory: bool = True
     pin_s: float = 0.0                   # retention hint of the blocks this connector saves (kvpool store/retention.py)
     warm_start: bool = True              # connect + map/prefault same-host arenas at attach, in a thread
+    verify_threads: int = 1              # 1: a helper thread hashes landed chunks of a big same-host read; 0: none
 
     def __post_init__(self) -> None:
         def fix(name: str, enum_cls: type[enum.Enum]) -> None:
@@ -127,6 +128,10 @@ class ConnectorConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {value!r}")
+        if isinstance(self.verify_threads, bool) or self.verify_threads not in (0, 1) \
+                or not isinstance(self.verify_threads, int):
+            raise ValueError(f"verify_threads must be 0 or 1 (a helper thread hashing same-host reads while the next "
+                             f"chunk copies), got {self.verify_threads!r}")
         if not isinstance(self.tenant, str) or not self.tenant:
             raise ValueError("tenant must be a non-empty string")
         if self.transport not in ("auto", "tcp"):

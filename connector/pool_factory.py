@@ -14,4 +14,4 @@ def open_pool(config: ConnectorConfig):
     from kvpool.client import PoolClient
 
     return PoolClient(config.pool, transport=config.transport, timeout=config.load_timeout_s, retries=0,
-                      credentials=config.credentials())
+                      credentials=config.credentials(), verify_threads=config.verify_threads)

@@ -57,7 +57,7 @@ class PoolClient(PoolFront):
     def __init__(self, address: str, *, transport: str = "auto", timeout: float = 10.0, retries: int = 2,
                  max_object_bytes: int = 64 << 20, connect_timeout: float | None = None,
                  verify: str = "all", token=None, tls=None, credentials: Credentials | None = None,
-                 control_channel: bool = True, release_linger_s: float = 0.005) -> None:
+                 control_channel: bool = True, release_linger_s: float = 0.005, verify_threads: int = 1) -> None:
         """`verify`: which reads are checked against the object's committed xxh3_64 before they count as hits
         (a mismatch is a miss at that key, never returned bytes, and is reported so the master forgets the object).
         "all" (default): every read, same-host copies out of a mapped arena included (hashed chunk by chunk as they
@@ -65,7 +65,10 @@ class PoolClient(PoolFront):
         bytes that crossed the data channel; "none". The last two give that guarantee up.
         `control_channel`: send the hot calls over the master's control channel when it has one (kvpool/rpc.py);
         False: every call by gRPC. `release_linger_s`: how long a finished read lease waits for the next lookup to
-        carry it before a Release of its own is sent (the object stays unevictable that long; 0: at once)."""
+        carry it before a Release of its own is sent (the object stays unevictable that long; 0: at once).
+        `verify_threads`: 1 (default): a helper thread hashes the chunks of a same-host read that have landed while
+        this one copies the next (fence.copy_verified_many; one more core busy during big reads); 0: the calling
+        thread copies and hashes alone."""
         if not isinstance(address, str) or ":" not in address:
             raise ValueError(f"address must be host:port of a kvpool master, got {address!r}")
         if not isinstance(timeout, (int, float)) or timeout <= 0:
@@ -79,7 +82,8 @@ class PoolClient(PoolFront):
             raise ValueError(f"release_linger_s must be a number of seconds in [0, 60], got {release_linger_s!r}")
         creds = credentials if credentials is not None else Credentials.resolve(token, tls)
         self.transfers = Transfers(host_id(), transport=transport, timeout=float(timeout), verify=verify,
-                                   ssl_context=creds.data_context(), server_name=creds.server_name)
+                                   ssl_context=creds.data_context(), server_name=creds.server_name,
+                                   verify_threads=verify_threads)
         super().__init__(max_object_bytes)
         self.address = address
         self.transport = transport

@@ -72,14 +72,19 @@ class Route:
 
 class Transfers:
     def __init__(self, host_id: str, *, transport: str = "auto", timeout: float = 10.0,
-                 verify: str = "all", ssl_context: ssl.SSLContext | None = None, server_name: str = "") -> None:
+                 verify: str = "all", ssl_context: ssl.SSLContext | None = None, server_name: str = "",
+                 verify_threads: int = 1) -> None:
         if transport not in ("auto", "tcp"):
             raise ValueError(f"transport must be 'auto' (shared memory when same host, else TCP) or 'tcp', "
                              f"got {transport!r}")
         if verify not in VERIFY_MODES:
             raise ValueError(f"verify must be 'remote', 'all' or 'none', got {verify!r}")
+        if isinstance(verify_threads, bool) or not isinstance(verify_threads, int) or verify_threads not in (0, 1):
+            raise ValueError(f"verify_threads must be 0 (hash same-host reads on the calling thread) or 1 (a helper "
+                             f"thread hashes them while the next copy runs), got {verify_threads!r}")
         self.host_id = host_id
         self.transport = transport
+        self.verify_threads = verify_threads
         self.timeout = timeout
         self.verify = verify
         self.checksum_failures = 0      # reads whose bytes did not match the committed checksum (misses)
@@ -200,6 +205,8 @@ class Transfers:
         verify_local = not write and self.verify == "all"
         stored = batch.keys if len(batch.keys) else keys  # a tenant's objects: the keys the master stores
         direct_ssd: dict[int, list[int]] = {}
+        verified: list[int] = []    # same-host reads to copy and check in one call (fence.copy_verified_many)
+        extents: list[memoryview] = []
         for i in positions:
             n = node_index[i]
             route = routes[n]
@@ -214,13 +221,16 @@ class Transfers:
                     route.arena.view(offsets[i], sizes[i])[:] = views[i]
                     local_writes.setdefault(n, []).append(i)
                 elif verify_local:
-                    extent = route.arena.view(offsets[i], sizes[i])
-                    if not fence.copy_verified(views[i], extent, batch.checksums[i]):
-                        bad.add(i)
+                    verified.append(i)
+                    extents.append(route.arena.view(offsets[i], sizes[i]))
                 else:
                     views[i][:] = route.arena.view(offsets[i], sizes[i])
             else:
                 remote.setdefault(n, []).append(i)
+        if verified:
+            oks = fence.copy_verified_many([views[i] for i in verified], extents,
+                                           [batch.checksums[i] for i in verified], pipeline=self.verify_threads > 0)
+            bad.update(i for i, ok in zip(verified, oks) if not ok)
         for n, group in direct_ssd.items():
             # the records' own checks (key, size, header and payload checksums), then the committed checksum
             reader = routes[n].ssd

@@ -217,6 +217,22 @@ def test_cpu_engine_keeps_the_staged_path_by_default():
         assert conn.pin_report == {} and conn.pinned_memory() == {}
 
 
+def test_verify_threads_reaches_the_pool_client(up, monkeypatch):
+    """KVPOOL_VERIFY_THREADS=0 through the environment, then open_pool: the client hashes on the calling thread."""
+    from kvpool.connector.pool_factory import open_pool
+
+    monkeypatch.setenv("KVPOOL_VERIFY_THREADS", "0")
+    config = ConnectorConfig.load(None, pool=up.address)
+    assert config.verify_threads == 0
+    monkeypatch.delenv("KVPOOL_VERIFY_THREADS")
+    for cfg, want in ((config, 0), (ConnectorConfig(pool=up.address), 1)):
+        client = open_pool(cfg)
+        try:
+            assert client.transfers.verify_threads == want
+        finally:
+            client.close()
+
+
 def test_config_errors_name_the_field():
     cases = [
         (dict(transfer="dma"), "transfer must be one of auto, staged, direct, got 'dma'"),
@@ -224,6 +240,8 @@ def test_config_errors_name_the_field():
         (dict(layerwise_load="on", transfer="staged"), "layerwise_load=on needs transfer=direct or auto"),
         (dict(pin_host_memory="yes"), "pin_host_memory must be true or false"),
         (dict(warm_start=1), "warm_start must be true or false, got 1"),
+        (dict(verify_threads=2), r"^verify_threads must be 0 or 1 \(a helper thread .*\), got 2$"),
+        (dict(verify_threads=True), r"^verify_threads must be 0 or 1 .*, got True$"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ValueError, match=message):

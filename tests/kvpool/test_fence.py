@@ -34,3 +34,69 @@ def test_write_deadline_keeps_a_margin_inside_the_grants_lifetime():
     assert fence.write_deadline(100.0, 0) == math.inf  # the master did not say: no deadline
     assert fence.write_deadline(100.0, 1000) == pytest.approx(100.9)  # 10% margin
     assert fence.write_deadline(100.0, 30_000) == pytest.approx(129.0)  # margin capped at 1 s
+
+
+def _objects(sizes, seed=3):
+    return [bytes((i * 131 + seed * 7 + n) % 256 for i in range(size)) for n, size in enumerate(sizes)]
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_copy_verified_many_copies_and_checks_every_object_on_either_path(monkeypatch, pipeline):
+    """Small CHUNK and PIPELINE_MIN so the helper-thread path runs with objects that straddle chunks, an empty
+    object and objects smaller than a chunk (several per hand-off)."""
+    monkeypatch.setattr(fence, "CHUNK", 4096)
+    monkeypatch.setattr(fence, "PIPELINE_MIN", 8192)
+    srcs = _objects([0, 100, 4096, 10_000, 3 * 4096 + 1, 5000])
+    sums = [xxhash.xxh3_64_intdigest(s) for s in srcs]
+    sums[3] ^= 1   # object 3's committed checksum is another one: its copy must not count
+    dsts = [bytearray(len(s)) for s in srcs]
+    oks = fence.copy_verified_many([memoryview(d) for d in dsts], [memoryview(s) for s in srcs], sums,
+                                   pipeline=pipeline)
+    assert oks == [True, True, True, False, True, True]
+    assert [bytes(d) for d in dsts] == srcs
+
+
+def test_copy_verified_many_hashes_what_landed_not_what_was_committed(monkeypatch):
+    """A late writer's byte in one object of a pipelined batch: that object is a miss, its neighbours are hits."""
+    monkeypatch.setattr(fence, "CHUNK", 4096)
+    monkeypatch.setattr(fence, "PIPELINE_MIN", 8192)
+    committed = _objects([9000, 9000, 9000])
+    landed = [bytearray(c) for c in committed]
+    landed[1][8999] ^= 0x01
+    dsts = [bytearray(9000) for _ in committed]
+    oks = fence.copy_verified_many([memoryview(d) for d in dsts], [memoryview(x) for x in landed],
+                                   [xxhash.xxh3_64_intdigest(c) for c in committed])
+    assert oks == [True, False, True]
+
+
+def test_copy_verified_many_rejects_mismatched_arguments_before_copying(monkeypatch):
+    monkeypatch.setattr(fence, "PIPELINE_MIN", 1)
+    src, dst = b"x" * 10, bytearray(10)
+    with pytest.raises(ValueError, match=r"^dsts, srcs and checksums differ in length \(1, 1, 2\)$"):
+        fence.copy_verified_many([memoryview(dst)], [memoryview(src)], [0, 1])
+    assert dst == bytearray(10)
+    with pytest.raises(ValueError, match="^destination of 9 bytes for a source of 10$"):
+        fence.copy_verified_many([memoryview(bytearray(9))], [memoryview(src)], [0])
+
+
+def test_the_helper_thread_is_one_per_process_and_restarts_in_a_forked_child(monkeypatch):
+    import multiprocessing as mp
+    import threading
+
+    monkeypatch.setattr(fence, "PIPELINE_MIN", 1)
+    src = _objects([3 << 20])[0]
+    for _ in range(3):
+        dst = bytearray(len(src))
+        assert fence.copy_verified_many([memoryview(dst)], [memoryview(src)], [xxhash.xxh3_64_intdigest(src)]) \
+            == [True]
+    assert [t.name for t in threading.enumerate()].count("kvpool-verify") == 1
+    ctx = mp.get_context("fork")
+    with ctx.Pool(1) as workers:
+        assert workers.apply_async(_copy_in_child, (src,)).get(timeout=60) == [True]  # a dead helper: a hang
+
+
+def _copy_in_child(src: bytes) -> list[bool]:
+    fence.PIPELINE_MIN = 1
+    dst = bytearray(len(src))
+    oks = fence.copy_verified_many([memoryview(dst)], [memoryview(src)], [xxhash.xxh3_64_intdigest(src)])
+    return oks if bytes(dst) == src else [False]

@@ -331,3 +331,51 @@ def test_bad_node_rpcs_answer_exact_codes_and_change_nothing(pool):
     assert _snapshot(stub) == before
     out = bytearray(SIZE)
     assert client.get_many_into([key_of(0)], [out]) == 1 and out == pattern(0, SIZE)
+
+
+@pytest.mark.parametrize("verify_threads", [1, 0])
+def test_a_corrupt_object_in_a_big_same_host_read_is_a_miss_on_either_verify_path(pool, verify_threads,
+                                                                                    monkeypatch):
+    """3 MiB in one get_many_into (PIPELINE_MIN lowered to 2 MiB: the node has 8): the helper-thread path
+    (fence.copy_verified_many) with verify_threads=1, the calling thread alone with 0. The object changed under its
+    commit is a miss; its neighbours are exact."""
+    from kvpool import fence
+    from kvpool.store import wire
+    from kvpool.tiers.dram import DramArena
+
+    monkeypatch.setattr(fence, "PIPELINE_MIN", 2 << 20)
+    handed = []
+    submit = fence._helper.submit
+    monkeypatch.setattr(fence._helper, "submit", lambda pieces, done: (handed.append(len(pieces)),
+                                                                       submit(pieces, done)))
+
+    stub, _, _ = pool
+    big = 1 << 20
+    keys = [key_of(i, salt=9 + verify_threads) for i in range(3)]
+    with PoolClient(stub_address(stub), timeout=5, verify_threads=verify_threads) as c:
+        assert c.put_many(keys, [pattern(i, big) for i in range(3)]) == ["stored"] * 3
+        reply = stub.Lookup(pb.LookupRequest(keys=[keys[1]], lease=True), timeout=5)
+        arena = DramArena.attach(wire.dram_path(reply.nodes[0]))
+        try:
+            arena.view(reply.offsets[0] + big - 1, 1)[0] ^= 0xFF   # its last byte: the last chunk hashed
+        finally:
+            stub.Release(pb.ReleaseRequest(lease_ids=[reply.lease_id]), timeout=5)
+            arena.close()
+        bufs = [bytearray(big) for _ in keys]
+        assert c.get_many_into(keys, bufs) == 1    # a prefix get: the hit stops at the corrupt object
+        assert bytes(bufs[0]) == pattern(0, big)
+        assert c.stats()["client_checksum_failures"] == 1
+        for _ in range(100):  # the report rides on the release, which is not awaited
+            if not c.contains_many([keys[1]])[0]:
+                break
+            time.sleep(0.05)
+        assert c.contains_many(keys) == [True, False, True]
+        c.remove_many(keys)
+    assert handed == ([1, 1, 1] if verify_threads else [])   # one hand-off per 1 MiB chunk copied
+
+
+def test_verify_threads_must_be_0_or_1(pool):
+    stub, _, _ = pool
+    for bad in (2, -1, True, 1.0, "1"):
+        with pytest.raises(ValueError, match=r"^verify_threads must be 0 \(hash same-host reads on the calling "):
+            PoolClient(stub_address(stub), verify_threads=bad)

@@ -1,0 +1,121 @@
+"""Same-host get through master + node processes: the read fence on the calling thread vs with a helper thread.
+
+One pool (bench/pool_remote.py's Pool: a master and a DRAM node process), one object size at a time, 32 objects per
+get_many_into call. Every round times, in an order that rotates each round, the same objects read by
+
+    no check       PoolClient(verify="remote"): same-host copies not hashed (what the fence costs: the difference)
+    one thread     PoolClient(verify_threads=0): copy + xxh3 of each chunk on the calling thread
+    helper thread  PoolClient() (the default): a helper thread hashes landed chunks while the next one copies,
+                   for calls of at least fence.PIPELINE_MIN bytes (smaller ones run as "one thread")
+    memcpy         np.copyto of the same bytes between two local buffers (the limit)
+
+and prints medians over the rounds as GB/s and as ratios to memcpy, then the ratio lines. Shared 2-core machines are
+noisy, so rounds interleave the columns and the figure is a median, not a best.
+
+    python bench/verify_pipeline.py [--sizes 64KiB 512KiB 2MiB] [--total 64MiB] [--rounds 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+from tqdm import tqdm
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from pool_remote import Pool  # noqa: E402
+
+from kvpool import PoolClient, fence  # noqa: E402
+from kvpool.config import parse_size  # noqa: E402
+
+BATCH = 32
+COLUMNS = ("no check", "one thread", "helper thread", "memcpy")
+
+
+def measure(address: str, size: int, total: int, rounds: int, bar) -> dict[str, float]:
+    count = max(BATCH, total // size // BATCH * BATCH)
+    src = [np.full(size, (i * 7 + 1) % 256, np.uint8) for i in range(count)]
+    dst = [np.empty(size, np.uint8) for _ in range(count)]
+    keys = [(size << 64 | i).to_bytes(16, "big") for i in range(count)]
+    clients = {"no check": PoolClient(address, timeout=60, verify="remote"),
+               "one thread": PoolClient(address, timeout=60, verify_threads=0),
+               "helper thread": PoolClient(address, timeout=60)}
+    times: dict[str, list[float]] = {c: [] for c in COLUMNS}
+    try:
+        for i in range(0, count, BATCH):
+            assert clients["one thread"].put_many(keys[i:i + BATCH], src[i:i + BATCH]) == ["stored"] * BATCH
+
+        def get_all(client) -> None:
+            for i in range(0, count, BATCH):
+                assert client.get_many_into(keys[i:i + BATCH], dst[i:i + BATCH]) == BATCH
+
+        def copy_all() -> None:
+            for d, s in zip(dst, src):
+                np.copyto(d, s)
+
+        runs = {name: (lambda c=c: get_all(c)) for name, c in clients.items()}
+        runs["memcpy"] = copy_all
+        for fn in runs.values():   # one untimed pass each: mappings, caches
+            fn()
+        for r in range(rounds):
+            order = COLUMNS[r % len(COLUMNS):] + COLUMNS[:r % len(COLUMNS)]
+            for name in order:
+                t0 = time.perf_counter()
+                runs[name]()
+                times[name].append(time.perf_counter() - t0)
+                if name != "memcpy":
+                    assert all(np.array_equal(a, b) for a, b in zip(src, dst)), f"{name}: bytes differ"
+                for d in dst:
+                    d[:1] = 0
+            bar.update()
+        clients["one thread"].remove_many(keys)
+    finally:
+        for c in clients.values():
+            c.close()
+    return {name: count * size / statistics.median(v) / 1e9 for name, v in times.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", nargs="+", default=["64KiB", "512KiB", "2MiB"])
+    ap.add_argument("--total", default="64MiB", help="bytes read per column per round, per size")
+    ap.add_argument("--rounds", type=int, default=15)
+    args = ap.parse_args(argv)
+    sizes = [parse_size(s, "--sizes") for s in args.sizes]
+    total = parse_size(args.total, "--total")
+    if args.rounds < 1 or total <= 0 or min(sizes) <= 0:
+        ap.error("--rounds, --total and --sizes must be positive")
+    workdir = tempfile.mkdtemp(prefix="kvpool-bench-")
+    pool = Pool(max(total, max(sizes) * BATCH) + (64 << 20), workdir, "verify")
+    rows = {}
+    try:
+        with tqdm(total=len(sizes) * args.rounds, desc="verify_pipeline", unit="round", file=sys.stderr) as bar:
+            for size in sizes:
+                rows[size] = measure(pool.address, size, total, args.rounds, bar)
+    finally:
+        pool.close()
+    print(f"\nkvpool bench/verify_pipeline.py  {datetime.date.today()}  {platform.machine()} {os.cpu_count()} cores  "
+          f"python {platform.python_version()}")
+    print(f"same-host get, {BATCH} objects per call, median of {args.rounds} interleaved rounds; GB/s "
+          f"(fence.PIPELINE_MIN = {fence.PIPELINE_MIN >> 20} MiB per call)")
+    print(f"{'size':>8} | " + " | ".join(f"{c:>13}" for c in COLUMNS))
+    for size, row in rows.items():
+        print(f"{size >> 10:>5}KiB | " + " | ".join(f"{row[c]:>13.2f}" for c in COLUMNS))
+    for size, row in rows.items():
+        print(f"ratio verify_pipeline {size >> 10}KiB: helper thread {row['helper thread'] / row['memcpy']:.2f}x "
+              f"memcpy, one thread {row['one thread'] / row['memcpy']:.2f}x, no check "
+              f"{row['no check'] / row['memcpy']:.2f}x; helper / one thread "
+              f"{row['helper thread'] / row['one thread']:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
