@@ -42,8 +42,6 @@ import ssl
 import threading
 from typing import Sequence
 
-import xxhash
-
 from kvpool import fence
 from kvpool.errors import PoolTimeout, PoolUnavailable
 from kvpool.proto import kvpool_pb2 as pb
@@ -132,7 +130,10 @@ class Transfers:
         committed checksum now (only with verify "all"; counted in `checksum_failures`)."""
         if self.verify != "all":
             return set()
-        bad = {i for i, view in views.items() if xxhash.xxh3_64_intdigest(view) != batch.checksums[i]}
+        positions = list(views)
+        oks = fence.verify_many([views[i] for i in positions], [batch.checksums[i] for i in positions],
+                                pipeline=self.verify_threads > 0)
+        bad = {i for i, ok in zip(positions, oks) if not ok}
         if bad:
             self.checksum_failures += len(bad)
             log.warning("%d mapped read(s) did not match their committed checksum; served as misses", len(bad))

@@ -151,7 +151,14 @@ def up(port, tmp_path):
     shutil.rmtree(shm, ignore_errors=True)
 
 
-def test_client_same_host_buffers_are_the_mapped_arena(up):
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_client_same_host_buffers_are_the_mapped_arena(up, pipelined, monkeypatch):
+    """`pipelined`: verify() splits the hashing with the fence's helper thread (fence.verify_many) even here."""
+    from kvpool import fence
+
+    if pipelined:
+        monkeypatch.setattr(fence, "PIPELINE_MIN", 1)
+        monkeypatch.setattr(fence, "HANDOFF", 1)
     with PoolClient(up.address) as client:
         w = client.reserve_many([key(i) for i in range(3)], [SIZE] * 3)
         assert w.statuses == ["granted"] * 3 and w.direct == [True] * 3

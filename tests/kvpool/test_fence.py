@@ -100,3 +100,24 @@ def _copy_in_child(src: bytes) -> list[bool]:
     dst = bytearray(len(src))
     oks = fence.copy_verified_many([memoryview(dst)], [memoryview(src)], [xxhash.xxh3_64_intdigest(src)])
     return oks if bytes(dst) == src else [False]
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_verify_many_checks_every_view_split_between_two_threads(monkeypatch, pipeline):
+    """Views of mixed sizes (one larger than a hand-off, an empty one) with two wrong checksums: exactly those two
+    fail, whichever thread hashed them."""
+    monkeypatch.setattr(fence, "HANDOFF", 4096)
+    monkeypatch.setattr(fence, "PIPELINE_MIN", 8192)
+    views = _objects([5000, 0, 100, 9000, 4096, 3000, 7000, 1])
+    sums = [xxhash.xxh3_64_intdigest(v) for v in views]
+    sums[0] ^= 1    # hashed by the helper (the split alternates by bytes: 0, 4, 5, 7 helper; 1, 2, 3, 6 here)
+    sums[6] ^= 1    # hashed by this thread
+    handed = []
+    submit = fence._helper.submit
+    monkeypatch.setattr(fence._helper, "submit", lambda pieces, done: (handed.append(len(pieces)),
+                                                                       submit(pieces, done)))
+    oks = fence.verify_many([memoryview(v) for v in views], sums, pipeline=pipeline)
+    assert oks == [False, True, True, True, True, True, False, True]
+    assert (sum(handed) > 0) is pipeline and sum(handed) < len(views)   # the helper took some, not all
+    with pytest.raises(ValueError, match=r"^views and checksums differ in length \(1, 0\)$"):
+        fence.verify_many([memoryview(b"x")], [])
