@@ -39,7 +39,10 @@ A hand-off per CHUNK beat 2 and 4 MiB (0.83x / 0.81x / 0.77x at 2 MiB); 512 KiB 
 `verify_many` does the same for extents a caller copied out of itself (acquire_many's verify(): the direct transfer,
 the vLLM worker): the helper hashes about half the bytes while the caller hashes the rest; 256 x 720 KiB (a
 4,096-token prompt of SmolLM2) in-process: 11.2 ms against 21.0 ms on one thread.
-`PoolClient(verify_threads=0)` keeps everything on the calling thread.
+`PoolClient(verify_threads=0)` keeps everything on the calling thread. Tried and not kept: hashing the TCP data
+channel's received pieces on the helper (a HashPipe fed by recv_exact): 0.77x / 0.92x of hashing them on the
+receiving thread at 512 KiB / 2 MiB (15 interleaved rounds): on 2 cores the node's sender, the receiver and the
+helper are three busy threads, and the receiver's own hash of a just-received piece is cheap (it is in cache).
 
 The write side adds two cheap checks that cut the harm a late writer can do, without being the guarantee:
   * `write_deadline`: a writer starts no copy after its grant's lifetime (PutStartResponse.ttl_ms, counted from
@@ -132,21 +135,65 @@ class _HashHelper:
 _helper = _HashHelper()
 
 
+class HashPipe:
+    """Pieces of objects to hash on the helper thread, in the order they are added, HANDOFF bytes per hand-off:
+    `piped(hasher)` is a stand-in for an xxhash object whose update() queues the piece instead (a receive loop or a
+    copy loop feeds it as bytes land). `finish()` waits until every queued piece is hashed (then the hashers'
+    digests are final) and raises the helper's error, if any; call it exactly once, also when the caller fails."""
+
+    __slots__ = ("_done", "_handed", "_pieces", "_pending")
+
+    def __init__(self) -> None:
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        self._handed = 0
+        self._pieces: list = []
+        self._pending = 0
+
+    def add(self, hasher, view: memoryview) -> None:
+        self._pieces.append((hasher, view))
+        self._pending += len(view)
+        if self._pending >= HANDOFF:
+            self._hand_off()
+
+    def piped(self, hasher) -> "_PipedHasher":
+        return _PipedHasher(self, hasher)
+
+    def _hand_off(self) -> None:
+        _helper.submit(self._pieces, self._done)
+        self._handed += 1
+        self._pieces, self._pending = [], 0
+
+    def finish(self) -> None:
+        if self._pieces:
+            self._hand_off()
+        errors = [err for err in (self._done.get() for _ in range(self._handed)) if err is not None]
+        self._handed = 0
+        if errors:
+            raise errors[0]
+
+
+class _PipedHasher:
+    __slots__ = ("pipe", "hasher")
+
+    def __init__(self, pipe: HashPipe, hasher) -> None:
+        self.pipe, self.hasher = pipe, hasher
+
+    def update(self, view: memoryview) -> None:
+        self.pipe.add(self.hasher, view)
+
+
 def copy_verified_many(dsts: Sequence[memoryview], srcs: Sequence[memoryview], checksums: Sequence[int], *,
                        pipeline: bool = True) -> list[bool]:
     """`copy_verified` of several objects in one call: entry j says whether dsts[j] hashes to checksums[j] after
     the copy. With `pipeline` and at least PIPELINE_MIN bytes in all, this thread copies (numpy, GIL released) while
-    the helper thread hashes what has already landed, CHUNK bytes per hand-off: the same check over the same
-    destination bytes, each hashed only after its copy finished, so the guarantee is copy_verified's."""
+    the helper thread hashes what has already landed (a HashPipe): the same check over the same destination bytes,
+    each hashed only after its copy finished, so the guarantee is copy_verified's."""
     if len(dsts) != len(srcs) or len(srcs) != len(checksums):
         raise ValueError(f"dsts, srcs and checksums differ in length ({len(dsts)}, {len(srcs)}, {len(checksums)})")
     if not pipeline or sum(len(s) for s in srcs) < PIPELINE_MIN:
         return [copy_verified(d, s, c) for d, s, c in zip(dsts, srcs, checksums)]
     hashers = [xxhash.xxh3_64() for _ in srcs]
-    done: queue.SimpleQueue = queue.SimpleQueue()
-    handed = 0
-    pieces: list = []
-    pending = 0
+    pipe = HashPipe()
     try:
         for hasher, dst, src in zip(hashers, dsts, srcs):
             if len(dst) != len(src):
@@ -154,60 +201,38 @@ def copy_verified_many(dsts: Sequence[memoryview], srcs: Sequence[memoryview], c
             for pos in range(0, len(src), CHUNK):
                 part = dst[pos:pos + CHUNK]
                 np.copyto(np.frombuffer(part, np.uint8), np.frombuffer(src[pos:pos + CHUNK], np.uint8))
-                pieces.append((hasher, part))
-                pending += len(part)
-                if pending >= HANDOFF:
-                    _helper.submit(pieces, done)
-                    handed += 1
-                    pieces, pending = [], 0
-        if pieces:
-            _helper.submit(pieces, done)
-            handed += 1
+                pipe.add(hasher, part)
     finally:
-        errors = [err for err in (done.get() for _ in range(handed)) if err is not None]  # all hashed: none in flight
-    if errors:
-        raise errors[0]
+        pipe.finish()   # all hashed: nothing in flight when this returns or raises
     return [hasher.intdigest() == c for hasher, c in zip(hashers, checksums)]
 
 
 def verify_many(views: Sequence[memoryview], checksums: Sequence[int], *, pipeline: bool = True) -> list[bool]:
     """Whether each view hashes to its checksum now: the read fence on extents a caller copied out of itself (after
     its copy, kvpool/transfer.py check_mapped). With `pipeline` and at least PIPELINE_MIN bytes, the helper thread
-    hashes every other HANDOFF bytes' worth of views while this thread hashes the rest: two cores, half the time."""
+    hashes about half the bytes (handed on as they add up) while this thread hashes the rest: two cores."""
     if len(views) != len(checksums):
         raise ValueError(f"views and checksums differ in length ({len(views)}, {len(checksums)})")
     if not pipeline or sum(len(v) for v in views) < PIPELINE_MIN:
         return [xxhash.xxh3_64_intdigest(v) == c for v, c in zip(views, checksums)]
-    digests: list[int | None] = [None] * len(views)
-    hashers = [xxhash.xxh3_64() for _ in views]
-    done: queue.SimpleQueue = queue.SimpleQueue()
-    handed = 0
+    helped: dict[int, xxhash.xxh3_64] = {}
     mine: list[int] = []
-    group: list = []
-    size = helper_bytes = my_bytes = 0
+    helper_bytes = my_bytes = 0
+    pipe = HashPipe()
     try:
-        for j, view in enumerate(views):     # about half the bytes each, the helper's handed on as they add up
+        for j, view in enumerate(views):
             if helper_bytes <= my_bytes:
-                group.append((hashers[j], view))
-                size += len(view)
+                helped[j] = hasher = xxhash.xxh3_64()
+                pipe.add(hasher, view)
                 helper_bytes += len(view)
-                if size >= HANDOFF:
-                    _helper.submit(group, done)
-                    handed += 1
-                    group, size = [], 0
             else:
                 mine.append(j)
                 my_bytes += len(view)
-        if group:
-            _helper.submit(group, done)
-            handed += 1
-        for j in mine:
-            digests[j] = xxhash.xxh3_64_intdigest(views[j])
+        digests = {j: xxhash.xxh3_64_intdigest(views[j]) for j in mine}
     finally:
-        errors = [err for err in (done.get() for _ in range(handed)) if err is not None]
-    if errors:
-        raise errors[0]
-    return [(d if d is not None else h.intdigest()) == c for d, h, c in zip(digests, hashers, checksums)]
+        pipe.finish()
+    digests.update((j, h.intdigest()) for j, h in helped.items())
+    return [digests[j] == c for j, c in enumerate(checksums)]
 
 
 def write_deadline(sent_at: float, ttl_ms: int) -> float:
@@ -225,4 +250,5 @@ def now() -> float:
     return time.monotonic()
 
 
-__all__ = ["copy_verified", "copy_verified_many", "verify_many", "write_deadline", "now", "CHUNK", "PIPELINE_MIN"]
+__all__ = ["copy_verified", "copy_verified_many", "verify_many", "HashPipe", "write_deadline", "now", "CHUNK",
+           "PIPELINE_MIN"]
