@@ -13,7 +13,7 @@ Example (connector.yaml):
     tenant: default
     auth_token: file:/etc/kvpool/client.token   # pool with authentication on (or KVPOOL_AUTH_TOKEN); never the token
     tls_ca: /etc/kvpool/tls/ca.pem              # pool with TLS (tls_cert + tls_key too for mutual TLS)
-    transfer: auto             # auto (direct on a CUDA engine, staged on CPU) | staged | direct (connector/direct.py)
+    transfer: auto             # auto (= direct) | staged | direct (connector/direct.py)
     layerwise_load: auto       # auto (on with direct on CUDA) | on | off: load layer i+1 while layer i computes
     pin_host_memory: true      # CUDA engines: register the pool memory mapped here as pinned (DMA)
     pin_s: 0                   # retention hint of every save (seconds; 0 = none); a request overrides it with
@@ -49,7 +49,7 @@ class LoadPolicy(str, enum.Enum):
 
 
 class TransferMode(str, enum.Enum):
-    AUTO = "auto"          # direct where the engine's cache is on CUDA, staged on CPU (the CPU path unchanged)
+    AUTO = "auto"          # direct (on CPU too: one copy, checked after it; measured faster than staged)
     STAGED = "staged"      # through the connector's staging tensor: get_many_into / put_many
     DIRECT = "direct"      # straight between the cache and the pool's memory (reserve_many / acquire_many)
 

@@ -4,12 +4,13 @@ Per request, on the engine's thread:
 
     schedule ──get_num_external_tokens──▶ keys of the full blocks past the local prefix-cache hit
                                           lookup_prefix in the pool ─▶ hit long enough? faster than recompute?
-    allocate ──load_kv──────────────────▶ get_many_into a staging tensor ─▶ scatter into the engine's blocks
+    allocate ──load_kv──────────────────▶ (staged) get_many_into a staging tensor ─▶ scatter into the engine's blocks
     prefill  ──save_kv──────────────────▶ gather new full blocks into a fresh tensor ─▶ bounded async queue
     finish   ──request_finished─────────▶ save the decode's full blocks too (the next turn's prompt has them)
 
-With `transfer` direct (the default on a CUDA engine) load_kv and save_kv instead copy straight between the cache and
-the pool's own memory, on a side stream, layer by layer (connector/direct.py); `wait_for_layer_load` is its hook.
+With `transfer` direct (the default, `auto`) load_kv and save_kv instead copy straight between the cache and the
+pool's own memory (connector/direct.py): on CUDA on a side stream, layer by layer (`wait_for_layer_load` is its
+hook); on CPU at once, each load chunk checked after its copy. `transfer: staged` keeps the path drawn above.
 
 Failure policy: any pool fault (unreachable, timeout, bad checksum, a block evicted between lookup and load) turns
 into "recompute those tokens": the hook returns fewer tokens, the fault is counted by reason, logged once per
@@ -102,8 +103,9 @@ class PoolConnector(KVConnectorBase):
         on_cuda = info.kv_cache.device.type == "cuda"
         layerwise = self.config.layerwise_load is LayerwiseMode.ON or (
             self.config.layerwise_load is LayerwiseMode.AUTO and on_cuda)
-        direct = self.config.transfer is TransferMode.DIRECT or (
-            self.config.transfer is TransferMode.AUTO and (on_cuda or self.config.layerwise_load is LayerwiseMode.ON))
+        # auto = direct on CPU too since 2026-11-26: one copy, checked after it (connector/direct.py), measured
+        # faster than staged from DRAM and even from SSD (its entries land in a reused ring)
+        direct = self.config.transfer is not TransferMode.STAGED
         if direct:
             self._direct = DirectTransfer(info.kv_cache, self.namespace.block_bytes,
                                           chunk_blocks=self.config.load_chunk_blocks, layerwise=layerwise)

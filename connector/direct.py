@@ -19,6 +19,10 @@ caching host allocator recycles.
 
 On a CPU cache the same code runs with `HostCopies`: immediate copies, or, with layer-wise loading, copies deferred
 until their layer is waited for, so a CPU test sees wrong output if the engine reads a layer before its hook.
+With immediate copies (CPU, layer-wise off) a load verifies each chunk AFTER copying it (`verify_after_copy`):
+the fence then covers bytes a stalled writer changed during the copy, as the staged path's does; entries not
+reachable directly land in a ring of buffers touched at start instead of fresh ones per chunk. Where copies are
+queued (CUDA, layer-wise) the check stays before the copy: the forward may read a layer before a later check.
 """
 
 from __future__ import annotations
@@ -55,6 +59,13 @@ class DirectTransfer:
         self._on_cuda = kv_cache.device.type == "cuda"
         self._step: list[tuple[LayerwiseLoad, list[Any]]] = []        # queued this step, waited per layer
         self._draining: list[tuple[LayerwiseLoad, list[Any]]] = []    # forward done; release when copies end
+        # Host copies that run at once (CPU, not layer-wise): each chunk is copied, then verified (the fence hashes
+        # the extents after the copy, as kvpool/fence.py wants), then released; its entries not reachable directly
+        # (TCP, same-host SSD records) land in one ring of buffers touched here, reused chunk after chunk.
+        self.verify_after_copy = not self._on_cuda and not layerwise
+        self._ring = (torch.zeros((chunk_blocks, block_bytes), dtype=torch.uint8).numpy()
+                      if self.verify_after_copy else None)
+        self._ring_next = 0
 
     # ------------------------------------------------------------------ staging for entries not reachable directly
 
@@ -62,6 +73,14 @@ class DirectTransfer:
         if self._on_cuda:
             return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         return memoryview(bytearray(nbytes))
+
+    def _ring_staging(self, nbytes: int) -> Any:
+        """The next row of the load ring (a chunk never holds more entries than the ring has rows)."""
+        if nbytes != self.block_bytes or self._ring_next >= len(self._ring):
+            return self.staging(nbytes)
+        row = self._ring[self._ring_next]
+        self._ring_next += 1
+        return memoryview(row)
 
     # ------------------------------------------------------------------ loads
 
@@ -72,6 +91,8 @@ class DirectTransfer:
         reads: list[Any] = []
         sources: list[Any] = []
         start = time.perf_counter()
+        if self.verify_after_copy:
+            return self._load_verified_after(pool, keys, block_ids, out, start)
         try:
             while out.blocks < len(keys):
                 k = min(self.chunk_blocks, len(keys) - out.blocks)
@@ -99,6 +120,35 @@ class DirectTransfer:
         finally:
             for read in reads:            # not handed to a queued load: release now
                 read.release()
+        out.seconds = time.perf_counter() - start
+        return out
+
+    def _load_verified_after(self, pool, keys: list[bytes], block_ids: list[int], out: LoadResult,
+                             start: float) -> LoadResult:
+        """Immediate host copies: per chunk, acquire, copy every hit into its block, then verify the extents (a
+        stalled writer's bytes that landed during the copy are caught), release. Blocks after the first bad entry
+        hold unverified bytes but lie past the loaded prefix, so the engine computes them again over the top."""
+        try:
+            while out.blocks < len(keys):
+                k = min(self.chunk_blocks, len(keys) - out.blocks)
+                self._ring_next = 0
+                read = pool.acquire_many(keys[out.blocks:out.blocks + k], [self.block_bytes] * k,
+                                         staging=self._ring_staging)
+                try:
+                    n = read.count
+                    if n:
+                        LayerwiseLoad(self.kv_cache, block_ids[out.blocks:out.blocks + n], read.buffers[:n],
+                                      self.copies, layerwise=False).start()
+                    got = read.verify()
+                finally:
+                    read.release()
+                out.tiers += read.tiers[:got]
+                out.blocks += got
+                if got < k:
+                    out.partial = True
+                    break
+        except Exception as exc:  # noqa: BLE001 - a pool fault is a shorter hit, never an engine failure
+            out.error = exc
         out.seconds = time.perf_counter() - start
         return out
 

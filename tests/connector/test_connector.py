@@ -177,7 +177,7 @@ def test_connector_metrics_match_its_stats(reference_b):
 def test_load_in_chunks_of_the_staging_buffer(reference_b):
     with EmbeddedPool(dram_bytes=128 << 20) as pool:
         run(make_engine(pool), QUESTION_A)
-        b = make_engine(pool, load_chunk_blocks=3)
+        b = make_engine(pool, load_chunk_blocks=3, transfer="staged")
         assert b.engine.connector._staging.shape[0] == 3
         out = run(b, QUESTION_B)
         assert out.num_cached_tokens_external >= 6 * 16      # several chunks' worth

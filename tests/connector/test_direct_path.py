@@ -134,8 +134,9 @@ def up(port):
     shutil.rmtree(shm, ignore_errors=True)
 
 
-def test_same_host_pool_mapped_arena_and_its_read_fence(up, reference_b):
-    config = dict(pool=up.address, layerwise_load="on", **DIRECT)
+@pytest.mark.parametrize("layerwise", ["on", "off"])   # off: copies run at once, each chunk verified after its copy
+def test_same_host_pool_mapped_arena_and_its_read_fence(up, reference_b, layerwise):
+    config = dict(pool=up.address, layerwise_load=layerwise, **DIRECT)
     a = LLM(connector=PoolConnector(ConnectorConfig(**config)), **ENGINE_ARGS)
     run(a, QUESTION_A)
     saved = a.engine.connector.stats.saved_blocks
@@ -157,6 +158,53 @@ def test_same_host_pool_mapped_arena_and_its_read_fence(up, reference_b):
     assert c.engine.connector.stats.fallbacks == {"partial_load": 1}
     assert saved > 2
     for engine in (a, b, c):
+        engine.engine.connector.close()
+
+
+def test_a_cpu_direct_load_checks_the_bytes_after_copying_them(up, reference_b, monkeypatch):
+    """A stalled writer's byte lands in block 2's extent after the lookup but before the copy (nothing a lease can
+    stop): the check after the copy sees it, the load stops at block 2 and the engine recomputes the rest, so the
+    output is exact. A check before the copy would have passed and the bad byte would be in the cache."""
+    from kvpool.connector import direct as direct_module
+
+    config = dict(pool=up.address, layerwise_load="off", **DIRECT)
+    a = LLM(connector=PoolConnector(ConnectorConfig(**config)), **ENGINE_ARGS)
+    run(a, QUESTION_A)
+    assert a.engine.connector.stats.saved_blocks > 2
+    real_start = direct_module.LayerwiseLoad.start
+    landed = []
+
+    def late_write_then_start(self):
+        if not landed:
+            u8 = self.objects[2].view(torch.uint8)
+            assert u8.is_contiguous()
+            u8.view(-1)[123] ^= 0xFF
+            landed.append(self.block_ids[2])
+        real_start(self)
+
+    monkeypatch.setattr(direct_module.LayerwiseLoad, "start", late_write_then_start)
+    b = LLM(connector=PoolConnector(ConnectorConfig(**config)), **ENGINE_ARGS)
+    out_b = run(b, QUESTION_B)
+    assert len(landed) == 1
+    assert out_b.num_cached_tokens_external == 2 * 16
+    assert out_b.token_ids == reference_b
+    assert b.engine.connector.stats.fallbacks == {"partial_load": 1}
+    for engine in (a, b):
+        engine.engine.connector.close()
+
+
+def test_a_cpu_direct_load_over_tcp_reuses_one_staging_ring_across_chunks(up, reference_b):
+    """transport tcp: no entry is reachable directly, every one lands in the load ring; chunks of 3 blocks reuse
+    its rows one after another (a chunk is copied into the cache before the next overwrites them)."""
+    config = dict(pool=up.address, layerwise_load="off", transport="tcp", load_chunk_blocks=3, **DIRECT)
+    a = LLM(connector=PoolConnector(ConnectorConfig(**config)), **ENGINE_ARGS)
+    run(a, QUESTION_A)
+    b = LLM(connector=PoolConnector(ConnectorConfig(**config)), **ENGINE_ARGS)
+    out_b = run(b, QUESTION_B)
+    assert out_b.num_cached_tokens_external >= shared_tokens(b) - 16 > 3 * 16    # several chunks
+    assert out_b.token_ids == reference_b
+    assert b.engine.connector.stats.fallbacks == {}
+    for engine in (a, b):
         engine.engine.connector.close()
 
 
@@ -209,12 +257,14 @@ def test_a_fault_during_a_direct_load_recomputes_the_rest(reference_b):
         assert pool.stats()["leases_open"] == 0
 
 
-def test_cpu_engine_keeps_the_staged_path_by_default():
+def test_cpu_engine_takes_the_direct_path_by_default_and_staged_when_asked():
     with EmbeddedPool(dram_bytes=16 << 20) as pool:
         engine = make_engine(pool)
         conn = engine.engine.connector
-        assert not conn.direct and conn._staging is not None and not conn._staging.is_pinned()
+        assert conn.direct and conn._staging is None
         assert conn.pin_report == {} and conn.pinned_memory() == {}
+        staged = make_engine(pool, transfer="staged").engine.connector
+        assert not staged.direct and staged._staging is not None and not staged._staging.is_pinned()
 
 
 def test_verify_threads_reaches_the_pool_client(up, monkeypatch):
