@@ -40,9 +40,10 @@ A hand-off per CHUNK beat 2 and 4 MiB (0.83x / 0.81x / 0.77x at 2 MiB); 512 KiB 
 the vLLM worker): the helper hashes about half the bytes while the caller hashes the rest; 256 x 720 KiB (a
 4,096-token prompt of SmolLM2) in-process: 11.2 ms against 21.0 ms on one thread.
 `PoolClient(verify_threads=0)` keeps everything on the calling thread. Tried and not kept: hashing the TCP data
-channel's received pieces on the helper (a HashPipe fed by recv_exact): 0.77x / 0.92x of hashing them on the
-receiving thread at 512 KiB / 2 MiB (15 interleaved rounds): on 2 cores the node's sender, the receiver and the
-helper are three busy threads, and the receiver's own hash of a just-received piece is cheap (it is in cache).
+channel's received pieces on the helper (a HashPipe fed through recv_exact's hasher argument): 0.77x / 0.92x of
+hashing them on the receiving thread at 512 KiB / 2 MiB (15 interleaved rounds): on 2 cores the node's sender, the
+receiver and the helper are three busy threads, and the receiver's own hash of a just-received piece is cheap (it
+is in cache).
 
 The write side adds two cheap checks that cut the harm a late writer can do, without being the guarantee:
   * `write_deadline`: a writer starts no copy after its grant's lifetime (PutStartResponse.ttl_ms, counted from
@@ -107,6 +108,10 @@ class _HashHelper:
         self._lock = threading.Lock()
         self._pid = 0
         self._queue: queue.SimpleQueue | None = None
+        os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        self._lock = threading.Lock()   # a fork taken while another thread held it would keep it held forever
 
     def submit(self, pieces: list, done: queue.SimpleQueue) -> None:
         q = self._queue
@@ -136,10 +141,9 @@ _helper = _HashHelper()
 
 
 class HashPipe:
-    """Pieces of objects to hash on the helper thread, in the order they are added, HANDOFF bytes per hand-off:
-    `piped(hasher)` is a stand-in for an xxhash object whose update() queues the piece instead (a receive loop or a
-    copy loop feeds it as bytes land). `finish()` waits until every queued piece is hashed (then the hashers'
-    digests are final) and raises the helper's error, if any; call it exactly once, also when the caller fails."""
+    """Pieces of objects to hash on the helper thread, in the order they are added, HANDOFF bytes per hand-off.
+    `finish()` waits until every queued piece is hashed (then the hashers' digests are final) and raises the
+    helper's error, if any; call it exactly once, also when the caller fails."""
 
     __slots__ = ("_done", "_handed", "_pieces", "_pending")
 
@@ -155,9 +159,6 @@ class HashPipe:
         if self._pending >= HANDOFF:
             self._hand_off()
 
-    def piped(self, hasher) -> "_PipedHasher":
-        return _PipedHasher(self, hasher)
-
     def _hand_off(self) -> None:
         _helper.submit(self._pieces, self._done)
         self._handed += 1
@@ -170,16 +171,6 @@ class HashPipe:
         self._handed = 0
         if errors:
             raise errors[0]
-
-
-class _PipedHasher:
-    __slots__ = ("pipe", "hasher")
-
-    def __init__(self, pipe: HashPipe, hasher) -> None:
-        self.pipe, self.hasher = pipe, hasher
-
-    def update(self, view: memoryview) -> None:
-        self.pipe.add(self.hasher, view)
 
 
 def copy_verified_many(dsts: Sequence[memoryview], srcs: Sequence[memoryview], checksums: Sequence[int], *,

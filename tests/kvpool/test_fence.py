@@ -93,6 +93,10 @@ def test_the_helper_thread_is_one_per_process_and_restarts_in_a_forked_child(mon
     ctx = mp.get_context("fork")
     with ctx.Pool(1) as workers:
         assert workers.apply_async(_copy_in_child, (src,)).get(timeout=60) == [True]  # a dead helper: a hang
+    with fence._helper._lock:          # forked while another thread starts a helper: the child's lock is free
+        workers = ctx.Pool(1)
+    with workers:
+        assert workers.apply_async(_copy_in_child, (src,)).get(timeout=60) == [True]
 
 
 def _copy_in_child(src: bytes) -> list[bool]:
