@@ -91,16 +91,28 @@ class DirectTransfer:
         reads: list[Any] = []
         sources: list[Any] = []
         start = time.perf_counter()
-        if self.verify_after_copy:
-            return self._load_verified_after(pool, keys, block_ids, out, start)
+        after = self.verify_after_copy
         try:
             while out.blocks < len(keys):
                 k = min(self.chunk_blocks, len(keys) - out.blocks)
+                self._ring_next = 0
                 read = pool.acquire_many(keys[out.blocks:out.blocks + k], [self.block_bytes] * k,
-                                         staging=self.staging)
-                reads.append(read)
-                got = read.verify()
-                sources += read.buffers[:got]
+                                         staging=self._ring_staging if after else self.staging)
+                if after:
+                    # Immediate host copies: copy every hit into its block, then verify the extents (a stalled
+                    # writer's bytes that landed during the copy are caught), then release. Blocks after the first
+                    # bad entry hold unverified bytes but lie past the loaded prefix: the engine recomputes them.
+                    try:
+                        if read.count:
+                            LayerwiseLoad(self.kv_cache, block_ids[out.blocks:out.blocks + read.count],
+                                          read.buffers[:read.count], self.copies, layerwise=False).start()
+                        got = read.verify()
+                    finally:
+                        read.release()
+                else:
+                    reads.append(read)
+                    got = read.verify()
+                    sources += read.buffers[:got]
                 out.tiers += read.tiers[:got]
                 out.blocks += got
                 if got < k:
@@ -109,7 +121,7 @@ class DirectTransfer:
         except Exception as exc:  # noqa: BLE001 - a pool fault is a shorter hit, never an engine failure
             out.error = exc
         try:
-            if out.blocks:
+            if sources:
                 load = LayerwiseLoad(self.kv_cache, block_ids[:out.blocks], sources, self.copies,
                                      layerwise=self.layerwise)
                 load.start()
@@ -120,35 +132,6 @@ class DirectTransfer:
         finally:
             for read in reads:            # not handed to a queued load: release now
                 read.release()
-        out.seconds = time.perf_counter() - start
-        return out
-
-    def _load_verified_after(self, pool, keys: list[bytes], block_ids: list[int], out: LoadResult,
-                             start: float) -> LoadResult:
-        """Immediate host copies: per chunk, acquire, copy every hit into its block, then verify the extents (a
-        stalled writer's bytes that landed during the copy are caught), release. Blocks after the first bad entry
-        hold unverified bytes but lie past the loaded prefix, so the engine computes them again over the top."""
-        try:
-            while out.blocks < len(keys):
-                k = min(self.chunk_blocks, len(keys) - out.blocks)
-                self._ring_next = 0
-                read = pool.acquire_many(keys[out.blocks:out.blocks + k], [self.block_bytes] * k,
-                                         staging=self._ring_staging)
-                try:
-                    n = read.count
-                    if n:
-                        LayerwiseLoad(self.kv_cache, block_ids[out.blocks:out.blocks + n], read.buffers[:n],
-                                      self.copies, layerwise=False).start()
-                    got = read.verify()
-                finally:
-                    read.release()
-                out.tiers += read.tiers[:got]
-                out.blocks += got
-                if got < k:
-                    out.partial = True
-                    break
-        except Exception as exc:  # noqa: BLE001 - a pool fault is a shorter hit, never an engine failure
-            out.error = exc
         out.seconds = time.perf_counter() - start
         return out
 
