@@ -21,6 +21,7 @@ import argparse
 import datetime
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows[size] = measure(pool.address, size, total, args.rounds, bar)
     finally:
         pool.close()
+        shutil.rmtree(workdir, ignore_errors=True)
     print(f"\nkvpool bench/verify_pipeline.py  {datetime.date.today()}  {platform.machine()} {os.cpu_count()} cores  "
           f"python {platform.python_version()}")
     print(f"same-host get, {BATCH} objects per call, median of {args.rounds} interleaved rounds; GB/s "
