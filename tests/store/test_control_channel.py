@@ -5,7 +5,9 @@ over the channel are in test_secure_cluster.py (its pool is authenticated)."""
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
 import socket
 import struct
 import time
@@ -22,6 +24,14 @@ from kvpool.store.local_cluster import LocalCluster
 OBJ = 8 << 10
 KEYS = [(0xC0 << 120 | i).to_bytes(16, "big") for i in range(8)]
 DATAS = [bytes([i + 1]) * OBJ for i in range(8)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _remove_shm_dirs():
+    """The /dev/shm directories `up` made (each cluster's own), once the module's clusters are stopped."""
+    yield
+    for path in glob.glob(os.path.join("/dev/shm", f"kvpool-ctl-{os.getpid()}-*")):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def up(**kw) -> LocalCluster:

@@ -6,6 +6,7 @@ hits then carry no data-channel token (only the data channel checks them). Real 
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
@@ -33,6 +34,7 @@ def cluster(tmp_path):
         yield c
     finally:
         c.stop()
+        shutil.rmtree(shm, ignore_errors=True)
 
 
 def leases_open(c: PoolClient) -> int:
