@@ -19,7 +19,8 @@ caching host allocator recycles.
 
 On a CPU cache the same code runs with `HostCopies`: immediate copies, or, with layer-wise loading, copies deferred
 until their layer is waited for, so a CPU test sees wrong output if the engine reads a layer before its hook.
-With immediate copies (CPU, layer-wise off) a load verifies each chunk AFTER copying it (`verify_after_copy`):
+With immediate copies (CPU, layer-wise off) a load verifies each block AFTER copying it (`verify_after_copy`),
+right after it landed, while its bytes are still in cache (one pass over memory, not a copy pass and a hash pass):
 the fence then covers bytes a stalled writer changed during the copy, as the staged path's does; entries not
 reachable directly land in a ring of buffers touched at start instead of fresh ones per chunk. Where copies are
 queued (CUDA, layer-wise) the check stays before the copy: the forward may read a layer before a later check.
@@ -34,6 +35,7 @@ from typing import Any
 
 import torch
 
+from kvpool.kernels.kv_transfer import object_view, scatter_blocks
 from kvpool.kernels.streams import LayerwiseLoad, copies_for, gather_to
 
 log = logging.getLogger(__name__)
@@ -99,14 +101,14 @@ class DirectTransfer:
                 read = pool.acquire_many(keys[out.blocks:out.blocks + k], [self.block_bytes] * k,
                                          staging=self._ring_staging if after else self.staging)
                 if after:
-                    # Immediate host copies: copy every hit into its block, then verify the extents (a stalled
-                    # writer's bytes that landed during the copy are caught), then release. Blocks after the first
-                    # bad entry hold unverified bytes but lie past the loaded prefix: the engine recomputes them.
+                    # Immediate host copies: copy each hit into its block, then verify its extent while the bytes
+                    # are still in cache (a stalled writer's bytes that landed during the copy are caught), then
+                    # release. The first bad entry stops the copy; its block lies past the loaded prefix and the
+                    # engine recomputes it.
                     try:
-                        if read.count:
-                            LayerwiseLoad(self.kv_cache, block_ids[out.blocks:out.blocks + read.count],
-                                          read.buffers[:read.count], self.copies, layerwise=False).start()
-                        got = read.verify()
+                        objects = [object_view(b, self.kv_cache) for b in read.buffers[:read.count]]
+                        got = scatter_blocks(self.kv_cache, block_ids[out.blocks:out.blocks + read.count], objects,
+                                             after=read.verify_entry)
                     finally:
                         read.release()
                 else:

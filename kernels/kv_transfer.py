@@ -22,7 +22,7 @@ host memory it is an asynchronous DMA, and the caller owns the ordering (events)
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -99,12 +99,17 @@ def gather_blocks(kv_cache: torch.Tensor, block_ids: Sequence[int], out: Sequenc
 
 
 def scatter_blocks(kv_cache: torch.Tensor, block_ids: Sequence[int], src: Sequence[torch.Tensor], *,
-                   non_blocking: bool = False) -> None:
-    """Pool objects -> cache blocks: block block_ids[i] = src[i]."""
+                   non_blocking: bool = False, after: Callable[[int], bool] | None = None) -> int:
+    """Pool objects -> cache blocks: block block_ids[i] = src[i]. `after(i)` (host copies only) runs once block i
+    has landed, while src[i] is still in cache (the read fence hashes it there); False stops the scatter before
+    block i + 1. Returns how many blocks were copied and accepted."""
     _check(kv_cache, block_ids, src, "src")
     shape = object_shape(kv_cache)
-    for b, buf in zip(block_ids, src):
+    for i, (b, buf) in enumerate(zip(block_ids, src)):
         kv_cache[:, :, int(b)].copy_(_as(buf, shape, kv_cache.dtype, "src"), non_blocking=non_blocking)
+        if after is not None and not after(i):
+            return i
+    return len(block_ids)
 
 
 def _layer_shape(kv_cache: torch.Tensor) -> tuple[int, ...]:

@@ -250,11 +250,20 @@ class PoolClient(PoolFront):
             corrupt.update(bad)
             return min(bad) if bad else n
 
+        def verify_one(i: int) -> bool:
+            view = mapped.get(i)
+            if view is None:
+                return True     # staged: checked as it arrived
+            bad = self.transfers.check_mapped(batch, {i: view})
+            corrupt.update(bad)
+            return not bad
+
         def release() -> None:
             self._releaser.release(reply.lease_id, [bytes(keys[i]) for i in sorted(corrupt)])
 
         tiers = [Tier(int(t)).label for t in reply.tiers[:count]]
-        return ExtentRead(keys, buffers[:count], [i in mapped for i in range(count)], tiers, verify, release)
+        return ExtentRead(keys, buffers[:count], [i in mapped for i in range(count)], tiers, verify, release,
+                          verify_one)
 
     def _pin(self) -> dict[str, str]:
         self.transfers.pin_arenas = True

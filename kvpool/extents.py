@@ -5,9 +5,10 @@
         caller's own copy (e.g. a GPU engine's D2H DMA) ──▶ w.buffers[i]
         w.commit()                         xxh3_64 of the bytes in place ─▶ commit: visible to readers
     acquire_many(keys, sizes) -> ExtentRead   a read lease, then r.buffers[i] IS the object's extent
+        r.buffers[i] ──caller's own copy (e.g. H2D DMA into the engine's KV blocks)──▶
         r.verify()                         xxh3_64 of the extents against the committed checksums (the same-host
                                            fence, kvpool/fence.py): the leading run that matches stays in r.count
-        r.buffers[i] ──caller's own copy (e.g. H2D DMA into the engine's KV blocks)──▶
+                                           (r.verify_entry(i): the same for entry i, right after copying it)
         r.release()                        ends the lease: the extents may be reused from then on
 
 Which entries are direct (`direct[i]`): DRAM extents of a node on this host whose arena is mapped here (PoolClient),
@@ -72,14 +73,16 @@ class ExtentWrite:
 class ExtentRead:
     """The leading `count` hits of a lookup, held by one read lease until `release()`."""
 
-    __slots__ = ("keys", "count", "buffers", "direct", "tiers", "_verify", "_release", "_released")
+    __slots__ = ("keys", "count", "buffers", "direct", "tiers", "_verify", "_verify_one", "_release", "_released")
 
     def __init__(self, keys: Sequence[bytes], buffers: list[Any], direct: list[bool], tiers: list[str],
-                 verify: Callable[[int], int], release: Callable[[], None]) -> None:
+                 verify: Callable[[int], int], release: Callable[[], None],
+                 verify_one: Callable[[int], bool] | None = None) -> None:
         self.keys = list(keys)
         self.count = len(buffers)
         self.buffers, self.direct, self.tiers = buffers, direct, tiers
         self._verify, self._release, self._released = verify, release, False
+        self._verify_one = verify_one
 
     def verify(self) -> int:
         """Check the direct buffers' bytes now against the committed checksums (what the pool's `verify` mode asks
@@ -90,6 +93,19 @@ class ExtentRead:
             raise ValueError("this ExtentRead was released")
         self.count = self._verify(self.count)
         return self.count
+
+    def verify_entry(self, i: int) -> bool:
+        """`verify()` for entry i alone, for a caller that copies entry by entry: call it right after copying
+        `buffers[i]` out, while its bytes are still in cache (one pass over memory for copy and check, not two).
+        False: `count` shrinks to i (the entries before it stay; the bad key is reported at release)."""
+        if self._released:
+            raise ValueError("this ExtentRead was released")
+        if not 0 <= i < self.count:
+            raise ValueError(f"i: {i} is outside the read's {self.count} entries")
+        ok = self._verify_one(i) if self._verify_one is not None else self._verify(i + 1) > i
+        if not ok:
+            self.count = i
+        return ok
 
     def release(self) -> None:
         """End the lease (idempotent). The buffers must not be used afterwards."""

@@ -171,18 +171,18 @@ def test_a_cpu_direct_load_checks_the_bytes_after_copying_them(up, reference_b, 
     a = LLM(connector=PoolConnector(ConnectorConfig(**config)), **ENGINE_ARGS)
     run(a, QUESTION_A)
     assert a.engine.connector.stats.saved_blocks > 2
-    real_start = direct_module.LayerwiseLoad.start
+    real_scatter = direct_module.scatter_blocks
     landed = []
 
-    def late_write_then_start(self):
+    def late_write_then_scatter(kv_cache, block_ids, objects, **kwargs):
         if not landed:
-            u8 = self.objects[2].view(torch.uint8)
+            u8 = objects[2].view(torch.uint8)
             assert u8.is_contiguous()
             u8.view(-1)[123] ^= 0xFF
-            landed.append(self.block_ids[2])
-        real_start(self)
+            landed.append(block_ids[2])
+        return real_scatter(kv_cache, block_ids, objects, **kwargs)
 
-    monkeypatch.setattr(direct_module.LayerwiseLoad, "start", late_write_then_start)
+    monkeypatch.setattr(direct_module, "scatter_blocks", late_write_then_scatter)
     b = LLM(connector=PoolConnector(ConnectorConfig(**config)), **ENGINE_ARGS)
     out_b = run(b, QUESTION_B)
     assert len(landed) == 1

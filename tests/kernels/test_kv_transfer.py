@@ -38,6 +38,25 @@ def test_scatter_then_gather_round_trips_and_touches_only_target_blocks(cache):
     assert torch.equal(back[0], src[0]) and torch.equal(back[1], src[1])
 
 
+def test_scatter_after_hook_runs_per_landed_block_and_stops_the_scatter(cache):
+    """`after(i)` runs once block i is in the cache (the read fence hashes src[i] there); False stops before the
+    next block, which keeps its old bytes."""
+    before = cache.clone()
+    src = [torch.randn(object_shape(cache)) for _ in range(3)]
+    seen = []
+
+    def after(i):
+        assert torch.equal(cache[:, :, [5, 1, 3][i]], src[i])   # landed before the hook runs
+        seen.append(i)
+        return i != 1
+
+    assert scatter_blocks(cache, [5, 1, 3], src, after=after) == 1     # block 1 landed but was refused
+    assert seen == [0, 1]
+    assert torch.equal(cache[:, :, 3], before[:, :, 3])
+    assert scatter_blocks(cache, [5, 1, 3], src, after=lambda i: True) == 3
+    assert scatter_blocks(cache, [5, 1, 3], src) == 3 and torch.equal(cache[:, :, 3], src[2])
+
+
 def test_byte_buffers_are_viewed_not_copied(cache):
     raw = torch.zeros(L * 2 * BT * H * D * 4, dtype=torch.uint8)  # e.g. torch.frombuffer over a pool arena
     gather_blocks(cache, [2], [raw])

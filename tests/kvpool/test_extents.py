@@ -178,6 +178,37 @@ def test_client_same_host_buffers_are_the_mapped_arena(up, pipelined, monkeypatc
         assert other.contains_many([key(i) for i in range(3)]) == [True, False, True]
 
 
+def test_client_verify_entry_checks_one_entry_after_its_copy_and_reports_the_bad_key(up):
+    """verify_entry(i): the fence for entry i alone (a caller copying entry by entry checks each while it is still
+    in cache); a mismatch shrinks count to i, and the release makes the master forget the bad object."""
+    with PoolClient(up.address) as client:
+        assert client.put_many([key(i) for i in range(3)], [data(i) for i in range(3)]) == ["stored"] * 3
+        with client.acquire_many([key(i) for i in range(3)], [SIZE] * 3) as r:
+            assert r.count == 3 and r.direct == [True] * 3
+            copies = [bytes(r.buffers[0])]
+            assert r.verify_entry(0) is True and r.count == 3
+            np.frombuffer(r.buffers[1], np.uint8)[5] ^= 0x01          # a late writer's byte, during the copy
+            copies.append(bytes(r.buffers[1]))
+            assert r.verify_entry(1) is False and r.count == 1
+            assert copies[0] == data(0).tobytes() and copies[1] != data(1).tobytes()
+            with pytest.raises(ValueError, match=r"^i: 1 is outside the read's 1 entries$"):
+                r.verify_entry(1)
+        with pytest.raises(ValueError, match="released"):
+            r.verify_entry(0)
+        assert client.checksum_failures == 1
+    with PoolClient(up.address) as other:
+        assert other.contains_many([key(i) for i in range(3)]) == [True, False, True]
+
+
+def test_embedded_verify_entry_accepts_what_verify_accepts(tmp_path):
+    with EmbeddedPool(dram_bytes=4 * SIZE) as pool:
+        assert pool.put_many([key(0), key(1)], [data(0), data(1)]) == ["stored"] * 2
+        with pool.acquire_many([key(0), key(1)], [SIZE] * 2) as r:
+            assert [r.verify_entry(0), r.verify_entry(1)] == [True, True] and r.count == 2
+            with pytest.raises(ValueError, match=r"^i: -1 is outside the read's 2 entries$"):
+                r.verify_entry(-1)
+
+
 def test_client_tcp_and_ssd_entries_land_in_the_callers_staging(up):
     handed: list[np.ndarray] = []
 
