@@ -26,7 +26,7 @@ import functools
 import glob
 import os
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 import xxhash
@@ -196,19 +196,26 @@ class KVPages:
         for layer, kv in enumerate(self.layers):
             kv.index_copy_(0, idx, typed[:, layer])
 
-    def scatter_views(self, block_ids: Sequence[int], objects: Sequence) -> None:
+    def scatter_views(self, block_ids: Sequence[int], objects: Sequence,
+                      after: Callable[[int], bool] | None = None) -> int:
         """Copy objects[i] (any buffer of object_bytes: a pool extent mapped here, a staging row) into block
-        block_ids[i] of every layer: one copy per page, no staging buffer in between."""
+        block_ids[i] of every layer: one copy per page, no staging buffer in between. `after(i)` runs once object
+        i has landed, while it is still in cache (the read fence hashes it there); False stops before object i + 1.
+        Returns how many objects were copied and accepted."""
         if len(objects) != len(block_ids):
             raise ValueError(f"objects has {len(objects)} entries, block_ids {len(block_ids)}")
         self._index(block_ids)
-        for block, obj in zip(block_ids, objects):
-            src = obj if isinstance(obj, torch.Tensor) else torch.frombuffer(obj, dtype=torch.uint8)
+        srcs = [obj if isinstance(obj, torch.Tensor) else torch.frombuffer(obj, dtype=torch.uint8) for obj in objects]
+        for src in srcs:
             if src.dtype != torch.uint8 or src.numel() != self.object_bytes:
                 raise ValueError(f"objects must be {self.object_bytes} bytes, got {src.numel()} {src.dtype}")
+        for i, (block, src) in enumerate(zip(block_ids, srcs)):
             pages = src.view(self.dtype).view(self.num_layers, self.page_elems)
             for layer, kv in enumerate(self.layers):
                 kv[block].copy_(pages[layer])
+            if after is not None and not after(i):
+                return i
+        return len(srcs)
 
     def _index(self, block_ids: Sequence[int]) -> torch.Tensor:
         idx = torch.as_tensor(list(block_ids), dtype=torch.long)

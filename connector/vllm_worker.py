@@ -175,13 +175,14 @@ class WorkerTransfer:
         try:
             if not read.count:
                 return 0
-            self.pages.scatter_views(block_ids[:read.count], read.buffers[:read.count])
-            # The same-host read fence, after the copy: a mapped extent whose bytes no longer hash to the committed
-            # checksum (a stalled peer wrote it) ends the hit there; the blocks copied from it are reported as not
-            # loaded, so vLLM recomputes them. The extents stay leased until release(); hashing them after the copy
-            # catches any change that had reached them by the end of it (kvpool/fence.py: a content check, so only
-            # a change and its exact undo would pass; a change landing after the copy costs a needless recompute).
-            done = read.verify()
+            # The same-host read fence, after each object's copy (while it is still in cache): a mapped extent
+            # whose bytes no longer hash to the committed checksum (a stalled peer wrote it) ends the hit there;
+            # the blocks from it on are reported as not loaded, so vLLM recomputes them. The extents stay leased
+            # until release(); hashing each after its copy catches any change that had reached it by the end of
+            # it (kvpool/fence.py: a content check, so only a change and its exact undo would pass; a change
+            # landing after the copy costs a needless recompute).
+            done = self.pages.scatter_views(block_ids[:read.count], read.buffers[:read.count],
+                                            after=read.verify_entry)
             tiers += read.tiers[:done]
             return done
         finally:

@@ -59,6 +59,28 @@ def test_object_is_the_layer_pages_of_one_block_in_layer_order():
     assert page(other, 0, 1) == page(kv_cache(8, seed=1), 0, 1)   # untouched blocks stay
 
 
+def test_scatter_views_checks_each_object_after_it_landed_and_stops_at_a_refusal():
+    cache = kv_cache(8)
+    pages = KVPages(cache)
+    buf = pages.new_buffer(3)
+    pages.gather([5, 2, 4], buf)
+    other = kv_cache(8, seed=1)
+    before = [page(other, l, 3) for l in range(LAYERS)]
+    seen = []
+
+    def after(i):
+        dst = [6, 0, 3][i]
+        assert [page(other, l, dst) for l in range(LAYERS)] == [page(cache, l, [5, 2, 4][i]) for l in range(LAYERS)]
+        seen.append(i)
+        return i == 0
+
+    assert KVPages(other).scatter_views([6, 0, 3], [b.numpy() for b in buf], after=after) == 1
+    assert seen == [0, 1] and [page(other, l, 3) for l in range(LAYERS)] == before   # never copied
+    with pytest.raises(ValueError, match="objects must be"):        # checked before anything is copied
+        KVPages(other).scatter_views([1, 2], [buf[0].numpy(), bytearray(3)])
+    assert page(other, 0, 1) == page(kv_cache(8, seed=1), 0, 1)
+
+
 def test_pages_refuse_foreign_layouts():
     cache = kv_cache(4)
     with pytest.raises(ValueError, match="kv_caches\\[1\\]"):
