@@ -12,7 +12,17 @@ get_many_into call. Every round times, in an order that rotates each round, the 
 and prints medians over the rounds as GB/s and as ratios to memcpy, then the ratio lines. Shared 2-core machines are
 noisy, so rounds interleave the columns and the figure is a median, not a best.
 
-    python bench/verify_pipeline.py [--sizes 64KiB 512KiB 2MiB] [--total 64MiB] [--rounds 15]
+Then the connector's direct load on a CPU engine (connector/direct.py): `--load-blocks` objects shaped like
+SmolLM2-135M's blocks ([30 layers, K/V, 16 tokens, 3 heads, 64] fp32, 720 KiB; 256 = a 4,096-token prompt), leased
+with acquire_many in chunks of 64 (the connector's load_chunk_blocks) and copied into a paged KV cache by
+scatter_blocks, in interleaved rounds:
+
+    copy only          no check (the limit: what the copy itself costs)
+    check per chunk    scatter the chunk, then read.verify(): every extent hashed again after the whole chunk
+    check per block    scatter_blocks(after=read.verify_entry): each extent hashed right after its block landed,
+                       still in cache (what the connector does)
+
+    python bench/verify_pipeline.py [--sizes 64KiB 512KiB 2MiB] [--total 64MiB] [--rounds 15] [--load-blocks 256]
 """
 
 from __future__ import annotations
@@ -84,23 +94,84 @@ def measure(address: str, size: int, total: int, rounds: int, bar) -> dict[str, 
     return {name: count * size / statistics.median(v) / 1e9 for name, v in times.items()}
 
 
+LOAD_COLUMNS = ("copy only", "check per chunk", "check per block")
+LOAD_CHUNK = 64
+LOAD_SHAPE = (30, 2, 16, 3, 64)     # SmolLM2-135M: layers, K/V, block tokens, KV heads, head dim (fp32)
+
+
+def measure_load(address: str, blocks: int, rounds: int, bar) -> dict[str, float]:
+    """Median seconds per load of `blocks` objects into a paged cache, per LOAD_COLUMNS entry."""
+    import torch
+
+    from kvpool.kernels.kv_transfer import object_view, scatter_blocks
+
+    layers, two, bt, heads, dim = LOAD_SHAPE
+    cache = torch.zeros((layers, two, blocks + 8, bt, heads, dim), dtype=torch.float32)
+    nbytes = int(np.prod(LOAD_SHAPE)) * 4
+    rng = np.random.default_rng(5)
+    keys = [(0x10AD << 64 | i).to_bytes(16, "big") for i in range(blocks)]
+    ids = list(range(blocks))
+    times: dict[str, list[float]] = {c: [] for c in LOAD_COLUMNS}
+    with PoolClient(address, timeout=60) as client:
+        for i in range(0, blocks, LOAD_CHUNK):
+            objs = [rng.integers(0, 255, nbytes, dtype=np.uint8) for _ in keys[i:i + LOAD_CHUNK]]
+            assert client.put_many(keys[i:i + LOAD_CHUNK], objs) == ["stored"] * len(objs)
+        expect = cache.clone()
+
+        def load(column: str) -> None:
+            for i in range(0, blocks, LOAD_CHUNK):
+                with client.acquire_many(keys[i:i + LOAD_CHUNK], [nbytes] * len(keys[i:i + LOAD_CHUNK])) as read:
+                    assert read.count == len(read.keys) and all(read.direct), "not a same-host DRAM hit"
+                    objects = [object_view(b, cache) for b in read.buffers]
+                    if column == "check per block":
+                        got = scatter_blocks(cache, ids[i:i + read.count], objects, after=read.verify_entry)
+                    else:
+                        got = scatter_blocks(cache, ids[i:i + read.count], objects)
+                        if column == "check per chunk":
+                            got = read.verify()
+                    assert got == read.count, f"{column}: {got} of {read.count} blocks checked out"
+
+        load("copy only")
+        expect.copy_(cache)
+        for fn in LOAD_COLUMNS:    # one untimed pass each
+            load(fn)
+        for r in range(rounds):
+            for name in LOAD_COLUMNS[r % 3:] + LOAD_COLUMNS[:r % 3]:
+                cache.zero_()
+                t0 = time.perf_counter()
+                load(name)
+                times[name].append(time.perf_counter() - t0)
+                # compared as integers: random bytes hold NaNs as float32
+                assert torch.equal(cache.view(torch.int32), expect.view(torch.int32)), f"{name}: the cache differs"
+            bar.update()
+        client.remove_many(keys)
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", nargs="+", default=["64KiB", "512KiB", "2MiB"])
     ap.add_argument("--total", default="64MiB", help="bytes read per column per round, per size")
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--load-blocks", type=int, default=256,
+                    help="720 KiB objects per direct load into a paged cache (0: skip that part)")
     args = ap.parse_args(argv)
     sizes = [parse_size(s, "--sizes") for s in args.sizes]
     total = parse_size(args.total, "--total")
-    if args.rounds < 1 or total <= 0 or min(sizes) <= 0:
-        ap.error("--rounds, --total and --sizes must be positive")
+    if args.rounds < 1 or total <= 0 or min(sizes) <= 0 or args.load_blocks < 0:
+        ap.error("--rounds, --total and --sizes must be positive, --load-blocks >= 0")
     workdir = tempfile.mkdtemp(prefix="kvpool-bench-")
-    pool = Pool(max(total, max(sizes) * BATCH) + (64 << 20), workdir, "verify")
+    load_bytes = args.load_blocks * int(np.prod(LOAD_SHAPE)) * 4
+    pool = Pool(max(total, max(sizes) * BATCH, load_bytes) + (64 << 20), workdir, "verify")
     rows = {}
+    load = None
     try:
-        with tqdm(total=len(sizes) * args.rounds, desc="verify_pipeline", unit="round", file=sys.stderr) as bar:
+        with tqdm(total=(len(sizes) + (args.load_blocks > 0)) * args.rounds, desc="verify_pipeline", unit="round",
+                  file=sys.stderr) as bar:
             for size in sizes:
                 rows[size] = measure(pool.address, size, total, args.rounds, bar)
+            if args.load_blocks:
+                load = measure_load(pool.address, args.load_blocks, args.rounds, bar)
     finally:
         pool.close()
         shutil.rmtree(workdir, ignore_errors=True)
@@ -116,6 +187,13 @@ def main(argv: list[str] | None = None) -> int:
               f"memcpy, one thread {row['one thread'] / row['memcpy']:.2f}x, no check "
               f"{row['no check'] / row['memcpy']:.2f}x; helper / one thread "
               f"{row['helper thread'] / row['one thread']:.2f}x")
+    if load is not None:
+        print(f"\ndirect load into a paged cache: {args.load_blocks} x {int(np.prod(LOAD_SHAPE)) * 4 >> 10} KiB "
+              f"(acquire_many per {LOAD_CHUNK}), median ms of {args.rounds} interleaved rounds")
+        print(" | ".join(f"{c}: {load[c] * 1e3:.1f}" for c in LOAD_COLUMNS))
+        print(f"ratio verify_pipeline load: check per block {load['copy only'] / load['check per block']:.2f}x "
+              f"the copy alone, check per chunk {load['copy only'] / load['check per chunk']:.2f}x; per block / "
+              f"per chunk {load['check per chunk'] / load['check per block']:.2f}x faster")
     return 0
 
 
