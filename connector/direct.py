@@ -21,17 +21,19 @@ On a CPU cache the same code runs with `HostCopies`: immediate copies, or, with 
 until their layer is waited for, so a CPU test sees wrong output if the engine reads a layer before its hook.
 With immediate copies (CPU, layer-wise off) a load verifies each block AFTER copying it (`verify_after_copy`),
 right after it landed, while its bytes are still in cache (one pass over memory, not a copy pass and a hash pass):
-the fence then covers bytes a stalled writer changed during the copy, as the staged path's does; entries not
-reachable directly land in a ring of buffers touched at start instead of fresh ones per chunk. Where copies are
-queued (CUDA, layer-wise) the check stays before the copy: the forward may read a layer before a later check.
+the fence then covers bytes a stalled writer changed during the copy, as the staged path's does; meanwhile the
+next chunk is acquired on a prefetch thread when this one was all same-host DRAM (its lookup overlaps the copy).
+Entries not reachable directly land in a ring of buffers touched at start instead of fresh ones per chunk. Where
+copies are queued (CUDA, layer-wise) the check stays before the copy: the forward may read a layer before a later check.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -61,13 +63,15 @@ class DirectTransfer:
         self._on_cuda = kv_cache.device.type == "cuda"
         self._step: list[tuple[LayerwiseLoad, list[Any]]] = []        # queued this step, waited per layer
         self._draining: list[tuple[LayerwiseLoad, list[Any]]] = []    # forward done; release when copies end
-        # Host copies that run at once (CPU, not layer-wise): each chunk is copied, then verified (the fence hashes
-        # the extents after the copy, as kvpool/fence.py wants), then released; its entries not reachable directly
-        # (TCP, same-host SSD records) land in one ring of buffers touched here, reused chunk after chunk.
+        # Host copies that run at once (CPU, not layer-wise): each block is copied, then verified (the fence hashes
+        # its extent right after the copy, as kvpool/fence.py wants), then the chunk is released; after a chunk of
+        # same-host DRAM extents only, the next chunk is acquired on the prefetch thread meanwhile. Entries not
+        # reachable directly (TCP, same-host SSD records) land in one ring of chunk_blocks rows touched here: only
+        # a chunk that used none of it is copied while the next one is read.
         self.verify_after_copy = not self._on_cuda and not layerwise
         self._ring = (torch.zeros((chunk_blocks, block_bytes), dtype=torch.uint8).numpy()
                       if self.verify_after_copy else None)
-        self._ring_next = 0
+        self._prefetch: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ staging for entries not reachable directly
 
@@ -76,45 +80,37 @@ class DirectTransfer:
             return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         return memoryview(bytearray(nbytes))
 
-    def _ring_staging(self, nbytes: int) -> Any:
-        """The next row of the load ring (a chunk never holds more entries than the ring has rows)."""
-        if nbytes != self.block_bytes or self._ring_next >= len(self._ring):
-            return self.staging(nbytes)
-        row = self._ring[self._ring_next]
-        self._ring_next += 1
-        return memoryview(row)
+    def _ring_staging(self) -> Callable[[int], Any]:
+        """Staging from the load ring, row after row (a chunk never holds more entries than the ring has rows;
+        any other size gets a fresh buffer)."""
+        rows = iter(self._ring)
+
+        def staging(nbytes: int) -> Any:
+            row = next(rows, None) if nbytes == self.block_bytes else None
+            return memoryview(row) if row is not None else self.staging(nbytes)
+
+        return staging
 
     # ------------------------------------------------------------------ loads
 
     def load(self, pool, keys: list[bytes], block_ids: list[int]) -> LoadResult:
-        """Queue the leading hits of `keys` into `block_ids`. Never raises: a fault ends the run (`error`)."""
+        """Load the leading hits of `keys` into `block_ids` (copied now on CPU, queued on CUDA or layer-wise).
+        Never raises: a fault ends the run (`error`)."""
         self.reap()
+        if self.verify_after_copy:
+            return self._load_now(pool, keys, block_ids)
         out = LoadResult()
         reads: list[Any] = []
         sources: list[Any] = []
         start = time.perf_counter()
-        after = self.verify_after_copy
         try:
             while out.blocks < len(keys):
                 k = min(self.chunk_blocks, len(keys) - out.blocks)
-                self._ring_next = 0
                 read = pool.acquire_many(keys[out.blocks:out.blocks + k], [self.block_bytes] * k,
-                                         staging=self._ring_staging if after else self.staging)
-                if after:
-                    # Immediate host copies: copy each hit into its block, then verify its extent while the bytes
-                    # are still in cache (a stalled writer's bytes that landed during the copy are caught), then
-                    # release. The first bad entry stops the copy; its block lies past the loaded prefix and the
-                    # engine recomputes it.
-                    try:
-                        objects = [object_view(b, self.kv_cache) for b in read.buffers[:read.count]]
-                        got = scatter_blocks(self.kv_cache, block_ids[out.blocks:out.blocks + read.count], objects,
-                                             after=read.verify_entry)
-                    finally:
-                        read.release()
-                else:
-                    reads.append(read)
-                    got = read.verify()
-                    sources += read.buffers[:got]
+                                         staging=self.staging)
+                reads.append(read)
+                got = read.verify()
+                sources += read.buffers[:got]
                 out.tiers += read.tiers[:got]
                 out.blocks += got
                 if got < k:
@@ -136,6 +132,59 @@ class DirectTransfer:
                 read.release()
         out.seconds = time.perf_counter() - start
         return out
+
+    def _load_now(self, pool, keys: list[bytes], block_ids: list[int]) -> LoadResult:
+        """Immediate host copies, chunk by chunk: each block copied into the cache and its extent checked at once
+        (a stalled writer's bytes that landed during the copy are caught; the first bad entry stops the copy, and
+        its block lies past the loaded prefix, so the engine recomputes it), then the chunk's lease released. When
+        chunk j came back whole and all same-host DRAM extents, chunk j+1 is acquired on the prefetch thread while
+        chunk j is copied (its lookup round trip overlaps the copy; it may fill the ring, which chunk j does not
+        use). After a chunk with SSD or TCP entries the next is acquired after the copy: reading the next chunk's
+        records while torch's copy runs on both cores was slower (three busy threads on two cores)."""
+        out = LoadResult()
+        start = time.perf_counter()
+        spans = [(s, min(s + self.chunk_blocks, len(keys))) for s in range(0, len(keys), self.chunk_blocks)]
+
+        def acquire(j: int) -> Any:
+            s, e = spans[j]
+            return pool.acquire_many(keys[s:e], [self.block_bytes] * (e - s), staging=self._ring_staging())
+
+        pending: Future | None = None
+        try:
+            for j, (s, e) in enumerate(spans):
+                if pending is None:
+                    read = acquire(j)
+                else:
+                    fut, pending = pending, None
+                    read = fut.result()
+                try:
+                    if read.count == e - s and j + 1 < len(spans) and all(read.direct):
+                        pending = self._prefetcher().submit(acquire, j + 1)
+                    objects = [object_view(b, self.kv_cache) for b in read.buffers[:read.count]]
+                    got = scatter_blocks(self.kv_cache, block_ids[s:s + read.count], objects,
+                                         after=read.verify_entry)
+                finally:
+                    read.release()
+                out.tiers += read.tiers[:got]
+                out.blocks += got
+                if got < e - s:
+                    out.partial = True
+                    break
+        except Exception as exc:  # noqa: BLE001 - a pool fault is a shorter hit, never an engine failure
+            out.error = exc
+        finally:
+            if pending is not None:       # the hit ended before the prefetched chunk: give its lease back
+                try:
+                    pending.result().release()
+                except Exception:  # noqa: BLE001 - a fault past the loaded prefix changes nothing
+                    pass
+        out.seconds = time.perf_counter() - start
+        return out
+
+    def _prefetcher(self) -> ThreadPoolExecutor:
+        if self._prefetch is None:
+            self._prefetch = ThreadPoolExecutor(1, thread_name_prefix="kvpool-load-prefetch")
+        return self._prefetch
 
     def wait(self, layer: int) -> None:
         for load, _ in self._step:
@@ -187,6 +236,9 @@ class DirectTransfer:
 
     def close(self) -> None:
         self.reap(block=True)
+        if self._prefetch is not None:
+            self._prefetch.shutdown(wait=True)
+            self._prefetch = None
 
 
 __all__ = ["DirectTransfer", "LoadResult"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 
 import numpy as np
 import pytest
@@ -255,6 +256,80 @@ def test_a_fault_during_a_direct_load_recomputes_the_rest(reference_b):
         assert b.engine.connector.stats.fallbacks == {"unreachable": 1}
         b.engine.connector.close()
         assert pool.stats()["leases_open"] == 0
+
+
+class ThreadSpy:
+    """A real pool that records which thread ran each acquire_many."""
+
+    def __init__(self, pool):
+        self.pool, self.threads = pool, []
+
+    def acquire_many(self, *args, **kwargs):
+        self.threads.append(threading.current_thread().name)
+        return self.pool.acquire_many(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.pool, name)
+
+
+def test_a_cpu_direct_load_acquires_the_next_chunk_while_it_copies_this_one(reference_b, tmp_path):
+    """Chunks of 3 blocks: the first is acquired on the engine thread, every later one on the prefetch thread while
+    the one before (all same-host DRAM) is copied. After a chunk staged through the ring (SSD records), the next
+    is acquired on the engine thread once the copy is done. The output is exact either way."""
+    with EmbeddedPool(dram_bytes=1 << 20, ssd_path=str(tmp_path / "ssd"), ssd_bytes=64 << 20,
+                      promote_on_hit=False) as pool:
+        run(make_engine(pool, **DIRECT), QUESTION_A)
+        spy = ThreadSpy(pool)
+        b = make_engine(spy, layerwise_load="off", load_chunk_blocks=3, **DIRECT)
+        out = run(b, QUESTION_B)
+        assert out.num_cached_tokens_external >= 6 * 16 and out.token_ids == reference_b
+        assert len(spy.threads) >= 2 and set(spy.threads) == {threading.current_thread().name}
+        b.engine.connector.close()
+    with EmbeddedPool(dram_bytes=128 << 20) as pool:
+        run(make_engine(pool, **DIRECT), QUESTION_A)
+        spy = ThreadSpy(pool)
+        b = make_engine(spy, layerwise_load="off", load_chunk_blocks=3, **DIRECT)
+        out = run(b, QUESTION_B)
+        loaded = out.num_cached_tokens_external // 16
+        assert loaded >= 6 and out.token_ids == reference_b           # two chunks or more
+        assert spy.threads[0] == threading.current_thread().name
+        assert len(spy.threads) >= 2 and all(t.startswith("kvpool-load-prefetch") for t in spy.threads[1:])
+        b.engine.connector.close()
+        assert pool.stats()["leases_open"] == 0
+
+
+def test_a_fault_in_the_prefetched_chunk_ends_the_cpu_direct_load_there(reference_b):
+    with EmbeddedPool(dram_bytes=128 << 20) as pool:
+        run(make_engine(pool, **DIRECT), QUESTION_A)
+        flaky = FaultAfter(pool, 2)
+        b = make_engine(flaky, layerwise_load="off", load_chunk_blocks=3, **DIRECT)
+        out = run(b, QUESTION_B)
+        assert out.num_cached_tokens_external == 3 * 16              # the first chunk, then the fault
+        assert out.token_ids == reference_b
+        assert b.engine.connector.stats.fallbacks == {"unreachable": 1}
+        b.engine.connector.close()
+        assert pool.stats()["leases_open"] == 0
+
+
+def test_a_bad_block_gives_back_the_prefetched_chunk_s_lease(up, reference_b):
+    """Chunks of 1 block and block 2 damaged in the node's arena: the load stops at block 2 while block 3's chunk
+    is already leased on the prefetch thread; that lease is released, not left to expire."""
+    config = dict(pool=up.address, layerwise_load="off", load_chunk_blocks=1, **DIRECT)
+    a = LLM(connector=PoolConnector(ConnectorConfig(**config)), **ENGINE_ARGS)
+    run(a, QUESTION_A)
+    keys = block_keys(a.engine.connector.namespace, a.engine.tokenizer.encode(PREFIX + QUESTION_B))
+    with PoolClient(up.address) as probe:
+        read = probe.acquire_many(keys[2:3], [a.engine.connector.namespace.block_bytes])
+        np.frombuffer(read.buffers[0], np.uint8)[77] ^= 0xFF
+        read.release()
+    b = LLM(connector=PoolConnector(ConnectorConfig(**config)), **ENGINE_ARGS)
+    out_b = run(b, QUESTION_B)
+    assert out_b.num_cached_tokens_external == 2 * 16
+    assert out_b.token_ids == reference_b
+    assert b.engine.connector.stats.fallbacks == {"partial_load": 1}
+    for engine in (a, b):
+        engine.engine.connector.close()
+    assert up.master.master.stats_record().extra["leases_open"] == 0
 
 
 def test_cpu_engine_takes_the_direct_path_by_default_and_staged_when_asked():
