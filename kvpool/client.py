@@ -14,7 +14,7 @@ The three layers it is built from, each usable on its own:
   kvpool/rpc.py        MasterRpc: the channel, deadlines, retries of idempotent calls, the fault map
   kvpool/transfer.py   Transfers: same-host arena memcpy or the node's TCP data channel, read verification
 `kvpool drain` moves objects with the same `rpc` and `transfers` (public attributes).
-One module of ~400 lines because it is one concept, the pool API over RPC: a backend method per PoolFront call,
+One module of ~420 lines because it is one concept, the pool API over RPC: a backend method per PoolFront call,
 each a few lines over the three layers above, plus the lease releaser the gets share.
 
 Faults: what is left after retries raises PoolUnavailable / PoolTimeout / PoolError (PoolAuthError: the master

@@ -38,6 +38,17 @@ def run(engine, question):
     return out
 
 
+def damage_block(up, engine, block: int, byte: int) -> None:
+    """Flip one byte of QUESTION_B's prompt block `block` in the node's arena (what a stalled writer does)."""
+    namespace = engine.engine.connector.namespace
+    keys = block_keys(namespace, engine.engine.tokenizer.encode(PREFIX + QUESTION_B))
+    with PoolClient(up.address) as probe:
+        read = probe.acquire_many(keys[block:block + 1], [namespace.block_bytes])
+        assert read.direct == [True]
+        np.frombuffer(read.buffers[0], np.uint8)[byte] ^= 0xFF
+        read.release()
+
+
 def shared_tokens(engine) -> int:
     return len(engine.engine.tokenizer.encode(PREFIX)) // 16 * 16
 
@@ -146,12 +157,7 @@ def test_same_host_pool_mapped_arena_and_its_read_fence(up, reference_b, layerwi
     assert out_b.token_ids == reference_b and out_b.num_cached_tokens_external >= shared_tokens(b) - 16
     assert b.engine.connector.stats.fallbacks == {}
     # Damage the 3rd block in the node's arena: the next direct load verifies, stops there, recomputes the rest.
-    keys = block_keys(a.engine.connector.namespace, b.engine.tokenizer.encode(PREFIX + QUESTION_B))
-    with PoolClient(up.address) as probe:
-        read = probe.acquire_many(keys[2:3], [a.engine.connector.namespace.block_bytes])
-        assert read.direct == [True]
-        np.frombuffer(read.buffers[0], np.uint8)[123] ^= 0xFF
-        read.release()
+    damage_block(up, a, 2, 123)
     c = LLM(connector=PoolConnector(ConnectorConfig(**config)), **ENGINE_ARGS)
     out_c = run(c, QUESTION_B)
     assert out_c.num_cached_tokens_external == 2 * 16
@@ -307,11 +313,7 @@ def test_a_bad_block_gives_back_the_prefetched_chunk_s_lease(up, reference_b):
     config = dict(pool=up.address, layerwise_load="off", load_chunk_blocks=1, **DIRECT)
     a = LLM(connector=PoolConnector(ConnectorConfig(**config)), **ENGINE_ARGS)
     run(a, QUESTION_A)
-    keys = block_keys(a.engine.connector.namespace, a.engine.tokenizer.encode(PREFIX + QUESTION_B))
-    with PoolClient(up.address) as probe:
-        read = probe.acquire_many(keys[2:3], [a.engine.connector.namespace.block_bytes])
-        np.frombuffer(read.buffers[0], np.uint8)[77] ^= 0xFF
-        read.release()
+    damage_block(up, a, 2, 77)
     b = LLM(connector=PoolConnector(ConnectorConfig(**config)), **ENGINE_ARGS)
     out_b = run(b, QUESTION_B)
     assert out_b.num_cached_tokens_external == 2 * 16
