@@ -249,17 +249,19 @@ def test_node_without_hbm_has_no_hbm_tier(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not cuda_available(), reason="needs a CUDA device")
-def test_real_hbm_arena_round_trip_through_a_node(tmp_path):
-    node = StorageNode(NodeConfig(node_id="g", dram_bytes=2 * OBJ, hbm_bytes=2 * OBJ, shm_dir=str(tmp_path)))
+def test_real_hbm_arena_round_trip_through_a_node(shm_path):
+    node = StorageNode(NodeConfig(node_id="g", dram_bytes=2 * OBJ, hbm_bytes=2 * OBJ, shm_dir=str(shm_path)))
     try:
+        assert node.dram.pinned                             # a node with HBM pins its DRAM arena for the moves
         master = Master(MasterConfig())
         master.register_node(node.info(), node, expires=False)
         assert [put(master, node, i) for i in (1, 2, 3)] == [Tier.HBM] * 3
         assert where(master, 3) == {"hbm": [2, 3], "dram": [1], "ssd": [], None: []}
         assert_all_bytes(master, node, 3)
-        res = master.lookup([key(1)])                       # DRAM -> HBM, 2 -> DRAM
-        assert res.locations[0].tier is Tier.HBM
+        res = master.lookup([key(1)])                       # a DRAM hit, promoted after the lookup
+        assert res.locations[0].tier is Tier.DRAM
         master.release([res.lease_id])
+        assert master.promote_pending() == 1                # DRAM -> HBM, HBM's coldest (2) -> DRAM
         assert where(master, 3) == {"hbm": [1, 3], "dram": [2], "ssd": [], None: []}
         assert_all_bytes(master, node, 3)
     finally:

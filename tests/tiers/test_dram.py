@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from kvpool.tiers.dram import DramArena
+from kvpool.tiers.dram import DramArena, filesystem_of
 from kvpool.tiers.hbm import cuda_available
 
 CAP = 1 << 20
@@ -110,7 +110,7 @@ def test_attach_from_a_second_process_sees_the_same_bytes(arena):
     arena.write(8192, payload)
     child = textwrap.dedent(f"""
         import sys
-        from kvpool.tiers.dram import DramArena
+        from kvpool.tiers.dram import DramArena, filesystem_of
         a = DramArena.attach({arena.path!r})
         assert a.capacity == {CAP}
         got = bytes(a.view(8192, {len(payload)}))
@@ -153,13 +153,22 @@ def test_pin_without_cuda_is_a_no_op(arena):
     assert arena.pin_error == unavailable_reason() and arena.pin_error
 
 
+@pytest.mark.parametrize("where", ["tmp", "shm", "root"])
+def test_filesystem_of_agrees_with_df(where, tmp_path, shm_path):
+    path = {"tmp": tmp_path, "shm": shm_path, "root": "/"}[where]
+    out = subprocess.run(["df", "--output=fstype,target", str(path)], capture_output=True, text=True, check=True)
+    fstype, mount = out.stdout.splitlines()[1].split(None, 1)
+    assert filesystem_of(str(path)) == (fstype, mount.strip())
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not cuda_available(), reason="needs a CUDA device")
-def test_pin_registers_with_cuda(arena):
-    assert arena.pin() is True
-    assert arena.pinned
-    arena.unpin()
-    assert not arena.pinned
+def test_pin_registers_with_cuda(shm_path):
+    with DramArena.create(CAP, name="test", directory=str(shm_path)) as arena:
+        assert arena.pin() is True
+        assert arena.pinned
+        arena.unpin()
+        assert not arena.pinned
 
 
 def test_arena_of_a_killed_process_is_swept_and_a_live_one_is_not(tmp_path):
