@@ -134,6 +134,12 @@ class PoolConnector(KVConnectorBase):
         """Whether KV moves straight between the cache and the pool's memory (connector/direct.py)."""
         return self._direct is not None
 
+    @property
+    def mapped_loads(self) -> int:
+        """Loads whose layers a CUDA cache read from pinned pool memory in place, two kernels per layer
+        (kernels/mapped_scatter.py); 0 on CPU or without the direct path."""
+        return self._direct.mapped_loads if self._direct is not None else 0
+
     def get_num_external_tokens(self, request, num_local_cached_tokens: int) -> int:
         bt = self.config.block_tokens
         if self._direct is not None:

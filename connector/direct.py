@@ -7,7 +7,8 @@
       (saver thread)    wait for the copy ─▶ commit (xxh3_64 of the bytes in place, PutCommit)
  load (engine thread)   acquire_many per chunk ─▶ leased extents (or staging filled over TCP / from SSD)
                         verify() before queuing: the fence on same-host extents (a mismatch ends the hit there)
-                        LayerwiseLoad.start(): per layer, scatter (H2D DMA) on the side stream + an event
+                        LayerwiseLoad.start(): per layer, scatter on the side stream + an event (CUDA: two kernels
+                        reading the pinned extents in place, kernels/mapped_scatter.py; else H2D DMA per block)
       (forward)         wait_for_layer_load(i): layer i's compute waits for its event; layer i+1 is still copying
       (later hooks)     a load whose copies are done releases its leases (the extents were read until then)
 ```
@@ -37,6 +38,7 @@ from typing import Any, Callable
 
 import torch
 
+from kvpool import pinned
 from kvpool.kernels.kv_transfer import object_view, scatter_blocks
 from kvpool.kernels.streams import LayerwiseLoad, copies_for, gather_to
 
@@ -61,6 +63,9 @@ class DirectTransfer:
         self.num_layers = kv_cache.shape[0]
         self.copies = copies_for(kv_cache, deferred=layerwise)
         self._on_cuda = kv_cache.device.type == "cuda"
+        # CUDA: loads read pinned pool memory in place, two kernels per layer (kernels/mapped_scatter.py)
+        self.translate: Callable[[int], int | None] | None = pinned.device_address if self._on_cuda else None
+        self.mapped_loads = 0                                         # loads that went that way (bench, tests)
         self._step: list[tuple[LayerwiseLoad, list[Any]]] = []        # queued this step, waited per layer
         self._draining: list[tuple[LayerwiseLoad, list[Any]]] = []    # forward done; release when copies end
         # Host copies that run at once (CPU, not layer-wise): each block is copied, then verified (the fence hashes
@@ -121,8 +126,9 @@ class DirectTransfer:
         try:
             if sources:
                 load = LayerwiseLoad(self.kv_cache, block_ids[:out.blocks], sources, self.copies,
-                                     layerwise=self.layerwise)
+                                     layerwise=self.layerwise, translate=self.translate)
                 load.start()
+                self.mapped_loads += load.mapped
                 self._step.append((load, reads))
                 reads = []
         except Exception as exc:  # noqa: BLE001 - nothing was queued: recompute it all

@@ -10,6 +10,10 @@ and records an event after each, so layer i+1 copies while layer i computes. The
 before layer i touches the cache (the `wait_for_layer_load` hook); `finish()` is the host-side wait before the pool
 memory the copies read from is released. Without overlap (`layerwise=False`) every layer waits for the whole load.
 
+With `translate` (CUDA: where the GPU reads pinned host memory, kvpool/pinned.py) and every source mapped, a layer
+is two kernels reading the pool's memory in place (kernels/mapped_scatter.py) instead of one copy per block: the
+per-block copies are kept for sources that are not (device buffers, unpinned memory) and wherever `translate` is None.
+
 `Copies` hides the device: `CudaCopies` (torch.cuda.Stream + Event, copies `non_blocking`) and `HostCopies` for CPU
 caches, where a copy either runs at once or, `deferred=True`, only when its marker is waited on. Deferred is exactly
 what a stream guarantees and nothing more: a layer read before its `wait` still holds the old bytes, so a CPU test
@@ -19,11 +23,15 @@ the compute stream (blocks being written by the step that just ran, or freed blo
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Sequence
 
 import torch
 
 from kvpool.kernels.kv_transfer import gather_blocks, object_view, scatter_blocks, scatter_layer
+from kvpool.kernels.mapped_scatter import MappedScatter
+
+log = logging.getLogger(__name__)
 
 
 class HostCopies:
@@ -89,24 +97,48 @@ class LayerwiseLoad:
     """Pool objects -> cache blocks, queued per layer (or as one copy) on `copies`."""
 
     def __init__(self, kv_cache: torch.Tensor, block_ids: Sequence[int], sources: Sequence[Any],
-                 copies: HostCopies | CudaCopies, *, layerwise: bool = True) -> None:
+                 copies: HostCopies | CudaCopies, *, layerwise: bool = True,
+                 translate: Callable[[int], int | None] | None = None) -> None:
         if len(block_ids) != len(sources):
             raise ValueError(f"sources: got {len(sources)} buffers for {len(block_ids)} block ids")
         self.kv_cache = kv_cache
         self.block_ids = [int(b) for b in block_ids]
-        self.objects = [object_view(s, kv_cache) for s in sources]
+        self.sources = list(sources)
+        # validated object views, for the per-block copies; a mapped load never needs them (their hundreds of tensor
+        # views cost more host time than its whole plan), so with `translate` they are made only if it falls back
+        self.objects = [object_view(s, kv_cache) for s in sources] if translate is None else None
         self.copies = copies
         self.layerwise = layerwise
+        self.translate = translate
         self.num_layers = kv_cache.shape[0]
         self.markers: list[Any] = []
+        self.mapped = False            # True once started through MappedScatter (two kernels per layer)
+        self._plan: MappedScatter | None = None
 
     def start(self) -> None:
         """Queue every copy now; returns at once on CUDA."""
         if self.markers:
             raise RuntimeError("LayerwiseLoad.start called twice")
+        kv, ids = self.kv_cache, self.block_ids
+        plan = None
+        if self.translate is not None:
+            try:
+                plan = MappedScatter.plan(kv, ids, self.sources, self.translate)
+            except (RuntimeError, ValueError, TypeError) as exc:  # the per-block copies below still work
+                log.warning("mapped layer loads unavailable (%s: %s); copying block by block", type(exc).__name__, exc)
+        if plan is None and self.objects is None:
+            self.objects = [object_view(s, kv) for s in self.sources]
+        objs = self.objects
         self.copies.begin()
-        kv, ids, objs = self.kv_cache, self.block_ids, self.objects
-        if self.layerwise:
+        self.mapped = plan is not None
+        self._plan = plan                # lives as long as the load (its queued kernels read its tensors)
+        if plan is not None and self.layerwise:
+            self.markers = [self.copies.submit(lambda l=layer: plan.scatter(l, l + 1))
+                            for layer in range(self.num_layers)]
+        elif plan is not None:
+            whole = self.copies.submit(lambda: plan.scatter(0, self.num_layers))
+            self.markers = [whole] * self.num_layers
+        elif self.layerwise:
             self.markers = [self.copies.submit(lambda l=layer: scatter_layer(kv, l, ids, [o[l] for o in objs],
                                                                              non_blocking=True))
                             for layer in range(self.num_layers)]

@@ -8,6 +8,7 @@
     unavailable_reason()  the words for a "no" (skip reasons, config errors, RuntimeError messages)
     host_register / host_unregister / is_pinned
                           cudaHostRegister on an existing mapping (the DRAM arena), through cupy.cuda.runtime
+    device_pointer        where a kernel reads pinned host memory (UVA): the zero-copy layer loads read there
     CopyStream            a dedicated non-blocking CUDA stream with events: the arenas' copies never queue behind
                           an engine's kernels on the default stream, and a caller can wait on an event instead of
                           the whole device
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'kvpool[gpu]' (the cupy-cuda12x wheel; cupy-cuda13x for a CUDA 13 driver)"
 HOST_REGISTER_PORTABLE = 1     # cudaHostRegisterPortable: pinned for every CUDA context of the process
+HOST_REGISTER_MAPPED = 2       # cudaHostRegisterMapped: also mapped into the device address space (kernels read it)
 MEMORY_TYPE_HOST = 1           # cudaMemoryTypeHost: what pointerGetAttributes says of registered host memory
 
 
@@ -86,11 +88,12 @@ def _runtime_error(what: str, exc: BaseException) -> RuntimeError:
 
 
 def host_register(ptr: int, size: int) -> None:
-    """Page-lock [ptr, ptr + size) of this process for DMA (cudaHostRegister, portable). RuntimeError on failure
-    (e.g. RLIMIT_MEMLOCK, or a range already registered)."""
+    """Page-lock [ptr, ptr + size) of this process for DMA (cudaHostRegister, portable and mapped: kernels may read
+    it through `device_pointer`). RuntimeError on failure (e.g. RLIMIT_MEMLOCK, a range already registered, or a
+    file mapping CUDA refuses: seen on an H100 machine for a file on /tmp, while the same arena on /dev/shm pinned)."""
     cp = require_cupy()
     try:
-        cp.cuda.runtime.hostRegister(ptr, size, HOST_REGISTER_PORTABLE)
+        cp.cuda.runtime.hostRegister(ptr, size, HOST_REGISTER_PORTABLE | HOST_REGISTER_MAPPED)
     except cp.cuda.runtime.CUDARuntimeError as exc:
         raise _runtime_error("cudaHostRegister", exc) from None
 
@@ -112,6 +115,22 @@ def is_pinned(ptr: int) -> bool:
         return int(cp.cuda.runtime.pointerGetAttributes(ptr).type) == MEMORY_TYPE_HOST
     except cp.cuda.runtime.CUDARuntimeError:
         return False
+
+
+def device_pointer(ptr: int) -> int | None:
+    """The address at which device kernels read the page-locked host memory at `ptr` (registered mapped, or
+    cudaHostAlloc'd: torch's pinned tensors), or None: not such memory, or no CUDA. On a 64-bit Linux machine with
+    unified addressing it is `ptr` itself; callers still use what CUDA says."""
+    if not cuda_available():
+        return None
+    cp = require_cupy()
+    try:
+        attrs = cp.cuda.runtime.pointerGetAttributes(ptr)
+    except cp.cuda.runtime.CUDARuntimeError:
+        return None
+    if int(attrs.type) != MEMORY_TYPE_HOST:
+        return None
+    return int(attrs.devicePointer) or None
 
 
 def host_address(buf: Any) -> int:
@@ -166,5 +185,5 @@ class CopyStream:
         self.stream.synchronize()
 
 
-__all__ = ["CopyStream", "cuda_available", "require_cupy", "host_address", "host_register", "host_unregister", "is_pinned",
-           "unavailable_reason", "INSTALL_HINT"]
+__all__ = ["CopyStream", "cuda_available", "require_cupy", "device_pointer", "host_address", "host_register",
+           "host_unregister", "is_pinned", "unavailable_reason", "INSTALL_HINT"]

@@ -1,8 +1,8 @@
 """On a GPU: the bundled engine on CUDA with the connector's direct path (pinned pool memory, side-stream copies,
 layer-wise loads), HBM <-> DRAM <-> SSD through an EmbeddedPool byte for byte, and a fault during a GPU load.
 
-Every test here is marked `gpu` and skipped, with the reason printed, where torch or CuPy sees no CUDA device. None
-of them has run yet (no GPU was available when they were written): the README says so until one has.
+Every test here is marked `gpu` and skipped, with the reason printed, where torch or CuPy sees no CUDA device. They
+pass on an NVIDIA H100 (2026-11-27, README "GPU"), loads going through kernels/mapped_scatter.py (`mapped_loads`).
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ def test_b_loads_a_prefix_on_cuda_with_identical_output(layerwise, reference_b_c
         assert out.num_cached_tokens_external >= shared - 16
         assert out.token_ids == reference_b_cuda
         assert b.engine.connector.stats.fallbacks == {}
+        assert b.engine.connector.mapped_loads == 1       # the pinned arena read in place, two kernels per layer
         for llm in (a, b):
             llm.engine.connector.close()
         assert pool.stats()["leases_open"] == 0
@@ -85,6 +86,7 @@ def test_same_host_pool_arena_is_pinned_in_the_engine_process(port, reference_b_
         out = run(b, QUESTION_B)
         assert out.num_cached_tokens_external > 0 and out.token_ids == reference_b_cuda
         assert b.engine.connector.pinned_memory() == {"n1": "pinned"}
+        assert b.engine.connector.mapped_loads == 1       # the node's arena, mapped here, read in place
         for llm in (a, b):
             llm.engine.connector.close()
     finally:
@@ -104,10 +106,10 @@ def test_a_fault_during_a_gpu_load_recomputes(reference_b_cuda):
         assert pool.stats()["leases_open"] == 0
 
 
-def test_hbm_dram_ssd_round_trips_are_byte_exact(tmp_path):
+def test_hbm_dram_ssd_round_trips_are_byte_exact(tmp_path, shm_path):
     size = 1 << 20
     with EmbeddedPool(hbm_bytes=2 * size, dram_bytes=2 * size, ssd_path=str(tmp_path), ssd_bytes=16 * size,
-                      shm_dir=str(tmp_path), promote_on_hit=False, write_behind=False) as pool:  # exclusive tiers
+                      shm_dir=str(shm_path), promote_on_hit=False, write_behind=False) as pool:  # exclusive tiers
         assert pool.node.dram.pinned                                   # the node pins its arena when it has HBM
         data = {i: np.random.default_rng(i).integers(0, 256, size, dtype=np.uint8) for i in range(6)}
         key = {i: bytes([i + 1]) * 16 for i in range(6)}

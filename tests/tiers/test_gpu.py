@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from kvpool.tiers import gpu
-from kvpool.tiers.dram import DramArena
+from kvpool.tiers.dram import DramArena, filesystem_of
 from kvpool.tiers.hbm import HbmArena
 
 NO_GPU = f"needs a CUDA device: {gpu.unavailable_reason()}"
@@ -106,12 +106,13 @@ def test_host_address_is_the_buffer_itself():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu.cuda_available(), reason=NO_GPU)
-def test_dram_arena_pinned_as_cuda_reports_it(tmp_path):
-    with DramArena.create(8 << 20, directory=str(tmp_path)) as arena:
-        assert not gpu.is_pinned(arena.address)
+def test_dram_arena_pinned_as_cuda_reports_it(shm_path):
+    with DramArena.create(8 << 20, directory=str(shm_path)) as arena:
+        assert not gpu.is_pinned(arena.address) and gpu.device_pointer(arena.address) is None
         assert arena.pin() is True and arena.pinned and arena.pin_error is None
         for offset in (0, 4 << 20, (8 << 20) - 1):
             assert gpu.is_pinned(arena.address + offset)
+            assert gpu.device_pointer(arena.address + offset) is not None       # registered mapped: kernels read it
         # a same-host peer maps the same pages at another address: its mapping is pinned separately
         peer = DramArena.attach(arena.path)
         try:
@@ -125,10 +126,10 @@ def test_dram_arena_pinned_as_cuda_reports_it(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu.cuda_available(), reason=NO_GPU)
-def test_hbm_and_pinned_dram_round_trip_on_the_copy_stream(tmp_path):
+def test_hbm_and_pinned_dram_round_trip_on_the_copy_stream(shm_path):
     n = 3 << 20
     data = np.random.default_rng(5).integers(0, 256, n, dtype=np.uint8)
-    with DramArena.create(4 * n, directory=str(tmp_path)) as dram, HbmArena(4 * n) as hbm:
+    with DramArena.create(4 * n, directory=str(shm_path)) as dram, HbmArena(4 * n) as hbm:
         assert dram.pin()
         dram.write(n, data)
         stream = gpu.CopyStream()
@@ -138,6 +139,22 @@ def test_hbm_and_pinned_dram_round_trip_on_the_copy_stream(tmp_path):
         assert np.array_equal(dram.array(3 * n, n), data)
         assert hbm.read_into(2 * n, out := np.zeros(n, np.uint8)) == n and np.array_equal(out, data)
         assert hbm.write(0, dram.view(n, n)) == n and np.array_equal(hbm.array(0, n).get(), data)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu.cuda_available(), reason=NO_GPU)
+def test_an_arena_file_cuda_cannot_pin_says_where_it_lives(tmp_path):
+    """Seen on an H100 machine (Linux 6.18): the arena file on /tmp (a disk file system) was refused, /dev/shm was
+    pinned. Where the kernel allows the pin, it must simply work."""
+    fstype, mount = filesystem_of(str(tmp_path))
+    with DramArena.create(1 << 20, directory=str(tmp_path)) as arena:
+        if not arena.pin():
+            assert fstype not in ("tmpfs", "hugetlbfs")
+            assert arena.pin_error.endswith(f"the arena file is on {fstype} ({mount}): Linux 6.5+ refuses long-term "
+                                            f"pins of writable file mappings outside tmpfs/hugetlbfs, so put shm_dir "
+                                            f"on /dev/shm")
+        else:
+            assert arena.pinned and arena.pin_error is None
 
 
 @pytest.mark.gpu
