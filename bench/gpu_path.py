@@ -6,12 +6,18 @@
                pageable   a plain numpy buffer of the same size (the driver stages the copy)
                peak       cudaHostAlloc memory: the pinned peak of this machine, measured in the same run
              ratio lines: arena / peak (goal >= 0.9) and pageable / peak, per direction.
+             Then the two ways a load puts pool objects (one block each, SmolLM2's 30 x 2 x 16 x 3 x 64 float32)
+             from the pinned arena into a CUDA cache, GB/s of objects landed, vs the same pinned peak:
+               mapped     kernels/mapped_scatter.py: per layer one gather kernel reading the arena in place + one
+                          index_put (what the connector does on CUDA)
+               per-block  one non_blocking copy_ per block (kernels/kv_transfer.py scatter_blocks)
   ttft       the bundled engine on CUDA, one prompt of each --lengths tokens (random ids, 1 generated token), local
              prefix cache off so every run starts empty: cold (no pool) vs a pool hit through an in-process
              EmbeddedPool (direct path: the arena pinned, H2D straight into the KV blocks), with layer-wise overlap
              and without (the whole load before layer 0). Lengths past the model's 8K context use
              allow_long_context (RoPE extrapolated: the timing is real, the text is not).
-             ratio lines: cold / hit per mode, and overlap vs whole-load.
+             ratio lines: cold / hit per mode, and overlap vs whole-load; per mode the host time of a load
+             (lookups, checksums, queuing) and whether it went mapped.
 On a machine where torch or CuPy sees no CUDA device it prints why and exits 0 (nothing is measured).
 Usage: python bench/gpu_path.py [--copy-mib 256] [--repeats 5] [--lengths 4096,16384] [--skip-ttft] [--skip-bandwidth]
 """
@@ -90,6 +96,62 @@ def bandwidth(copy_mib: int, repeats: int) -> None:
             ratio = statistics.median(results[(name, direction)]) / peak
             goal = " (goal >= 0.9)" if name == "arena" else ""
             print(f"ratio {direction} {name} / pinned peak: {ratio:.2f}x{goal}")
+    scatter_paths(copy_mib, repeats, statistics.median(results[("peak", "H2D")]))
+
+
+def scatter_paths(copy_mib: int, repeats: int, peak: float) -> None:
+    """Pool objects in the pinned arena -> a CUDA cache's blocks: mapped gather vs per-block copies."""
+    import torch
+
+    from kvpool.kernels.kv_transfer import object_view, scatter_blocks
+    from kvpool.kernels.mapped_scatter import MappedScatter
+    from kvpool.tiers.dram import DramArena
+
+    layers, bt, heads, dim = 30, 16, 3, 64
+    obj = layers * 2 * bt * heads * dim * 4
+    count = (copy_mib << 20) // obj
+    kv = torch.zeros((layers, 2, count + 8, bt, heads, dim), dtype=torch.float32, device="cuda")
+    shm = tempfile.mkdtemp(prefix="kvpool-bench-", dir="/dev/shm")
+    arena = DramArena.create(count * obj, directory=shm)
+    try:
+        if not arena.pin():
+            print(f"scatter paths: arena not pinned ({arena.pin_error}): skipped")
+            return
+        arena.array(0, count * obj)[:] = np.random.default_rng(0).integers(0, 256, count * obj, dtype=np.uint8)
+        order = np.random.default_rng(1).permutation(count)          # blocks land out of arena order
+        sources = [arena.array(int(i) * obj, obj) for i in range(count)]
+        ids = [int(b) for b in order]
+        objects = [object_view(s, kv) for s in sources]
+        plan = MappedScatter.plan(kv, ids, objects, gpu.device_pointer)
+        if plan is None:
+            print("scatter paths: the arena is not mapped for kernels (device_pointer is None): skipped")
+            return
+        runs = {"mapped": lambda: plan.scatter(0, layers),
+                "per-block": lambda: scatter_blocks(kv, ids, objects, non_blocking=True)}
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        for _ in range(2):
+            for fn in runs.values():
+                fn()
+        torch.cuda.synchronize()
+        for _ in tqdm(range(repeats), desc="scatter paths", leave=False):
+            for name, fn in runs.items():
+                kv.zero_()
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                fn()
+                torch.cuda.synchronize()
+                times[name].append(count * obj / (time.perf_counter() - t0) / 1e9)
+                i = count // 2                                        # source i landed in block order[i]
+                got = kv[:, :, int(order[i])].cpu().contiguous().view(torch.uint8).reshape(-1).numpy()
+                assert np.array_equal(got, arena.array(i * obj, obj)), f"{name}: block {order[i]} holds wrong bytes"
+        for name, values in times.items():
+            print(f"scatter {name:9s} {count} objects of {obj} bytes: median {statistics.median(values):6.2f} GB/s "
+                  f"(min {min(values):.2f}, max {max(values):.2f})")
+            print(f"ratio scatter {name} / pinned peak: {statistics.median(values) / peak:.2f}x")
+        runs.clear(), objects.clear(), sources.clear()            # views of the arena: gone before it closes
+    finally:
+        arena.close()
+        arena.unlink()
 
 
 def ttft(lengths: list[int], repeats: int) -> None:
@@ -124,20 +186,28 @@ def ttft(lengths: list[int], repeats: int) -> None:
         print(f"{length} tokens: pool holds {pool.stats()['objects']} blocks of {block_bytes} bytes; pinned: "
               f"{saver.connector.pinned_memory()}")
         times: dict[str, list[float]] = {name: [] for name in engines}
+        host: dict[str, list[float]] = {name: [] for name in engines}
         loaded: dict[str, int] = {}
         for _ in tqdm(range(repeats + 1), desc=f"ttft {length}", leave=False):
             for name, engine in engines.items():
+                stats = getattr(engine.connector, "stats", None)
+                before = (stats.load_seconds, stats.loads) if stats is not None else (0.0, 0)
                 engine.add_request(prompt, one)
                 out = []
                 while engine.has_unfinished_requests():
                     out += engine.step()
                 torch.cuda.synchronize()
                 times[name].append(out[-1].ttft)
+                if stats is not None and stats.loads > before[1]:
+                    host[name].append((stats.load_seconds - before[0]) / (stats.loads - before[1]))
                 loaded[name] = out[-1].num_cached_tokens_external
         for name, values in times.items():
             values = values[1:]                           # the first round warms kernels and allocators
+            conn = engines[name].connector
+            extra = "" if not host[name] else (f"; host time per load {statistics.median(host[name][1:]) * 1e3:.1f}"
+                                               f" ms, mapped loads {conn.mapped_loads}")
             print(f"TTFT {length} {name:20s}: median {statistics.median(values) * 1e3:8.1f} ms "
-                  f"(loaded {loaded[name]} tokens from the pool)")
+                  f"(loaded {loaded[name]} tokens from the pool{extra})")
         cold_s = statistics.median(times["cold"][1:])
         for mode in ("on", "off"):
             hit = statistics.median(times[f"hit layer-wise {mode}"][1:])
