@@ -102,29 +102,6 @@ def sweep_stale_arenas(directory: str = "/dev/shm") -> list[str]:
     return removed
 
 
-PINNABLE_FILESYSTEMS = ("tmpfs", "hugetlbfs")   # where CUDA can pin a shared file mapping for DMA (see `pin`)
-
-
-def filesystem_of(path: str) -> tuple[str, str]:
-    """(filesystem type, mount point) holding `path`, from /proc/self/mounts (the longest mount point that
-    contains it); ("unknown", "") where that cannot be read."""
-    real = os.path.realpath(path)
-    best = ("unknown", "")
-    try:
-        with open("/proc/self/mounts", encoding="utf-8") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) < 3:
-                    continue
-                mount = fields[1].replace("\\040", " ")
-                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
-                if inside and len(mount) >= len(best[1]):
-                    best = (fields[2], mount)
-    except OSError:
-        pass
-    return best
-
-
 class DramArena:
     """One shared-memory file of `capacity` bytes, mapped read-write. Use `create` (owner) or `attach` (peer)."""
 
@@ -315,8 +292,8 @@ class DramArena:
         try:
             gpu.host_register(self.address, self._capacity)
         except RuntimeError as exc:   # e.g. RLIMIT_MEMLOCK below the arena size in a container
-            fstype, mount = filesystem_of(self._path)
-            hint = "" if fstype in PINNABLE_FILESYSTEMS else (
+            fstype, mount = gpu.filesystem_of(self._path)
+            hint = "" if fstype in gpu.PINNABLE_FILESYSTEMS else (
                 f"; the arena file is on {fstype} ({mount}): Linux 6.5+ refuses long-term pins of writable file "
                 f"mappings outside tmpfs/hugetlbfs, so put shm_dir on /dev/shm")
             self._pin_error = f"{exc}{hint}"

@@ -9,6 +9,7 @@
     host_register / host_unregister / is_pinned
                           cudaHostRegister on an existing mapping (the DRAM arena), through cupy.cuda.runtime
     device_pointer        where a kernel reads pinned host memory (UVA): the zero-copy layer loads read there
+    filesystem_of         which file system holds a path: CUDA pins shared file mappings only on tmpfs/hugetlbfs
     CopyStream            a dedicated non-blocking CUDA stream with events: the arenas' copies never queue behind
                           an engine's kernels on the default stream, and a caller can wait on an event instead of
                           the whole device
@@ -23,6 +24,7 @@ import ctypes
 import functools
 import importlib.util
 import logging
+import os
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -141,6 +143,29 @@ def host_address(buf: Any) -> int:
     return int(arr.__array_interface__["data"][0]) if arr.nbytes else 0
 
 
+PINNABLE_FILESYSTEMS = ("tmpfs", "hugetlbfs")   # where CUDA can pin a shared file mapping for DMA (see `pin`)
+
+
+def filesystem_of(path: str) -> tuple[str, str]:
+    """(filesystem type, mount point) holding `path`, from /proc/self/mounts (the longest mount point that
+    contains it); ("unknown", "") where that cannot be read."""
+    real = os.path.realpath(path)
+    best = ("unknown", "")
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                mount = fields[1].replace("\\040", " ")
+                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best[1]):
+                    best = (fields[2], mount)
+    except OSError:
+        pass
+    return best
+
+
 class CopyStream:
     """A dedicated non-blocking stream on `device` for host <-> device copies with raw addresses.
 
@@ -185,5 +210,5 @@ class CopyStream:
         self.stream.synchronize()
 
 
-__all__ = ["CopyStream", "cuda_available", "require_cupy", "device_pointer", "host_address", "host_register",
-           "host_unregister", "is_pinned", "unavailable_reason", "INSTALL_HINT"]
+__all__ = ["CopyStream", "cuda_available", "require_cupy", "device_pointer", "filesystem_of", "host_address",
+           "host_register", "host_unregister", "is_pinned", "unavailable_reason", "INSTALL_HINT", "PINNABLE_FILESYSTEMS"]

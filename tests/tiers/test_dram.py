@@ -10,7 +10,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from kvpool.tiers.dram import DramArena, filesystem_of
+from kvpool.tiers.dram import DramArena
+from kvpool.tiers.gpu import filesystem_of
 from kvpool.tiers.hbm import cuda_available
 
 CAP = 1 << 20
@@ -110,7 +111,7 @@ def test_attach_from_a_second_process_sees_the_same_bytes(arena):
     arena.write(8192, payload)
     child = textwrap.dedent(f"""
         import sys
-        from kvpool.tiers.dram import DramArena, filesystem_of
+        from kvpool.tiers.dram import DramArena
         a = DramArena.attach({arena.path!r})
         assert a.capacity == {CAP}
         got = bytes(a.view(8192, {len(payload)}))

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from kvpool.tiers import gpu
-from kvpool.tiers.dram import DramArena, filesystem_of
+from kvpool.tiers.dram import DramArena
+from kvpool.tiers.gpu import filesystem_of
 from kvpool.tiers.hbm import HbmArena
 
 NO_GPU = f"needs a CUDA device: {gpu.unavailable_reason()}"
