@@ -7,9 +7,6 @@ pass on an NVIDIA H100 (2026-11-27, README "GPU"), loads going through kernels/m
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-
 import numpy as np
 import pytest
 import torch
@@ -21,7 +18,6 @@ from kvpool.engine_adapter.llm import LLM
 from kvpool.store.config import UpConfig
 from kvpool.store.local_cluster import LocalCluster
 from kvpool.tiers.gpu import unavailable_reason
-
 from tests.connector.engines import ENGINE_ARGS, GREEDY, PREFIX, QUESTION_A, QUESTION_B
 from tests.connector.test_direct_path import FaultAfter
 
@@ -75,10 +71,9 @@ def test_b_loads_a_prefix_on_cuda_with_identical_output(layerwise, reference_b_c
         assert pool.stats()["leases_open"] == 0
 
 
-def test_same_host_pool_arena_is_pinned_in_the_engine_process(port, reference_b_cuda):
-    shm = tempfile.mkdtemp(prefix="kvpool-test-", dir="/dev/shm")
-    cluster = LocalCluster(UpConfig(listen=f"127.0.0.1:{port}", http_listen="", shm_dir=shm, dram_bytes=256 << 20,
-                                    ssd_path=None, node_id="n1")).start()
+def test_same_host_pool_arena_is_pinned_in_the_engine_process(port, shm_path, reference_b_cuda):
+    cluster = LocalCluster(UpConfig(listen=f"127.0.0.1:{port}", http_listen="", shm_dir=str(shm_path),
+                                    dram_bytes=256 << 20, ssd_path=None, node_id="n1")).start()
     try:
         a = LLM(connector=PoolConnector(ConnectorConfig(pool=cluster.address, load_policy="always")), **CUDA)
         run(a, QUESTION_A)
@@ -91,7 +86,27 @@ def test_same_host_pool_arena_is_pinned_in_the_engine_process(port, reference_b_
             llm.engine.connector.close()
     finally:
         cluster.stop()
-        shutil.rmtree(shm, ignore_errors=True)
+
+
+def test_tcp_loads_land_in_pinned_staging_read_in_place(port, shm_path, reference_b_cuda):
+    """transport tcp: nothing is mapped from the node; the bytes come over the data channel into pinned staging
+    buffers (torch's page-locked host memory), which the GPU then reads in place like an arena."""
+    cluster = LocalCluster(UpConfig(listen=f"127.0.0.1:{port}", http_listen="", shm_dir=str(shm_path),
+                                    dram_bytes=256 << 20, ssd_path=None, node_id="n1")).start()
+    try:
+        config = ConnectorConfig(pool=cluster.address, load_policy="always", transport="tcp")
+        a = LLM(connector=PoolConnector(config), **CUDA)
+        run(a, QUESTION_A)
+        b = LLM(connector=PoolConnector(config), **CUDA)
+        out = run(b, QUESTION_B)
+        assert out.num_cached_tokens_external > 0 and out.token_ids == reference_b_cuda
+        assert b.engine.connector.pinned_memory() == {"n1": "not mapped here (data channel, staged)"}
+        assert b.engine.connector.mapped_loads == 1                   # the pinned staging buffers, read in place
+        assert b.engine.connector.stats.fallbacks == {}
+        for llm in (a, b):
+            llm.engine.connector.close()
+    finally:
+        cluster.stop()
 
 
 def test_a_fault_during_a_gpu_load_recomputes(reference_b_cuda):
