@@ -275,3 +275,27 @@ def test_prefault_bounds_and_bad_argument(arena):
     for bad in (-1, 1.5, True, "1"):
         with pytest.raises(ValueError, match="max_bytes"):
             arena.prefault(bad)
+
+
+@pytest.mark.parametrize("where", ["tmp", "shm"])
+def test_a_refused_pin_names_the_file_system_unless_it_is_tmpfs(where, tmp_path, shm_path, monkeypatch):
+    """The GPU stands in here (a CPU machine cannot register memory): CUDA refusing the registration, as it did on
+    an H100 for an arena file on /tmp (tests/tiers/test_gpu.py checks it there for real)."""
+    from kvpool.tiers import gpu
+
+    def refuse(ptr, size):
+        raise RuntimeError("cudaHostRegister failed: CUDARuntimeError: cudaErrorInvalidValue: invalid argument")
+
+    monkeypatch.setattr(gpu, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(gpu, "host_register", refuse)
+    directory = {"tmp": tmp_path, "shm": shm_path}[where]
+    fstype, mount = filesystem_of(str(directory))
+    with DramArena.create(1 << 16, directory=str(directory)) as arena:
+        assert arena.pin() is False and not arena.pinned
+        base = "cudaHostRegister failed: CUDARuntimeError: cudaErrorInvalidValue: invalid argument"
+        if fstype in gpu.PINNABLE_FILESYSTEMS:
+            assert arena.pin_error == base
+        else:
+            assert arena.pin_error == (f"{base}; the arena file is on {fstype} ({mount}): Linux 6.5+ refuses long-term "
+                                       f"pins of writable file mappings outside tmpfs/hugetlbfs, so put shm_dir on "
+                                       f"/dev/shm")
