@@ -143,7 +143,7 @@ def host_address(buf: Any) -> int:
     return int(arr.__array_interface__["data"][0]) if arr.nbytes else 0
 
 
-PINNABLE_FILESYSTEMS = ("tmpfs", "hugetlbfs")   # where CUDA can pin a shared file mapping for DMA (see `pin`)
+PINNABLE_FILESYSTEMS = ("tmpfs", "hugetlbfs")   # where CUDA pins a shared file mapping (tiers/dram.py DramArena.pin)
 
 
 def filesystem_of(path: str) -> tuple[str, str]:
