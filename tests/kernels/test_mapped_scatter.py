@@ -109,6 +109,17 @@ def test_layerwise_load_goes_mapped_with_a_translation_and_keeps_its_waits(layer
     assert not plain.mapped
 
 
+def test_a_source_the_translation_refuses_sends_the_whole_load_block_by_block():
+    kv = cache(torch.float32)
+    _, objs = arena_objects(kv, [0, 3072], 8192, seed=8)
+    second = objs[1].ctypes.data
+    load = LayerwiseLoad(kv, [4, 1], objs, HostCopies(), translate=lambda p: None if p == second else p)
+    load.start()
+    assert not load.mapped
+    assert all(same(kv[:, :, b], w) for b, w in zip([4, 1], expected(kv, objs)))
+    assert bool((kv[:, :, [0, 2, 3, 5, 6]] == POISON).all())
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch sees none)")
 def test_cuda_mapped_load_reads_pinned_host_memory_in_place():
