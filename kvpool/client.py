@@ -41,6 +41,7 @@ from kvpool import fence
 from kvpool.buffers import as_writable_bytes
 from kvpool.credentials import Credentials
 from kvpool.extents import ExtentRead, ExtentWrite, Staging
+from kvpool.locations import MAX_TTL_S, LocationCache
 from kvpool.pool import PoolFront
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.rpc import MasterRpc
@@ -57,7 +58,8 @@ class PoolClient(PoolFront):
     def __init__(self, address: str, *, transport: str = "auto", timeout: float = 10.0, retries: int = 2,
                  max_object_bytes: int = 64 << 20, connect_timeout: float | None = None,
                  verify: str = "all", token=None, tls=None, credentials: Credentials | None = None,
-                 control_channel: bool = True, release_linger_s: float = 0.005, verify_threads: int = 1) -> None:
+                 control_channel: bool = True, release_linger_s: float = 0.005, verify_threads: int = 1,
+                 location_cache_s: float = 0.0) -> None:
         """`verify`: which reads are checked against the object's committed xxh3_64 before they count as hits
         (a mismatch is a miss at that key, never returned bytes, and is reported so the master forgets the object).
         "all" (default): every read, same-host copies out of a mapped arena included (hashed chunk by chunk as they
@@ -68,7 +70,11 @@ class PoolClient(PoolFront):
         carry it before a Release of its own is sent (the object stays unevictable that long; 0: at once).
         `verify_threads`: 1 (default): a helper thread hashes the chunks of a same-host read that have landed while
         this one copies the next (fence.copy_verified_many; one more core busy during big reads); 0: the calling
-        thread copies and hashes alone."""
+        thread copies and hashes alone.
+        `location_cache_s`: > 0 remembers where same-host gets found their objects for that many seconds after the
+        master last confirmed them, and serves repeat gets of them with no master round trip, checked by the read
+        fence (kvpool/locations.py says what a caller gives up: a removed or evicted object whose extent is intact
+        can be served that long). 0 (default): every get asks the master. Needs verify "all"."""
         if not isinstance(address, str) or ":" not in address:
             raise ValueError(f"address must be host:port of a kvpool master, got {address!r}")
         if not isinstance(timeout, (int, float)) or timeout <= 0:
@@ -80,6 +86,13 @@ class PoolClient(PoolFront):
         if isinstance(release_linger_s, bool) or not isinstance(release_linger_s, (int, float)) \
                 or not 0 <= release_linger_s <= 60:
             raise ValueError(f"release_linger_s must be a number of seconds in [0, 60], got {release_linger_s!r}")
+        if isinstance(location_cache_s, bool) or not isinstance(location_cache_s, (int, float)) \
+                or not 0 <= location_cache_s <= MAX_TTL_S:
+            raise ValueError(f"location_cache_s must be seconds in [0, {MAX_TTL_S:g}] (0 = off), "
+                             f"got {location_cache_s!r}")
+        if location_cache_s and verify != "all":
+            raise ValueError(f"location_cache_s needs verify='all' (cached locations are trusted only through the "
+                             f"read fence), got verify={verify!r}")
         creds = credentials if credentials is not None else Credentials.resolve(token, tls)
         self.transfers = Transfers(host_id(), transport=transport, timeout=float(timeout), verify=verify,
                                    ssl_context=creds.data_context(), server_name=creds.server_name,
@@ -90,7 +103,8 @@ class PoolClient(PoolFront):
         self.verify = verify
         self.host_id = self.transfers.host_id
         self.rpc = MasterRpc(address, timeout=timeout, retries=retries, credentials=creds, control=control_channel)
-        self._releaser = _Releaser(self.rpc, float(release_linger_s))
+        self.locations = LocationCache(location_cache_s) if location_cache_s else None
+        self._releaser = _Releaser(self.rpc, float(release_linger_s), self._report_uses)
         try:
             self.rpc.wait_ready(connect_timeout or self.rpc.timeout)
         except BaseException:
@@ -137,6 +151,36 @@ class PoolClient(PoolFront):
 
     def _get_into(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef,
                   tiers_out: list[str] | None) -> int:
+        cache = self.locations
+        if cache is None:
+            return self._get_leased(keys, views, ns, tiers_out)
+        digest = _wire_digest(ns)
+        run = cache.run(digest, keys, [v.nbytes for v in views])
+        if not run:
+            return self._get_leased(keys, views, ns, tiers_out)
+        arenas = {id(entry.arena): entry.arena for entry in run}
+        dead = [arena for arena in arenas.values() if not arena.owner_alive()]
+        if dead:
+            for arena in dead:
+                cache.forget_arena(arena)
+            return self._get_leased(keys, views, ns, tiers_out)
+        n = len(run)
+        oks = fence.copy_verified_many(views[:n], [entry.extent for entry in run], [entry.checksum for entry in run],
+                                       pipeline=self.transfers.verify_threads > 0)
+        good = oks.index(False) if False in oks else n
+        if good < n:      # stale from here (the extent holds something else now): read the rest the usual way
+            cache.forget(digest, keys[good:n], stale=True)
+        if good:
+            cache.count(good)
+            self._releaser.report_uses(ns, [bytes(k) for k in keys[:good]])
+            if tiers_out is not None:
+                tiers_out.extend([Tier.DRAM.label] * good)
+        if good == len(keys):
+            return good
+        return good + self._get_leased(keys[good:], views[good:], ns, tiers_out)
+
+    def _get_leased(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef,
+                    tiers_out: list[str] | None) -> int:
         req = pb.LookupRequest(namespace=_wire_digest(ns), block_tokens=ns.block_tokens, namespace_label=ns.label,
                                lease=True, client_host_id=self.host_id)
         req.keys.extend(bytes(k) for k in keys)
@@ -161,6 +205,8 @@ class PoolClient(PoolFront):
         filled = min(failed) if failed else reply.hits
         if tiers_out is not None:
             tiers_out.extend(Tier(int(t)).label for t in reply.tiers[:filled])
+        if self.locations is not None and filled:
+            self._remember(_wire_digest(ns), keys, reply, filled)
         return filled
 
     def _reserve(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging,
@@ -278,6 +324,8 @@ class PoolClient(PoolFront):
                                   what="contains").present)
 
     def _remove(self, keys: Sequence[bytes]) -> int:
+        if self.locations is not None:
+            self.locations.clear()      # no namespace comes with a remove: forget everything, not just these keys
         return self.rpc.call("Remove", pb.RemoveRequest(keys=[bytes(k) for k in keys]), retry=True,
                              what="remove").removed
 
@@ -286,6 +334,8 @@ class PoolClient(PoolFront):
         out["client_checksum_failures"] = self.checksum_failures
         out["client_late_writes_skipped"] = self.transfers.late_writes_skipped
         out["client_dead_owner_writes"] = self.transfers.dead_owner_writes
+        if self.locations is not None:
+            out["client_location_cache"] = self.locations.report()
         return out
 
     def stats(self) -> dict:
@@ -314,6 +364,34 @@ class PoolClient(PoolFront):
             self._releaser.give_back(ids)       # a master that predates release_lease_ids
         return reply
 
+    def _remember(self, digest: bytes, keys: Sequence[bytes], reply: pb.LookupResponse, count: int) -> None:
+        """Keep the locations of the first `count` hits of a leased lookup's reply: the leading run of them that
+        are DRAM extents of arenas mapped here."""
+        mapped = self.transfers.mapped_extents(wire.hits_of(reply), range(count))
+        n = 0
+        while n < count and n in mapped:
+            n += 1
+        if n:
+            self.locations.remember(digest, keys[:n], [mapped[i][0] for i in range(n)],
+                                    [mapped[i][1] for i in range(n)], reply.checksums[:n])
+
+    def _report_uses(self, ns: NsRef, keys: list[bytes], uses: int) -> None:
+        """Tell the master about `uses` gets of the chain `keys` served from the location cache (the releaser's
+        thread, off every get's path): one leased Lookup that counts them, shows the policy the chain used, and
+        refreshes the entries; its lease goes back at once."""
+        digest = _wire_digest(ns)
+        req = pb.LookupRequest(namespace=digest, block_tokens=ns.block_tokens, namespace_label=ns.label, lease=True,
+                               client_host_id=self.host_id, uses=uses)
+        req.keys.extend(keys)
+        reply = self._leased_lookup(req)
+        if reply.lease_id:
+            self._releaser.release(reply.lease_id, [])
+        if self.locations is not None:
+            if reply.hits < len(keys):
+                self.locations.forget(digest, keys[reply.hits:])
+            if reply.hits:
+                self._remember(digest, keys, reply, reply.hits)
+
     def _commit(self, grant_ids, granted: list[int], failed: set[int], buffers, out: list[str]) -> None:
         """End a put's grants: abort the failed ones, commit the rest with the checksums of their bytes. Sets out[i]
         to "stored" or "no_space" for every granted i (a grant that expired before the commit stored nothing)."""
@@ -341,13 +419,19 @@ class PoolClient(PoolFront):
 class _Releaser:
     """Ends read leases off the get's path: the next lookup carries them (release_lease_ids), else one thread sends
     them in one Release after the linger time; keys read back wrong go at once in a Release of their own. (A Release
-    per get cost client and master a request each: ~15% of a 64 KiB x 32 get, bench/pool_remote.py.)"""
+    per get cost client and master a request each: ~15% of a 64 KiB x 32 get, bench/pool_remote.py.) The same thread
+    sends the location cache's use reports (`report_uses`): gets of one chain within a linger coalesce into one
+    `send_uses(ns, keys, uses)` call."""
 
     _MAX_IDS = 1024  # lease ids per Release request
 
-    def __init__(self, rpc: MasterRpc, linger_s: float) -> None:
+    _MAX_USES = 1 << 16  # gets one report stands for (store.checks.MAX_USES)
+
+    def __init__(self, rpc: MasterRpc, linger_s: float, send_uses=None) -> None:
         self._rpc = rpc
         self._linger_s = linger_s
+        self._send_uses_to = send_uses
+        self._uses: dict[tuple, list] = {}   # (ns digest, block tokens, label, keys) -> [ns, keys, gets]
         self._cond = threading.Condition(threading.Lock())
         self._pending: list[int] = []
         self._reports: list[tuple[int, list[bytes]]] = []
@@ -362,6 +446,21 @@ class _Releaser:
                 self._reports.append((lease_id, corrupt_keys))
             else:
                 self._pending.append(lease_id)
+            if self._idle:
+                self._idle = False
+                self._cond.notify()
+
+    def report_uses(self, ns: NsRef, keys: list[bytes]) -> None:
+        """One get of the chain `keys` was served without a lookup: report it within the linger time."""
+        k = (_wire_digest(ns), ns.block_tokens, ns.label, tuple(keys))
+        with self._cond:
+            entry = self._uses.get(k)
+            if entry is None:
+                entry = self._uses[k] = [ns, keys, 0]
+            elif entry[2] >= self._MAX_USES:     # full: it goes as it is, a new report counts on
+                self._uses[(k, len(self._uses))] = entry
+                entry = self._uses[k] = [ns, keys, 0]
+            entry[2] += 1
             if self._idle:
                 self._idle = False
                 self._cond.notify()
@@ -385,21 +484,28 @@ class _Releaser:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not (self._pending or self._reports or self._closing):
+                while not (self._pending or self._reports or self._uses or self._closing):
                     self._idle = True
                     self._cond.wait()
                 reports, self._reports = self._reports, []
             self._send([pb.ReleaseRequest(lease_ids=[lease_id], corrupt_keys=keys) for lease_id, keys in reports])
             with self._cond:
-                if self._pending and not self._closing:
+                if (self._pending or self._uses) and not self._closing:
                     self._cond.wait(self._linger_s)      # a lookup may take them meanwhile; only close() wakes this
+                uses, self._uses = list(self._uses.values()), {}
+            for ns, keys, gets in uses:     # their lookups carry the pending releases
+                try:
+                    self._send_uses_to(ns, keys, gets)
+                except Exception as exc:  # noqa: BLE001 - the gets were served; only their report is lost
+                    log.warning("report of %d get(s) served from the location cache failed: %s", gets, exc)
+            with self._cond:
                 ids, self._pending = self._pending, []
                 closing = self._closing
             self._send([pb.ReleaseRequest(lease_ids=ids[i:i + self._MAX_IDS]) for i in range(0, len(ids),
                                                                                                self._MAX_IDS)])
             if closing:
                 with self._cond:
-                    if not (self._pending or self._reports):
+                    if not (self._pending or self._reports or self._uses):
                         return
 
     def _send(self, requests: list) -> None:

@@ -112,12 +112,16 @@ class Transfers:
     def mapped_views(self, batch: ExtentBatch, positions: Sequence[int]) -> dict[int, memoryview]:
         """{position: the extent itself} for the entries among `positions` that are DRAM extents of a node whose
         arena is mapped here (same host, transport "auto"). The others must go through `read`/`write`."""
+        return {i: view for i, (_, view) in self.mapped_extents(batch, positions).items()}
+
+    def mapped_extents(self, batch: ExtentBatch, positions: Sequence[int]) -> dict[int, tuple[object, memoryview]]:
+        """`mapped_views` with each extent's arena: {position: (tiers.dram.DramArena, the extent)}."""
         routes = [self._route(ep) for ep in batch.nodes]
-        out: dict[int, memoryview] = {}
+        out: dict[int, tuple[object, memoryview]] = {}
         for i in positions:
             route = routes[batch.node_index[i]]
             if route.arena is not None and batch.tiers[i] == _DRAM:
-                out[i] = route.arena.view(batch.offsets[i], batch.sizes[i])
+                out[i] = (route.arena, route.arena.view(batch.offsets[i], batch.sizes[i]))
         return out
 
     def mapped_nodes(self) -> tuple[str, ...]:

@@ -153,6 +153,16 @@ def pin_seconds(pin_s, name: str = "pin_s") -> float:
 MAX_S_PER_TOKEN = 60.0      # one token's prefill taking a minute is a broken measurement
 
 
+MAX_USES = 1 << 16   # gets one lookup may stand for (a location cache's coalesced report)
+
+
+def uses(value, name: str = "uses") -> int:
+    """How many gets a lookup reports: an int in [1, MAX_USES] (the wire's 0 means 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= MAX_USES:
+        raise ValueError(f"{name} must be an int in [1, {MAX_USES}] (gets this lookup stands for), got {value!r}")
+    return int(value)
+
+
 def seconds_per_token(value, name: str = "prefill_s_per_token") -> float:
     """A connector's measured prefill seconds per token: finite, in [0, MAX_S_PER_TOKEN] (0 = not measured)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
@@ -163,5 +173,5 @@ def seconds_per_token(value, name: str = "prefill_s_per_token") -> float:
 
 
 __all__ = ["BatchTooLarge", "keys", "ids", "same_length", "put_sizes", "namespace_digest", "list_args",
-           "evict_args", "cursor_args", "node_info", "reported", "pin_seconds", "seconds_per_token", "KEY_BYTES",
-           "MAX_IDLE_S", "MAX_PIN_S", "MAX_S_PER_TOKEN"]
+           "evict_args", "cursor_args", "node_info", "reported", "pin_seconds", "seconds_per_token", "uses", "KEY_BYTES",
+           "MAX_USES", "MAX_IDLE_S", "MAX_PIN_S", "MAX_S_PER_TOKEN"]

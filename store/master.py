@@ -389,7 +389,7 @@ class Master:
     def lookup(self, keys: Sequence[bytes], ns: NsRef = NO_NS, *, lease: bool = True,
                expect_sizes: Sequence[int] | None = None, tenant: str = "",
                s_per_token: float = 0.0, mapped_nodes: Collection[str] = (),
-               release: Sequence[int] = ()) -> LookupResult:
+               release: Sequence[int] = (), uses: int = 1) -> LookupResult:
         """Leading committed hits of a chain. With `lease`, pins them until `release` (or lease expiry) and returns
         their locations as columns: where each object is NOW. A leased hit on a slower tier than its node's fastest
         is queued for promotion (`promote_pending`, outside this call) when `promote_on_hit`. `expect_sizes` (one
@@ -399,9 +399,11 @@ class Master:
         times that to the prefill seconds saved (store/stats.py). `mapped_nodes`: nodes whose DRAM the caller maps
         and copies itself; their DRAM hits get no read token (b""), which only the data channel checks. `release`:
         read leases the caller is done with, released as `release` does once the lookup has passed its checks (a
-        lookup refused for bad arguments releases nothing)."""
+        lookup refused for bad arguments releases nothing). `uses`: how many gets this lookup stands for (a client's
+        location-cache report, kvpool/locations.py): stats and the traffic recorder count it that many times."""
         keys = checks.keys(keys, self.config.max_batch_keys)
         s_per_token = checks.seconds_per_token(s_per_token)
+        uses = checks.uses(uses)
         if expect_sizes is not None:
             checks.same_length(expect_sizes, "expect_sizes", keys, "keys")
         with self._lock:
@@ -423,12 +425,14 @@ class Master:
                     i = next(i for i, (have, want) in enumerate(zip(sizes, expected)) if have != want)
                     raise SizeMismatch(i, expected[i], sizes[i])
             if (rec := self.recorder) is not None:
-                rec.lookup(now, ns, list(keys), index.tier[slots].tolist(), lease)
+                for _ in range(uses):
+                    rec.lookup(now, ns, list(keys), index.tier[slots].tolist(), lease)
             index.atime[slots] = self._ticks(now)  # a probe without a lease is a use too (someone wants it)
             tiers = index.tier[slots].tolist()
-            self.lookup_stats.count(ns, len(keys), tiers, s_per_token)
-            if tid != UNSCOPED:
-                self._lookups_of(tid).count(ns, len(keys), tiers, s_per_token)
+            for _ in range(uses):   # a location cache's report: each get it served counts as the lookup it skipped
+                self.lookup_stats.count(ns, len(keys), tiers, s_per_token)
+                if tid != UNSCOPED:
+                    self._lookups_of(tid).count(ns, len(keys), tiers, s_per_token)
             if release:
                 self._release_all(release, tenant)
                 self._flush()

@@ -1,0 +1,125 @@
+"""LocationCache: where a same-host client last found its objects, so a repeat get needs no master round trip.
+
+On 2 cores a 64 KiB x 32 same-host get spends more time in its leased Lookup (~300-400 us: the round trip, the
+master's handler, the thread hand-offs on both sides) than in copying and hashing its 2 MiB (bench/pool_remote.py;
+the closing note of 2026-11-27 has the profile). The cache takes that round trip off the get's path:
+
+    remember   after a get read objects out of a mapped DRAM arena (same host), the client keeps, per
+               (namespace, key): the extent itself (a view into the mapped arena), its arena, and the committed
+               xxh3_64; entries live `ttl_s` from the master's last word on them
+    run        a later get whose leading keys are remembered, fresh and of the buffers' sizes copies them straight
+               out of those extents through the read fence (fence.copy_verified_many) with no lease and no RPC
+
+Why no lease is needed: the fence is the guarantee, as for every same-host read (kvpool/fence.py). A returned
+buffer hashes to the checksum committed for its key, whatever happened to the extent since it was remembered
+(evicted, moved, reused by another object, being rewritten): a mismatch means the entry is stale, and it is
+forgotten and read again the usual way (a leased Lookup) from that key on, never reported as corrupt (an extent
+legitimately holds another object once the master let it go). An arena whose node died (its lock is free) is
+never read from the cache; its entries are dropped.
+
+The master still hears of every get: PoolClient reports the chains it served from the cache off the get's path
+(its background thread coalesces them into one leased Lookup per chain with `uses` = the gets it stands for), so
+the eviction policy sees the chain used, the hit-rate statistics count every get, and the reply refreshes the
+entries (a key the master no longer has is forgotten then).
+
+What a caller gives up (why PoolClient's `location_cache_s` is 0, off, by default): an object removed or evicted at
+the master whose extent still holds its bytes can still be served by a client that remembered it, for up to
+`ttl_s` after the master last confirmed it. The bytes are the committed ones (content-addressed KV blocks make such
+a hit harmless), but a store that must forget on remove must leave the cache off. `remove_many` through the same
+client forgets everything at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+MAX_ENTRIES = 65536      # remembered objects per client, oldest dropped first (a 4K-token prompt is 256 blocks)
+MAX_TTL_S = 3600.0
+
+
+@dataclass(slots=True)
+class Cached:
+    """One remembered object: `extent` is the object's bytes in `arena` (a mapped tiers.dram.DramArena)."""
+
+    arena: Any
+    extent: memoryview
+    checksum: int
+    expires: float          # time.monotonic() after which the entry is not used
+
+
+class LocationCache:
+    """(namespace digest, key) -> Cached, bounded, thread-safe. Counters: `gets` served wholly or partly from it,
+    `objects` read from it, `stale` entries found not to hold their object any more."""
+
+    def __init__(self, ttl_s: float, max_entries: int = MAX_ENTRIES) -> None:
+        if isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)) or not 0 < ttl_s <= MAX_TTL_S:
+            raise ValueError(f"location_cache_s must be seconds in (0, {MAX_TTL_S:g}], got {ttl_s!r}")
+        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+            raise ValueError(f"max_entries must be an int >= 1, got {max_entries!r}")
+        self.ttl_s = float(ttl_s)
+        self.max_entries = max_entries
+        self.gets = 0
+        self.objects = 0
+        self.stale = 0
+        self._entries: dict[tuple[bytes, bytes], Cached] = {}
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def remember(self, ns: bytes, keys: Sequence[bytes], arenas: Sequence[Any], extents: Sequence[memoryview],
+                 checksums: Sequence[int]) -> None:
+        """The master just said keys[i] is `extents[i]` in `arenas[i]` with committed `checksums[i]`."""
+        expires = time.monotonic() + self.ttl_s
+        entries = self._entries
+        with self._lock:
+            for key, arena, extent, checksum in zip(keys, arenas, extents, checksums):
+                k = (ns, bytes(key))
+                entries.pop(k, None)        # re-inserted last: the dict's order is the drop order
+                entries[k] = Cached(arena, extent, int(checksum), expires)
+            while len(entries) > self.max_entries:
+                del entries[next(iter(entries))]
+
+    def run(self, ns: bytes, keys: Sequence[bytes], sizes: Sequence[int]) -> list[Cached]:
+        """The remembered entries of the leading keys: fresh, and each of the size the caller's buffer has."""
+        now = time.monotonic()
+        out: list[Cached] = []
+        entries = self._entries
+        with self._lock:
+            for key, size in zip(keys, sizes):
+                entry = entries.get((ns, key if type(key) is bytes else bytes(key)))
+                if entry is None or entry.expires <= now or entry.extent.nbytes != size:
+                    break
+                out.append(entry)
+        return out
+
+    def count(self, objects: int) -> None:
+        with self._lock:
+            self.gets += 1
+            self.objects += objects
+
+    def forget(self, ns: bytes, keys: Sequence[bytes], *, stale: bool = False) -> None:
+        with self._lock:
+            for key in keys:
+                if self._entries.pop((ns, bytes(key)), None) is not None and stale:
+                    self.stale += 1
+
+    def forget_arena(self, arena: Any) -> None:
+        """Drop every entry in `arena` (its node died)."""
+        with self._lock:
+            for k in [k for k, v in self._entries.items() if v.arena is arena]:
+                del self._entries[k]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+    def report(self) -> dict[str, int]:
+        with self._lock:
+            return {"entries": len(self._entries), "gets": self.gets, "objects": self.objects, "stale": self.stale}
+
+
+__all__ = ["LocationCache", "Cached", "MAX_ENTRIES", "MAX_TTL_S"]

@@ -1,0 +1,238 @@
+"""The client's location cache (kvpool/locations.py, PoolClient(location_cache_s=...)): repeat same-host gets with no
+master round trip, every byte still checked against the committed checksum, and every get still reported to the
+master (statistics, eviction order). Real `kvpool up` pool in this process (LocalCluster: master + node with DRAM and
+SSD on 127.0.0.1), exact per-method call counts at the master."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+from kvpool import PoolClient
+from kvpool.launcher import free_port
+from kvpool.locations import LocationCache
+from kvpool.proto import kvpool_pb2 as pb
+from kvpool.store.config import UpConfig
+from kvpool.store.local_cluster import LocalCluster
+from tests.store.test_control_channel import wait_until
+
+OBJ = 8 << 10
+KEYS = [(0xCA << 120 | i).to_bytes(16, "big") for i in range(8)]
+DATAS = [bytes([i + 1]) * OBJ for i in range(8)]
+OTHER = [bytes([0xF0 + i]) * OBJ for i in range(8)]
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    shm = os.path.join("/dev/shm", f"kvpool-loc-{os.getpid()}-{free_port()}")
+    os.makedirs(shm, exist_ok=True)
+    cfg = UpConfig(listen=f"127.0.0.1:{free_port()}", http_listen="", shm_dir=shm, dram_bytes=4 * OBJ,
+                   ssd_path=str(tmp_path / "ssd"), ssd_bytes=64 * OBJ, promote_on_hit=False)
+    c = LocalCluster(cfg).start()
+    try:
+        yield c
+    finally:
+        c.stop()
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+def bufs(n: int) -> list[bytearray]:
+    return [bytearray(OBJ) for _ in range(n)]
+
+
+def cache_report(c: PoolClient) -> dict:
+    return c.stats()["client_location_cache"]
+
+
+def test_repeat_gets_skip_the_master_and_each_get_is_still_counted(cluster):
+    calls = cluster.master.control.calls
+    with PoolClient(cluster.address) as writer:
+        assert writer.put_many(KEYS[:4], DATAS[:4]) == ["stored"] * 4
+    base = calls["Lookup"]
+    # release_linger_s=60: nothing is sent by the timer, so the counts below are exact; close() sends the report
+    with PoolClient(cluster.address, location_cache_s=60, release_linger_s=60) as c:
+        out = bufs(4)
+        tiers: list[str] = []
+        assert c.get_many_into(KEYS[:4], out, tiers_out=tiers) == 4 and out == [bytearray(d) for d in DATAS[:4]]
+        assert calls["Lookup"] == base + 1 and tiers == ["dram"] * 4
+        for _ in range(5):
+            out = bufs(4)
+            tiers = []
+            assert c.get_many_into(KEYS[:4], out, tiers_out=tiers) == 4
+            assert out == [bytearray(d) for d in DATAS[:4]] and tiers == ["dram"] * 4
+        assert calls["Lookup"] == base + 1          # five gets, no round trip
+        out = bufs(2)
+        assert c.get_many_into(KEYS[:2], out) == 2 and out == [bytearray(d) for d in DATAS[:2]]   # a prefix: cached
+        assert calls["Lookup"] == base + 1
+        assert cache_report(c) == {"entries": 4, "gets": 6, "objects": 22, "stale": 0}
+        assert c.checksum_failures == 0
+    # close() sent the two chains' reports: one leased Lookup each (uses 5 and 1) and the last lease's Release
+    assert calls["Lookup"] == base + 3
+    with PoolClient(cluster.address) as admin:
+        s = admin.stats()
+        assert s["lookups"] == 7 and s["hit_keys"] == 4 + 5 * 4 + 2    # as if every get had asked
+        assert s["leases_open"] == 0
+
+
+def test_a_get_reaching_past_the_cached_run_asks_the_master_for_the_rest(cluster):
+    calls = cluster.master.control.calls
+    with PoolClient(cluster.address, location_cache_s=60, release_linger_s=60) as c:
+        assert c.put_many(KEYS[:3], DATAS[:3]) == ["stored"] * 3
+        assert c.get_many_into(KEYS[:2], bufs(2)) == 2
+        base = calls["Lookup"]
+        out = bufs(4)
+        assert c.get_many_into(KEYS[:4], out) == 3           # 2 cached, then one lookup of KEYS[2:4]: 1 hit
+        assert out[:3] == [bytearray(d) for d in DATAS[:3]] and out[3] == bytearray(OBJ)
+        assert calls["Lookup"] == base + 1
+        assert cache_report(c)["entries"] == 3
+
+
+def test_an_extent_reused_by_other_objects_is_stale_never_returned_never_corrupt(cluster):
+    with PoolClient(cluster.address, location_cache_s=60) as a, PoolClient(cluster.address) as b:
+        assert b.put_many(KEYS[:4], DATAS[:4]) == ["stored"] * 4
+        assert a.get_many_into(KEYS[:4], bufs(4)) == 4            # a remembers the four DRAM extents
+        wait_until(lambda: b.stats()["leases_open"] == 0, "the get's lease ending")   # else the removal waits for it
+        assert b.remove_many(KEYS[:4]) == 4
+        # DRAM holds exactly four objects: the next four reuse the same four extents
+        assert b.put_many(KEYS[4:], OTHER[4:]) == ["stored"] * 4
+        out = bufs(4)
+        # every entry stale (the other objects' bytes were copied but are not counted as filled) and the master
+        # has none of the four any more
+        assert a.get_many_into(KEYS[:4], out) == 0
+        assert cache_report(a)["stale"] == 4 and cache_report(a)["entries"] == 0
+        assert a.checksum_failures == 0                           # stale is not corrupt: nothing reported
+        assert b.stats()["dram_corrupt"] == 0
+        got = bufs(4)
+        assert a.get_many_into(KEYS[4:], got) == 4 and got == [bytearray(d) for d in OTHER[4:]]
+
+
+def test_a_removed_object_is_forgotten_once_the_report_comes_back(cluster):
+    """The trade-off the cache documents: a removed object whose extent is intact can still be served, but only
+    until the master answers the report of that get (one linger later), not for the whole location_cache_s."""
+    with PoolClient(cluster.address, location_cache_s=60) as a, PoolClient(cluster.address) as b:
+        assert b.put_many(KEYS[:2], DATAS[:2]) == ["stored"] * 2
+        assert a.get_many_into(KEYS[:2], bufs(2)) == 2
+        assert b.remove_many(KEYS[:2]) == 2
+        out = bufs(2)
+        assert a.get_many_into(KEYS[:2], out) == 2 and out == [bytearray(d) for d in DATAS[:2]]   # intact: served
+        wait_until(lambda: cache_report(a)["entries"] == 0, "the report's reply forgetting the removed keys")
+        assert a.get_many_into(KEYS[:2], bufs(2)) == 0
+
+
+def test_remove_through_the_same_client_forgets_at_once(cluster):
+    calls = cluster.master.control.calls
+    with PoolClient(cluster.address, location_cache_s=60, release_linger_s=60) as a:
+        assert a.put_many(KEYS[:2], DATAS[:2]) == ["stored"] * 2
+        assert a.get_many_into(KEYS[:2], bufs(2)) == 2
+        assert a.remove_many(KEYS[1:2]) == 1
+        assert cache_report(a)["entries"] == 0
+        base = calls["Lookup"]
+        out = bufs(2)
+        assert a.get_many_into(KEYS[:2], out) == 1 and out[0] == bytearray(DATAS[0])
+        assert calls["Lookup"] == base + 1
+
+
+def test_bytes_changed_under_a_cached_entry_are_never_returned(cluster):
+    """A late writer's bytes in a committed object's extent: the cached read fails the fence, the get asks the master,
+    whose location is the same extent: that read fails too and is reported corrupt, as without the cache."""
+    with PoolClient(cluster.address, location_cache_s=60) as a:
+        assert a.put_many(KEYS[:2], DATAS[:2]) == ["stored"] * 2
+        assert a.get_many_into(KEYS[:2], bufs(2)) == 2
+        entry = a.locations.run(b"", KEYS[1:2], [OBJ])[0]
+        entry.extent[100:101] = b"\xee"
+        out = bufs(2)
+        assert a.get_many_into(KEYS[:2], out) == 1 and out[0] == bytearray(DATAS[0])
+        assert cache_report(a)["stale"] == 1 and a.checksum_failures == 1
+        wait_until(lambda: a.stats()["dram_corrupt"] == 1, "the corrupt report")
+        assert a.get_many_into(KEYS[1:2], bufs(1)) == 0
+
+
+def test_a_dead_nodes_arena_is_not_read_from_the_cache(cluster):
+    calls = cluster.master.control.calls
+    with PoolClient(cluster.address, location_cache_s=60, release_linger_s=60) as a:
+        assert a.put_many(KEYS[:2], DATAS[:2]) == ["stored"] * 2
+        assert a.get_many_into(KEYS[:2], bufs(2)) == 2
+        assert cache_report(a)["entries"] == 2
+        cluster.node.stop(0)                    # the node's arena lock goes with it
+        base = calls["Lookup"]
+        a.get_many_into(KEYS[:2], bufs(2))      # whatever the master says now, the cache was not used
+        assert calls["Lookup"] == base + 1
+        assert cache_report(a)["gets"] == 0
+
+
+def test_cached_uses_keep_a_chain_warm_in_the_eviction_order(cluster):
+    """DRAM holds four objects under LRU. K0 is first read by the cached client, then K1..K3 by another; then K0 is
+    read again from the cache. Its report reaches the master, so the fifth put demotes K1 (least recently used), not
+    K0, whose only master-visible use would otherwise be the oldest."""
+    calls = cluster.master.control.calls
+    with PoolClient(cluster.address, location_cache_s=60) as a, PoolClient(cluster.address) as b:
+        assert b.put_many(KEYS[:4], DATAS[:4]) == ["stored"] * 4
+        assert a.get_many_into(KEYS[:1], bufs(1)) == 1
+        for k in KEYS[1:4]:
+            assert b.get_many_into([k], bufs(1)) == 1
+        before = calls["Lookup"]
+        assert a.get_many_into(KEYS[:1], bufs(1)) == 1                 # from the cache
+        wait_until(lambda: calls["Lookup"] == before + 1, "the cached get's report")
+        assert b.put_many(KEYS[4:5], DATAS[4:5]) == ["stored"]
+        tiers: list[str] = []
+        for k in KEYS[:5]:
+            assert b.get_many_into([k], bufs(1), tiers_out=tiers) == 1
+        assert tiers == ["dram", "ssd", "dram", "dram", "dram"]
+
+
+def test_location_cache_s_is_checked_before_anything_starts(cluster):
+    for bad in (-1, 3601, True, "1s"):
+        with pytest.raises(ValueError, match=r"^location_cache_s must be seconds in \[0, 3600\] \(0 = off\), got "):
+            PoolClient(cluster.address, location_cache_s=bad)
+    with pytest.raises(ValueError, match=r"^location_cache_s needs verify='all' .* got verify='remote'"):
+        PoolClient(cluster.address, location_cache_s=1, verify="remote")
+
+
+def test_a_lookups_uses_must_be_in_range(cluster):
+    with PoolClient(cluster.address) as c:
+        assert c.put_many(KEYS[:1], DATAS[:1]) == ["stored"]
+        with pytest.raises(ValueError, match=r"uses must be an int in \[1, 65536\]"):
+            c.rpc.call("Lookup", pb.LookupRequest(keys=KEYS[:1], lease=False, uses=65537), what="lookup")
+        before = c.stats()["lookups"]
+        c.rpc.call("Lookup", pb.LookupRequest(keys=KEYS[:1], lease=False, uses=3), what="lookup")
+        assert c.stats()["lookups"] == before + 3
+
+
+# ---------------------------------------------------------------- LocationCache alone
+
+class _Arena:
+    pass
+
+
+def test_the_cache_is_bounded_oldest_first_and_a_run_stops_at_the_first_unusable_entry():
+    cache = LocationCache(60, max_entries=3)
+    arena = _Arena()
+    mem = memoryview(np.zeros(64, np.uint8)).cast("B")
+    keys = [bytes([i]) * 16 for i in range(4)]
+    cache.remember(b"", keys[:3], [arena] * 3, [mem[0:8], mem[8:16], mem[16:32]], [1, 2, 3])
+    assert [e.checksum for e in cache.run(b"", keys[:3], [8, 8, 16])] == [1, 2, 3]
+    assert [e.checksum for e in cache.run(b"", keys[:3], [8, 9, 16])] == [1]        # size differs: stop
+    assert cache.run(b"ns", keys[:3], [8, 8, 16]) == []                             # another namespace
+    cache.remember(b"", keys[0:1], [arena], [mem[0:8]], [11])                        # refreshed: now the newest
+    cache.remember(b"", keys[3:4], [arena], [mem[32:40]], [4])                       # over the bound: keys[1] goes
+    assert len(cache) == 3 and cache.run(b"", keys[1:2], [8]) == []
+    assert [e.checksum for e in cache.run(b"", [keys[0], keys[2], keys[3]], [8, 16, 8])] == [11, 3, 4]
+    cache.forget_arena(_Arena())
+    assert len(cache) == 3
+    cache.forget_arena(arena)
+    assert len(cache) == 0
+
+
+def test_an_expired_entry_is_not_used():
+    cache = LocationCache(0.05)
+    mem = memoryview(bytearray(8))
+    cache.remember(b"", [b"k" * 16], [_Arena()], [mem], [7])
+    assert len(cache.run(b"", [b"k" * 16], [8])) == 1
+    deadline = time.monotonic() + 0.05
+    while time.monotonic() <= deadline:       # the clock, not an event: the entry's lifetime is the subject
+        time.sleep(0.01)
+    assert cache.run(b"", [b"k" * 16], [8]) == []
