@@ -222,6 +222,7 @@ def measure_size(pools: dict[str, tuple[str, dict]], size: int, count: int, batc
                for mode, (address, creds) in pools.items() for t in ("auto", "tcp")}
     unchecked = PoolClient(pools[""][0], timeout=60, verify="remote") if fence_candidates else None
     one_thread = PoolClient(pools[""][0], timeout=60, verify_threads=0) if fence_candidates else None
+    cached = PoolClient(pools[""][0], timeout=60, location_cache_s=60.0)
     raw = RawSocket(size)
     if mc is not None:
         mc.register(src + dst)
@@ -265,6 +266,27 @@ def measure_size(pools: dict[str, tuple[str, dict]], size: int, count: int, batc
                     assert all(np.array_equal(src[j], dst[j]) for j in range(i, i + got)), f"{t}: bytes differ"
                     for d in dst[i:i + got]:
                         d[:1] = 0
+            # Repeat gets of the auth-off same-host objects: once through the location-cache client (its first get
+            # of a chain asks the master and remembers the locations), then batch by batch the default client and
+            # the cached one read them again (the cached one with no master round trip, through the fence).
+            k = keys["auto"]
+            for i in range(0, count, batch):
+                assert cached.get_many_into(k[i:i + batch], dst[i:i + batch]) == len(k[i:i + batch])
+            check()
+            again = {"repeat get": 0.0, "repeat get, location cache": 0.0}
+            pair = (("repeat get", clients["auto"]), ("repeat get, location cache", cached))
+            for i in range(0, count, batch):
+                for name, c in (pair if r % 2 == 0 else pair[::-1]):
+                    t0 = time.perf_counter()
+                    got = c.get_many_into(k[i:i + batch], dst[i:i + batch])
+                    again[name] += time.perf_counter() - t0
+                    assert got == len(k[i:i + batch])
+                    assert all(np.array_equal(src[j], dst[j]) for j in range(i, i + got)), f"{name}: bytes differ"
+                    for d in dst[i:i + got]:
+                        d[:1] = 0
+            for name, dt in again.items():
+                times.setdefault(name, []).append(dt)
+            bar.update(len(again))
             if fence_candidates:  # the auth-off same-host objects, read again under each fence candidate
                 def get_all(client, k=keys["auto"]):
                     for i in range(0, count, batch):
@@ -307,6 +329,7 @@ def measure_size(pools: dict[str, tuple[str, dict]], size: int, count: int, batc
     finally:
         for c in clients.values():
             c.close()
+        cached.close()
         if unchecked is not None:
             unchecked.close()
             one_thread.close()
@@ -420,7 +443,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--chain", type=int, default=1000)
     ap.add_argument("--lookups", type=int, default=300)
-    ap.add_argument("--index-objects", type=int, default=1_000_000)
+    ap.add_argument("--index-objects", type=int, default=1_000_000,
+                    help="objects for the master-memory figure; 0 skips it")
     ap.add_argument("--fence", action="store_true", help="also time a same-host get under each fence candidate")
     args = ap.parse_args(argv)
     total = parse_size(args.total, "--total")
@@ -430,7 +454,7 @@ def main(argv=None) -> int:
     import mooncake_peer
 
     mooncake_reason = mooncake_peer.unavailable()
-    steps = len(SIZES) * args.rounds * (4 * len(MODES) + 2 + (len(FENCE_CANDIDATES) if args.fence else 0)
+    steps = len(SIZES) * args.rounds * (4 * len(MODES) + 4 + (len(FENCE_CANDIDATES) if args.fence else 0)
                                         + (2 if redis_reason is None else 0) + (2 if mooncake_reason is None else 0))
     rows = {}
     sec = Security(workdir)
@@ -455,7 +479,8 @@ def main(argv=None) -> int:
                                  bar, s + 1, args.fence)
                 row = {f"{mode}{t}": {"put": g[f"{mode}{t} put"], "get": g[f"{mode}{t} get"]}
                        for mode in MODES for t in ("auto", "tcp")}
-                row.update({"memcpy": g["memcpy"], "raw": g["raw"]})
+                row.update({"memcpy": g["memcpy"], "raw": g["raw"], "repeat": g["repeat get"],
+                            "repeat cached": g["repeat get, location cache"]})
                 if "redis get" in g:
                     row["redis"] = {"put": g["redis put"], "get": g["redis get"]}
                 if "mooncake get" in g:
@@ -466,9 +491,11 @@ def main(argv=None) -> int:
             p50, p99 = bench_lookup(pool.address, args.chain, args.lookups, bar)
             auth_p50, auth_p99 = bench_lookup(pool_auth.address, args.chain, args.lookups, bar, token=sec.token)
             get_rpcs = bench_get_rpcs(pools, args.batch, args.lookups, bar)
-            per_object = bench_master_memory(args.index_objects, bar)
-            per_object_tenant = bench_master_memory(args.index_objects, bar, tenant="bench")
-            per_index_entry = bench_index_memory(args.index_objects)
+            per_object = per_object_tenant = per_index_entry = None
+            if args.index_objects > 0:
+                per_object = bench_master_memory(args.index_objects, bar)
+                per_object_tenant = bench_master_memory(args.index_objects, bar, tenant="bench")
+                per_index_entry = bench_index_memory(args.index_objects)
     finally:
         if redis is not None:
             redis.close()
@@ -504,6 +531,11 @@ def main(argv=None) -> int:
             line += (f"; vs mooncake (tcp transport): tcp get {row['tcp']['get'] / row['mooncake']['get']:.2f}x, "
                      f"same-host get {row['auto']['get'] / row['mooncake']['get']:.2f}x")
         print(line)
+    for size, row in rows.items():
+        print(f"{size >> 10:>5}KiB: same-host repeat get with the location cache (PoolClient(location_cache_s=60), "
+              f"no master round trip, fence on) {row['repeat cached'] / row['memcpy']:.2f}x memcpy; the default "
+              f"client reading the same objects again {row['repeat'] / row['memcpy']:.2f}x; cached / default "
+              f"{row['repeat cached'] / row['repeat']:.2f}x")
     for size, row in rows.items():
         if "fence" in row:
             print(f"{size >> 10:>5}KiB: fence candidates, same-host get vs memcpy: " + ", ".join(
@@ -550,11 +582,14 @@ def main(argv=None) -> int:
     print(f"prefix lookup of a {args.chain}-key chain (one RPC): p50 {p50 * 1e3:.2f} ms, p99 {p99 * 1e3:.2f} ms; "
           f"auth on (token check + tenant key space): p50 {auth_p50 * 1e3:.2f} ms ({auth_p50 / p50:.2f}x), "
           f"p99 {auth_p99 * 1e3:.2f} ms")
-    print(f"master memory per indexed object at {args.index_objects:,} objects: {per_object:.0f} bytes "
-          f"(goal <= 200) {'met' if per_object <= 200 else 'MISSED'}; of which the index alone {per_index_entry:.0f} "
-          f"bytes (the rest: allocator extents + eviction-policy entries); objects of a tenant with a quota (tenant "
-          f"key space + per-tenant LRU lists): {per_object_tenant:.0f} bytes "
-          f"{'met' if per_object_tenant <= 200 else 'MISSED'}")
+    if per_object is None:
+        print("master memory per indexed object: not measured (--index-objects 0)")
+    else:
+        print(f"master memory per indexed object at {args.index_objects:,} objects: {per_object:.0f} bytes "
+              f"(goal <= 200) {'met' if per_object <= 200 else 'MISSED'}; of which the index alone "
+              f"{per_index_entry:.0f} bytes (the rest: allocator extents + eviction-policy entries); objects of a "
+              f"tenant with a quota (tenant key space + per-tenant LRU lists): {per_object_tenant:.0f} bytes "
+              f"{'met' if per_object_tenant <= 200 else 'MISSED'}")
     return 0
 
 
