@@ -344,6 +344,8 @@ class PoolClient(PoolFront):
 
     def _close(self) -> None:
         self._releaser.close(min(self.timeout, 2.0))  # let queued releases land, so leases do not linger
+        if self.locations is not None:
+            self.locations.clear()      # its views into the mapped arenas go before the arenas
         self.transfers.close()
         self.rpc.close()
 
@@ -366,7 +368,7 @@ class PoolClient(PoolFront):
 
     def _remember(self, digest: bytes, keys: Sequence[bytes], reply: pb.LookupResponse, count: int) -> None:
         """Keep the locations of the first `count` hits of a leased lookup's reply: the leading run of them that
-        are DRAM extents of arenas mapped here."""
+        are DRAM extents of arenas mapped here. The rest of the `count` keys are forgotten (moved to SSD, say)."""
         mapped = self.transfers.mapped_extents(wire.hits_of(reply), range(count))
         n = 0
         while n < count and n in mapped:
@@ -374,6 +376,8 @@ class PoolClient(PoolFront):
         if n:
             self.locations.remember(digest, keys[:n], [mapped[i][0] for i in range(n)],
                                     [mapped[i][1] for i in range(n)], reply.checksums[:n])
+        if n < count:
+            self.locations.forget(digest, keys[n:count])
 
     def _report_uses(self, ns: NsRef, keys: list[bytes], uses: int) -> None:
         """Tell the master about `uses` gets of the chain `keys` served from the location cache (the releaser's
