@@ -286,15 +286,18 @@ def format_plan(plan_: Plan) -> str:
              f"blocks; infinite-pool ceiling: {plan_.ceiling_block_hit_rate:.1%} of blocks, "
              f"{plan_.ceiling_token_hit_rate:.1%} of tokens",
              rate_basis(plan_.block_refs, plan_.input_tokens, plan_.partial_blocks, plan_.dropped_refs,
-                        plan_.dropped_tokens),
-             f"{'capacity':>22}  {'policy':<10} {'block hit':>9} {'token hit':>9} {'prefill s saved':>15} "
-             f"{'replay req/s':>12}"]
+                        plan_.dropped_tokens)]
+    caps = []
     for r in plan_.results:
         size = r.capacity_blocks * plan_.block_bytes
         pct = r.capacity_blocks / plan_.unique_blocks if plan_.unique_blocks else 0.0
-        cap = f"{r.capacity_blocks} blk {size / gib:.1f}GiB {pct:>4.0%}"
+        caps.append(f"{r.capacity_blocks} blk {size / gib:.1f}GiB {pct:>4.0%}")
+    width = max([22, *map(len, caps)])      # the column fits its widest capacity
+    lines.append(f"{'capacity':>{width}}  {'policy':<10} {'block hit':>9} {'token hit':>9} {'prefill s saved':>15} "
+                 f"{'replay req/s':>12}")
+    for r, cap in zip(plan_.results, caps):
         saved = plan_.prefill_s_saved(r)
-        lines.append(f"{cap:>22}  {r.policy:<10} {r.block_hit_rate:>9.1%} {r.token_hit_rate:>9.1%} "
+        lines.append(f"{cap:>{width}}  {r.policy:<10} {r.block_hit_rate:>9.1%} {r.token_hit_rate:>9.1%} "
                      f"{('-' if saved is None else f'{saved:,.0f}'):>15} {r.events_per_s:>12,.0f}")
     goal = f"{plan_.ceiling_share:.0%} of the ceiling ({plan_.ceiling_share * plan_.ceiling_token_hit_rate:.1%} " \
            f"token hit rate)"
