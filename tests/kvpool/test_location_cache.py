@@ -236,3 +236,25 @@ def test_an_expired_entry_is_not_used():
     while time.monotonic() <= deadline:       # the clock, not an event: the entry's lifetime is the subject
         time.sleep(0.01)
     assert cache.run(b"", [b"k" * 16], [8]) == []
+
+
+def test_a_report_is_counted_and_recorded_once_per_get_it_stands_for(tmp_path):
+    """The master's side of a report: one lookup with uses=3 counts three lookups in the stats and writes three
+    rows to the traffic recording, as the three gets it stands for would have."""
+    from kvpool import EmbeddedPool
+    from kvpool.trace import LOOKUP, load_trace
+
+    with EmbeddedPool(dram_bytes=1 << 20, ssd_path=None, write_behind=False, record_directory=str(tmp_path)) as pool:
+        assert pool.put_many(KEYS[:2], DATAS[:2]) == ["stored"] * 2
+        before = pool.stats()
+        result = pool.master.lookup(KEYS[:2], lease=True, uses=3)
+        assert result.hits == 2
+        pool.master.release([result.lease_id])
+        after = pool.stats()
+        assert after["lookups"] - before["lookups"] == 3
+        assert after["hit_keys"] - before["hit_keys"] == 6
+        with pytest.raises(ValueError, match=r"^uses must be an int in \[1, 65536\] .*got 0"):
+            pool.master.lookup(KEYS[:2], uses=0)
+    trace = load_trace(tmp_path)
+    lookups = [i for i in range(len(trace)) if trace.op[i] == LOOKUP]
+    assert len(lookups) == 3 and all(len(trace.chain(i)) == 2 for i in lookups)
