@@ -390,7 +390,7 @@ class PoolClient(PoolFront):
         reply = self._leased_lookup(req)
         if reply.lease_id:
             self._releaser.release(reply.lease_id, [])
-        if self.locations is not None:
+        if self.locations is not None and not self._closed:    # closing: its arenas are about to go
             if reply.hits < len(keys):
                 self.locations.forget(digest, keys[reply.hits:])
             if reply.hits:
