@@ -6,16 +6,20 @@
                    a Release ~5 ms later if none comes (not awaited; keys whose bytes were wrong: a Release at once)
                    A Lookup also names the nodes whose arena is mapped here: their DRAM hits come without the
                    data-channel token (an HMAC per hit the master need not compute)
+                   With `location_cache_s` (kvpool/locations.py) a get of keys it read before copies them from the
+                   remembered extents through the same check, with no Lookup; the gets are reported later
     reserve_many / acquire_many (kvpool/extents.py): the same RPCs, but the caller copies into / out of same-host
                    arena extents itself; the rest is staged through the data channel
 
-The three layers it is built from, each usable on its own:
+The layers it is built from, each usable on its own:
   kvpool/pool.py       PoolFront: argument checks, namespace, put counters (shared with EmbeddedPool)
   kvpool/rpc.py        MasterRpc: the channel, deadlines, retries of idempotent calls, the fault map
   kvpool/transfer.py   Transfers: same-host arena memcpy or the node's TCP data channel, read verification
+  kvpool/releaser.py   Releaser: the background thread that ends read leases and sends the location cache's reports
+  kvpool/locations.py  LocationCache: where same-host gets found their objects (off unless `location_cache_s`)
 `kvpool drain` moves objects with the same `rpc` and `transfers` (public attributes).
-One module of ~420 lines because it is one concept, the pool API over RPC: a backend method per PoolFront call,
-each a few lines over the three layers above, plus the lease releaser the gets share.
+One module of ~430 lines because it is one concept, the pool API over RPC: a backend method per PoolFront call,
+each a few lines over the layers above.
 
 Faults: what is left after retries raises PoolUnavailable / PoolTimeout / PoolError (PoolAuthError: the master
 refused the credential); caller mistakes raise ValueError before anything is sent. A node failing mid-put fails
@@ -32,7 +36,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from typing import Sequence
 
 import xxhash
@@ -44,6 +47,7 @@ from kvpool.extents import ExtentRead, ExtentWrite, Staging
 from kvpool.locations import MAX_TTL_S, LocationCache
 from kvpool.pool import PoolFront
 from kvpool.proto import kvpool_pb2 as pb
+from kvpool.releaser import Releaser
 from kvpool.rpc import MasterRpc
 from kvpool.store import wire
 from kvpool.store.hostid import host_id
@@ -104,7 +108,7 @@ class PoolClient(PoolFront):
         self.host_id = self.transfers.host_id
         self.rpc = MasterRpc(address, timeout=timeout, retries=retries, credentials=creds, control=control_channel)
         self.locations = LocationCache(location_cache_s) if location_cache_s else None
-        self._releaser = _Releaser(self.rpc, float(release_linger_s), self._report_uses)
+        self._releaser = Releaser(self.rpc, float(release_linger_s), self._report_uses)
         try:
             self.rpc.wait_ready(connect_timeout or self.rpc.timeout)
         except BaseException:
@@ -418,107 +422,6 @@ class PoolClient(PoolFront):
             self.rpc.call("PutAbort", pb.PutAbortRequest(grant_ids=grant_ids), retry=True, what="put_abort")
         except Exception as exc:  # noqa: BLE001 - the grants expire by themselves
             log.warning("put_abort failed: %s", exc)
-
-
-class _Releaser:
-    """Ends read leases off the get's path: the next lookup carries them (release_lease_ids), else one thread sends
-    them in one Release after the linger time; keys read back wrong go at once in a Release of their own. (A Release
-    per get cost client and master a request each: ~15% of a 64 KiB x 32 get, bench/pool_remote.py.) The same thread
-    sends the location cache's use reports (`report_uses`): gets of one chain within a linger coalesce into one
-    `send_uses(ns, keys, uses)` call."""
-
-    _MAX_IDS = 1024  # lease ids per Release request
-
-    _MAX_USES = 1 << 16  # gets one report stands for (store.checks.MAX_USES)
-
-    def __init__(self, rpc: MasterRpc, linger_s: float, send_uses=None) -> None:
-        self._rpc = rpc
-        self._linger_s = linger_s
-        self._send_uses_to = send_uses
-        self._uses: dict[tuple, list] = {}   # (ns digest, block tokens, label, keys) -> [ns, keys, gets]
-        self._cond = threading.Condition(threading.Lock())
-        self._pending: list[int] = []
-        self._reports: list[tuple[int, list[bytes]]] = []
-        self._closing = False
-        self._idle = False
-        self._thread = threading.Thread(target=self._run, name="kvpool-release", daemon=True)
-        self._thread.start()
-
-    def release(self, lease_id: int, corrupt_keys: list[bytes]) -> None:
-        with self._cond:
-            if corrupt_keys:
-                self._reports.append((lease_id, corrupt_keys))
-            else:
-                self._pending.append(lease_id)
-            if self._idle:
-                self._idle = False
-                self._cond.notify()
-
-    def report_uses(self, ns: NsRef, keys: list[bytes]) -> None:
-        """One get of the chain `keys` was served without a lookup: report it within the linger time."""
-        k = (_wire_digest(ns), ns.block_tokens, ns.label, tuple(keys))
-        with self._cond:
-            entry = self._uses.get(k)
-            if entry is None:
-                entry = self._uses[k] = [ns, keys, 0]
-            elif entry[2] >= self._MAX_USES:     # full: it goes as it is, a new report counts on
-                self._uses[(k, len(self._uses))] = entry
-                entry = self._uses[k] = [ns, keys, 0]
-            entry[2] += 1
-            if self._idle:
-                self._idle = False
-                self._cond.notify()
-
-    def take(self) -> list[int]:
-        """The finished leases, for a lookup to carry (`give_back` them if it was not sent)."""
-        with self._cond:
-            ids, self._pending = self._pending[:self._MAX_IDS], self._pending[self._MAX_IDS:]
-        return ids
-
-    def give_back(self, lease_ids: list[int]) -> None:
-        for lease_id in lease_ids:
-            self.release(lease_id, [])
-
-    def close(self, timeout: float) -> None:
-        with self._cond:
-            self._closing = True
-            self._cond.notify()
-        self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not (self._pending or self._reports or self._uses or self._closing):
-                    self._idle = True
-                    self._cond.wait()
-                reports, self._reports = self._reports, []
-            self._send([pb.ReleaseRequest(lease_ids=[lease_id], corrupt_keys=keys) for lease_id, keys in reports])
-            with self._cond:
-                if (self._pending or self._uses) and not self._closing:
-                    self._cond.wait(self._linger_s)      # a lookup may take them meanwhile; only close() wakes this
-                uses, self._uses = list(self._uses.values()), {}
-            for ns, keys, gets in uses:     # their lookups carry the pending releases
-                try:
-                    self._send_uses_to(ns, keys, gets)
-                except Exception as exc:  # noqa: BLE001 - the gets were served; only their report is lost
-                    log.warning("report of %d get(s) served from the location cache failed: %s", gets, exc)
-            with self._cond:
-                ids, self._pending = self._pending, []
-                closing = self._closing
-            self._send([pb.ReleaseRequest(lease_ids=ids[i:i + self._MAX_IDS]) for i in range(0, len(ids),
-                                                                                               self._MAX_IDS)])
-            if closing:
-                with self._cond:
-                    if not (self._pending or self._reports or self._uses):
-                        return
-
-    def _send(self, requests: list) -> None:
-        for request in requests:
-            try:
-                self._rpc.call("Release", request, retry=not request.corrupt_keys, what="release")
-            except Exception as exc:  # noqa: BLE001 - leases expire by themselves
-                log.warning("release of %d read lease(s) failed (they expire by themselves): %s",
-                            len(request.lease_ids), exc)
 
 
 def _wire_digest(ns: NsRef) -> bytes:
