@@ -30,3 +30,23 @@ def shm_path(tmp_path):
         yield pathlib.Path(path)
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+SMALL_UP_OBJ = 8 << 10      # the object size `small_up` is sized for
+
+
+@pytest.fixture
+def small_up(tmp_path, shm_path):
+    """A `kvpool up` pool in this process (LocalCluster: gRPC master + node on 127.0.0.1, control channel on) whose
+    DRAM holds exactly four SMALL_UP_OBJ-byte objects, with an SSD tier below it and no promotion on hit."""
+    from kvpool.store.config import UpConfig
+    from kvpool.store.local_cluster import LocalCluster
+
+    cfg = UpConfig(listen=f"127.0.0.1:{free_port()}", http_listen="", shm_dir=str(shm_path),
+                   dram_bytes=4 * SMALL_UP_OBJ, ssd_path=str(tmp_path / "ssd"), ssd_bytes=64 * SMALL_UP_OBJ,
+                   promote_on_hit=False)
+    cluster = LocalCluster(cfg).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -5,39 +5,20 @@ SSD on 127.0.0.1), exact per-method call counts at the master."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 
 import numpy as np
 import pytest
 
 from kvpool import PoolClient
-from kvpool.launcher import free_port
 from kvpool.locations import LocationCache
 from kvpool.proto import kvpool_pb2 as pb
-from kvpool.store.config import UpConfig
-from kvpool.store.local_cluster import LocalCluster
+from tests.conftest import SMALL_UP_OBJ as OBJ
 from tests.store.test_control_channel import wait_until
 
-OBJ = 8 << 10
 KEYS = [(0xCA << 120 | i).to_bytes(16, "big") for i in range(8)]
 DATAS = [bytes([i + 1]) * OBJ for i in range(8)]
 OTHER = [bytes([0xF0 + i]) * OBJ for i in range(8)]
-
-
-@pytest.fixture
-def cluster(tmp_path):
-    shm = os.path.join("/dev/shm", f"kvpool-loc-{os.getpid()}-{free_port()}")
-    os.makedirs(shm, exist_ok=True)
-    cfg = UpConfig(listen=f"127.0.0.1:{free_port()}", http_listen="", shm_dir=shm, dram_bytes=4 * OBJ,
-                   ssd_path=str(tmp_path / "ssd"), ssd_bytes=64 * OBJ, promote_on_hit=False)
-    c = LocalCluster(cfg).start()
-    try:
-        yield c
-    finally:
-        c.stop()
-        shutil.rmtree(shm, ignore_errors=True)
 
 
 def bufs(n: int) -> list[bytearray]:
@@ -48,13 +29,13 @@ def cache_report(c: PoolClient) -> dict:
     return c.stats()["client_location_cache"]
 
 
-def test_repeat_gets_skip_the_master_and_each_get_is_still_counted(cluster):
-    calls = cluster.master.control.calls
-    with PoolClient(cluster.address) as writer:
+def test_repeat_gets_skip_the_master_and_each_get_is_still_counted(small_up):
+    calls = small_up.master.control.calls
+    with PoolClient(small_up.address) as writer:
         assert writer.put_many(KEYS[:4], DATAS[:4]) == ["stored"] * 4
     base = calls["Lookup"]
     # release_linger_s=60: nothing is sent by the timer, so the counts below are exact; close() sends the report
-    with PoolClient(cluster.address, location_cache_s=60, release_linger_s=60) as c:
+    with PoolClient(small_up.address, location_cache_s=60, release_linger_s=60) as c:
         out = bufs(4)
         tiers: list[str] = []
         assert c.get_many_into(KEYS[:4], out, tiers_out=tiers) == 4 and out == [bytearray(d) for d in DATAS[:4]]
@@ -72,15 +53,15 @@ def test_repeat_gets_skip_the_master_and_each_get_is_still_counted(cluster):
         assert c.checksum_failures == 0
     # close() sent the two chains' reports: one leased Lookup each (uses 5 and 1) and the last lease's Release
     assert calls["Lookup"] == base + 3
-    with PoolClient(cluster.address) as admin:
+    with PoolClient(small_up.address) as admin:
         s = admin.stats()
         assert s["lookups"] == 7 and s["hit_keys"] == 4 + 5 * 4 + 2    # as if every get had asked
         assert s["leases_open"] == 0
 
 
-def test_a_get_reaching_past_the_cached_run_asks_the_master_for_the_rest(cluster):
-    calls = cluster.master.control.calls
-    with PoolClient(cluster.address, location_cache_s=60, release_linger_s=60) as c:
+def test_a_get_reaching_past_the_cached_run_asks_the_master_for_the_rest(small_up):
+    calls = small_up.master.control.calls
+    with PoolClient(small_up.address, location_cache_s=60, release_linger_s=60) as c:
         assert c.put_many(KEYS[:3], DATAS[:3]) == ["stored"] * 3
         assert c.get_many_into(KEYS[:2], bufs(2)) == 2
         base = calls["Lookup"]
@@ -91,8 +72,8 @@ def test_a_get_reaching_past_the_cached_run_asks_the_master_for_the_rest(cluster
         assert cache_report(c)["entries"] == 3
 
 
-def test_an_extent_reused_by_other_objects_is_stale_never_returned_never_corrupt(cluster):
-    with PoolClient(cluster.address, location_cache_s=60) as a, PoolClient(cluster.address) as b:
+def test_an_extent_reused_by_other_objects_is_stale_never_returned_never_corrupt(small_up):
+    with PoolClient(small_up.address, location_cache_s=60) as a, PoolClient(small_up.address) as b:
         assert b.put_many(KEYS[:4], DATAS[:4]) == ["stored"] * 4
         assert a.get_many_into(KEYS[:4], bufs(4)) == 4            # a remembers the four DRAM extents
         wait_until(lambda: b.stats()["leases_open"] == 0, "the get's lease ending")   # else the removal waits for it
@@ -110,10 +91,10 @@ def test_an_extent_reused_by_other_objects_is_stale_never_returned_never_corrupt
         assert a.get_many_into(KEYS[4:], got) == 4 and got == [bytearray(d) for d in OTHER[4:]]
 
 
-def test_a_removed_object_is_forgotten_once_the_report_comes_back(cluster):
+def test_a_removed_object_is_forgotten_once_the_report_comes_back(small_up):
     """The trade-off the cache documents: a removed object whose extent is intact can still be served, but only
     until the master answers the report of that get (one linger later), not for the whole location_cache_s."""
-    with PoolClient(cluster.address, location_cache_s=60) as a, PoolClient(cluster.address) as b:
+    with PoolClient(small_up.address, location_cache_s=60) as a, PoolClient(small_up.address) as b:
         assert b.put_many(KEYS[:2], DATAS[:2]) == ["stored"] * 2
         assert a.get_many_into(KEYS[:2], bufs(2)) == 2
         assert b.remove_many(KEYS[:2]) == 2
@@ -123,9 +104,9 @@ def test_a_removed_object_is_forgotten_once_the_report_comes_back(cluster):
         assert a.get_many_into(KEYS[:2], bufs(2)) == 0
 
 
-def test_remove_through_the_same_client_forgets_at_once(cluster):
-    calls = cluster.master.control.calls
-    with PoolClient(cluster.address, location_cache_s=60, release_linger_s=60) as a:
+def test_remove_through_the_same_client_forgets_at_once(small_up):
+    calls = small_up.master.control.calls
+    with PoolClient(small_up.address, location_cache_s=60, release_linger_s=60) as a:
         assert a.put_many(KEYS[:2], DATAS[:2]) == ["stored"] * 2
         assert a.get_many_into(KEYS[:2], bufs(2)) == 2
         assert a.remove_many(KEYS[1:2]) == 1
@@ -136,10 +117,10 @@ def test_remove_through_the_same_client_forgets_at_once(cluster):
         assert calls["Lookup"] == base + 1
 
 
-def test_bytes_changed_under_a_cached_entry_are_never_returned(cluster):
+def test_bytes_changed_under_a_cached_entry_are_never_returned(small_up):
     """A late writer's bytes in a committed object's extent: the cached read fails the fence, the get asks the master,
     whose location is the same extent: that read fails too and is reported corrupt, as without the cache."""
-    with PoolClient(cluster.address, location_cache_s=60) as a:
+    with PoolClient(small_up.address, location_cache_s=60) as a:
         assert a.put_many(KEYS[:2], DATAS[:2]) == ["stored"] * 2
         assert a.get_many_into(KEYS[:2], bufs(2)) == 2
         entry = a.locations.run(b"", KEYS[1:2], [OBJ])[0]
@@ -151,25 +132,25 @@ def test_bytes_changed_under_a_cached_entry_are_never_returned(cluster):
         assert a.get_many_into(KEYS[1:2], bufs(1)) == 0
 
 
-def test_a_dead_nodes_arena_is_not_read_from_the_cache(cluster):
-    calls = cluster.master.control.calls
-    with PoolClient(cluster.address, location_cache_s=60, release_linger_s=60) as a:
+def test_a_dead_nodes_arena_is_not_read_from_the_cache(small_up):
+    calls = small_up.master.control.calls
+    with PoolClient(small_up.address, location_cache_s=60, release_linger_s=60) as a:
         assert a.put_many(KEYS[:2], DATAS[:2]) == ["stored"] * 2
         assert a.get_many_into(KEYS[:2], bufs(2)) == 2
         assert cache_report(a)["entries"] == 2
-        cluster.node.stop(0)                    # the node's arena lock goes with it
+        small_up.node.stop(0)                    # the node's arena lock goes with it
         base = calls["Lookup"]
         a.get_many_into(KEYS[:2], bufs(2))      # whatever the master says now, the cache was not used
         assert calls["Lookup"] == base + 1
         assert cache_report(a)["gets"] == 0
 
 
-def test_cached_uses_keep_a_chain_warm_in_the_eviction_order(cluster):
+def test_cached_uses_keep_a_chain_warm_in_the_eviction_order(small_up):
     """DRAM holds four objects under LRU. K0 is first read by the cached client, then K1..K3 by another; then K0 is
     read again from the cache. Its report reaches the master, so the fifth put demotes K1 (least recently used), not
     K0, whose only master-visible use would otherwise be the oldest."""
-    calls = cluster.master.control.calls
-    with PoolClient(cluster.address, location_cache_s=60) as a, PoolClient(cluster.address) as b:
+    calls = small_up.master.control.calls
+    with PoolClient(small_up.address, location_cache_s=60) as a, PoolClient(small_up.address) as b:
         assert b.put_many(KEYS[:4], DATAS[:4]) == ["stored"] * 4
         assert a.get_many_into(KEYS[:1], bufs(1)) == 1
         for k in KEYS[1:4]:
@@ -184,16 +165,16 @@ def test_cached_uses_keep_a_chain_warm_in_the_eviction_order(cluster):
         assert tiers == ["dram", "ssd", "dram", "dram", "dram"]
 
 
-def test_location_cache_s_is_checked_before_anything_starts(cluster):
+def test_location_cache_s_is_checked_before_anything_starts(small_up):
     for bad in (-1, 3601, True, "1s"):
         with pytest.raises(ValueError, match=r"^location_cache_s must be seconds in \[0, 3600\] \(0 = off\), got "):
-            PoolClient(cluster.address, location_cache_s=bad)
+            PoolClient(small_up.address, location_cache_s=bad)
     with pytest.raises(ValueError, match=r"^location_cache_s needs verify='all' .* got verify='remote'"):
-        PoolClient(cluster.address, location_cache_s=1, verify="remote")
+        PoolClient(small_up.address, location_cache_s=1, verify="remote")
 
 
-def test_a_lookups_uses_must_be_in_range(cluster):
-    with PoolClient(cluster.address) as c:
+def test_a_lookups_uses_must_be_in_range(small_up):
+    with PoolClient(small_up.address) as c:
         assert c.put_many(KEYS[:1], DATAS[:1]) == ["stored"]
         with pytest.raises(ValueError, match=r"uses must be an int in \[1, 65536\]"):
             c.rpc.call("Lookup", pb.LookupRequest(keys=KEYS[:1], lease=False, uses=65537), what="lookup")
@@ -260,7 +241,7 @@ def test_a_report_is_counted_and_recorded_once_per_get_it_stands_for(tmp_path):
     assert len(lookups) == 3 and all(len(trace.chain(i)) == 2 for i in lookups)
 
 
-def test_readers_under_churn_only_ever_get_committed_bytes(cluster):
+def test_readers_under_churn_only_ever_get_committed_bytes(small_up):
     """Three reader threads get through one cached client while a writer keeps removing keys and putting new
     versions, so extents are freed and reused under remembered entries with no lease held. Every filled buffer
     must be a version that was committed under its key; stale entries are met and fall back (counted)."""
@@ -274,7 +255,7 @@ def test_readers_under_churn_only_ever_get_committed_bytes(cluster):
     lock = threading.Lock()
     done = threading.Event()
     errors: list[str] = []
-    with PoolClient(cluster.address, location_cache_s=60) as reader, PoolClient(cluster.address) as writer:
+    with PoolClient(small_up.address, location_cache_s=60) as reader, PoolClient(small_up.address) as writer:
         for k in range(3):
             committed[k].add(version(k, 0))
         assert writer.put_many(keys, [version(k, 0) for k in range(3)]) == ["stored"] * 3
