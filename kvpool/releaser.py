@@ -19,6 +19,7 @@ import threading
 
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.rpc import MasterRpc
+from kvpool.store.checks import MAX_USES
 from kvpool.store.records import NsRef
 
 log = logging.getLogger(__name__)
@@ -28,8 +29,6 @@ class Releaser:
     """One thread per client; `send_uses(ns, keys, uses)` is the client's report call (PoolClient._report_uses)."""
 
     _MAX_IDS = 1024  # lease ids per Release request
-
-    _MAX_USES = 1 << 16  # gets one report stands for (store.checks.MAX_USES)
 
     def __init__(self, rpc: MasterRpc, linger_s: float, send_uses=None) -> None:
         self._rpc = rpc
@@ -61,7 +60,7 @@ class Releaser:
             entry = self._uses.get(k)
             if entry is None:
                 entry = self._uses[k] = [ns, keys, 0]
-            elif entry[2] >= self._MAX_USES:     # full: it goes as it is, a new report counts on
+            elif entry[2] >= MAX_USES:     # full: it goes as it is, a new report counts on
                 self._uses[(k, len(self._uses))] = entry
                 entry = self._uses[k] = [ns, keys, 0]
             entry[2] += 1

@@ -424,15 +424,15 @@ class Master:
                 if sizes != expected:
                     i = next(i for i, (have, want) in enumerate(zip(sizes, expected)) if have != want)
                     raise SizeMismatch(i, expected[i], sizes[i])
-            if (rec := self.recorder) is not None:
-                for _ in range(uses):
-                    rec.lookup(now, ns, list(keys), index.tier[slots].tolist(), lease)
-            index.atime[slots] = self._ticks(now)  # a probe without a lease is a use too (someone wants it)
             tiers = index.tier[slots].tolist()
-            for _ in range(uses):   # a location cache's report: each get it served counts as the lookup it skipped
-                self.lookup_stats.count(ns, len(keys), tiers, s_per_token)
-                if tid != UNSCOPED:
-                    self._lookups_of(tid).count(ns, len(keys), tiers, s_per_token)
+            if (rec := self.recorder) is not None:
+                chain, hit_tiers = list(keys), index.tier[slots].tolist()   # its own lists: read by its writer
+                for _ in range(uses):   # a trace has a row per get: a location cache's report is `uses` gets
+                    rec.lookup(now, ns, chain, hit_tiers, lease)
+            index.atime[slots] = self._ticks(now)  # a probe without a lease is a use too (someone wants it)
+            self.lookup_stats.count(ns, len(keys), tiers, s_per_token, uses)
+            if tid != UNSCOPED:
+                self._lookups_of(tid).count(ns, len(keys), tiers, s_per_token, uses)
             if release:
                 self._release_all(release, tenant)
                 self._flush()

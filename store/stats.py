@@ -380,14 +380,17 @@ class LookupStats:
     namespaces: dict[str, NamespaceCounters] = field(default_factory=dict)
     prefill_seconds_saved: float = 0.0
 
-    def count(self, ns, requested: int, hit_tiers: list[int], s_per_token: float = 0.0) -> None:
+    def count(self, ns, requested: int, hit_tiers: list[int], s_per_token: float = 0.0, times: int = 1) -> None:
         """`s_per_token`: the caller's measured prefill seconds per token (0 = none): its hit tokens times that
-        are counted as prefill seconds saved."""
-        self.lookups += 1
+        are counted as prefill seconds saved. `times`: this lookup stands for that many identical ones (a client's
+        location-cache report, LookupRequest.uses): every figure counts it that many times."""
+        self.lookups += times
+        requested *= times
         self.requested_keys += requested
-        self.hit_keys += len(hit_tiers)
+        self.hit_keys += len(hit_tiers) * times
         # Hits per tier with one C-level count per tier, not a Python step per hit (a 1,000-key chain per lookup).
-        by_tier = [(label, n) for t, label in enumerate(TIER_LABELS) if (n := hit_tiers.count(t))] if hit_tiers else ()
+        by_tier = [(label, n * times) for t, label in enumerate(TIER_LABELS) if (n := hit_tiers.count(t))] \
+            if hit_tiers else ()
         for label, n in by_tier:
             self.hit_keys_by_tier[label] += n
         bt = ns.block_tokens
@@ -405,7 +408,7 @@ class LookupStats:
             self.hit_tokens_by_tier[label] += n * bt
             per_ns.hit_tokens_by_tier[label] += n * bt
         if s_per_token and hit_tiers:
-            saved = len(hit_tiers) * bt * s_per_token
+            saved = len(hit_tiers) * times * bt * s_per_token
             self.prefill_seconds_saved += saved
             per_ns.prefill_seconds_saved += saved
 

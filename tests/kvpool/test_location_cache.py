@@ -223,17 +223,22 @@ def test_a_report_is_counted_and_recorded_once_per_get_it_stands_for(tmp_path):
     """The master's side of a report: one lookup with uses=3 counts three lookups in the stats and writes three
     rows to the traffic recording, as the three gets it stands for would have."""
     from kvpool import EmbeddedPool
+    from kvpool.store.records import NsRef
     from kvpool.trace import LOOKUP, load_trace
 
     with EmbeddedPool(dram_bytes=1 << 20, ssd_path=None, write_behind=False, record_directory=str(tmp_path)) as pool:
         assert pool.put_many(KEYS[:2], DATAS[:2]) == ["stored"] * 2
         before = pool.stats()
-        result = pool.master.lookup(KEYS[:2], lease=True, uses=3)
+        ns = NsRef(b"\x07" * 16, "m/t", 16)       # 16 tokens per block: the token figures are counted too
+        result = pool.master.lookup(KEYS[:2], ns, lease=True, uses=3, s_per_token=0.001)
         assert result.hits == 2
         pool.master.release([result.lease_id])
         after = pool.stats()
         assert after["lookups"] - before["lookups"] == 3
         assert after["hit_keys"] - before["hit_keys"] == 6
+        assert after["requested_keys"] - before["requested_keys"] == 6
+        assert after["hit_tokens_by_tier"]["dram"] - before["hit_tokens_by_tier"]["dram"] == 3 * 2 * 16
+        assert after["prefill_seconds_saved"] - before["prefill_seconds_saved"] == pytest.approx(3 * 2 * 16 * 0.001)
         with pytest.raises(ValueError, match=r"^uses must be an int in \[1, 65536\] .*got 0"):
             pool.master.lookup(KEYS[:2], uses=0)
     trace = load_trace(tmp_path)
