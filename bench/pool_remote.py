@@ -16,6 +16,10 @@ Then: one-RPC prefix lookup of a 1,000-key chain (p50, p99) with auth off and on
 object at 1M objects (tracemalloc over an in-process Master: index + allocator + policy, everything a committed
 object costs it), also with the objects owned by a tenant under a quota (tenant key space + per-tenant LRU lists).
 
+Repeat gets (the same-host objects read again, the three clients taking turns batch by batch): the default client
+(optimistic: a lookup without a lease), `optimistic_reads=False` (a leased lookup, as every get before 2026-11-27)
+and `location_cache_s=60` (no lookup at all); ratio lines against memcpy and between them.
+
 The same-host columns run with the client's default fence (every read checked against the committed xxh3_64,
 kvpool/fence.py). `--fence` adds, interleaved in the same rounds, a same-host get of the same objects under each
 fence candidate: no check of same-host copies (what a lease re-check alone costs: nothing), the hash after the copy,
@@ -223,6 +227,7 @@ def measure_size(pools: dict[str, tuple[str, dict]], size: int, count: int, batc
     unchecked = PoolClient(pools[""][0], timeout=60, verify="remote") if fence_candidates else None
     one_thread = PoolClient(pools[""][0], timeout=60, verify_threads=0) if fence_candidates else None
     cached = PoolClient(pools[""][0], timeout=60, location_cache_s=60.0)
+    leased = PoolClient(pools[""][0], timeout=60, optimistic_reads=False)
     raw = RawSocket(size)
     if mc is not None:
         mc.register(src + dst)
@@ -267,16 +272,20 @@ def measure_size(pools: dict[str, tuple[str, dict]], size: int, count: int, batc
                     for d in dst[i:i + got]:
                         d[:1] = 0
             # Repeat gets of the auth-off same-host objects: once through the location-cache client (its first get
-            # of a chain asks the master and remembers the locations), then batch by batch the default client and
-            # the cached one read them again (the cached one with no master round trip, through the fence).
+            # of a chain asks the master and remembers the locations) and the leased one (its arena mapped), then
+            # batch by batch the default client (optimistic: a lookup without a lease), the leased one
+            # (optimistic_reads=False) and the cached one (no master round trip) read them again, in an order that
+            # rotates each round, every copy through the fence.
             k = keys["auto"]
+            for warm in (cached, leased):
+                for i in range(0, count, batch):
+                    assert warm.get_many_into(k[i:i + batch], dst[i:i + batch]) == len(k[i:i + batch])
+                check()
+            again = {"repeat get": 0.0, "repeat get, leased": 0.0, "repeat get, location cache": 0.0}
+            trio = (("repeat get", clients["auto"]), ("repeat get, leased", leased),
+                    ("repeat get, location cache", cached))
             for i in range(0, count, batch):
-                assert cached.get_many_into(k[i:i + batch], dst[i:i + batch]) == len(k[i:i + batch])
-            check()
-            again = {"repeat get": 0.0, "repeat get, location cache": 0.0}
-            pair = (("repeat get", clients["auto"]), ("repeat get, location cache", cached))
-            for i in range(0, count, batch):
-                for name, c in (pair if r % 2 == 0 else pair[::-1]):
+                for name, c in trio[r % 3:] + trio[:r % 3]:
                     t0 = time.perf_counter()
                     got = c.get_many_into(k[i:i + batch], dst[i:i + batch])
                     again[name] += time.perf_counter() - t0
@@ -330,6 +339,7 @@ def measure_size(pools: dict[str, tuple[str, dict]], size: int, count: int, batc
         for c in clients.values():
             c.close()
         cached.close()
+        leased.close()
         if unchecked is not None:
             unchecked.close()
             one_thread.close()
@@ -454,7 +464,7 @@ def main(argv=None) -> int:
     import mooncake_peer
 
     mooncake_reason = mooncake_peer.unavailable()
-    steps = len(SIZES) * args.rounds * (4 * len(MODES) + 4 + (len(FENCE_CANDIDATES) if args.fence else 0)
+    steps = len(SIZES) * args.rounds * (4 * len(MODES) + 5 + (len(FENCE_CANDIDATES) if args.fence else 0)
                                         + (2 if redis_reason is None else 0) + (2 if mooncake_reason is None else 0))
     rows = {}
     sec = Security(workdir)
@@ -480,7 +490,7 @@ def main(argv=None) -> int:
                 row = {f"{mode}{t}": {"put": g[f"{mode}{t} put"], "get": g[f"{mode}{t} get"]}
                        for mode in MODES for t in ("auto", "tcp")}
                 row.update({"memcpy": g["memcpy"], "raw": g["raw"], "repeat": g["repeat get"],
-                            "repeat cached": g["repeat get, location cache"]})
+                            "repeat leased": g["repeat get, leased"], "repeat cached": g["repeat get, location cache"]})
                 if "redis get" in g:
                     row["redis"] = {"put": g["redis put"], "get": g["redis get"]}
                 if "mooncake get" in g:
@@ -536,6 +546,10 @@ def main(argv=None) -> int:
               f"no master round trip, fence on) {row['repeat cached'] / row['memcpy']:.2f}x memcpy; the default "
               f"client reading the same objects again {row['repeat'] / row['memcpy']:.2f}x; cached / default "
               f"{row['repeat cached'] / row['repeat']:.2f}x")
+    for size, row in rows.items():
+        print(f"{size >> 10:>5}KiB: same-host repeat get, default client (optimistic: no lease) "
+              f"{row['repeat'] / row['memcpy']:.2f}x memcpy; leased (optimistic_reads=False) "
+              f"{row['repeat leased'] / row['memcpy']:.2f}x; optimistic / leased {row['repeat'] / row['repeat leased']:.2f}x")
     for size, row in rows.items():
         if "fence" in row:
             print(f"{size >> 10:>5}KiB: fence candidates, same-host get vs memcpy: " + ", ".join(

@@ -4,6 +4,8 @@
     get_many_into: Lookup with lease + expect_sizes (one RPC) ─▶ bytes from each location, checked against the
                    committed xxh3_64 ─▶ the lease ends with the next Lookup (it carries the finished leases) or
                    a Release ~5 ms later if none comes (not awaited; keys whose bytes were wrong: a Release at once)
+                   Optimistic (default): hits that are all in arenas mapped here come with no lease; the copy is
+                   kept where it hashes to the committed checksum, and a mismatch asks again with a lease
                    A Lookup also names the nodes whose arena is mapped here: their DRAM hits come without the
                    data-channel token (an HMAC per hit the master need not compute)
                    With `location_cache_s` (kvpool/locations.py) a get of keys it read before copies them from the
@@ -63,7 +65,7 @@ class PoolClient(PoolFront):
                  max_object_bytes: int = 64 << 20, connect_timeout: float | None = None,
                  verify: str = "all", token=None, tls=None, credentials: Credentials | None = None,
                  control_channel: bool = True, release_linger_s: float = 0.005, verify_threads: int = 1,
-                 location_cache_s: float = 0.0) -> None:
+                 location_cache_s: float = 0.0, optimistic_reads: bool = True) -> None:
         """`verify`: which reads are checked against the object's committed xxh3_64 before they count as hits
         (a mismatch is a miss at that key, never returned bytes, and is reported so the master forgets the object).
         "all" (default): every read, same-host copies out of a mapped arena included (hashed chunk by chunk as they
@@ -78,7 +80,12 @@ class PoolClient(PoolFront):
         `location_cache_s`: > 0 remembers where same-host gets found their objects for that many seconds after the
         master last confirmed them, and serves repeat gets of them with no master round trip, checked by the read
         fence (kvpool/locations.py says what a caller gives up: a removed or evicted object whose extent is intact
-        can be served that long). 0 (default): every get asks the master. Needs verify "all"."""
+        can be served that long). 0 (default): every get asks the master. Needs verify "all".
+        `optimistic_reads`: True (default, with verify "all"): a get whose hits are all DRAM extents of arenas mapped
+        here takes them without a lease (`LookupRequest.optimistic`): no pin, no release, less master work. The read
+        fence is the guard: bytes that do not hash to the committed checksum after the copy (the extent was reused
+        meanwhile) are never returned, and that key onwards is asked again with a lease. What a get returns is what
+        it returned before: the objects committed when the master answered. False: every get takes a lease."""
         if not isinstance(address, str) or ":" not in address:
             raise ValueError(f"address must be host:port of a kvpool master, got {address!r}")
         if not isinstance(timeout, (int, float)) or timeout <= 0:
@@ -94,6 +101,8 @@ class PoolClient(PoolFront):
                 or not 0 <= location_cache_s <= MAX_TTL_S:
             raise ValueError(f"location_cache_s must be seconds in [0, {MAX_TTL_S:g}] (0 = off), "
                              f"got {location_cache_s!r}")
+        if not isinstance(optimistic_reads, bool):
+            raise ValueError(f"optimistic_reads must be True or False, got {optimistic_reads!r}")
         if location_cache_s and verify != "all":
             raise ValueError(f"location_cache_s needs verify='all' (cached locations are trusted only through the "
                              f"read fence), got verify={verify!r}")
@@ -108,6 +117,8 @@ class PoolClient(PoolFront):
         self.host_id = self.transfers.host_id
         self.rpc = MasterRpc(address, timeout=timeout, retries=retries, credentials=creds, control=control_channel)
         self.locations = LocationCache(location_cache_s) if location_cache_s else None
+        self.optimistic_reads = optimistic_reads and verify == "all"   # the fence is the guard: no fence, a lease
+        self.optimistic_retries = 0     # unleased reads that found an extent reused and asked again with a lease
         self._releaser = Releaser(self.rpc, float(release_linger_s), self._report_uses)
         try:
             self.rpc.wait_ready(connect_timeout or self.rpc.timeout)
@@ -155,38 +166,45 @@ class PoolClient(PoolFront):
 
     def _get_into(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef,
                   tiers_out: list[str] | None) -> int:
+        good = self._get_cached(keys, views, ns, tiers_out) if self.locations is not None else 0
+        if good == len(keys):
+            return good
+        return good + self._get_located(keys[good:], views[good:], ns, tiers_out, optimistic=self.optimistic_reads)
+
+    def _get_cached(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef,
+                    tiers_out: list[str] | None) -> int:
+        """Copy the leading keys the location cache remembers, through the read fence: how many were good. A
+        mismatch means the extent holds something else now: forgotten, and read from that key on the usual way."""
         cache = self.locations
-        if cache is None:
-            return self._get_leased(keys, views, ns, tiers_out)
         digest = _wire_digest(ns)
         run = cache.run(digest, keys, [v.nbytes for v in views])
         if not run:
-            return self._get_leased(keys, views, ns, tiers_out)
+            return 0
         arenas = {id(entry.arena): entry.arena for entry in run}
         dead = [arena for arena in arenas.values() if not arena.owner_alive()]
         if dead:
             for arena in dead:
                 cache.forget_arena(arena)
-            return self._get_leased(keys, views, ns, tiers_out)
+            return 0
         n = len(run)
         oks = fence.copy_verified_many(views[:n], [entry.extent for entry in run], [entry.checksum for entry in run],
                                        pipeline=self.transfers.verify_threads > 0)
         good = oks.index(False) if False in oks else n
-        if good < n:      # stale from here (the extent holds something else now): read the rest the usual way
+        if good < n:
             cache.forget(digest, keys[good:n], stale=True)
         if good:
             cache.count(good)
             self._releaser.report_uses(ns, [bytes(k) for k in keys[:good]])
             if tiers_out is not None:
                 tiers_out.extend([Tier.DRAM.label] * good)
-        if good == len(keys):
-            return good
-        return good + self._get_leased(keys[good:], views[good:], ns, tiers_out)
+        return good
 
-    def _get_leased(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef,
-                    tiers_out: list[str] | None) -> int:
+    def _get_located(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef,
+                     tiers_out: list[str] | None, *, optimistic: bool) -> int:
+        """One Lookup, then the bytes: unleased when the master found every hit in an arena mapped here and
+        `optimistic` (copied and fenced here; a mismatch asks again with a lease from that key), else leased."""
         req = pb.LookupRequest(namespace=_wire_digest(ns), block_tokens=ns.block_tokens, namespace_label=ns.label,
-                               lease=True, client_host_id=self.host_id)
+                               lease=True, client_host_id=self.host_id, optimistic=optimistic)
         req.keys.extend(bytes(k) for k in keys)
         req.expect_sizes.extend(v.nbytes for v in views)
         try:
@@ -196,8 +214,10 @@ class PoolClient(PoolFront):
             if msg.startswith("expect_sizes["):  # "expect_sizes[i] is X bytes, object has Y" -> the caller's words
                 raise ValueError("buffers" + msg[len("expect_sizes"):].replace(" is ", " has ", 1)) from None
             raise
-        if not reply.lease_id:
+        if not reply.hits:
             return 0
+        if not reply.lease_id:
+            return self._read_unleased(keys, views, ns, tiers_out, reply)
         corrupt: set[int] = set()
         try:
             failed = self.transfers.read(wire.hits_of(reply), range(reply.hits), keys, views, corrupt=corrupt)
@@ -212,6 +232,30 @@ class PoolClient(PoolFront):
         if self.locations is not None and filled:
             self._remember(_wire_digest(ns), keys, reply, filled)
         return filled
+
+    def _read_unleased(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef,
+                       tiers_out: list[str] | None, reply: pb.LookupResponse) -> int:
+        """The hits of an optimistic lookup, all DRAM extents of arenas mapped here, copied straight from the arenas
+        and kept only where the copy hashes to the committed checksum. Nothing pins them, so a mismatch is an extent
+        reused since the lookup, not a corrupt object: that key onwards is read again under a lease (which tells a
+        truly corrupt object from a moved one and reports it)."""
+        n = reply.hits
+        extents = self.transfers.mapped_extents(wire.hits_of(reply), range(n))
+        arenas = {id(arena): arena for arena, _ in extents.values()}.values()
+        good = 0
+        if len(extents) == n and all(arena.owner_alive() for arena in arenas):     # a dead node's arena: leased
+            oks = fence.copy_verified_many(views[:n], [extents[i][1] for i in range(n)], list(reply.checksums),
+                                           pipeline=self.transfers.verify_threads > 0)
+            good = oks.index(False) if False in oks else n
+        if good:
+            if tiers_out is not None:
+                tiers_out.extend([Tier.DRAM.label] * good)
+            if self.locations is not None:
+                self._remember(_wire_digest(ns), keys, reply, good)
+        if good == n:
+            return n
+        self.optimistic_retries += 1
+        return good + self._get_located(keys[good:], views[good:], ns, tiers_out, optimistic=False)
 
     def _reserve(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging,
                  pin_s: float) -> ExtentWrite:
@@ -338,6 +382,7 @@ class PoolClient(PoolFront):
         out["client_checksum_failures"] = self.checksum_failures
         out["client_late_writes_skipped"] = self.transfers.late_writes_skipped
         out["client_dead_owner_writes"] = self.transfers.dead_owner_writes
+        out["client_optimistic_retries"] = self.optimistic_retries
         if self.locations is not None:
             out["client_location_cache"] = self.locations.report()
         return out
@@ -386,10 +431,10 @@ class PoolClient(PoolFront):
     def _report_uses(self, ns: NsRef, keys: list[bytes], uses: int) -> None:
         """Tell the master about `uses` gets of the chain `keys` served from the location cache (the releaser's
         thread, off every get's path): one leased Lookup that counts them, shows the policy the chain used, and
-        refreshes the entries; its lease goes back at once."""
+        refreshes the entries; a lease, if the master gave one, goes back at once."""
         digest = _wire_digest(ns)
         req = pb.LookupRequest(namespace=digest, block_tokens=ns.block_tokens, namespace_label=ns.label, lease=True,
-                               client_host_id=self.host_id, uses=uses)
+                               client_host_id=self.host_id, uses=uses, optimistic=True)
         req.keys.extend(keys)
         reply = self._leased_lookup(req)
         if reply.lease_id:

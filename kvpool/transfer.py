@@ -116,13 +116,20 @@ class Transfers:
 
     def mapped_extents(self, batch: ExtentBatch, positions: Sequence[int]) -> dict[int, tuple[object, memoryview]]:
         """`mapped_views` with each extent's arena: {position: (tiers.dram.DramArena, the extent)}."""
-        routes = [self._route(ep) for ep in batch.nodes]
-        out: dict[int, tuple[object, memoryview]] = {}
+        arenas = [self._route(ep).arena for ep in batch.nodes]
+        node_index, tiers = list(batch.node_index), list(batch.tiers)
+        by_arena: dict[int, list[int]] = {}       # node position -> the positions to map there
         for i in positions:
-            route = routes[batch.node_index[i]]
-            if route.arena is not None and batch.tiers[i] == _DRAM:
-                out[i] = (route.arena, route.arena.view(batch.offsets[i], batch.sizes[i]))
-        return out
+            n = node_index[i]
+            if arenas[n] is not None and tiers[i] == _DRAM:
+                by_arena.setdefault(n, []).append(i)
+        out: dict[int, tuple[object, memoryview]] = {}
+        offsets, sizes = batch.offsets, batch.sizes
+        for n, picked in by_arena.items():
+            arena = arenas[n]
+            views = arena.views([offsets[i] for i in picked], [sizes[i] for i in picked])
+            out.update((i, (arena, view)) for i, view in zip(picked, views))
+        return dict(sorted(out.items())) if len(by_arena) > 1 else out
 
     def mapped_nodes(self) -> tuple[str, ...]:
         """Ids of the nodes whose DRAM this client copies through their mapped arena (every route to them has it

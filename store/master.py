@@ -389,7 +389,7 @@ class Master:
     def lookup(self, keys: Sequence[bytes], ns: NsRef = NO_NS, *, lease: bool = True,
                expect_sizes: Sequence[int] | None = None, tenant: str = "",
                s_per_token: float = 0.0, mapped_nodes: Collection[str] = (),
-               release: Sequence[int] = (), uses: int = 1) -> LookupResult:
+               release: Sequence[int] = (), uses: int = 1, optimistic: bool = False) -> LookupResult:
         """Leading committed hits of a chain. With `lease`, pins them until `release` (or lease expiry) and returns
         their locations as columns: where each object is NOW. A leased hit on a slower tier than its node's fastest
         is queued for promotion (`promote_pending`, outside this call) when `promote_on_hit`. `expect_sizes` (one
@@ -400,7 +400,11 @@ class Master:
         and copies itself; their DRAM hits get no read token (b""), which only the data channel checks. `release`:
         read leases the caller is done with, released as `release` does once the lookup has passed its checks (a
         lookup refused for bad arguments releases nothing). `uses`: how many gets this lookup stands for (a client's
-        location-cache report, kvpool/locations.py): stats and the traffic recorder count it that many times."""
+        location-cache report, kvpool/locations.py): stats and the traffic recorder count it that many times.
+        `optimistic` (with `lease`): when every hit is a DRAM extent of a node in `mapped_nodes`, their locations come
+        back with no lease (lease_id 0): nothing is pinned and nothing needs releasing. The caller copies them itself
+        and keeps only what hashes to the committed checksum after the copy (the read fence), so an extent reused
+        meanwhile is a miss there, and it asks again with a lease from that key on. Any other hit: a lease as usual."""
         keys = checks.keys(keys, self.config.max_batch_keys)
         s_per_token = checks.seconds_per_token(s_per_token)
         uses = checks.uses(uses)
@@ -439,18 +443,25 @@ class Master:
             if not lease or not len(slots):
                 return LookupResult(hits=len(found), released=bool(release))
             self.placement.touch(slots, tiers)
-            expires_at = now + self.config.lease_ttl_s
-            lease_id = self.leases.lease(slots, expires_at)
             by_number = self.placement.by_number
+            node_ids = [by_number[n].node_id for n in index.node[slots].tolist()]
             offsets = index.offset[slots].tolist()
-            result = LookupResult(hits=len(found), lease_id=lease_id, expires_at=expires_at, released=bool(release),
-                                  node_ids=[by_number[n].node_id for n in index.node[slots].tolist()], tiers=tiers,
-                                  offsets=offsets, sizes=sizes, checksums=index.checksum[slots].tolist())
-            if self.token_secret is not None:
-                sign = self.leases.sign
-                result.tokens = [b"" if t == Tier.DRAM and n in mapped_nodes else
-                                 sign(tokens.READ, lease_id, t, o, z, expires_at)
-                                 for n, t, o, z in zip(result.node_ids, tiers, offsets, sizes)]
+            if optimistic and mapped_nodes and min(tiers) == max(tiers) == Tier.DRAM \
+                    and all(n in mapped_nodes for n in set(node_ids)):     # the caller's read fence stands in for a pin
+                result = LookupResult(hits=len(found), released=bool(release), node_ids=node_ids, tiers=tiers,
+                                      offsets=offsets, sizes=sizes, checksums=index.checksum[slots].tolist(),
+                                      tokens=[b""] * len(found) if self.token_secret is not None else [])
+            else:
+                expires_at = now + self.config.lease_ttl_s
+                lease_id = self.leases.lease(slots, expires_at)
+                result = LookupResult(hits=len(found), lease_id=lease_id, expires_at=expires_at,
+                                      released=bool(release), node_ids=node_ids, tiers=tiers, offsets=offsets,
+                                      sizes=sizes, checksums=index.checksum[slots].tolist())
+                if self.token_secret is not None:
+                    sign = self.leases.sign
+                    result.tokens = [b"" if t == Tier.DRAM and n in mapped_nodes else
+                                     sign(tokens.READ, lease_id, t, o, z, expires_at)
+                                     for n, t, o, z in zip(node_ids, tiers, offsets, sizes)]
             if tid != UNSCOPED:
                 result.record_keys = list(keys[: len(found)])
             if self.config.promote_on_hit and self.promotions.want(slots, tiers):

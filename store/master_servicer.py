@@ -216,7 +216,8 @@ class MasterServicer(pbg.MasterServiceServicer):
         result = self.master.lookup(list(request.keys), ns, lease=request.lease, expect_sizes=expect,
                                     tenant=self._tenant(), s_per_token=request.prefill_s_per_token,
                                     mapped_nodes=frozenset(request.mapped_nodes),
-                                    release=list(request.release_lease_ids), uses=request.uses or 1)
+                                    release=list(request.release_lease_ids), uses=request.uses or 1,
+                                    optimistic=request.optimistic)
         return wire.lookup_reply(result, self.endpoint)
 
     @_rpc

@@ -135,6 +135,13 @@ class NodeTable:
             self.nodes.append(self._endpoint_of(node_id))
         return i
 
+    def indexes(self, node_ids: Sequence[str]) -> list[int]:
+        """`index` of each of `node_ids` (a reply's column: many entries, few distinct nodes)."""
+        for node_id in dict.fromkeys(node_ids):
+            self.index(node_id)
+        pos = self._pos
+        return [pos[n] for n in node_ids]
+
 
 # ---------------------------------------------------------------- client -> master -> client
 
@@ -164,7 +171,7 @@ def lookup_reply(result: LookupResult, endpoint_of: EndpointOf) -> pb.LookupResp
                               expires_unix_ms=int(result.expires_at * 1000), released=result.released)
     if result.node_ids:
         table = NodeTable(endpoint_of)
-        reply.node_index.extend(table.index(n) for n in result.node_ids)
+        reply.node_index.extend(table.indexes(result.node_ids))
         reply.tiers.extend(result.tiers)
         reply.offsets.extend(result.offsets)
         reply.sizes.extend(result.sizes)

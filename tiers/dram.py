@@ -39,6 +39,7 @@ import operator
 import os
 import re
 import secrets
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -208,6 +209,27 @@ class DramArena:
         offset, size = self._check(offset, size)
         assert self._mv is not None
         return self._mv[offset:offset + size]
+
+    def views(self, offsets: Sequence[int], sizes: Sequence[int]) -> list[memoryview]:
+        """`view` of each (offsets[i], sizes[i]), in one call (a read's batch of extents)."""
+        if self._mm is None:
+            raise ValueError("arena is closed")
+        if len(offsets) != len(sizes):
+            raise ValueError(f"offsets and sizes differ in length ({len(offsets)}, {len(sizes)})")
+        mv, cap, index = self._mv, self._capacity, operator.index
+        assert mv is not None
+        out = []
+        for i, (offset, size) in enumerate(zip(offsets, sizes)):
+            try:
+                o, z = index(offset), index(size)
+            except TypeError:
+                o = _index(offset, f"offsets[{i}]")
+                z = _index(size, f"sizes[{i}]")
+            if o < 0 or z < 0 or o + z > cap:
+                o, z = _index(o, f"offsets[{i}]"), _index(z, f"sizes[{i}]")
+                raise ValueError(f"offsets[{i}] + sizes[{i}] ({o} + {z}) exceeds the arena capacity {cap}")
+            out.append(mv[o:o + z])
+        return out
 
     def array(self, offset: int, size: int) -> np.ndarray:
         """Writable numpy uint8 view of [offset, offset + size): no copy."""

@@ -1,7 +1,9 @@
-"""A get costs one master round trip: its read lease is ended by the client's next lookup (release_lease_ids) or,
-when none comes, by one Release a few ms later; and a lookup names the nodes whose DRAM the client maps, whose
-hits then carry no data-channel token (only the data channel checks them). Real `kvpool up` pool in this process
-(LocalCluster: gRPC master + node with DRAM and SSD on 127.0.0.1), exact per-method call counts at the master."""
+"""A leased get (PoolClient(optimistic_reads=False), or any get whose hits are not all in arenas mapped here; an
+optimistic get takes no lease: tests/kvpool/test_optimistic_reads.py) costs one master round trip: its read lease is
+ended by the client's next lookup (release_lease_ids) or, when none comes, by one Release a few ms later; and a
+lookup names the nodes whose DRAM the client maps, whose hits then carry no data-channel token (only the data
+channel checks them). Real `kvpool up` pool in this process (LocalCluster: gRPC master + node with DRAM and SSD on
+127.0.0.1), exact per-method call counts at the master."""
 
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ def leases_open(c: PoolClient) -> int:
 
 def test_each_get_ends_the_previous_gets_lease_and_close_sends_the_last(small_up):
     calls = small_up.master.control.calls
-    with PoolClient(small_up.address, release_linger_s=60) as c:   # no timer-sent Release here: exact counts
+    # no timer-sent Release here: exact counts
+    with PoolClient(small_up.address, release_linger_s=60, optimistic_reads=False) as c:
         assert c.put_many(KEYS[:4], DATAS[:4]) == ["stored"] * 4
         bufs = [bytearray(OBJ) for _ in range(4)]
         for n in range(1, 6):
@@ -49,7 +52,7 @@ def test_release_linger_s_out_of_range_names_the_field(small_up):
 
 def test_an_idle_clients_lease_ends_by_one_release(small_up):
     calls = small_up.master.control.calls
-    with PoolClient(small_up.address) as c:
+    with PoolClient(small_up.address, optimistic_reads=False) as c:
         assert c.put_many(KEYS[:2], DATAS[:2]) == ["stored"] * 2
         bufs = [bytearray(OBJ) for _ in range(2)]
         assert c.get_many_into(KEYS[:2], bufs) == 2

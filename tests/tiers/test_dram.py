@@ -76,6 +76,23 @@ def test_view_and_array_are_views_not_copies(arena):
     assert np.shares_memory(arr, arena.array(0, CAP))
 
 
+def test_views_of_a_batch_are_the_same_views_and_bad_entries_are_named(arena):
+    arena.write(0, b"abcdefgh")
+    offsets, sizes = np.array([0, 2, 6], dtype=np.uint64), [2, 4, 2]
+    got = arena.views(offsets, sizes)
+    assert [bytes(v) for v in got] == [b"ab", b"cdef", b"gh"]
+    got[1][0] = ord("X")                                      # writable, and the arena's own bytes
+    assert bytes(arena.view(2, 1)) == b"X" and arena.views([], []) == []
+    with pytest.raises(ValueError, match=r"^offsets\[1\] must be an int >= 0, got -1$"):
+        arena.views([0, -1], [1, 1])
+    with pytest.raises(ValueError, match=r"^sizes\[0\] must be an int >= 0, got 1.5$"):
+        arena.views([0], [1.5])
+    with pytest.raises(ValueError, match=r"^offsets\[1\] \+ sizes\[1\] \(1048575 \+ 2\) exceeds the arena capacity"):
+        arena.views([0, CAP - 1], [1, 2])
+    with pytest.raises(ValueError, match=r"^offsets and sizes differ in length \(2, 1\)$"):
+        arena.views([0, 1], [1])
+
+
 def test_numpy_integer_offsets_are_accepted(arena):
     offsets = np.array([0, 4096], dtype=np.int64)
     arena.write(offsets[1], b"xy")
