@@ -216,8 +216,8 @@ class PoolClient(PoolFront):
             raise
         if not reply.hits:
             return 0
-        if not reply.lease_id:
-            return self._read_unleased(keys, views, ns, tiers_out, reply)
+        if not reply.lease_id:      # hits with no lease: only ever the answer to an optimistic lookup
+            return self._read_unleased(keys, views, ns, tiers_out, reply) if optimistic else 0
         corrupt: set[int] = set()
         try:
             failed = self.transfers.read(wire.hits_of(reply), range(reply.hits), keys, views, corrupt=corrupt)
@@ -236,9 +236,9 @@ class PoolClient(PoolFront):
     def _read_unleased(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef,
                        tiers_out: list[str] | None, reply: pb.LookupResponse) -> int:
         """The hits of an optimistic lookup, all DRAM extents of arenas mapped here, copied straight from the arenas
-        and kept only where the copy hashes to the committed checksum. Nothing pins them, so a mismatch is an extent
-        reused since the lookup, not a corrupt object: that key onwards is read again under a lease (which tells a
-        truly corrupt object from a moved one and reports it)."""
+        and kept only where the copy hashes to the committed checksum. Nothing pins them, so a mismatch may be an
+        extent reused since the lookup, not a corrupt object: that key onwards is read again under a lease (which
+        tells a truly corrupt object from a moved one and reports it)."""
         n = reply.hits
         extents = self.transfers.mapped_extents(wire.hits_of(reply), range(n))
         arenas = {id(arena): arena for arena, _ in extents.values()}.values()
