@@ -20,7 +20,7 @@ The layers it is built from, each usable on its own:
   kvpool/releaser.py   Releaser: the background thread that ends read leases and sends the location cache's reports
   kvpool/locations.py  LocationCache: where same-host gets found their objects (off unless `location_cache_s`)
 `kvpool drain` moves objects with the same `rpc` and `transfers` (public attributes).
-One module of ~430 lines because it is one concept, the pool API over RPC: a backend method per PoolFront call,
+One module of ~480 lines because it is one concept, the pool API over RPC: a backend method per PoolFront call,
 each a few lines over the layers above.
 
 Faults: what is left after retries raises PoolUnavailable / PoolTimeout / PoolError (PoolAuthError: the master
@@ -187,9 +187,7 @@ class PoolClient(PoolFront):
                 cache.forget_arena(arena)
             return 0
         n = len(run)
-        oks = fence.copy_verified_many(views[:n], [entry.extent for entry in run], [entry.checksum for entry in run],
-                                       pipeline=self.transfers.verify_threads > 0)
-        good = oks.index(False) if False in oks else n
+        good = self._copy_fenced(views, [entry.extent for entry in run], [entry.checksum for entry in run])
         if good < n:
             cache.forget(digest, keys[good:n], stale=True)
         if good:
@@ -198,6 +196,13 @@ class PoolClient(PoolFront):
             if tiers_out is not None:
                 tiers_out.extend([Tier.DRAM.label] * good)
         return good
+
+    def _copy_fenced(self, views: list[memoryview], extents: list[memoryview], checksums: list[int]) -> int:
+        """Copy extents[i] into views[i] through the read fence (the copy hashed against checksums[i]): how many
+        leading copies are good. Where nothing pins the extents, a bad one means reused, not corrupt."""
+        oks = fence.copy_verified_many(views[:len(extents)], extents, checksums,
+                                       pipeline=self.transfers.verify_threads > 0)
+        return oks.index(False) if False in oks else len(extents)
 
     def _get_located(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef,
                      tiers_out: list[str] | None, *, optimistic: bool) -> int:
@@ -244,9 +249,7 @@ class PoolClient(PoolFront):
         arenas = {id(arena): arena for arena, _ in extents.values()}.values()
         good = 0
         if len(extents) == n and all(arena.owner_alive() for arena in arenas):     # a dead node's arena: leased
-            oks = fence.copy_verified_many(views[:n], [extents[i][1] for i in range(n)], list(reply.checksums),
-                                           pipeline=self.transfers.verify_threads > 0)
-            good = oks.index(False) if False in oks else n
+            good = self._copy_fenced(views, [extents[i][1] for i in range(n)], list(reply.checksums))
         if good:
             if tiers_out is not None:
                 tiers_out.extend([Tier.DRAM.label] * good)

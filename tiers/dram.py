@@ -25,6 +25,8 @@ device copies are direct DMA; it reports whether that worked and never raises.
 pays a page fault per 4-64 KiB on its first read of every page (~20 ms of a fresh client's first 180 MiB load,
 measured on the 2-core box 2026-11-26). The pages themselves already exist (the owner fallocated them), so it costs
 page-table memory (~2 MiB per GiB mapped) and CPU, no RAM for data; a same-host client calls it once, at start.
+
+One module of ~420 lines because it is one concept, the arena: its file, its mapping, and views into it.
 """
 
 from __future__ import annotations
