@@ -129,7 +129,7 @@ class Transfers:
             arena = arenas[n]
             views = arena.views([offsets[i] for i in picked], [sizes[i] for i in picked])
             out.update((i, (arena, view)) for i, view in zip(picked, views))
-        return dict(sorted(out.items())) if len(by_arena) > 1 else out
+        return out
 
     def mapped_nodes(self) -> tuple[str, ...]:
         """Ids of the nodes whose DRAM this client copies through their mapped arena (every route to them has it

@@ -430,7 +430,7 @@ class Master:
                     raise SizeMismatch(i, expected[i], sizes[i])
             tiers = index.tier[slots].tolist()
             if (rec := self.recorder) is not None:
-                chain, hit_tiers = list(keys), index.tier[slots].tolist()   # its own lists: read by its writer
+                chain, hit_tiers = list(keys), list(tiers)   # its own lists: read by its writer
                 for _ in range(uses):   # a trace has a row per get: a location cache's report is `uses` gets
                     rec.lookup(now, ns, chain, hit_tiers, lease)
             index.atime[slots] = self._ticks(now)  # a probe without a lease is a use too (someone wants it)
