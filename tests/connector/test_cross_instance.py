@@ -11,7 +11,6 @@ channel speaks TLS too, shared memory is used on this host either way).
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -130,7 +129,7 @@ def test_pool_killed_b_recomputes_with_identical_output(deployment):
     urls = deployment["urls"]
     prefix = shared_prefix(20)  # not seen by B yet, so B must ask the pool
     complete(urls["A"], prefix + QUESTION_1)
-    time.sleep(1.0)
+    wait_saves(urls["A"])   # A's blocks are in the pool: B would load them, were the pool alive
     deployment["pool"].kill()
     reference = complete(urls["B0"], prefix + QUESTION_2)
     out_b = complete(urls["B"], prefix + QUESTION_2)
