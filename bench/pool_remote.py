@@ -8,7 +8,10 @@ For each object size (64 KiB, 512 KiB, 2 MiB), all measured in this one run on t
   TLS on             the same two through a third pool with authentication AND TLS (gRPC over TLS, the data
                      channel over TLS; certificates made by kvpool/certs.py): the cost of TLS
   numpy memcpy       np.copyto of the same bytes (the limit of the same-host path)
-  raw socket         sendall -> recv_into over loopback from a child process (the limit of the TCP path)
+  raw socket         sendall -> recv_into over loopback from a child process (the limit of the TCP path), from one
+                     zero-filled buffer (the kernel reads the shared zero page: the sender never touches DRAM);
+                     the ratio lines also name a second raw socket sending as many distinct buffers of random bytes
+                     as the pass has objects (the node's working set), the like-for-like limit
   redis              redis-server SET / GET of the same values, redis-py + hiredis, pipelined in the same batches
   mooncake           Mooncake Store (bench/mooncake_peer.py: mooncake_master + a storage process, batch_put_from /
                      batch_get_into with registered buffers, TCP transport), when installed, else skipped
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import os
 import platform
 import shutil
@@ -134,12 +138,15 @@ class Pool:
 
 
 class RawSocket:
-    """A child process that streams `count` payloads of `size` bytes per request over loopback."""
+    """A child process that streams `count` payloads of `size` bytes per request over loopback. `distinct` 0: every
+    payload is one zero-filled `bytes(size)` (calloc'd, so the kernel reads it from its shared zero page: the
+    sender's side never touches DRAM); `distinct` N: N different buffers of random bytes, sent in turn (a request
+    for as many payloads as a pass has objects reads a working set of the pass's size, as the node does)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, distinct: int = 0) -> None:
         ctx = get_context("spawn")
         parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_raw_server, args=(child, size), daemon=True)
+        self.proc = ctx.Process(target=_raw_server, args=(child, size, distinct), daemon=True)
         self.proc.start()
         self.sock = socket.create_connection(("127.0.0.1", parent.recv()))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -156,18 +163,19 @@ class RawSocket:
         self.proc.kill()
 
 
-def _raw_server(port_conn, size: int) -> None:
+def _raw_server(port_conn, size: int, distinct: int) -> None:
     sock = socket.create_server(("127.0.0.1", 0))
+    rng = np.random.default_rng(size)
+    payloads = [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(distinct)] or [bytes(size)]
     port_conn.send(sock.getsockname()[1])
-    payload = bytes(size)
     conn, _ = sock.accept()
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     while True:
         head = conn.recv(8)
         if len(head) < 8:
             return
-        for _ in range(int.from_bytes(head, "little")):
-            conn.sendall(payload)
+        for i in range(int.from_bytes(head, "little")):
+            conn.sendall(payloads[i % len(payloads)])
 
 
 class Redis:
@@ -229,6 +237,7 @@ def measure_size(pools: dict[str, tuple[str, dict]], size: int, count: int, batc
     cached = PoolClient(pools[""][0], timeout=60, location_cache_s=60.0)
     leased = PoolClient(pools[""][0], timeout=60, optimistic_reads=False)
     raw = RawSocket(size)
+    raw_distinct = RawSocket(size, distinct=count)
     if mc is not None:
         mc.register(src + dst)
     values = [a.tobytes() for a in src] if redis is not None else []
@@ -274,18 +283,21 @@ def measure_size(pools: dict[str, tuple[str, dict]], size: int, count: int, batc
             # Repeat gets of the auth-off same-host objects: once through the location-cache client (its first get
             # of a chain asks the master and remembers the locations) and the leased one (its arena mapped), then
             # batch by batch the default client (optimistic: a lookup without a lease), the leased one
-            # (optimistic_reads=False) and the cached one (no master round trip) read them again, in an order that
-            # rotates each round, every copy through the fence.
+            # (optimistic_reads=False) and the cached one (no master round trip) read them again, every copy
+            # through the fence, in an order that goes through all six permutations round by round. Not a rotation
+            # of one cycle: the cached client's thread reports its uses to the master just after its gets, so under
+            # a rotation the same client always came right after it and paid for that report (the default client:
+            # it measured 0.82-0.86x the leased one that way, 1.00x in an A/B of the two alone).
             k = keys["auto"]
             for warm in (cached, leased):
                 for i in range(0, count, batch):
                     assert warm.get_many_into(k[i:i + batch], dst[i:i + batch]) == len(k[i:i + batch])
                 check()
             again = {"repeat get": 0.0, "repeat get, leased": 0.0, "repeat get, location cache": 0.0}
-            trio = (("repeat get", clients["auto"]), ("repeat get, leased", leased),
-                    ("repeat get, location cache", cached))
+            orders = list(itertools.permutations((("repeat get", clients["auto"]), ("repeat get, leased", leased),
+                                                  ("repeat get, location cache", cached))))
             for i in range(0, count, batch):
-                for name, c in trio[r % 3:] + trio[:r % 3]:
+                for name, c in orders[r % len(orders)]:
                     t0 = time.perf_counter()
                     got = c.get_many_into(k[i:i + batch], dst[i:i + batch])
                     again[name] += time.perf_counter() - t0
@@ -321,6 +333,7 @@ def measure_size(pools: dict[str, tuple[str, dict]], size: int, count: int, batc
             bar.update(len(spent))
             timed("memcpy", lambda: [np.copyto(d, a) for d, a in zip(dst, src)])
             timed("raw", lambda: raw.recv_all(views))
+            timed("raw distinct", lambda: raw_distinct.recv_all(views))
             if redis is not None:
                 rkeys = [f"k{size}:{i}".encode() for i in range(count)]
                 timed("redis put", lambda: redis.set_all(rkeys, values, batch))
@@ -344,6 +357,7 @@ def measure_size(pools: dict[str, tuple[str, dict]], size: int, count: int, batc
             unchecked.close()
             one_thread.close()
         raw.close()
+        raw_distinct.close()
     return {name: count * size / min(v) / 1e9 for name, v in times.items()}
 
 
@@ -489,7 +503,7 @@ def main(argv=None) -> int:
                                  bar, s + 1, args.fence)
                 row = {f"{mode}{t}": {"put": g[f"{mode}{t} put"], "get": g[f"{mode}{t} get"]}
                        for mode in MODES for t in ("auto", "tcp")}
-                row.update({"memcpy": g["memcpy"], "raw": g["raw"], "repeat": g["repeat get"],
+                row.update({"memcpy": g["memcpy"], "raw": g["raw"], "raw distinct": g["raw distinct"], "repeat": g["repeat get"],
                             "repeat leased": g["repeat get, leased"], "repeat cached": g["repeat get, location cache"]})
                 if "redis get" in g:
                     row["redis"] = {"put": g["redis put"], "get": g["redis get"]}
@@ -533,7 +547,8 @@ def main(argv=None) -> int:
     print()
     for size, row in rows.items():
         line = (f"{size >> 10:>5}KiB: same-host get (fence on) {row['auto']['get'] / row['memcpy']:.2f}x memcpy, "
-                f"put {row['auto']['put'] / row['memcpy']:.2f}x; tcp get {row['tcp']['get'] / row['raw']:.2f}x raw socket")
+                f"put {row['auto']['put'] / row['memcpy']:.2f}x; tcp get {row['tcp']['get'] / row['raw']:.2f}x raw socket "
+                f"({row['tcp']['get'] / row['raw distinct']:.2f}x one sending distinct buffers)")
         if row.get("redis"):
             line += (f", {row['tcp']['get'] / row['redis']['get']:.2f}x redis GET; "
                      f"tcp put {row['tcp']['put'] / row['redis']['put']:.2f}x redis SET")
