@@ -1,0 +1,55 @@
+"""The other issue-14 benchmarks end to end at a tiny size (~10-15 s each): bench/ssd_read.py (page cache dropped, the
+disk limits, the embedded and service gets), bench/lookup_rate.py (client processes against the master and a
+redis-server pipeline) and bench/e2e.py (SmolLM2 engines: cold, local hit, pool and `kvpool up` cases, 64-token
+prompt). They must print the ratio lines the README and the closing notes quote."""
+
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench"
+X = r"\d+\.\d\dx"
+
+
+def run(script: str, *args: str) -> list[str]:
+    res = subprocess.run([sys.executable, str(BENCH / script), *args], capture_output=True, text=True, timeout=300,
+                         check=False)
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+    return res.stdout.splitlines()
+
+
+def test_ssd_read_prints_a_ratio_per_size_and_path(tmp_path):
+    lines = run("ssd_read.py", "--dir", str(tmp_path), "--total", "8MiB", "--rounds", "1")
+    out = "\n".join(lines)
+    for size in ("64KiB", "512KiB", "2048KiB"):
+        for what in ("SSD get", r"SSD get \(service\)", r"SSD get \(service, TCP channel\)"):
+            assert any(re.fullmatch(rf"{what} {size}: {X} disk sequential read \(\d+\.\d\d GB/s vs \d+\.\d\d GB/s\)",
+                                    line) for line in lines), out
+    for what in ("SSD get", "SSD get through the service"):
+        assert any(re.match(rf"goal \(issue 14\): {what} >= 0\.8x the disk's sequential read at every size: "
+                            r"(met|NOT met) \(worst \d\.\d\dx\)", line) for line in lines), out
+
+
+def test_lookup_rate_prints_rows_and_the_redis_ratio():
+    lines = run("lookup_rate.py", "--seconds", "0.3", "--rounds", "1", "--procs", "1,2")
+    out = "\n".join(lines)
+    for case in ("lookup", "get_dram", "get_ssd", "redis"):   # scripts/setup.sh installs redis-server
+        assert any(re.fullmatch(rf"{case}\s+1 proc\s+\d+/s \(1\.00x\)\s+2 proc\s+\d+/s \({X}\)", line)
+                   for line in lines), out
+    assert any(re.fullmatch(rf"lookup 64 / redis 64-EXISTS pipeline: 1 proc {X}  2 proc {X}", line)
+               for line in lines), out
+    assert not any(line.startswith("WARNING") for line in lines), out   # every DRAM-resident chain was found
+
+
+@pytest.mark.slow
+def test_e2e_prints_every_case_and_identical_outputs():
+    lines = run("e2e.py", "--lengths", "64", "--repeats", "1")
+    out = "\n".join(lines)
+    for case in ("local_hit", "pool_DRAM", "pool_SSD", "pool_service", "service_SSD"):
+        assert any(re.fullmatch(rf"ratio e2e_ttft 64 {case}: \d+\.\dx faster than cold", line) for line in lines), out
+    assert any(re.fullmatch(rf"ratio e2e_ttft 64 pool_service vs local hit: {X} the local hit's speed \(goal 0\.9x\)",
+                            line) for line in lines), out
+    assert "outputs identical to cold in every case: yes" in lines, out
