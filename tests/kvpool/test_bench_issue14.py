@@ -1,7 +1,8 @@
-"""The other issue-14 benchmarks end to end at a tiny size (~10-15 s each): bench/ssd_read.py (page cache dropped, the
-disk limits, the embedded and service gets), bench/lookup_rate.py (client processes against the master and a
-redis-server pipeline) and bench/e2e.py (SmolLM2 engines: cold, local hit, pool and `kvpool up` cases, 64-token
-prompt). They must print the ratio lines the README and the closing notes quote."""
+"""The issue-14 benchmarks end to end at a tiny size (~10-15 s each): bench/pool_remote.py (three pools of master +
+node processes, both raw sockets, redis), bench/ssd_read.py (page cache dropped, the disk limits, the embedded and
+service gets), bench/lookup_rate.py (client processes against the master and a redis-server pipeline) and
+bench/e2e.py (SmolLM2 engines: cold, local hit, pool and `kvpool up` cases, 64-token prompt). They must print the
+ratio lines the README and the closing notes quote."""
 
 import pathlib
 import re
@@ -21,6 +22,27 @@ def run(script: str, *args: str) -> list[str]:
     return res.stdout.splitlines()
 
 
+def has(lines: list[str], pattern: str) -> bool:
+    return any(re.match(pattern, line) for line in lines)
+
+
+def test_pool_remote_prints_every_ratio_line():
+    lines = run("pool_remote.py", "--total", "8MiB", "--rounds", "1", "--lookups", "5", "--chain", "50",
+                "--index-objects", "0")
+    out = "\n".join(lines)
+    for size in ("64KiB", "512KiB", "2048KiB"):
+        assert has(lines, rf"\s*{size}: same-host get \(fence on\) {X} memcpy, put {X}; tcp get {X} raw socket "
+                          rf"\({X} one sending distinct buffers\)"), out
+        assert has(lines, rf"\s*{size}: same-host repeat get with the location cache .* {X} memcpy; the default "
+                          rf"client reading the same objects again {X}; cached / default {X}$"), out
+        assert has(lines, rf"\s*{size}: same-host repeat get, default client \(optimistic: no lease\) {X} memcpy; "
+                          rf"leased \(optimistic_reads=False\) {X}; optimistic / leased {X}$"), out
+    assert has(lines, r"goals at 2 MiB: same-host get \(fence on\) >= 0\.6x memcpy: (met|MISSED); tcp get >= 0\.6x "
+                      r"raw socket: (met|MISSED)"), out
+    assert has(lines, r"auth on, 2 MiB get: same-host \d\.\d{3}x, tcp \d\.\d{3}x of auth off"), out
+    assert has(lines, r"master memory per indexed object: not measured \(--index-objects 0\)"), out
+
+
 def test_ssd_read_prints_a_ratio_per_size_and_path(tmp_path):
     lines = run("ssd_read.py", "--dir", str(tmp_path), "--total", "8MiB", "--rounds", "1")
     out = "\n".join(lines)
@@ -29,8 +51,8 @@ def test_ssd_read_prints_a_ratio_per_size_and_path(tmp_path):
             assert any(re.fullmatch(rf"{what} {size}: {X} disk sequential read \(\d+\.\d\d GB/s vs \d+\.\d\d GB/s\)",
                                     line) for line in lines), out
     for what in ("SSD get", "SSD get through the service"):
-        assert any(re.match(rf"goal \(issue 14\): {what} >= 0\.8x the disk's sequential read at every size: "
-                            r"(met|NOT met) \(worst \d\.\d\dx\)", line) for line in lines), out
+        assert has(lines, rf"goal \(issue 14\): {what} >= 0\.8x the disk's sequential read at every size: "
+                          r"(met|NOT met) \(worst \d\.\d\dx\)"), out
 
 
 def test_lookup_rate_prints_rows_and_the_redis_ratio():
