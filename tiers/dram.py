@@ -26,7 +26,14 @@ pays a page fault per 4-64 KiB on its first read of every page (~20 ms of a fres
 measured on the 2-core box 2026-11-26). The pages themselves already exist (the owner fallocated them), so it costs
 page-table memory (~2 MiB per GiB mapped) and CPU, no RAM for data; a same-host client calls it once, at start.
 
-One module of ~420 lines because it is one concept, the arena: its file, its mapping, and views into it.
+The tail page: the file is `capacity` rounded up to a page, plus one page that holds no objects: a magic, the
+capacity, and the arena's *removal generation*, a 64-bit counter only the owner writes (`bump_generation`). The node
+bumps it when the master tells it objects were removed (`kvpool rm`, an admin evict) and when it registers with a
+master, so a same-host client's location cache (kvpool/locations.py) can tell, with one load from its own mapping and
+no round trip, that something it remembers may have been removed since the master last told it where that object
+was. An aligned 8-byte store is atomic on every platform this runs on: a reader sees the old or the new value.
+
+One module of ~460 lines because it is one concept, the arena: its file, its mapping, and views into it.
 """
 
 from __future__ import annotations
@@ -55,6 +62,13 @@ _MADV_POPULATE_READ = 22       # Linux >= 5.14; older kernels answer EINVAL and 
 _PREFAULT_CHUNK = 32 << 20     # per madvise call: the GIL is released around each one (ctypes)
 _PAGE = mmap.PAGESIZE
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+_TAIL_MAGIC = b"kvpoolT1"      # tail page: magic (8 bytes), capacity (u64 LE), removal generation (u64 LE)
+_GEN_AT = 16
+
+
+def _tail_offset(capacity: int) -> int:
+    """Where the tail page starts: the capacity rounded up to a page (mmap offsets must be page-aligned)."""
+    return -(-capacity // _PAGE) * _PAGE
 
 
 def as_byte_view(data: Any, argname: str = "data") -> memoryview:
@@ -108,8 +122,10 @@ def sweep_stale_arenas(directory: str = "/dev/shm") -> list[str]:
 class DramArena:
     """One shared-memory file of `capacity` bytes, mapped read-write. Use `create` (owner) or `attach` (peer)."""
 
-    def __init__(self, path: str, fd: int, mm: mmap.mmap, capacity: int, owner: bool) -> None:
+    def __init__(self, path: str, fd: int, mm: mmap.mmap, capacity: int, owner: bool, tail: mmap.mmap) -> None:
         self._path = path
+        self._tail: mmap.mmap | None = tail
+        self._gen: np.ndarray | None = np.frombuffer(tail, dtype="<u8", count=1, offset=_GEN_AT)
         self._fd = fd
         self._mm: mmap.mmap | None = mm
         self._mv: memoryview | None = memoryview(mm)
@@ -146,8 +162,9 @@ class DramArena:
             raise
         os.unlink(tmp)
         try:
+            size = _tail_offset(capacity) + _PAGE
             try:
-                os.posix_fallocate(fd, 0, capacity)    # reserve the pages now (tmpfs honours this)
+                os.posix_fallocate(fd, 0, size)    # reserve the pages now (tmpfs honours this)
             except OSError as e:
                 if e.errno == errno.ENOSPC:
                     st = os.statvfs(directory)
@@ -155,33 +172,47 @@ class DramArena:
                                   f"({st.f_bavail * st.f_frsize} bytes free)", path) from None
                 if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
                     raise
-                os.ftruncate(fd, capacity)
+                os.ftruncate(fd, size)
+            tail = mmap.mmap(fd, _PAGE, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE,
+                             offset=_tail_offset(capacity))
+            tail[0:_GEN_AT] = _TAIL_MAGIC + capacity.to_bytes(8, "little")
             mm = mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
             os.unlink(path)
             raise
         log.info("created DRAM arena %s (%d bytes)", path, capacity)
-        return cls(path, fd, mm, capacity, owner=True)
+        return cls(path, fd, mm, capacity, owner=True, tail=tail)
 
     @classmethod
     def attach(cls, path: str, capacity: int | None = None) -> DramArena:
-        """Map an existing arena (a same-host client). `capacity` defaults to the file size; a larger one is an
-        error. Closing an attached arena never unlinks it."""
+        """Map an existing arena (a same-host client). `capacity` defaults to the arena's, read from its tail page;
+        a larger one is an error, as is a file without a kvpool tail page. Closing an attached arena never unlinks
+        it."""
         if capacity is not None and (not isinstance(capacity, int) or capacity <= 0):
             raise ValueError(f"capacity must be an int > 0 or None, got {capacity!r}")
         fd = os.open(path, os.O_RDWR)
+        tail = None
         try:
             size = os.fstat(fd).st_size
+            if size < _PAGE or size % _PAGE:
+                raise ValueError(f"{path!r} is not a kvpool DRAM arena ({size} bytes: no tail page)")
+            tail = mmap.mmap(fd, _PAGE, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE,
+                             offset=size - _PAGE)
+            if tail[0:8] != _TAIL_MAGIC:
+                raise ValueError(f"{path!r} is not a kvpool DRAM arena (its tail page has no magic)")
+            own = int.from_bytes(tail[8:_GEN_AT], "little")
             if capacity is None:
-                capacity = size
-            if capacity > size or capacity == 0:
-                raise ValueError(f"capacity {capacity} does not fit the arena file {path!r} of {size} bytes")
+                capacity = own
+            if capacity > own or _tail_offset(own) != size - _PAGE:
+                raise ValueError(f"capacity {capacity} does not fit the arena file {path!r} of {own} bytes")
             mm = mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
+            if tail is not None:
+                tail.close()
             os.close(fd)
             raise
-        return cls(path, fd, mm, capacity, owner=False)
+        return cls(path, fd, mm, capacity, owner=False, tail=tail)
 
     # ---------------------------------------------------------------- properties
     @property
@@ -195,6 +226,22 @@ class DramArena:
     @property
     def closed(self) -> bool:
         return self._mm is None
+
+    @property
+    def generation(self) -> int:
+        """The removal generation (module docstring): it only grows while the owner lives. -1 once closed."""
+        gen = self._gen
+        return -1 if gen is None else int(gen[0])
+
+    def bump_generation(self) -> int:
+        """Owner only (the node, which serialises its callers): generation + 1, returned."""
+        if not self._owner:
+            raise ValueError("only the arena's owner bumps its removal generation")
+        gen = self._gen
+        if gen is None:
+            raise ValueError("arena is closed")
+        gen[0] += 1         # one aligned 8-byte store: readers see the old value or the new one
+        return int(gen[0])
 
     @property
     def pinned(self) -> bool:
@@ -350,6 +397,10 @@ class DramArena:
             log.warning("cudaHostUnregister failed for %s", self._path, exc_info=True)
         mm, self._mm = self._mm, None
         self._np = None
+        self._gen = None
+        tail, self._tail = self._tail, None
+        if tail is not None:
+            tail.close()
         if self._mv is not None:
             self._mv.release()
             self._mv = None

@@ -29,12 +29,40 @@ def arena(tmp_path):
 def test_create_reserves_a_named_file(tmp_path):
     a = DramArena.create(3 * 4096, name="n1", directory=str(tmp_path))
     assert a.path == str(tmp_path / "kvpool-n1")
-    assert os.path.getsize(a.path) == 3 * 4096 and a.capacity == 3 * 4096
+    assert os.path.getsize(a.path) == 4 * 4096 and a.capacity == 3 * 4096      # + the tail page
     with pytest.raises(FileExistsError):
         DramArena.create(4096, name="n1", directory=str(tmp_path))
     a.close()
     a.unlink()
     assert not os.path.exists(a.path)
+
+
+def test_the_tail_page_carries_the_capacity_and_a_removal_generation_only_the_owner_bumps(tmp_path):
+    a = DramArena.create(10_000, name="gen", directory=str(tmp_path))
+    assert os.path.getsize(a.path) == 3 * 4096 + 4096         # 10,000 rounded up to pages, then the tail page
+    b = DramArena.attach(a.path)
+    assert b.capacity == 10_000 and b.generation == a.generation == 0
+    assert a.bump_generation() == 1 and a.bump_generation() == 2
+    assert b.generation == 2                                   # the peer sees it in its own mapping
+    with pytest.raises(ValueError, match=r"^only the arena's owner bumps its removal generation$"):
+        b.bump_generation()
+    b.write(0, b"x" * 10_000)                                  # objects never reach the tail page
+    assert b.generation == 2
+    b.close()
+    assert b.generation == -1
+    a.close()
+    a.unlink()
+
+
+def test_attach_refuses_a_file_that_is_not_an_arena(tmp_path):
+    plain = tmp_path / "kvpool-plain"
+    plain.write_bytes(bytes(8192))
+    with pytest.raises(ValueError, match=r"is not a kvpool DRAM arena \(its tail page has no magic\)$"):
+        DramArena.attach(str(plain))
+    odd = tmp_path / "kvpool-odd"
+    odd.write_bytes(bytes(5000))
+    with pytest.raises(ValueError, match=r"is not a kvpool DRAM arena \(5000 bytes: no tail page\)$"):
+        DramArena.attach(str(odd))
 
 
 def test_default_directory_is_dev_shm_with_random_name():
