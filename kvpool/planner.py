@@ -57,6 +57,9 @@ class NullNode:
     def drop(self, drops):
         return len(drops)
 
+    def objects_removed(self):
+        pass
+
 
 class TraceClock:
     """The master's clock during a replay: the current event's trace time (seconds), moved by the replay loop."""

@@ -614,16 +614,18 @@ class MoveResponse(_message.Message):
     def __init__(self, ok: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class DropRequest(_message.Message):
-    __slots__ = ("keys", "tiers", "offsets", "sizes")
+    __slots__ = ("keys", "tiers", "offsets", "sizes", "objects_removed")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_REMOVED_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     tiers: _containers.RepeatedScalarFieldContainer[Tier]
     offsets: _containers.RepeatedScalarFieldContainer[int]
     sizes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ...) -> None: ...
+    objects_removed: bool
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., objects_removed: _Optional[bool] = ...) -> None: ...
 
 class DropResponse(_message.Message):
     __slots__ = ("dropped",)

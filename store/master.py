@@ -595,7 +595,25 @@ class Master:
                     self.placement.forget(slot)
                     n += 1
             self._flush()
-            return n
+            told = self._dram_nodes() if n else []
+        self._tell_removed(told)
+        return n
+
+    def _dram_nodes(self) -> list[tuple[str, NodeOps]]:
+        """(id, ops) of every node with a DRAM tier (lock held)."""
+        return [(node_id, node.ops) for node_id, node in self.placement.nodes.items() if Tier.DRAM in node.spaces]
+
+    def _tell_removed(self, nodes: list[tuple[str, NodeOps]]) -> None:
+        """After a removal (outside the lock): every DRAM node bumps its arena's removal generation before the
+        caller hears back, so no same-host location cache serves a removed object after `remove` returned. Every
+        node, not just the ones that held the objects: an extent an object left (a drain, a promotion) can still
+        hold its bytes. A node that does not answer is logged; its caches' entries lapse with their ttl."""
+        for node_id, ops in nodes:
+            try:
+                ops.objects_removed()
+            except Exception as exc:  # noqa: BLE001 - the removal itself is done and stays done
+                log.warning("node %s not told of a removal (its same-host location caches lapse with their "
+                            "ttl): %s", node_id, exc)
 
     # ------------------------------------------------------------------ admin queries (store/queries.py)
 
@@ -631,7 +649,9 @@ class Master:
             older = None if older_than_s is None else queries.idle_ticks(older_than_s, ATIME_TICKS_PER_S)
             n = queries.evict(self.index, self.placement, bytes(ns_digest), older, self._ticks(now))
             self._flush()
-            return n
+            told = self._dram_nodes() if n else []
+        self._tell_removed(told)
+        return n
 
     def stats_record(self, *, tenant: str | None = None) -> stats_mod.PoolStats:
         """The pool's stats; with `tenant` (a client's), that tenant's view only (store/stats.py)."""

@@ -75,6 +75,11 @@ class NodeOps(Protocol):
 
     def drop(self, drops: list[Drop]) -> int: ...
 
+    def objects_removed(self) -> None:
+        """The master removed objects (`remove`, an admin `evict`): bump the DRAM arena's removal generation so
+        same-host location caches stop serving what they remember (tiers/dram.py). Returns once it is bumped."""
+        ...
+
 
 class StorageNode:
     """One node's tiers in this process. Thread-safety: distinct extents may be read/written concurrently; the
@@ -111,6 +116,7 @@ class StorageNode:
         self.synced = threading.Event()     # set after each sync (tests wait on it instead of sleeping)
         self._unsynced = False
         self._sync_lock = threading.Lock()
+        self._gen_lock = threading.Lock()   # the arena's removal generation has one writer at a time
         self._closing = threading.Event()
         self._local = threading.local()
         self._syncer = None
@@ -198,6 +204,11 @@ class StorageNode:
                 return False
         self.write(m.dst_tier, m.dst_offset, m.key, m.ns_digest, src, m.checksum)
         return True
+
+    def objects_removed(self) -> None:
+        if self.dram is not None:
+            with self._gen_lock:
+                self.dram.bump_generation()
 
     def drop(self, drops: list[Drop]) -> int:
         n = 0

@@ -173,7 +173,10 @@ class NodeServicer(pbg.NodeServiceServicer):
             node_checks.drops(self.node, drops)
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        return pb.DropResponse(dropped=self.node.drop(drops))
+        dropped = self.node.drop(drops)
+        if request.objects_removed:
+            self.node.objects_removed()
+        return pb.DropResponse(dropped=dropped)
 
 
 class NodeServer:
@@ -236,6 +239,9 @@ class NodeServer:
     def register(self) -> None:
         """Register, adopt the secret, then report SSD objects so they are hits again."""
         timeout = self.config.rpc_timeout_s
+        # A master that lost its index (a restart on the memory backend) no longer has what same-host location
+        # caches remember from the last one: they must ask again.
+        self.node.objects_removed()
         reply = self._master.RegisterNode(pb.RegisterNodeRequest(node=self.endpoint()), timeout=timeout)
         self.handler.secret = bytes(reply.token_secret)
         self._epoch = reply.epoch

@@ -38,6 +38,9 @@ class DisconnectedOps:
     def drop(self, drops):
         return 0
 
+    def objects_removed(self):
+        pass
+
 
 @dataclass(slots=True)
 class Member:

@@ -13,6 +13,7 @@ import logging
 
 import grpc
 
+from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
 from kvpool.store import wire
 from kvpool.store.auth import TokenSource, auth_channel
@@ -65,6 +66,14 @@ class RemoteNodeOps:
         except grpc.RpcError as exc:
             log.warning("node %s: drop of %d extents failed: %s", self.address, len(drops), exc.code())
             return 0
+
+    def objects_removed(self) -> None:
+        """Raises NodeUnavailable when the node did not answer (the master logs it: that node's same-host caches
+        keep what they remember until their entries expire or the node's arena goes)."""
+        try:
+            self._stub.Drop(pb.DropRequest(objects_removed=True), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise NodeUnavailable(f"node {self.address}: {exc.code().name}") from None
 
     def close(self) -> None:
         self._channel.close()

@@ -38,6 +38,9 @@ class Recorder:
         self.dropped.append(list(drops))
         return self.node.drop(drops)
 
+    def objects_removed(self):
+        self.node.objects_removed()
+
 
 def recorded(master, node) -> Recorder:
     rec = Recorder(node)

@@ -28,6 +28,9 @@ class GatedNode:
     def drop(self, drops):
         return self.node.drop(drops)
 
+    def objects_removed(self):
+        self.node.objects_removed()
+
     def promote(self, moves):
         self.entered.set()
         assert self.go.wait(10), "test never released the promotion"
