@@ -46,7 +46,7 @@ from kvpool import fence
 from kvpool.buffers import as_writable_bytes
 from kvpool.credentials import Credentials
 from kvpool.extents import ExtentRead, ExtentWrite, Staging
-from kvpool.locations import MAX_TTL_S, LocationCache
+from kvpool.locations import DEFAULT_TTL_S, MAX_TTL_S, LocationCache
 from kvpool.pool import PoolFront
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.releaser import Releaser
@@ -65,7 +65,7 @@ class PoolClient(PoolFront):
                  max_object_bytes: int = 64 << 20, connect_timeout: float | None = None,
                  verify: str = "all", token=None, tls=None, credentials: Credentials | None = None,
                  control_channel: bool = True, release_linger_s: float = 0.005, verify_threads: int = 1,
-                 location_cache_s: float = 0.0, optimistic_reads: bool = True) -> None:
+                 location_cache_s: float | None = None, optimistic_reads: bool = True) -> None:
         """`verify`: which reads are checked against the object's committed xxh3_64 before they count as hits
         (a mismatch is a miss at that key, never returned bytes, and is reported so the master forgets the object).
         "all" (default): every read, same-host copies out of a mapped arena included (hashed chunk by chunk as they
@@ -79,8 +79,10 @@ class PoolClient(PoolFront):
         thread copies and hashes alone.
         `location_cache_s`: > 0 remembers where same-host gets found their objects for that many seconds after the
         master last confirmed them, and serves repeat gets of them with no master round trip, checked by the read
-        fence (kvpool/locations.py says what a caller gives up: a removed or evicted object whose extent is intact
-        can be served that long). 0 (default): every get asks the master. Needs verify "all".
+        fence and by the node's removal generation (kvpool/locations.py: nothing removed is served once `remove`
+        returned; an object evicted for room whose extent is intact can be, until the master answers that get's
+        report). None (default): DEFAULT_TTL_S with verify "all", else off. 0: off, every get asks the master.
+        > 0 needs verify "all".
         `optimistic_reads`: True (default, with verify "all"): a get whose hits are all DRAM extents of arenas mapped
         here takes them without a lease (`LookupRequest.optimistic`): no pin, no release, less master work. The read
         fence is the guard: bytes that do not hash to the committed checksum after the copy (the extent was reused
@@ -97,6 +99,8 @@ class PoolClient(PoolFront):
         if isinstance(release_linger_s, bool) or not isinstance(release_linger_s, (int, float)) \
                 or not 0 <= release_linger_s <= 60:
             raise ValueError(f"release_linger_s must be a number of seconds in [0, 60], got {release_linger_s!r}")
+        if location_cache_s is None:
+            location_cache_s = DEFAULT_TTL_S if verify == "all" else 0.0
         if isinstance(location_cache_s, bool) or not isinstance(location_cache_s, (int, float)) \
                 or not 0 <= location_cache_s <= MAX_TTL_S:
             raise ValueError(f"location_cache_s must be seconds in [0, {MAX_TTL_S:g}] (0 = off), "
@@ -143,6 +147,8 @@ class PoolClient(PoolFront):
                                  client_host_id=self.host_id, pin_s=pin_s)
         req.keys.extend(bytes(k) for k in keys)
         req.sizes.extend(v.nbytes for v in views)
+        self._releaser.flush_uses(self.timeout)     # a put may evict: the master first hears of the cached gets
+        gens = self.transfers.generations() if self.locations is not None else None
         sent_at = fence.now()
         reply = self.rpc.call("PutStart", req, what="put_start")
         statuses = [wire.PUT_STATUS_NAME.get(s, "no_space") for s in reply.statuses]
@@ -155,30 +161,35 @@ class PoolClient(PoolFront):
         except BaseException:
             self._abort([reply.grant_ids[i] for i in granted])
             raise
-        self._commit(reply.grant_ids, granted, failed, views, statuses)
+        sums = self._commit(reply.grant_ids, granted, failed, views, statuses)
+        if gens:
+            self._remember_put(digest, keys, grants, [i for i in granted if statuses[i] == "stored"], sums, gens)
         return statuses
 
     def _lookup(self, keys: Sequence[bytes], ns: NsRef, s_per_token: float) -> int:
         req = pb.LookupRequest(namespace=_wire_digest(ns), block_tokens=ns.block_tokens, namespace_label=ns.label,
                                lease=False, prefill_s_per_token=s_per_token)
         req.keys.extend(bytes(k) for k in keys)
+        self._releaser.flush_uses(self.timeout)     # the master (and its traffic recorder) in this client's order
         return self.rpc.call("Lookup", req, retry=True, what="lookup").hits
 
     def _get_into(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef,
                   tiers_out: list[str] | None) -> int:
-        good = self._get_cached(keys, views, ns, tiers_out) if self.locations is not None else 0
-        if good == len(keys):
-            return good
-        return good + self._get_located(keys[good:], views[good:], ns, tiers_out, optimistic=self.optimistic_reads)
+        if self.locations is not None and self._get_cached(keys, views, ns, tiers_out):
+            return len(keys)
+        return self._get_located(keys, views, ns, tiers_out, optimistic=self.optimistic_reads)
 
     def _get_cached(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef,
                     tiers_out: list[str] | None) -> int:
-        """Copy the leading keys the location cache remembers, through the read fence: how many were good. A
-        mismatch means the extent holds something else now: forgotten, and read from that key on the usual way."""
+        """Copy every key of the get from where the location cache remembers it, through the read fence: len(keys),
+        or 0 and the get goes to the master whole. All or nothing, so the master hears of each get as one chain
+        (one lookup or one use report: one stats lookup, one recorded row, the whole chain shown to the policy),
+        never a cached prefix and a looked-up rest. A mismatch means the extent holds something else now: that
+        entry is forgotten."""
         cache = self.locations
         digest = _wire_digest(ns)
         run = cache.run(digest, keys, [v.nbytes for v in views])
-        if not run:
+        if not run or len(run) < len(keys):
             return 0
         arenas = {id(entry.arena): entry.arena for entry in run}
         dead = [arena for arena in arenas.values() if not arena.owner_alive()]
@@ -189,12 +200,12 @@ class PoolClient(PoolFront):
         n = len(run)
         good = self._copy_fenced(views, [entry.extent for entry in run], [entry.checksum for entry in run])
         if good < n:
-            cache.forget(digest, keys[good:n], stale=True)
-        if good:
-            cache.count(good)
-            self._releaser.report_uses(ns, [bytes(k) for k in keys[:good]])
-            if tiers_out is not None:
-                tiers_out.extend([Tier.DRAM.label] * good)
+            cache.forget(digest, keys[good:good + 1], stale=True)
+            return 0
+        cache.count(good)
+        self._releaser.report_uses(ns, [bytes(k) for k in keys])
+        if tiers_out is not None:
+            tiers_out.extend([Tier.DRAM.label] * good)
         return good
 
     def _copy_fenced(self, views: list[memoryview], extents: list[memoryview], checksums: list[int]) -> int:
@@ -212,6 +223,7 @@ class PoolClient(PoolFront):
                                lease=True, client_host_id=self.host_id, optimistic=optimistic)
         req.keys.extend(bytes(k) for k in keys)
         req.expect_sizes.extend(v.nbytes for v in views)
+        gens = self.transfers.generations() if self.locations is not None else None
         try:
             reply = self._leased_lookup(req)
         except ValueError as exc:
@@ -222,7 +234,7 @@ class PoolClient(PoolFront):
         if not reply.hits:
             return 0
         if not reply.lease_id:      # hits with no lease: only ever the answer to an optimistic lookup
-            return self._read_unleased(keys, views, ns, tiers_out, reply) if optimistic else 0
+            return self._read_unleased(keys, views, ns, tiers_out, reply, gens) if optimistic else 0
         corrupt: set[int] = set()
         try:
             failed = self.transfers.read(wire.hits_of(reply), range(reply.hits), keys, views, corrupt=corrupt)
@@ -235,11 +247,11 @@ class PoolClient(PoolFront):
         if tiers_out is not None:
             tiers_out.extend(Tier(int(t)).label for t in reply.tiers[:filled])
         if self.locations is not None and filled:
-            self._remember(_wire_digest(ns), keys, reply, filled)
+            self._remember(_wire_digest(ns), keys, reply, filled, gens)
         return filled
 
     def _read_unleased(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef,
-                       tiers_out: list[str] | None, reply: pb.LookupResponse) -> int:
+                       tiers_out: list[str] | None, reply: pb.LookupResponse, gens: dict[int, int] | None) -> int:
         """The hits of an optimistic lookup, all DRAM extents of arenas mapped here, copied straight from the arenas
         and kept only where the copy hashes to the committed checksum. Nothing pins them, so a mismatch may be an
         extent reused since the lookup, not a corrupt object: that key onwards is read again under a lease (which
@@ -254,7 +266,7 @@ class PoolClient(PoolFront):
             if tiers_out is not None:
                 tiers_out.extend([Tier.DRAM.label] * good)
             if self.locations is not None:
-                self._remember(_wire_digest(ns), keys, reply, good)
+                self._remember(_wire_digest(ns), keys, reply, good, gens)
         if good == n:
             return n
         self.optimistic_retries += 1
@@ -267,6 +279,7 @@ class PoolClient(PoolFront):
                                  client_host_id=self.host_id, pin_s=pin_s)
         req.keys.extend(bytes(k) for k in keys)
         req.sizes.extend(sizes)
+        self._releaser.flush_uses(self.timeout)
         sent_at = fence.now()
         reply = self.rpc.call("PutStart", req, what="put_start")
         deadline = fence.write_deadline(sent_at, reply.ttl_ms)
@@ -381,6 +394,7 @@ class PoolClient(PoolFront):
                              what="remove").removed
 
     def _stats(self) -> dict:
+        self._releaser.flush_uses(self.timeout)     # the hit counts include this client's cached gets
         out = json.loads(self.rpc.call("Stats", pb.StatsRequest(), retry=True, what="stats").json)
         out["client_checksum_failures"] = self.checksum_failures
         out["client_late_writes_skipped"] = self.transfers.late_writes_skipped
@@ -418,18 +432,36 @@ class PoolClient(PoolFront):
             self._releaser.give_back(ids)       # a master that predates release_lease_ids
         return reply
 
-    def _remember(self, digest: bytes, keys: Sequence[bytes], reply: pb.LookupResponse, count: int) -> None:
+    def _remember(self, digest: bytes, keys: Sequence[bytes], reply: pb.LookupResponse, count: int,
+                  gens: dict[int, int] | None) -> None:
         """Keep the locations of the first `count` hits of a leased lookup's reply: the leading run of them that
-        are DRAM extents of arenas mapped here. The rest of the `count` keys are forgotten (moved to SSD, say)."""
+        are DRAM extents of arenas that were mapped here when the lookup was sent (`gens`, their removal
+        generations then: an entry is dated by them, never by a later read, or a removal the master made between
+        its answer and that read would go unseen). The rest of the `count` keys are forgotten (moved to SSD, an
+        arena mapped by this very get, say)."""
         mapped = self.transfers.mapped_extents(wire.hits_of(reply), range(count))
+        gens = gens or {}
         n = 0
-        while n < count and n in mapped:
+        while n < count and n in mapped and id(mapped[n][0]) in gens:
             n += 1
         if n:
             self.locations.remember(digest, keys[:n], [mapped[i][0] for i in range(n)],
-                                    [mapped[i][1] for i in range(n)], reply.checksums[:n])
+                                    [mapped[i][1] for i in range(n)], reply.checksums[:n],
+                                    [gens[id(mapped[i][0])] for i in range(n)])
         if n < count:
             self.locations.forget(digest, keys[n:count])
+
+    def _remember_put(self, digest: bytes, keys: Sequence[bytes], grants, stored: list[int], sums: dict[int, int],
+                      gens: dict[int, int]) -> None:
+        """Keep where this client's put just committed objects in arenas mapped here (before the PutStart: `gens`
+        dates them): the process that stores a block is the likeliest to read it back (an engine's own offloaded
+        prefix), and that get then needs no round trip either."""
+        mapped = self.transfers.mapped_extents(grants, stored)
+        picked = [i for i in stored if i in mapped and id(mapped[i][0]) in gens]
+        if picked:
+            self.locations.remember(digest, [keys[i] for i in picked], [mapped[i][0] for i in picked],
+                                    [mapped[i][1] for i in picked], [sums[i] for i in picked],
+                                    [gens[id(mapped[i][0])] for i in picked])
 
     def _report_uses(self, ns: NsRef, keys: list[bytes], uses: int) -> None:
         """Tell the master about `uses` gets of the chain `keys` served from the location cache (the releaser's
@@ -439,6 +471,7 @@ class PoolClient(PoolFront):
         req = pb.LookupRequest(namespace=digest, block_tokens=ns.block_tokens, namespace_label=ns.label, lease=True,
                                client_host_id=self.host_id, uses=uses, optimistic=True)
         req.keys.extend(keys)
+        gens = self.transfers.generations() if self.locations is not None else None
         reply = self._leased_lookup(req)
         if reply.lease_id:
             self._releaser.release(reply.lease_id, [])
@@ -446,22 +479,25 @@ class PoolClient(PoolFront):
             if reply.hits < len(keys):
                 self.locations.forget(digest, keys[reply.hits:])
             if reply.hits:
-                self._remember(digest, keys, reply, reply.hits)
+                self._remember(digest, keys, reply, reply.hits, gens)
 
-    def _commit(self, grant_ids, granted: list[int], failed: set[int], buffers, out: list[str]) -> None:
+    def _commit(self, grant_ids, granted: list[int], failed: set[int], buffers, out: list[str]) -> dict[int, int]:
         """End a put's grants: abort the failed ones, commit the rest with the checksums of their bytes. Sets out[i]
-        to "stored" or "no_space" for every granted i (a grant that expired before the commit stored nothing)."""
+        to "stored" or "no_space" for every granted i (a grant that expired before the commit stored nothing).
+        Returns {i: the checksum committed} for the ones it asked to commit."""
         if failed:
             self._abort([grant_ids[i] for i in failed])
         for i in failed:
             out[i] = "no_space"
         ok = [i for i in granted if i not in failed]
+        sums = {i: xxhash.xxh3_64_intdigest(buffers[i]) for i in ok}
         if ok:
             request = pb.PutCommitRequest()
             request.grant_ids.extend(grant_ids[i] for i in ok)
-            request.checksums.extend(xxhash.xxh3_64_intdigest(buffers[i]) for i in ok)
+            request.checksums.extend(sums[i] for i in ok)
             for i, status in zip(ok, self.rpc.call("PutCommit", request, what="put_commit").statuses):
                 out[i] = "stored" if status == pb.COMMITTED else "no_space"
+        return sums
 
     def _abort(self, grant_ids: list[int]) -> None:
         if not grant_ids:

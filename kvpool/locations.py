@@ -5,29 +5,42 @@ measured 2026-11-27, 905 us per get of which the Lookup is 420 us (the master's 
 of it in-process; a bare socket round trip 26 us) and the copy + check 342 us, against a 223 us memcpy. The cache
 takes that round trip off the get's path:
 
-    remember   after a get read objects out of a mapped DRAM arena (same host), the client keeps, per
-               (namespace, key): the extent itself (a view into the mapped arena), its arena, and the committed
-               xxh3_64; entries live `ttl_s` from the master's last word on them
-    run        a later get whose leading keys are remembered, fresh and of the buffers' sizes copies them straight
-               out of those extents through the read fence (fence.copy_verified_many) with no lease and no RPC
+    remember   after a get read objects out of a mapped DRAM arena (same host), or a put committed them into one,
+               the client keeps, per (namespace, key): the extent itself (a view into the mapped arena), its arena,
+               the committed xxh3_64 and the arena's removal generation read before that lookup or put; entries
+               live `ttl_s` from the master's last word on them
+    run        a later get whose keys are all remembered, fresh and of the buffers' sizes copies them straight out
+               of those extents through the read fence (fence.copy_verified_many) with no lease and no RPC; a get
+               with any key not remembered goes to the master whole (one chain, as the master would have seen it)
 
 Why no lease is needed: the fence is the guarantee, as for every same-host read (kvpool/fence.py). A returned
 buffer hashes to the checksum committed for its key, whatever happened to the extent since it was remembered
 (evicted, moved, reused by another object, being rewritten): a mismatch means the entry is stale, and it is
-forgotten and read again the usual way (a leased Lookup) from that key on, never reported as corrupt (an extent
+forgotten and the get goes to the master the usual way, never reported as corrupt (an extent
 legitimately holds another object once the master let it go). An arena whose node died (its lock is free) is
 never read from the cache; its entries are dropped.
 
 The master still hears of every get: PoolClient reports the chains it served from the cache off the get's path
 (its background thread coalesces them into one leased Lookup per chain with `uses` = the gets it stands for), so
-the eviction policy sees the chain used, the hit-rate statistics count every get, and the reply refreshes the
-entries (a key the master no longer has is forgotten then).
+the eviction policy sees the chain used, the hit-rate statistics and the traffic recorder count every get, and the
+reply refreshes the entries (a key the master no longer has is forgotten then).
 
-What a caller gives up (why PoolClient's `location_cache_s` is 0, off, by default): an object removed or evicted at
-the master whose extent still holds its bytes can still be served by a client that remembered it, for up to
-`ttl_s` after the master last confirmed it. The bytes are the committed ones (content-addressed KV blocks make such
-a hit harmless), but a store that must forget on remove must leave the cache off. `remove_many` through the same
-client forgets everything at once.
+Removals: nothing removed is served once `remove` returned. Each node's DRAM arena carries a removal generation
+in its tail page (tiers/dram.py); the master has every DRAM node bump it after a Remove or an admin Evict and before
+it answers, and a node bumps it when it registers with a master (one that restarted without its index). An entry is
+dated with its arena's generation read *before* the lookup that located it, and `run` drops an entry whose arena's
+generation has moved since: one 8-byte load from the client's own mapping, no round trip. What is still served: an
+object the master evicted for room (or that a tenant's quota pushed out) whose extent still holds its bytes, until
+the master answers the report of that get (the reply forgets it, one linger later). Those are the committed bytes
+of that key, never another's; a KV cache loses nothing by one more hit. A node the master could not reach at a
+removal (logged) leaves its clients' entries to lapse with `ttl_s`.
+
+Ordering: a client's cached gets reach the master before its next put (which may evict), prefix lookup or stats
+call (Releaser.flush_uses), so its eviction order, hit counts and recorded trace are as they would be without the
+cache; another client sees them one linger later.
+
+Why it is on by default (PoolClient location_cache_s=None: DEFAULT_TTL_S with verify "all"): a 64 KiB x 32
+same-host get is ~0.3x memcpy through a Lookup and ~0.6-0.9x without one (bench/pool_remote.py).
 """
 
 from __future__ import annotations
@@ -39,6 +52,7 @@ from typing import Any, Sequence
 
 MAX_ENTRIES = 65536      # remembered objects per client, oldest dropped first (a 4K-token prompt is 256 blocks)
 MAX_TTL_S = 3600.0
+DEFAULT_TTL_S = 10.0     # PoolClient's default: each cached get's report refreshes its entries well before that
 
 
 @dataclass(slots=True)
@@ -49,11 +63,13 @@ class Cached:
     extent: memoryview
     checksum: int
     expires: float          # time.monotonic() after which the entry is not used
+    generation: int         # the arena's removal generation read before the lookup that located it
 
 
 class LocationCache:
     """(namespace digest, key) -> Cached, bounded, thread-safe. Counters: `gets` served wholly or partly from it,
-    `objects` read from it, `stale` entries found not to hold their object any more."""
+    `objects` read from it, `stale` entries found not to hold their object any more, `removed` entries dropped
+    because their arena's node was told of a removal after they were located."""
 
     def __init__(self, ttl_s: float, max_entries: int = MAX_ENTRIES) -> None:
         if isinstance(ttl_s, bool) or not isinstance(ttl_s, (int, float)) or not 0 < ttl_s <= MAX_TTL_S:
@@ -65,6 +81,7 @@ class LocationCache:
         self.gets = 0
         self.objects = 0
         self.stale = 0
+        self.removed = 0
         self._entries: dict[tuple[bytes, bytes], Cached] = {}
         self._lock = threading.Lock()
 
@@ -72,27 +89,39 @@ class LocationCache:
         return len(self._entries)
 
     def remember(self, ns: bytes, keys: Sequence[bytes], arenas: Sequence[Any], extents: Sequence[memoryview],
-                 checksums: Sequence[int]) -> None:
-        """The master just said keys[i] is `extents[i]` in `arenas[i]` with committed `checksums[i]`."""
+                 checksums: Sequence[int], generations: Sequence[int]) -> None:
+        """The master just said keys[i] is `extents[i]` in `arenas[i]` with committed `checksums[i]`, answering a
+        lookup sent when that arena's removal generation was `generations[i]`."""
         expires = time.monotonic() + self.ttl_s
         entries = self._entries
         with self._lock:
-            for key, arena, extent, checksum in zip(keys, arenas, extents, checksums):
+            for key, arena, extent, checksum, gen in zip(keys, arenas, extents, checksums, generations):
                 k = (ns, bytes(key))
                 entries.pop(k, None)        # re-inserted last: the dict's order is the drop order
-                entries[k] = Cached(arena, extent, int(checksum), expires)
+                entries[k] = Cached(arena, extent, int(checksum), expires, gen)
             while len(entries) > self.max_entries:
                 del entries[next(iter(entries))]
 
     def run(self, ns: bytes, keys: Sequence[bytes], sizes: Sequence[int]) -> list[Cached]:
-        """The remembered entries of the leading keys: fresh, and each of the size the caller's buffer has."""
+        """The remembered entries of the leading keys: fresh, each of the size the caller's buffer has, and located
+        since the last removal its arena was told of (an entry older than that is forgotten, counted `removed`)."""
         now = time.monotonic()
         out: list[Cached] = []
         entries = self._entries
+        gens: dict[int, int] = {}
         with self._lock:
             for key, size in zip(keys, sizes):
-                entry = entries.get((ns, key if type(key) is bytes else bytes(key)))
+                k = (ns, key if type(key) is bytes else bytes(key))
+                entry = entries.get(k)
                 if entry is None or entry.expires <= now or entry.extent.nbytes != size:
+                    break
+                arena = entry.arena
+                gen = gens.get(id(arena))
+                if gen is None:
+                    gen = gens[id(arena)] = arena.generation
+                if gen != entry.generation:
+                    del entries[k]
+                    self.removed += 1
                     break
                 out.append(entry)
         return out
@@ -120,7 +149,8 @@ class LocationCache:
 
     def report(self) -> dict[str, int]:
         with self._lock:
-            return {"entries": len(self._entries), "gets": self.gets, "objects": self.objects, "stale": self.stale}
+            return {"entries": len(self._entries), "gets": self.gets, "objects": self.objects, "stale": self.stale,
+                    "removed": self.removed}
 
 
-__all__ = ["LocationCache", "Cached", "MAX_ENTRIES", "MAX_TTL_S"]
+__all__ = ["LocationCache", "Cached", "MAX_ENTRIES", "MAX_TTL_S", "DEFAULT_TTL_S"]

@@ -6,6 +6,8 @@
     report_uses(ns, keys)             a get was served from the location cache (kvpool/locations.py): the gets of
                                       one chain within a linger coalesce into one `send_uses(ns, keys, uses)` call,
                                       whose leased Lookup also carries the pending releases
+    flush_uses(timeout)               the caller's next call must find the master knowing of its cached gets (a
+                                      put that may evict, stats): the pending reports go now
 
 A Release per get cost client and master a request each: ~15% of a 64 KiB x 32 get (bench/pool_remote.py).
 Nothing here is awaited by a get: a lost release only delays eviction until the lease expires, a lost report only
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.rpc import MasterRpc
@@ -36,6 +39,8 @@ class Releaser:
         self._send_uses_to = send_uses
         self._uses: dict[tuple, list] = {}   # (ns, keys) -> [ns, keys, gets]
         self._cond = threading.Condition(threading.Lock())
+        self._sent = threading.Condition(self._cond._lock)    # same lock: a report the thread has finished sending
+        self._sending = False
         self._pending: list[int] = []
         self._reports: list[tuple[int, list[bytes]]] = []
         self._closing = False
@@ -68,6 +73,27 @@ class Releaser:
                 self._idle = False
                 self._cond.notify()
 
+    def flush_uses(self, timeout: float) -> None:
+        """Before a call whose effect depends on what the master knows of this client's gets (a put that may evict,
+        stats): send the pending use reports now, from the caller's thread, and wait up to `timeout` for one this
+        thread is sending. The master then orders this client's cached gets before its next call, as it would have
+        without the cache. Nothing pending (the usual case): returns at once."""
+        if not self._uses and not self._sending:
+            return
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            uses, self._uses = list(self._uses.values()), {}
+            while self._sending and (left := deadline - time.monotonic()) > 0:
+                self._sent.wait(left)
+        self._send_uses(uses)
+
+    def _send_uses(self, uses: list) -> None:
+        for ns, keys, gets in uses:     # their lookups carry the pending releases
+            try:
+                self._send_uses_to(ns, keys, gets)
+            except Exception as exc:  # noqa: BLE001 - the gets were served; only their report is lost
+                log.warning("report of %d get(s) served from the location cache failed: %s", gets, exc)
+
     def take(self) -> list[int]:
         """The finished leases, for a lookup to carry (`give_back` them if it was not sent)."""
         with self._cond:
@@ -96,11 +122,13 @@ class Releaser:
                 if (self._pending or self._uses) and not self._closing:
                     self._cond.wait(self._linger_s)      # a lookup may take them meanwhile; only close() wakes this
                 uses, self._uses = list(self._uses.values()), {}
-            for ns, keys, gets in uses:     # their lookups carry the pending releases
-                try:
-                    self._send_uses_to(ns, keys, gets)
-                except Exception as exc:  # noqa: BLE001 - the gets were served; only their report is lost
-                    log.warning("report of %d get(s) served from the location cache failed: %s", gets, exc)
+                self._sending = bool(uses)
+            try:
+                self._send_uses(uses)
+            finally:
+                with self._cond:
+                    self._sending = False
+                    self._sent.notify_all()
             with self._cond:
                 ids, self._pending = self._pending, []
                 closing = self._closing

@@ -131,6 +131,13 @@ class Transfers:
             out.update((i, (arena, view)) for i, view in zip(picked, views))
         return out
 
+    def generations(self) -> dict[int, int]:
+        """{id(arena): its removal generation now} for every arena mapped here (tiers/dram.py). Read before a
+        lookup, it dates what that lookup's answer may be remembered as (kvpool/locations.py)."""
+        with self._lock:
+            arenas = [r.arena for r in self._routes.values() if r.arena is not None]
+        return {id(arena): arena.generation for arena in arenas}
+
     def mapped_nodes(self) -> tuple[str, ...]:
         """Ids of the nodes whose DRAM this client copies through their mapped arena (every route to them has it
         mapped): a lookup tells the master, which then signs no data-channel token for their DRAM hits."""

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from kvpool import PoolClient
+from kvpool.admin import AdminClient
 from kvpool.locations import LocationCache
 from kvpool.proto import kvpool_pb2 as pb
 from tests.conftest import SMALL_UP_OBJ as OBJ
@@ -36,6 +37,7 @@ def test_repeat_gets_skip_the_master_and_each_get_is_still_counted(small_up):
     base = calls["Lookup"]
     # release_linger_s=60: nothing is sent by the timer, so the counts below are exact; close() sends the report
     with PoolClient(small_up.address, location_cache_s=60, release_linger_s=60) as c:
+        c.warm(prefault=False)      # the arena mapped before the first lookup: its answer can be dated and kept
         out = bufs(4)
         tiers: list[str] = []
         assert c.get_many_into(KEYS[:4], out, tiers_out=tiers) == 4 and out == [bytearray(d) for d in DATAS[:4]]
@@ -49,7 +51,7 @@ def test_repeat_gets_skip_the_master_and_each_get_is_still_counted(small_up):
         out = bufs(2)
         assert c.get_many_into(KEYS[:2], out) == 2 and out == [bytearray(d) for d in DATAS[:2]]   # a prefix: cached
         assert calls["Lookup"] == base + 1
-        assert cache_report(c) == {"entries": 4, "gets": 6, "objects": 22, "stale": 0}
+        assert cache_report(c) == {"entries": 4, "gets": 6, "objects": 22, "stale": 0, "removed": 0}
         assert c.checksum_failures == 0
     # close() sent the two chains' reports: one leased Lookup each (uses 5 and 1) and the last lease's Release
     assert calls["Lookup"] == base + 3
@@ -59,49 +61,75 @@ def test_repeat_gets_skip_the_master_and_each_get_is_still_counted(small_up):
         assert s["leases_open"] == 0
 
 
-def test_a_get_reaching_past_the_cached_run_asks_the_master_for_the_rest(small_up):
+def test_a_get_reaching_past_the_cached_run_asks_the_master_for_all_of_it(small_up):
+    """All or nothing: the master hears of a get as one chain (one lookup, one recorded row), never a cached prefix
+    reported apart from a looked-up rest."""
     calls = small_up.master.control.calls
     with PoolClient(small_up.address, location_cache_s=60, release_linger_s=60) as c:
         assert c.put_many(KEYS[:3], DATAS[:3]) == ["stored"] * 3
         assert c.get_many_into(KEYS[:2], bufs(2)) == 2
         base = calls["Lookup"]
         out = bufs(4)
-        assert c.get_many_into(KEYS[:4], out) == 3           # 2 cached, then one lookup of KEYS[2:4]: 1 hit
+        # the put mapped the node's arena (nothing dates its answer): only the get's two are remembered
+        assert cache_report(c)["entries"] == 2
+        assert c.get_many_into(KEYS[:4], out) == 3           # KEYS[2:] are not remembered: one lookup of all four
         assert out[:3] == [bytearray(d) for d in DATAS[:3]] and out[3] == bytearray(OBJ)
-        assert calls["Lookup"] == base + 1
-        assert cache_report(c)["entries"] == 3
+        assert calls["Lookup"] == base + 1 and cache_report(c)["gets"] == 0
 
 
 def test_an_extent_reused_by_other_objects_is_stale_never_returned_never_corrupt(small_up):
+    """No removal: the four objects are demoted to SSD to make room (no generation bump), and the next four reuse
+    their DRAM extents under the cached entries. The cached read fails the fence, and the get asks the master,
+    which finds them on SSD."""
     with PoolClient(small_up.address, location_cache_s=60) as a, PoolClient(small_up.address) as b:
+        a.warm(prefault=False)
         assert b.put_many(KEYS[:4], DATAS[:4]) == ["stored"] * 4
         assert a.get_many_into(KEYS[:4], bufs(4)) == 4            # a remembers the four DRAM extents
-        wait_until(lambda: b.stats()["leases_open"] == 0, "the get's lease ending")   # else the removal waits for it
-        assert b.remove_many(KEYS[:4]) == 4
-        # DRAM holds exactly four objects: the next four reuse the same four extents
+        wait_until(lambda: b.stats()["leases_open"] == 0, "the get's lease ending")   # else no extent can move
+        # DRAM holds exactly four objects: the next four reuse the same four extents, the first four go to SSD
         assert b.put_many(KEYS[4:], OTHER[4:]) == ["stored"] * 4
         out = bufs(4)
-        # every entry stale (the other objects' bytes were copied but are not counted as filled) and the master
-        # has none of the four any more
-        assert a.get_many_into(KEYS[:4], out) == 0
-        assert cache_report(a)["stale"] == 4 and cache_report(a)["entries"] == 0
+        tiers: list[str] = []
+        assert a.get_many_into(KEYS[:4], out, tiers_out=tiers) == 4
+        assert out == [bytearray(d) for d in DATAS[:4]] and tiers == ["ssd"] * 4
+        report = cache_report(a)
+        # the first stale entry sends the get to the master whole; its answer (SSD) forgets the other three
+        assert report["stale"] == 1 and report["removed"] == 0 and report["gets"] == 0 and report["entries"] == 0
         assert a.checksum_failures == 0                           # stale is not corrupt: nothing reported
         assert b.stats()["dram_corrupt"] == 0
         got = bufs(4)
         assert a.get_many_into(KEYS[4:], got) == 4 and got == [bytearray(d) for d in OTHER[4:]]
 
 
-def test_a_removed_object_is_forgotten_once_the_report_comes_back(small_up):
-    """The trade-off the cache documents: a removed object whose extent is intact can still be served, but only
-    until the master answers the report of that get (one linger later), not for the whole location_cache_s."""
+def test_an_object_removed_by_another_client_is_never_served_once_remove_returned(small_up):
+    """Its extent is intact, but the node's removal generation moved before `remove` returned: the cached entries
+    are dropped unread and the get asks the master, which has nothing."""
+    calls = small_up.master.control.calls
     with PoolClient(small_up.address, location_cache_s=60) as a, PoolClient(small_up.address) as b:
+        a.warm(prefault=False)
         assert b.put_many(KEYS[:2], DATAS[:2]) == ["stored"] * 2
         assert a.get_many_into(KEYS[:2], bufs(2)) == 2
+        assert cache_report(a)["entries"] == 2
+        wait_until(lambda: b.stats()["leases_open"] == 0, "the get's lease ending")
         assert b.remove_many(KEYS[:2]) == 2
+        base = calls["Lookup"]
         out = bufs(2)
-        assert a.get_many_into(KEYS[:2], out) == 2 and out == [bytearray(d) for d in DATAS[:2]]   # intact: served
-        wait_until(lambda: cache_report(a)["entries"] == 0, "the report's reply forgetting the removed keys")
+        assert a.get_many_into(KEYS[:2], out) == 0 and out == bufs(2)
+        assert calls["Lookup"] == base + 1
+        report = cache_report(a)
+        assert report["removed"] == 1 and report["gets"] == 0 and report["stale"] == 0
+
+
+def test_an_admin_evict_is_a_removal_too(small_up):
+    with PoolClient(small_up.address, location_cache_s=60) as a:
+        a.warm(prefault=False)
+        assert a.put_many(KEYS[:2], DATAS[:2]) == ["stored"] * 2
+        assert a.get_many_into(KEYS[:2], bufs(2)) == 2
+        wait_until(lambda: a.stats()["leases_open"] == 0, "the get's lease ending")
+        with AdminClient(small_up.address) as admin:
+            assert admin.evict(everything=True) == 2                # `kvpool evict --all`
         assert a.get_many_into(KEYS[:2], bufs(2)) == 0
+        assert cache_report(a)["removed"] == 1
 
 
 def test_remove_through_the_same_client_forgets_at_once(small_up):
@@ -187,7 +215,7 @@ def test_a_lookups_uses_must_be_in_range(small_up):
 # ---------------------------------------------------------------- LocationCache alone
 
 class _Arena:
-    pass
+    generation = 0
 
 
 def test_the_cache_is_bounded_oldest_first_and_a_run_stops_at_the_first_unusable_entry():
@@ -195,14 +223,17 @@ def test_the_cache_is_bounded_oldest_first_and_a_run_stops_at_the_first_unusable
     arena = _Arena()
     mem = memoryview(np.zeros(64, np.uint8)).cast("B")
     keys = [bytes([i]) * 16 for i in range(4)]
-    cache.remember(b"", keys[:3], [arena] * 3, [mem[0:8], mem[8:16], mem[16:32]], [1, 2, 3])
+    cache.remember(b"", keys[:3], [arena] * 3, [mem[0:8], mem[8:16], mem[16:32]], [1, 2, 3], [0] * 3)
     assert [e.checksum for e in cache.run(b"", keys[:3], [8, 8, 16])] == [1, 2, 3]
     assert [e.checksum for e in cache.run(b"", keys[:3], [8, 9, 16])] == [1]        # size differs: stop
     assert cache.run(b"ns", keys[:3], [8, 8, 16]) == []                             # another namespace
-    cache.remember(b"", keys[0:1], [arena], [mem[0:8]], [11])                        # refreshed: now the newest
-    cache.remember(b"", keys[3:4], [arena], [mem[32:40]], [4])                       # over the bound: keys[1] goes
+    cache.remember(b"", keys[0:1], [arena], [mem[0:8]], [11], [0])                   # refreshed: now the newest
+    cache.remember(b"", keys[3:4], [arena], [mem[32:40]], [4], [0])                  # over the bound: keys[1] goes
     assert len(cache) == 3 and cache.run(b"", keys[1:2], [8]) == []
     assert [e.checksum for e in cache.run(b"", [keys[0], keys[2], keys[3]], [8, 16, 8])] == [11, 3, 4]
+    arena.generation = 1                                                            # a removal: dropped unread
+    assert cache.run(b"", keys[:1], [8]) == [] and cache.removed == 1 and len(cache) == 2
+    cache.remember(b"", keys[0:1], [arena], [mem[0:8]], [11], [1])
     cache.forget_arena(_Arena())
     assert len(cache) == 3
     cache.forget_arena(arena)
@@ -212,7 +243,7 @@ def test_the_cache_is_bounded_oldest_first_and_a_run_stops_at_the_first_unusable
 def test_an_expired_entry_is_not_used():
     cache = LocationCache(0.05)
     mem = memoryview(bytearray(8))
-    cache.remember(b"", [b"k" * 16], [_Arena()], [mem], [7])
+    cache.remember(b"", [b"k" * 16], [_Arena()], [mem], [7], [0])
     assert len(cache.run(b"", [b"k" * 16], [8])) == 1
     deadline = time.monotonic() + 0.05
     while time.monotonic() <= deadline:       # the clock, not an event: the entry's lifetime is the subject
@@ -296,5 +327,6 @@ def test_readers_under_churn_only_ever_get_committed_bytes(small_up):
         assert not any(t.is_alive() for t in threads)
         assert errors == []
         report = cache_report(reader)
-        assert report["gets"] > 0 and report["stale"] > 0       # both paths were taken under the churn
+        # both paths were taken under the churn: gets from the cache, and entries the writer's removals dropped
+        assert report["gets"] > 0 and report["stale"] + report["removed"] > 0
         assert reader.checksum_failures == 0             # no committed object was ever read back wrong

@@ -20,7 +20,7 @@ from tests.store.cluster import check_pattern, cluster, key_of, pattern  # noqa:
 
 SIZE = 16 << 10
 TRAFFIC_PUTS = 300      # objects the traffic process adds (2 per iteration), on top of the initial ones
-TRAFFIC_ITERS = 3000
+TRAFFIC_ITERS = 30000   # bounded by TRAFFIC_SECONDS first: repeat gets served by the location cache take ~1 ms
 TRAFFIC_SECONDS = 40.0
 
 
