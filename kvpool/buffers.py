@@ -49,6 +49,8 @@ def as_bytes(obj: Any, arg: str) -> memoryview:
 
 def as_writable_bytes(obj: Any, arg: str) -> memoryview:
     """Like `as_bytes`, but the pool will write into it: read-only buffers are refused."""
+    if type(obj) is memoryview and obj.format == "B" and obj.ndim == 1 and obj.c_contiguous and not obj.readonly:
+        return obj      # already what as_bytes makes (a get's buffers, often): ~1 us per buffer saved
     view = as_bytes(obj, arg)
     if view.readonly:
         raise ValueError(f"{arg} is read-only ({type(obj).__name__}); pass a bytearray, numpy array or tensor")

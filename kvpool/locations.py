@@ -108,17 +108,16 @@ class LocationCache:
         now = time.monotonic()
         out: list[Cached] = []
         entries = self._entries
-        gens: dict[int, int] = {}
+        arena, gen = None, 0        # the last entry's arena and its generation now (a get's keys share few arenas)
         with self._lock:
             for key, size in zip(keys, sizes):
                 k = (ns, key if type(key) is bytes else bytes(key))
                 entry = entries.get(k)
                 if entry is None or entry.expires <= now or entry.extent.nbytes != size:
                     break
-                arena = entry.arena
-                gen = gens.get(id(arena))
-                if gen is None:
-                    gen = gens[id(arena)] = arena.generation
+                if entry.arena is not arena:
+                    arena = entry.arena
+                    gen = arena.generation
                 if gen != entry.generation:
                     del entries[k]
                     self.removed += 1
