@@ -38,8 +38,9 @@ class Releaser:
         self._linger_s = linger_s
         self._send_uses_to = send_uses
         self._uses: dict[tuple, list] = {}   # (ns, keys) -> [ns, keys, gets]
-        self._cond = threading.Condition(threading.Lock())
-        self._sent = threading.Condition(self._cond._lock)    # same lock: a report the thread has finished sending
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)
+        self._sent = threading.Condition(lock)      # same lock: a report the thread has finished sending
         self._sending = False
         self._pending: list[int] = []
         self._reports: list[tuple[int, list[bytes]]] = []

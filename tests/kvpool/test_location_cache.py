@@ -194,6 +194,23 @@ def test_cached_uses_keep_a_chain_warm_in_the_eviction_order(small_up):
         assert tiers == ["dram", "ssd", "dram", "dram", "dram"]
 
 
+def test_a_stats_call_or_a_put_first_sends_the_pending_reports(small_up):
+    """release_linger_s=60: the background thread would not send the reports for a minute; stats() and put_many
+    send them first, so this client's hit counts and eviction order are as without the cache."""
+    calls = small_up.master.control.calls
+    with PoolClient(small_up.address, location_cache_s=60, release_linger_s=60) as c:
+        c.warm(prefault=False)
+        assert c.put_many(KEYS[:2], DATAS[:2]) == ["stored"] * 2       # remembered by the put
+        base = c.stats()["lookups"]
+        for _ in range(3):
+            assert c.get_many_into(KEYS[:2], bufs(2)) == 2
+        assert c.stats()["lookups"] == base + 3 and cache_report(c)["gets"] == 3
+        assert c.get_many_into(KEYS[:1], bufs(1)) == 1
+        before = calls["Lookup"]
+        assert c.put_many(KEYS[2:3], DATAS[2:3]) == ["stored"]
+        assert calls["Lookup"] == before + 1                             # the report, sent before the PutStart
+
+
 def test_location_cache_s_is_checked_before_anything_starts(small_up):
     for bad in (-1, 3601, True, "1s"):
         with pytest.raises(ValueError, match=r"^location_cache_s must be seconds in \[0, 3600\] \(0 = off\), got "):
