@@ -8,8 +8,9 @@
                    kept where it hashes to the committed checksum, and a mismatch asks again with a lease
                    A Lookup also names the nodes whose arena is mapped here: their DRAM hits come without the
                    data-channel token (an HMAC per hit the master need not compute)
-                   With `location_cache_s` (kvpool/locations.py) a get of keys it read before copies them from the
-                   remembered extents through the same check, with no Lookup; the gets are reported later
+                   The location cache (kvpool/locations.py, on by default): a get of keys it read or put before
+                   copies them from the remembered extents through the same check, with no Lookup, while their
+                   arena's removal generation is unchanged; the gets are reported later
     reserve_many / acquire_many (kvpool/extents.py): the same RPCs, but the caller copies into / out of same-host
                    arena extents itself; the rest is staged through the data channel
 
@@ -18,9 +19,9 @@ The layers it is built from, each usable on its own:
   kvpool/rpc.py        MasterRpc: the channel, deadlines, retries of idempotent calls, the fault map
   kvpool/transfer.py   Transfers: same-host arena memcpy or the node's TCP data channel, read verification
   kvpool/releaser.py   Releaser: the background thread that ends read leases and sends the location cache's reports
-  kvpool/locations.py  LocationCache: where same-host gets found their objects (off unless `location_cache_s`)
+  kvpool/locations.py  LocationCache: where same-host gets and puts found their objects (`location_cache_s`)
 `kvpool drain` moves objects with the same `rpc` and `transfers` (public attributes).
-One module of ~480 lines because it is one concept, the pool API over RPC: a backend method per PoolFront call,
+One module of ~520 lines because it is one concept, the pool API over RPC: a backend method per PoolFront call,
 each a few lines over the layers above.
 
 Faults: what is left after retries raises PoolUnavailable / PoolTimeout / PoolError (PoolAuthError: the master
