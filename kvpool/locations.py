@@ -33,7 +33,8 @@ generation has moved since: one 8-byte load from the client's own mapping, no ro
 object the master evicted for room (or that a tenant's quota pushed out) whose extent still holds its bytes, until
 the master answers the report of that get (the reply forgets it, one linger later). Those are the committed bytes
 of that key, never another's; a KV cache loses nothing by one more hit. A node the master could not reach at a
-removal (logged) leaves its clients' entries to lapse with `ttl_s`.
+removal (logged) leaves its clients' entries as they are: such an object can be served as one evicted for room
+can, until the reply to the report of the get that served it (one linger).
 
 Ordering: a client's cached gets reach the master before its next put (which may evict), prefix lookup or stats
 call (Releaser.flush_uses), so its eviction order, hit counts and recorded trace are as they would be without the

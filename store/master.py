@@ -607,13 +607,14 @@ class Master:
         """After a removal (outside the lock): every DRAM node bumps its arena's removal generation before the
         caller hears back, so no same-host location cache serves a removed object after `remove` returned. Every
         node, not just the ones that held the objects: an extent an object left (a drain, a promotion) can still
-        hold its bytes. A node that does not answer is logged; its caches' entries lapse with their ttl."""
+        hold its bytes. A node that does not answer is logged: a same-host cache there may serve a removed object
+        until the reply to that get's use report forgets it (one linger), as for an object evicted for room."""
         for node_id, ops in nodes:
             try:
                 ops.objects_removed()
             except Exception as exc:  # noqa: BLE001 - the removal itself is done and stays done
-                log.warning("node %s not told of a removal (its same-host location caches lapse with their "
-                            "ttl): %s", node_id, exc)
+                log.warning("node %s not told of a removal (a same-host location cache there may serve a "
+                            "removed object until its use report's reply, one linger): %s", node_id, exc)
 
     # ------------------------------------------------------------------ admin queries (store/queries.py)
 

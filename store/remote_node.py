@@ -69,7 +69,7 @@ class RemoteNodeOps:
 
     def objects_removed(self) -> None:
         """Raises NodeUnavailable when the node did not answer (the master logs it: that node's same-host caches
-        keep what they remember until their entries expire or the node's arena goes)."""
+        may serve a removed object until the reply to that get's use report forgets it, one linger)."""
         try:
             self._stub.Drop(pb.DropRequest(objects_removed=True), timeout=self.timeout)
         except grpc.RpcError as exc:
