@@ -445,10 +445,7 @@ class PoolClient(PoolFront):
         n = 0
         while n < count and n in mapped and id(mapped[n][0]) in gens:
             n += 1
-        if n:
-            self.locations.remember(digest, keys[:n], [mapped[i][0] for i in range(n)],
-                                    [mapped[i][1] for i in range(n)], reply.checksums[:n],
-                                    [gens[id(mapped[i][0])] for i in range(n)])
+        self._keep(digest, keys, range(n), mapped, reply.checksums, gens)
         if n < count:
             self.locations.forget(digest, keys[n:count])
 
@@ -458,10 +455,16 @@ class PoolClient(PoolFront):
         dates them): the process that stores a block is the likeliest to read it back (an engine's own offloaded
         prefix), and that get then needs no round trip either."""
         mapped = self.transfers.mapped_extents(grants, stored)
-        picked = [i for i in stored if i in mapped and id(mapped[i][0]) in gens]
+        self._keep(digest, keys, [i for i in stored if i in mapped and id(mapped[i][0]) in gens], mapped, sums,
+                   gens)
+
+    def _keep(self, digest: bytes, keys: Sequence[bytes], picked: Sequence[int], mapped: dict, checksums,
+              gens: dict[int, int]) -> None:
+        """Remember keys[i] for i in `picked` at mapped[i] = (arena, extent) with checksums[i], dated by the
+        arena's generation in `gens` (read before the call that located them)."""
         if picked:
             self.locations.remember(digest, [keys[i] for i in picked], [mapped[i][0] for i in picked],
-                                    [mapped[i][1] for i in picked], [sums[i] for i in picked],
+                                    [mapped[i][1] for i in picked], [checksums[i] for i in picked],
                                     [gens[id(mapped[i][0])] for i in picked])
 
     def _report_uses(self, ns: NsRef, keys: list[bytes], uses: int) -> None:
