@@ -369,12 +369,19 @@ class PoolClient(PoolFront):
             corrupt.update(bad)
             return not bad
 
+        def landed(i: int, digest: int) -> bool:
+            ok = self.transfers.check_landed(batch, i, digest)
+            if not ok:
+                corrupt.add(i)
+            return ok
+
         def release() -> None:
             self._releaser.release(reply.lease_id, [bytes(keys[i]) for i in sorted(corrupt)])
 
         tiers = [Tier(int(t)).label for t in reply.tiers[:count]]
         return ExtentRead(keys, buffers[:count], [i in mapped for i in range(count)], tiers, verify, release,
-                          verify_one)
+                          verify_one, landed, self.transfers.fenced(i for i in mapped if i < count),
+                          pipeline=self.transfers.verify_threads > 0)
 
     def _pin(self) -> dict[str, str]:
         self.transfers.pin_arenas = True

@@ -8,7 +8,9 @@
         r.buffers[i] ──caller's own copy (e.g. H2D DMA into the engine's KV blocks)──▶
         r.verify()                         xxh3_64 of the extents against the committed checksums (the same-host
                                            fence, kvpool/fence.py): the leading run that matches stays in r.count
-                                           (r.verify_entry(i): the same for entry i, right after copying it)
+                                           (r.verify_entry(i): the same for entry i, right after copying it;
+                                           r.verify_landed(i, digest): the caller hashed its own copy of entry i,
+                                           where r.needs_check(i) says the read wants one)
         r.release()                        ends the lease: the extents may be reused from then on
 
 Which entries are direct (`direct[i]`): DRAM extents of a node on this host whose arena is mapped here (PoolClient),
@@ -73,16 +75,26 @@ class ExtentWrite:
 class ExtentRead:
     """The leading `count` hits of a lookup, held by one read lease until `release()`."""
 
-    __slots__ = ("keys", "count", "buffers", "direct", "tiers", "_verify", "_verify_one", "_release", "_released")
+    __slots__ = ("keys", "count", "buffers", "direct", "tiers", "pipeline", "_verify", "_verify_one", "_landed",
+                 "_checked", "_release", "_released")
 
     def __init__(self, keys: Sequence[bytes], buffers: list[Any], direct: list[bool], tiers: list[str],
                  verify: Callable[[int], int], release: Callable[[], None],
-                 verify_one: Callable[[int], bool] | None = None) -> None:
+                 verify_one: Callable[[int], bool] | None = None,
+                 landed: Callable[[int, int], bool] | None = None, checked: frozenset[int] = frozenset(),
+                 pipeline: bool = False) -> None:
+        """`checked`: the entries the read fence covers (direct extents of a peer's arena); `landed(i, digest)`
+        judges a caller's hash of its copy of one of them. `pipeline`: the pool hashes on a helper thread
+        (PoolClient(verify_threads=1)), so a caller hashing its own copies may too (kvpool/fence.py HashPipe)."""
+        if checked and landed is None:
+            raise ValueError("checked entries need a landed(i, digest) judge")
         self.keys = list(keys)
         self.count = len(buffers)
         self.buffers, self.direct, self.tiers = buffers, direct, tiers
         self._verify, self._release, self._released = verify, release, False
         self._verify_one = verify_one
+        self._landed, self._checked = landed, checked
+        self.pipeline = pipeline
 
     def verify(self) -> int:
         """Check the direct buffers' bytes now against the committed checksums (what the pool's `verify` mode asks
@@ -103,6 +115,28 @@ class ExtentRead:
         if not 0 <= i < self.count:
             raise ValueError(f"i: {i} is outside the read's {self.count} entries")
         ok = self._verify_one(i) if self._verify_one is not None else self._verify(i + 1) > i
+        if not ok:
+            self.count = i
+        return ok
+
+    def needs_check(self, i: int) -> bool:
+        """Whether the read fence covers entry i: a direct extent in a peer's shared arena (staged entries were
+        checked as they arrived; an EmbeddedPool's extents are in-process, under the lease)."""
+        return i in self._checked
+
+    def verify_landed(self, i: int, digest: int) -> bool:
+        """`verify_entry(i)` by the caller's own hash: `digest` is xxh3_64 of entry i's bytes as they landed in the
+        caller's copy, in the object's byte order (e.g. a streaming hasher fed each piece right after its copy,
+        while it is in cache). It checks what the caller holds, not the extent after the copy, so a change to the
+        extent during the copy is caught even if undone. False: `count` shrinks to i, the key is reported at
+        release. Entries that `needs_check` says are not covered are accepted as they are."""
+        if self._released:
+            raise ValueError("this ExtentRead was released")
+        if not 0 <= i < self.count:
+            raise ValueError(f"i: {i} is outside the read's {self.count} entries")
+        if i not in self._checked:
+            return True
+        ok = self._landed(i, digest)
         if not ok:
             self.count = i
         return ok

@@ -157,6 +157,20 @@ class Transfers:
             log.warning("%d mapped read(s) did not match their committed checksum; served as misses", len(bad))
         return bad
 
+    def fenced(self, positions) -> frozenset[int]:
+        """Of `positions` (mapped extents a caller copies from itself), those the read fence covers: all of them
+        with verify "all", none otherwise."""
+        return frozenset(positions) if self.verify == "all" else frozenset()
+
+    def check_landed(self, batch: ExtentBatch, i: int, digest: int) -> bool:
+        """The read fence on a caller's own hash (`digest`, xxh3_64) of its copy of mapped extent i: whether it is
+        the committed checksum (a mismatch is counted in `checksum_failures`)."""
+        if digest == batch.checksums[i]:
+            return True
+        self.checksum_failures += 1
+        log.warning("a mapped read did not match its committed checksum; served as a miss")
+        return False
+
     def owners_gone(self, batch: ExtentBatch, positions: Sequence[int]) -> set[int]:
         """Positions among `positions` on a mapped arena whose node died (its lock is free): never commit those."""
         routes = [self._route(ep) for ep in batch.nodes]
