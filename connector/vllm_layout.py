@@ -28,9 +28,11 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 import xxhash
 
+from kvpool import fence
 from kvpool.keys import Namespace
 
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
@@ -150,6 +152,10 @@ class KVPages:
                 raise ValueError(f"kv_caches[{i}] blocks are not contiguous pages (shape {tuple(t.shape)}, "
                                  f"strides {t.stride()})")
         self.layers = [t.view(t.shape[0], -1) for t in tensors]    # [num_blocks, page elements] per layer
+        # Host tensors also as numpy byte pages [num_blocks, page bytes]: a page's np.copyto is one memcpy whatever
+        # the dtype (bfloat16 too), with no per-call tensor set-up, and its destination can be hashed right after.
+        self.host = first.device.type == "cpu"
+        self._host_pages = [t.view(torch.uint8).numpy() for t in self.layers] if self.host else None
         self.num_layers = len(tensors)
         self.num_blocks = first.shape[0]
         self.dtype = first.dtype
@@ -197,23 +203,65 @@ class KVPages:
             kv.index_copy_(0, idx, typed[:, layer])
 
     def scatter_views(self, block_ids: Sequence[int], objects: Sequence,
-                      after: Callable[[int], bool] | None = None) -> int:
+                      after: Callable[[int, int | None], bool] | None = None, *,
+                      hash_landed: Callable[[int], bool] | None = None, pipeline: bool = False) -> int:
         """Copy objects[i] (any buffer of object_bytes: a pool extent mapped here, a staging row) into block
-        block_ids[i] of every layer: one copy per page, no staging buffer in between. `after(i)` runs once object
-        i has landed, while it is still in cache (the read fence hashes it there); False stops before object i + 1.
+        block_ids[i] of every layer: one copy per page, no staging buffer in between.
+        `hash_landed(i)` True: object i is hashed as it lands, each page fed to an xxh3_64 after its copy (from
+        cache, not a second pass over memory) in the object's byte order, so the digest is the object's checksum
+        exactly when every byte landed as committed. Host KV tensors only.
+        `after(i, digest)` runs once object i has landed (digest: that hash, None where not hashed); False stops
+        before object i + 1. With `pipeline`, the pages are hashed on the read fence's helper thread while this one
+        copies the next (kvpool/fence.py HashPipe), and `after` runs for each object in order once every object
+        has landed: a refusal then leaves the later blocks written but not counted.
         Returns how many objects were copied and accepted."""
         if len(objects) != len(block_ids):
             raise ValueError(f"objects has {len(objects)} entries, block_ids {len(block_ids)}")
+        if (hash_landed is not None or pipeline) and not self.host:
+            raise ValueError("hash_landed, pipeline: only host KV tensors are hashed as they land, these are on "
+                             f"{self.layers[0].device}")
         self._index(block_ids)
-        srcs = [obj if isinstance(obj, torch.Tensor) else torch.frombuffer(obj, dtype=torch.uint8) for obj in objects]
+        if self.host:
+            srcs = [_host_bytes(obj) for obj in objects]
+        else:
+            srcs = [obj if isinstance(obj, torch.Tensor) else torch.frombuffer(obj, dtype=torch.uint8)
+                    for obj in objects]
         for src in srcs:
-            if src.dtype != torch.uint8 or src.numel() != self.object_bytes:
-                raise ValueError(f"objects must be {self.object_bytes} bytes, got {src.numel()} {src.dtype}")
-        for i, (block, src) in enumerate(zip(block_ids, srcs)):
-            pages = src.view(self.dtype).view(self.num_layers, self.page_elems)
-            for layer, kv in enumerate(self.layers):
-                kv[block].copy_(pages[layer])
-            if after is not None and not after(i):
+            size = src.size if self.host else src.numel()
+            if src.dtype != (np.uint8 if self.host else torch.uint8) or size != self.object_bytes:
+                raise ValueError(f"objects must be {self.object_bytes} bytes, got {size} {src.dtype}")
+        if not self.host:
+            for i, (block, src) in enumerate(zip(block_ids, srcs)):
+                pages = src.view(self.dtype).view(self.num_layers, self.page_elems)
+                for layer, kv in enumerate(self.layers):
+                    kv[block].copy_(pages[layer])
+                if after is not None and not after(i, None):
+                    return i
+            return len(srcs)
+        pipe = fence.HashPipe() if pipeline else None
+        hashers: list[xxhash.xxh3_64 | None] = []
+        try:
+            for i, (block, src) in enumerate(zip(block_ids, srcs)):
+                pages = src.reshape(self.num_layers, self.page_bytes)
+                hasher = xxhash.xxh3_64() if hash_landed is not None and hash_landed(i) else None
+                for layer, kv in enumerate(self._host_pages):
+                    page = kv[block]
+                    np.copyto(page, pages[layer])
+                    if hasher is None:
+                        continue
+                    if pipe is None:
+                        hasher.update(page)
+                    else:
+                        pipe.add(hasher, page)
+                if pipe is not None:
+                    hashers.append(hasher)
+                elif after is not None and not after(i, None if hasher is None else hasher.intdigest()):
+                    return i
+        finally:
+            if pipe is not None:
+                pipe.finish()       # every queued page hashed: nothing in flight when this returns or raises
+        for i, hasher in enumerate(hashers):
+            if after is not None and not after(i, None if hasher is None else hasher.intdigest()):
                 return i
         return len(srcs)
 
@@ -222,3 +270,14 @@ class KVPages:
         if int(idx.min()) < 0 or int(idx.max()) >= self.num_blocks:
             raise ValueError(f"block_ids must be in [0, {self.num_blocks}), got {list(block_ids)}")
         return idx
+
+
+def _host_bytes(obj) -> np.ndarray:
+    """A flat uint8 numpy view of a host buffer (numpy array, CPU tensor, memoryview, bytearray), no copy."""
+    if isinstance(obj, torch.Tensor):
+        if obj.device.type != "cpu":
+            raise ValueError(f"objects must be host buffers for host KV tensors, got one on {obj.device}")
+        obj = obj.numpy()
+    if isinstance(obj, np.ndarray) and obj.dtype == np.uint8 and obj.ndim == 1:
+        return obj
+    return np.frombuffer(obj, dtype=np.uint8)

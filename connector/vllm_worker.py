@@ -3,11 +3,11 @@ tensors. vLLM-free, so unit tests run it on plain tensors and a real pool.
 
     start_load_kv ─▶ load(plan.loads)   before the forward, synchronously, in chunks: acquire_many leases the
                                         objects; same-host DRAM extents are copied straight into vLLM's pages,
-                                        then verified (the read fence); others (TCP, SSD) land in a staging buffer
-                                        reserved (and touched) at start, checked as they arrive. Blocks not
-                                        loaded (miss, evicted since the lookup, bad checksum, pool down) are
-                                        collected for get_block_ids_with_load_errors(): vLLM then recomputes from
-                                        the first of them. Nothing raises.
+                                        each page hashed as it lands (the read fence); others (TCP, SSD) land in
+                                        a staging buffer reserved (and touched) at start, checked as they
+                                        arrive. Blocks not loaded (miss, evicted since the lookup, bad checksum,
+                                        pool down) are collected for get_block_ids_with_load_errors(): vLLM then
+                                        recomputes from the first of them. Nothing raises.
     wait_for_save ─▶ save(plan.saves)   after the forward: gather the blocks that became full into a fresh buffer
                                         and hand it to the bounded async BlockSaver, so no vLLM block stays pinned
                                         and decode never waits on the pool. Blocks of a request whose load failed
@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from kvpool import fence
 from kvpool.connector.config import ConnectorConfig
 from kvpool.connector.saver import BlockSaver, SaveBatch
 from kvpool.connector.stats import ConnectorStats
@@ -175,18 +176,28 @@ class WorkerTransfer:
         try:
             if not read.count:
                 return 0
-            # The same-host read fence, after each object's copy (while it is still in cache): a mapped extent
-            # whose bytes no longer hash to the committed checksum (a stalled peer wrote it) ends the hit there;
-            # the blocks from it on are reported as not loaded, so vLLM recomputes them. The extents stay leased
-            # until release(); hashing each after its copy catches any change that had reached it by the end of
-            # it (kvpool/fence.py: a content check, so only a change and its exact undo would pass; a change
-            # landing after the copy costs a needless recompute).
-            done = self.pages.scatter_views(block_ids[:read.count], read.buffers[:read.count],
-                                            after=read.verify_entry)
+            # The same-host read fence, object by object: on host KV tensors each page is hashed after its copy
+            # (from cache; on the fence's helper thread while the next page copies, for loads of PIPELINE_MIN bytes
+            # or more), and the object's hash of what landed in vLLM's pages must be the committed checksum;
+            # on a device, the extent is hashed after its copy (only a change and its exact undo would pass). A
+            # mismatch (a stalled peer wrote the extent) ends the hit there: the blocks from it on are reported as
+            # not loaded, so vLLM recomputes them. The extents stay leased until release().
+            host = self.pages.host
+            pipeline = host and read.pipeline and read.count * self.pages.object_bytes >= fence.PIPELINE_MIN
+            done = self.pages.scatter_views(block_ids[:read.count], read.buffers[:read.count], after=self._accept(read),
+                                            hash_landed=read.needs_check if host else None, pipeline=pipeline)
             tiers += read.tiers[:done]
             return done
         finally:
             read.release()
+
+    @staticmethod
+    def _accept(read) -> Callable[[int, int | None], bool]:
+        """The read fence for one landed object: the hash of what landed in vLLM's pages where scatter_views took
+        one (host tensors), else the extent hashed after its copy (a device's pages)."""
+        def accept(i: int, digest: int | None) -> bool:
+            return read.verify_landed(i, digest) if digest is not None else read.verify_entry(i)
+        return accept
 
     def _on_saved(self, stored: int, skipped: int) -> None:
         self.stats.saved_blocks += stored

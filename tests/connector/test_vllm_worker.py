@@ -9,6 +9,7 @@ import tempfile
 import numpy as np
 import pytest
 import torch
+import xxhash
 
 from kvpool import PoolClient, block_keys
 from kvpool.connector.stats import ConnectorStats
@@ -59,26 +60,65 @@ def test_object_is_the_layer_pages_of_one_block_in_layer_order():
     assert page(other, 0, 1) == page(kv_cache(8, seed=1), 0, 1)   # untouched blocks stay
 
 
-def test_scatter_views_checks_each_object_after_it_landed_and_stops_at_a_refusal():
+def _three_objects():
+    """A cache, blocks 5, 2, 4 of it gathered as three objects, and another cache to scatter them into."""
     cache = kv_cache(8)
     pages = KVPages(cache)
     buf = pages.new_buffer(3)
     pages.gather([5, 2, 4], buf)
-    other = kv_cache(8, seed=1)
+    return cache, buf, kv_cache(8, seed=1)
+
+
+def test_scatter_views_checks_each_object_after_it_landed_and_stops_at_a_refusal():
+    cache, buf, other = _three_objects()
     before = [page(other, l, 3) for l in range(LAYERS)]
     seen = []
 
-    def after(i):
+    def after(i, digest):
         dst = [6, 0, 3][i]
         assert [page(other, l, dst) for l in range(LAYERS)] == [page(cache, l, [5, 2, 4][i]) for l in range(LAYERS)]
-        seen.append(i)
+        seen.append((i, digest))
         return i == 0
 
-    assert KVPages(other).scatter_views([6, 0, 3], [b.numpy() for b in buf], after=after) == 1
-    assert seen == [0, 1] and [page(other, l, 3) for l in range(LAYERS)] == before   # never copied
+    # Objects as numpy rows, a memoryview and a tensor: host buffers of any kind. Only object 1 is hashed as it lands.
+    objects = [buf[0].numpy(), memoryview(buf[1].numpy()), buf[2]]
+    assert KVPages(other).scatter_views([6, 0, 3], objects, after=after, hash_landed=lambda i: i == 1) == 1
+    assert seen == [(0, None), (1, xxhash.xxh3_64_intdigest(buf[1].numpy()))]
+    assert [page(other, l, 3) for l in range(LAYERS)] == before   # never copied
     with pytest.raises(ValueError, match="objects must be"):        # checked before anything is copied
         KVPages(other).scatter_views([1, 2], [buf[0].numpy(), bytearray(3)])
     assert page(other, 0, 1) == page(kv_cache(8, seed=1), 0, 1)
+
+
+def test_pipelined_scatter_hashes_on_the_helper_and_judges_in_order_after_the_last_copy():
+    cache, buf, other = _three_objects()
+    seen = []
+
+    def after(i, digest):
+        # every object has landed before the first verdict
+        assert all(page(other, l, d) == page(cache, l, s) for l in range(LAYERS) for s, d in ((5, 6), (2, 0), (4, 3)))
+        seen.append((i, digest))
+        return i == 0
+
+    got = KVPages(other).scatter_views([6, 0, 3], [b.numpy() for b in buf], after=after,
+                                       hash_landed=lambda i: i != 2, pipeline=True)
+    assert got == 1 and seen == [(0, xxhash.xxh3_64_intdigest(buf[0].numpy())),
+                                 (1, xxhash.xxh3_64_intdigest(buf[1].numpy()))]
+    with pytest.raises(ValueError, match="only host KV tensors"):
+        KVPages({k: v.to("meta") for k, v in cache.items()}).scatter_views([0], [buf[0]], pipeline=True)
+
+
+def test_scatter_views_hashes_pages_of_any_dtype_as_bytes():
+    cache = {k: v.to(torch.bfloat16) for k, v in kv_cache(4).items()}    # numpy has no bfloat16: copied as bytes
+    pages = KVPages(cache)
+    buf = pages.new_buffer(2)
+    pages.gather([1, 3], buf)
+    other = {k: torch.zeros_like(v) for k, v in cache.items()}
+    digests = []
+    assert KVPages(other).scatter_views([0, 2], [buf[0], buf[1]], after=lambda i, d: digests.append(d) or True,
+                                        hash_landed=lambda i: True) == 2
+    assert digests == [xxhash.xxh3_64_intdigest(buf[i].numpy()) for i in range(2)]
+    assert all(torch.equal(other[k][0], cache[k][1]) and torch.equal(other[k][2], cache[k][3]) for k in cache)
 
 
 def test_pages_refuse_foreign_layouts():
@@ -268,6 +308,55 @@ def test_extent_changed_under_the_copy_is_reported_not_loaded(up):
         a.close(), b.close()
     with PoolClient(up.address) as other:     # the release named the bad key: the pool forgot it
         assert other.contains_many(KEYS[:4]) == [True, True, False, True]
+
+
+def test_which_entries_the_fence_covers(up, pool):
+    """needs_check: a same-host arena's extents with verify "all"; not TCP-staged rows (checked as they arrived),
+    not a client that verifies nothing, not an EmbeddedPool's in-process extents."""
+    with PoolClient(up.address) as client:
+        a, _ = worker(client, kv_cache(10, seed=1))
+        a.save([SaveSpec("r", KEYS[:2], [0, 1])])
+        assert a.flush(10)
+        a.close()
+        sizes = [NS.block_bytes] * 2
+        cases = (({}, [True, True]), ({"transport": "tcp"}, [False, False]), ({"verify": "none"}, [False, False]))
+        for kw, want in cases:
+            with PoolClient(up.address, **kw) as reader, reader.acquire_many(KEYS[:2], sizes) as read:
+                assert read.count == 2 and [read.needs_check(i) for i in range(2)] == want, kw
+    _saved(pool, 2)
+    with pool.acquire_many(KEYS[:2], [NS.block_bytes] * 2) as read:
+        assert read.count == 2 and read.direct == [True, True] and not read.needs_check(0)
+
+
+def test_a_change_undone_after_the_copy_is_caught_by_the_hash_of_what_landed(up):
+    """A peer changes an extent just before it is copied and restores it before the fence runs. Hashing the extent
+    after the copy sees the committed bytes again; the hash of the pages as they landed does not."""
+    src = kv_cache(10, seed=1)
+    with PoolClient(up.address) as client:
+        a, _ = worker(client, src)
+        a.save([SaveSpec("r", KEYS[:3], [0, 1, 2])])
+        assert a.flush(10)
+        a.close()
+        for judge, accepted in (("extent", 3), ("landed", 1)):
+            dst = kv_cache(10, seed=2)
+            with client.acquire_many(KEYS[:3], [NS.block_bytes] * 3) as read:
+                victim = np.frombuffer(read.buffers[1], np.uint8)
+
+                def after(i, digest, victim=victim, judge=judge, read=read):
+                    if i == 0:
+                        victim[:8] ^= 0xFF       # lands in block 5 with the copy of object 1
+                    if i == 1:
+                        victim[:8] ^= 0xFF       # undone before the check
+                    return read.verify_entry(i) if judge == "extent" else read.verify_landed(i, digest)
+
+                hash_landed = read.needs_check if judge == "landed" else None
+                assert KVPages(dst).scatter_views([4, 5, 6], read.buffers, after=after,
+                                                  hash_landed=hash_landed) == accepted, judge
+            wrong = page(dst, 0, 5) != page(src, 0, 1)
+            assert wrong                                 # block 5 holds the changed bytes either way
+        assert client.checksum_failures == 1           # only the landed hash saw them
+    with PoolClient(up.address) as other:             # and that release named the key: the pool forgot it
+        assert other.contains_many(KEYS[:3]) == [True, False, True]
 
 
 def test_warm_opens_the_pool_and_maps_the_arena_or_counts_the_fault(up):
