@@ -20,11 +20,13 @@ is False. `store/` and `tiers/` import this module freely: it imports nothing bu
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import functools
 import importlib.util
 import logging
 import os
+import threading
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -89,6 +91,47 @@ def _runtime_error(what: str, exc: BaseException) -> RuntimeError:
     return RuntimeError(f"{what} failed: {type(exc).__name__}: {exc}")
 
 
+class _Registrations:
+    """The ranges this process registered with `host_register`, each with the device address of its first byte once
+    asked: a registration is mapped into the device's address space as one piece, so any pointer inside it
+    translates by the same shift, with no CUDA call (a 16K-token load translates ~1,000 pointers)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bases: list[int] = []                          # sorted
+        self._ranges: dict[int, list] = {}                   # base -> [size, device address of base or None]
+
+    def add(self, ptr: int, size: int) -> None:
+        with self._lock:
+            if ptr not in self._ranges:
+                bisect.insort(self._bases, ptr)
+            self._ranges[ptr] = [size, None]
+
+    def remove(self, ptr: int) -> None:
+        with self._lock:
+            if self._ranges.pop(ptr, None) is not None:
+                self._bases.remove(ptr)
+
+    def find(self, ptr: int) -> tuple[int, int | None] | None:
+        """(base, its device address or None if not asked yet) of the registration holding `ptr`, or None."""
+        with self._lock:
+            i = bisect.bisect_right(self._bases, ptr) - 1
+            if i < 0:
+                return None
+            base = self._bases[i]
+            size, dev = self._ranges[base]
+            return (base, dev) if ptr < base + size else None
+
+    def learn(self, base: int, dev: int) -> None:
+        with self._lock:
+            entry = self._ranges.get(base)
+            if entry is not None:
+                entry[1] = dev
+
+
+_registrations = _Registrations()
+
+
 def host_register(ptr: int, size: int) -> None:
     """Page-lock [ptr, ptr + size) of this process for DMA (cudaHostRegister, portable and mapped: kernels may read
     it through `device_pointer`). RuntimeError on failure (e.g. RLIMIT_MEMLOCK, a range already registered, or a
@@ -98,10 +141,12 @@ def host_register(ptr: int, size: int) -> None:
         cp.cuda.runtime.hostRegister(ptr, size, HOST_REGISTER_PORTABLE | HOST_REGISTER_MAPPED)
     except cp.cuda.runtime.CUDARuntimeError as exc:
         raise _runtime_error("cudaHostRegister", exc) from None
+    _registrations.add(ptr, size)
 
 
 def host_unregister(ptr: int) -> None:
     cp = require_cupy()
+    _registrations.remove(ptr)      # first: no translation may outlive the mapping
     try:
         cp.cuda.runtime.hostUnregister(ptr)
     except cp.cuda.runtime.CUDARuntimeError as exc:
@@ -122,9 +167,23 @@ def is_pinned(ptr: int) -> bool:
 def device_pointer(ptr: int) -> int | None:
     """The address at which device kernels read the page-locked host memory at `ptr` (registered mapped, or
     cudaHostAlloc'd: torch's pinned tensors), or None: not such memory, or no CUDA. On a 64-bit Linux machine with
-    unified addressing it is `ptr` itself; callers still use what CUDA says."""
+    unified addressing it is `ptr` itself; callers still use what CUDA says. Inside a range `host_register`
+    registered, CUDA is asked once per range (for its first byte) and the rest is the same shift."""
     if not cuda_available():
         return None
+    hit = _registrations.find(ptr)
+    if hit is not None:
+        base, dev = hit
+        if dev is None:
+            dev = _ask_device_pointer(base)
+            if dev is None:
+                return None
+            _registrations.learn(base, dev)
+        return dev + (ptr - base)
+    return _ask_device_pointer(ptr)
+
+
+def _ask_device_pointer(ptr: int) -> int | None:
     cp = require_cupy()
     try:
         attrs = cp.cuda.runtime.pointerGetAttributes(ptr)

@@ -69,6 +69,21 @@ def test_driver_present_but_cupy_missing_names_the_extra(fresh_check):
     assert str(err.value) == "no CUDA device: " + gpu.unavailable_reason()
 
 
+def test_registrations_translate_any_pointer_inside_a_range_by_its_first_byte_s_shift():
+    regs = gpu._Registrations()
+    regs.add(0x10000, 0x3000)
+    regs.add(0x40000, 0x1000)
+    assert [regs.find(p) for p in (0xFFFF, 0x10000, 0x12FFF, 0x13000, 0x40FFF, 0x41000)] == [
+        None, (0x10000, None), (0x10000, None), None, (0x40000, None), None]
+    regs.learn(0x10000, 0x7F0000)
+    assert regs.find(0x12345) == (0x10000, 0x7F0000)
+    regs.remove(0x10000)
+    regs.learn(0x10000, 0x1)                 # a late answer for a range that is gone is dropped
+    assert regs.find(0x12345) is None and regs.find(0x40000) == (0x40000, None)
+    regs.add(0x40000, 0x2000)                # registered again (after an unregister): its answer is asked again
+    assert regs.find(0x41000) == (0x40000, None)
+
+
 @pytest.mark.skipif(not HAVE_CUPY, reason="CuPy is not installed here (pip install 'kvpool[gpu]')")
 @pytest.mark.skipif(gpu.cuda_available(), reason="a CUDA device is present")
 def test_cupy_imports_without_a_device_and_says_so(fresh_check):
@@ -113,7 +128,9 @@ def test_dram_arena_pinned_as_cuda_reports_it(shm_path):
         assert arena.pin() is True and arena.pinned and arena.pin_error is None
         for offset in (0, 4 << 20, (8 << 20) - 1):
             assert gpu.is_pinned(arena.address + offset)
-            assert gpu.device_pointer(arena.address + offset) is not None       # registered mapped: kernels read it
+            # registered mapped: kernels read it, at the address CUDA itself gives (the shift learnt from byte 0)
+            assert gpu.device_pointer(arena.address + offset) == gpu._ask_device_pointer(arena.address + offset)
+            assert gpu.device_pointer(arena.address + offset) is not None
         # a same-host peer maps the same pages at another address: its mapping is pinned separately
         peer = DramArena.attach(arena.path)
         try:
@@ -123,6 +140,7 @@ def test_dram_arena_pinned_as_cuda_reports_it(shm_path):
             peer.close()
         arena.unpin()
         assert not arena.pinned and not gpu.is_pinned(arena.address)
+        assert gpu.device_pointer(arena.address + 4096) is None            # forgotten with the registration
 
 
 @pytest.mark.gpu
