@@ -45,6 +45,9 @@ def host_address(buf: Any, nbytes: int) -> int | None:
     if isinstance(buf, torch.Tensor):
         ok = buf.device.type == "cpu" and buf.is_contiguous() and buf.numel() * buf.element_size() == nbytes
         return buf.data_ptr() if ok else None
+    if isinstance(buf, memoryview) and not buf.readonly:    # a mapped arena's extent: ~0.5 us, ~4 us by numpy
+        ok = buf.c_contiguous and buf.nbytes == nbytes > 0
+        return ctypes.addressof(ctypes.c_char.from_buffer(buf)) if ok else None
     if hasattr(buf, "__cuda_array_interface__") or hasattr(buf, "__dlpack__"):
         return None
     try:
