@@ -36,11 +36,12 @@ interleaved rounds, 2026-11-26, shared 2-core Xeon), ratio to memcpy, helper / o
     2 MiB    0.81x / 0.65x / 0.88x        1 MiB    0.76x / 0.63x / 0.85x        512 KiB  0.63x / 0.60x / 0.71x
     256 KiB (8 MiB per call) 0.52x / 0.53x: no gain once a call's bytes stay in cache, hence PIPELINE_MIN.
 A hand-off per CHUNK beat 2 and 4 MiB (0.83x / 0.81x / 0.77x at 2 MiB); 512 KiB chunks were no better.
-`verify_many` does the same for extents a caller copied out of itself (acquire_many's verify(): the direct transfer
-on a CUDA cache): the helper hashes about half the bytes while the caller hashes the rest; 256 x 720 KiB (a
-4,096-token prompt of SmolLM2) in-process: 11.2 ms against 21.0 ms on one thread. The vLLM worker feeds a HashPipe
-the vLLM pages it has just written (ExtentRead.verify_landed: the copy itself is checked, as copy_verified's):
-bench/vllm_load.py, 32 x 5.6 MiB, 0.54x memcpy against 0.40x for its extents hashed after each copy.
+`verify_many` does the same for extents a caller copies out of itself (acquire_many's verify(): the direct
+transfer's queued loads, CUDA or layer-wise): the helper hashes about half the bytes while the caller hashes the
+rest; 256 x 720 KiB (a 4,096-token prompt of SmolLM2) in-process: 11.2 ms against 21.0 ms on one thread. The vLLM
+worker feeds a HashPipe the vLLM pages it has just written (ExtentRead.verify_landed: the copy itself is checked, as
+copy_verified's): bench/vllm_load.py, 32 x 5.6 MiB, 0.54x memcpy against 0.40x for its extents hashed after each
+copy.
 `PoolClient(verify_threads=0)` keeps everything on the calling thread. Tried and not kept: hashing the TCP data
 channel's received pieces on the helper (a HashPipe fed through recv_exact's hasher argument): 0.77x / 0.92x of
 hashing them on the receiving thread at 512 KiB / 2 MiB (15 interleaved rounds): on 2 cores the node's sender, the
