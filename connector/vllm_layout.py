@@ -188,6 +188,12 @@ class KVPages:
             return out[:0]
         typed = self._typed(out, n)
         idx = self._index(block_ids)
+        if self.host and out.device.type == "cpu":     # one np.copyto per page: no temporary, no tensor set-up
+            rows = out[:n].numpy().reshape(n, self.num_layers, self.page_bytes)
+            for i, block in enumerate(block_ids):
+                for layer, kv in enumerate(self._host_pages):
+                    np.copyto(rows[i, layer], kv[block])
+            return out[:n]
         for layer, kv in enumerate(self.layers):
             typed[:, layer].copy_(kv.index_select(0, idx))   # index_select cannot write into a strided slice
         return out[:n]

@@ -23,11 +23,10 @@ import logging
 import time
 from typing import Callable, Sequence
 
-import torch
 
 from kvpool import fence
 from kvpool.connector.config import ConnectorConfig
-from kvpool.connector.saver import BlockSaver, SaveBatch
+from kvpool.connector.saver import BlockSaver, SaveBatch, SaveBuffers
 from kvpool.connector.stats import ConnectorStats
 from kvpool.connector.vllm_layout import KVPages
 from kvpool.connector.vllm_plan import LoadSpec, SaveSpec
@@ -55,6 +54,8 @@ class WorkerTransfer:
         self._forward_start: float | None = None
         self._saver = BlockSaver(pool_handle.get, max_blocks=config.save_queue_blocks, on_saved=self._on_saved,
                                  on_error=lambda exc: pool_handle.fault(exc, "save"))
+        # Copy-out buffers come back once their puts are done: up to as many rows as the load staging keeps.
+        self._save_buffers = SaveBuffers(pages.object_bytes, self._staging.shape[0])
 
     # ------------------------------------------------------------------ per step
 
@@ -97,21 +98,25 @@ class WorkerTransfer:
         if self.pool.get() is None:   # backing off: do not copy blocks out only to fail in the saver
             self.stats.save_dropped_blocks += n
             return
+        buf = self._save_buffers.take(n)
         try:
-            buf = torch.empty((n, self.pages.object_bytes), dtype=torch.uint8)
             block_ids = [b for s in todo for b in s.block_ids]
             self.pages.gather(block_ids, buf)
         except Exception:  # noqa: BLE001 - a failed copy loses a save, never a request
             log.exception("kvpool connector: copying %d blocks out of vLLM's KV cache failed", n)
             self.stats.save_dropped_blocks += n
+            self._save_buffers.give_back(buf)
             return
+        hints = sorted({s.pin_s for s in todo})
+        done = self._save_buffers.after(len(hints), buf)
         start = 0
-        for pin_s in sorted({s.pin_s for s in todo}):
+        for pin_s in hints:
             keys = [k for s in todo if s.pin_s == pin_s for k in s.keys]
-            batch = SaveBatch(keys, buf[start:start + len(keys)], self.namespace, pin_s=pin_s)
+            batch = SaveBatch(keys, buf[start:start + len(keys)], self.namespace, pin_s=pin_s, on_done=done)
             start += len(keys)
             if not self._saver.offer(batch):
                 self.stats.save_dropped_blocks += len(keys)
+                done()
 
     def take_invalid_block_ids(self) -> set[int]:
         invalid, self._invalid = self._invalid, set()

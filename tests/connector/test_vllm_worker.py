@@ -151,6 +151,40 @@ def test_a_saves_b_loads_byte_exact_into_other_blocks(pool):
     a.close(), b.close()
 
 
+class AddressSpy:
+    """A real pool that records where the first row of each put lived (the worker's copy-out buffer)."""
+
+    def __init__(self, pool) -> None:
+        self.pool, self.addresses = pool, []
+
+    def put_many(self, keys, buffers, **kwargs):
+        self.addresses.append(np.asarray(buffers[0]).__array_interface__["data"][0])
+        return self.pool.put_many(keys, buffers, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.pool, name)
+
+
+def test_save_reuses_its_copy_out_buffer_once_the_put_is_done(pool):
+    cache = kv_cache(10, seed=5)
+    spy = AddressSpy(pool)
+    w, stats = worker(spy, cache)
+    for keys, blocks in ((KEYS[:2], [1, 2]), (KEYS[2:4], [3, 4]), (KEYS[4:5], [5])):
+        w.begin_step()
+        w.save([SaveSpec("r", keys, blocks)])
+        assert w.flush(10)
+    assert stats.saved_blocks == 5 and len(set(spy.addresses)) == 1     # one buffer, paged in once
+    w.close()
+    cache_b = kv_cache(10, seed=6)
+    b, _ = worker(pool, cache_b)
+    b.begin_step()
+    b.load([LoadSpec("q", KEYS[:5], [9, 8, 7, 6, 0])])                # each save's bytes, not a later one's
+    assert b.take_invalid_block_ids() == set()
+    for src, dst in zip([1, 2, 3, 4, 5], [9, 8, 7, 6, 0]):
+        assert [page(cache_b, l, dst) for l in range(LAYERS)] == [page(cache, l, src) for l in range(LAYERS)]
+    b.close()
+
+
 def _saved(pool, n=5):
     cache = kv_cache(10, seed=3)
     a, _ = worker(pool, cache)
