@@ -16,6 +16,9 @@ order that rotates each round:
                       its copy, from cache, on the read fence's helper thread while the next page copies (loads of
                       fence.PIPELINE_MIN bytes or more), and the object's hash of what landed checked
                       (read.verify_landed)
+    worker save       WorkerTransfer.save of the same blocks, what vLLM waits for after its forward: the copy out of
+                      the KV pages into a host buffer (reused once the saver's put is done); the put itself runs on
+                      the saver thread and is waited for outside the timing
 
 and prints medians as ms and GB/s, then the ratio lines. Every timed load is checked byte for byte afterwards.
 
@@ -42,7 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pool_remote import Pool  # noqa: E402
 
 LAYERS, HEADS, HEAD_DIM, BLOCK_TOKENS = 30, 3, 64, 128
-COLUMNS = ("memcpy", "copy only", "extent after", "worker load")
+COLUMNS = ("memcpy", "copy only", "extent after", "worker load", "worker save")
 
 
 def measure(address: str, blocks: int, rounds: int, bar) -> dict[str, float]:
@@ -54,7 +57,7 @@ def measure(address: str, blocks: int, rounds: int, bar) -> dict[str, float]:
     from kvpool.connector.pool_handle import PoolHandle
     from kvpool.connector.stats import ConnectorStats
     from kvpool.connector.vllm_layout import KVLayout, KVPages
-    from kvpool.connector.vllm_plan import LoadSpec
+    from kvpool.connector.vllm_plan import LoadSpec, SaveSpec
     from kvpool.connector.vllm_worker import WorkerTransfer
 
     layout = KVLayout(num_layers=LAYERS, num_kv_heads=HEADS, head_dim=HEAD_DIM, block_tokens=BLOCK_TOKENS,
@@ -94,20 +97,28 @@ def measure(address: str, blocks: int, rounds: int, bar) -> dict[str, float]:
             worker.load([LoadSpec("bench", keys, dst_ids)])
             assert worker.take_invalid_block_ids() == set(), "the worker did not load every block"
 
+        def worker_save() -> None:    # the saved blocks' keys exist already: the pool answers "exists"
+            worker.begin_step()
+            worker.save([SaveSpec("bench", keys, src_ids)])
+
         runs = {"memcpy": lambda: np.copyto(plain_dst, plain_src), "copy only": lambda: scatter(False),
-                "extent after": lambda: scatter(True), "worker load": worker_load}
+                "extent after": lambda: scatter(True), "worker load": worker_load, "worker save": worker_save}
         for fn in runs.values():   # one untimed pass each: mappings, caches
             fn()
+        assert worker.flush(60)
         for r in range(rounds):
             for name in COLUMNS[r % len(COLUMNS):] + COLUMNS[:r % len(COLUMNS)]:
                 whole[:, blocks:].zero_()
                 t0 = time.perf_counter()
                 runs[name]()
                 times[name].append(time.perf_counter() - t0)
-                if name != "memcpy":   # compared as integers (random pages may hold NaNs as floats)
+                if name == "worker save":
+                    assert worker.flush(60), "the saver did not finish"
+                elif name != "memcpy":   # compared as integers (random pages may hold NaNs as floats)
                     assert torch.equal(whole[:, blocks:].view(torch.int32), whole[:, :blocks].view(torch.int32)), \
                         f"{name}: the pages differ"
             bar.update()
+        assert stats.save_dropped_blocks == 0 and stats.save_skipped_blocks == (rounds + 1) * blocks
         assert stats.fallbacks == {}, stats.fallbacks
     finally:
         worker.close()
@@ -139,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     print(" | ".join(f"{c}: {med[c] * 1e3:.1f} ms ({nbytes / med[c] / 1e9:.2f} GB/s)" for c in COLUMNS))
     print(f"ratio vllm_load worker load: {med['memcpy'] / med['worker load']:.2f}x memcpy; copy only "
           f"{med['memcpy'] / med['copy only']:.2f}x; extent after {med['memcpy'] / med['extent after']:.2f}x")
+    print(f"ratio vllm_load worker save: {med['memcpy'] / med['worker save']:.2f}x memcpy (the copy out of the KV "
+          f"pages that vLLM waits for)")
     print(f"ratio vllm_load fence: hashed as it lands {med['extent after'] / med['worker load']:.2f}x faster than the "
           f"extent hashed after; its cost over the copy alone {med['worker load'] / med['copy only'] - 1:+.0%}")
     return 0

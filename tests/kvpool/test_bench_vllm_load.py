@@ -16,6 +16,8 @@ def test_vllm_load_prints_every_ratio_line():
     ratio = [line for line in lines if line.startswith("ratio vllm_load worker load: ")]
     assert len(ratio) == 1 and "x memcpy; copy only " in ratio[0] and "; extent after " in ratio[0]
     assert any(line.startswith("ratio vllm_load fence: hashed as it lands ") for line in lines)
+    assert any(line.startswith("ratio vllm_load worker save: ") and "x memcpy" in line for line in lines)
+    assert any("| worker save: " in line for line in lines)
 
 
 def test_vllm_load_rejects_a_block_count_below_one():
