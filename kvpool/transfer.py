@@ -24,10 +24,11 @@ failed (never committed) when the arena's owner died meanwhile. `verify="remote"
 the data channel, `"none"` nothing: both give up that guarantee (benchmarks, trusted single-tenant setups).
 Zero-staging callers (kvpool/extents.py) use the pieces: `mapped_views` (same-host DRAM extents themselves, for the
 caller's own copy), `check_mapped` (the read fence on them), `fenced` + `check_landed` (the same fence on the
-caller's own hash of its copy), `owners_gone` (the write-side owner check), and `read`/`write` for the staged rest. `pin_arenas = True` registers every mapped arena with CUDA (`DramArena.pin`).
-A read that failed its checksum is added to `corrupt` so the caller can report it. A node that cannot be reached
-fails only its own entries; a write where nothing could be written anywhere raises PoolUnavailable / PoolTimeout
-(an outage, not "no space"). Thread-safe: routes are shared read-mostly, data connections are pooled per caller.
+caller's own hash of its copy), `owners_gone` (the write-side owner check), and `read`/`write` for the staged rest.
+`pin_arenas = True` registers every mapped arena with CUDA (`DramArena.pin`). A read that failed its checksum is
+added to `corrupt` so the caller can report it. A node that cannot be reached fails only its own entries; a write
+where nothing could be written anywhere raises PoolUnavailable / PoolTimeout (an outage, not "no space").
+Thread-safe: routes are shared read-mostly, data connections are pooled per caller.
 
 TLS: a node that advertises `data_tls` is reached over TLS (`ssl_context`, else the system's CAs; `server_name`
 overrides the name checked in its certificate). Shared memory needs none: it never leaves the machine.
