@@ -20,9 +20,11 @@ caching host allocator recycles.
 
 On a CPU cache the same code runs with `HostCopies`: immediate copies, or, with layer-wise loading, copies deferred
 until their layer is waited for, so a CPU test sees wrong output if the engine reads a layer before its hook.
-With immediate copies (CPU, layer-wise off) a load verifies each block AFTER copying it (`verify_after_copy`),
-right after it landed, while its bytes are still in cache (one pass over memory, not a copy pass and a hash pass):
-the fence then covers bytes a stalled writer changed during the copy, as the staged path's does; meanwhile the
+With immediate copies (CPU, layer-wise off) a load checks each block AFTER copying it (`verify_after_copy`): the
+block's runs are hashed as they landed in the cache, right after its copy, while they are still in cache (one pass
+over memory, not a copy pass and a hash pass), and that digest must be the committed checksum. So the fence judges
+the bytes the cache holds: a stalled writer's change to the extent during the copy is caught even when it is undone
+before the check (hashing the extent after the copy would miss that), as the staged path's does; meanwhile the
 next chunk is acquired on a prefetch thread when this one was all same-host DRAM (its lookup overlaps the copy).
 Entries not reachable directly land in a ring of buffers touched at start instead of fresh ones per chunk. Where
 copies are queued (CUDA, layer-wise) the check stays before the copy: the forward may read a layer before a later check.
@@ -69,10 +71,10 @@ class DirectTransfer:
         self._step: list[tuple[LayerwiseLoad, list[Any]]] = []        # queued this step, waited per layer
         self._draining: list[tuple[LayerwiseLoad, list[Any]]] = []    # forward done; release when copies end
         # Host copies that run at once (CPU, not layer-wise): each block is copied, then verified (the fence hashes
-        # its extent right after the copy, as kvpool/fence.py wants), then the chunk is released; after a chunk of
-        # same-host DRAM extents only, the next chunk is acquired on the prefetch thread meanwhile. Entries not
-        # reachable directly (TCP, same-host SSD records) land in one ring of chunk_blocks rows touched here: only
-        # a chunk that used none of it is copied while the next one is read.
+        # the block as it landed in the cache, right after the copy, as kvpool/fence.py wants), then the chunk is
+        # released; after a chunk of same-host DRAM extents only, the next chunk is acquired on the prefetch thread
+        # meanwhile. Entries not reachable directly (TCP, same-host SSD records) land in one ring of chunk_blocks
+        # rows touched here: only a chunk that used none of it is copied while the next one is read.
         self.verify_after_copy = not self._on_cuda and not layerwise
         self._ring = (torch.zeros((chunk_blocks, block_bytes), dtype=torch.uint8).numpy()
                       if self.verify_after_copy else None)
@@ -140,7 +142,7 @@ class DirectTransfer:
         return out
 
     def _load_now(self, pool, keys: list[bytes], block_ids: list[int]) -> LoadResult:
-        """Immediate host copies, chunk by chunk: each block copied into the cache and its extent checked at once
+        """Immediate host copies, chunk by chunk: each block copied into the cache and what landed hashed at once
         (a stalled writer's bytes that landed during the copy are caught; the first bad entry stops the copy, and
         its block lies past the loaded prefix, so the engine recomputes it), then the chunk's lease released. When
         chunk j came back whole and all same-host DRAM extents, chunk j+1 is acquired on the prefetch thread while
@@ -168,7 +170,7 @@ class DirectTransfer:
                         pending = self._prefetcher().submit(acquire, j + 1)
                     objects = [object_view(b, self.kv_cache) for b in read.buffers[:read.count]]
                     got = scatter_blocks(self.kv_cache, block_ids[s:s + read.count], objects,
-                                         after=read.verify_entry)
+                                         landed=read.verify_copy, hash_landed=read.needs_check)
                 finally:
                     read.release()
                 out.tiers += read.tiers[:got]

@@ -189,20 +189,12 @@ class WorkerTransfer:
             # not loaded, so vLLM recomputes them. The extents stay leased until release().
             host = self.pages.host
             pipeline = host and read.pipeline and read.count * self.pages.object_bytes >= fence.PIPELINE_MIN
-            done = self.pages.scatter_views(block_ids[:read.count], read.buffers[:read.count], after=self._accept(read),
+            done = self.pages.scatter_views(block_ids[:read.count], read.buffers[:read.count], after=read.verify_copy,
                                             hash_landed=read.needs_check if host else None, pipeline=pipeline)
             tiers += read.tiers[:done]
             return done
         finally:
             read.release()
-
-    @staticmethod
-    def _accept(read) -> Callable[[int, int | None], bool]:
-        """The read fence for one landed object: the hash of what landed in vLLM's pages where scatter_views took
-        one (host tensors), else the extent hashed after its copy (a device's pages)."""
-        def accept(i: int, digest: int | None) -> bool:
-            return read.verify_landed(i, digest) if digest is not None else read.verify_entry(i)
-        return accept
 
     def _on_saved(self, stored: int, skipped: int) -> None:
         self.stats.saved_blocks += stored

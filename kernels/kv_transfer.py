@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import torch
+import xxhash
 
 
 def object_shape(kv_cache: torch.Tensor) -> tuple[int, ...]:
@@ -99,17 +100,56 @@ def gather_blocks(kv_cache: torch.Tensor, block_ids: Sequence[int], out: Sequenc
 
 
 def scatter_blocks(kv_cache: torch.Tensor, block_ids: Sequence[int], src: Sequence[torch.Tensor], *,
-                   non_blocking: bool = False, after: Callable[[int], bool] | None = None) -> int:
-    """Pool objects -> cache blocks: block block_ids[i] = src[i]. `after(i)` (host copies only) runs once block i
-    has landed, while src[i] is still in cache (the read fence hashes it there); False stops the scatter before
-    block i + 1. Returns how many blocks were copied and accepted."""
+                   non_blocking: bool = False, after: Callable[[int], bool] | None = None,
+                   landed: Callable[[int, int | None], bool] | None = None,
+                   hash_landed: Callable[[int], bool] | None = None) -> int:
+    """Pool objects -> cache blocks: block block_ids[i] = src[i]. Returns how many blocks were copied and accepted.
+    `after(i)` (host copies only) runs once block i has landed, while src[i] is still in cache (a fence may hash it
+    there); False stops the scatter before block i + 1.
+    `landed(i, digest)` instead of `after` (a host cache): `digest` is the xxh3_64 of block i as it landed in the
+    cache, its 2 * num_layers runs hashed right after its copy (from cache, not a second pass over memory) in the
+    object's byte order, where `hash_landed(i)` is True (None elsewhere). So the digest is the object's checksum
+    exactly when every byte landed as committed, whatever happened to src[i] during or after the copy; False stops
+    the scatter before block i + 1."""
     _check(kv_cache, block_ids, src, "src")
+    if landed is not None and after is not None:
+        raise ValueError("after, landed: pass one of them")
+    if hash_landed is not None and landed is None:
+        raise ValueError("hash_landed: needs landed(i, digest) to hand the digests to")
+    runs = _LandedRuns(kv_cache) if hash_landed is not None else None
     shape = object_shape(kv_cache)
     for i, (b, buf) in enumerate(zip(block_ids, src)):
         kv_cache[:, :, int(b)].copy_(_as(buf, shape, kv_cache.dtype, "src"), non_blocking=non_blocking)
         if after is not None and not after(i):
             return i
+        if landed is not None and not landed(i, runs.digest(int(b)) if runs is not None and hash_landed(i) else None):
+            return i
     return len(block_ids)
+
+
+class _LandedRuns:
+    """The 2 * num_layers runs of one block in a contiguous host cache, in object order, as slices of one flat byte
+    view (a slice is ~0.1 us; numpy indexing per run cost ~1 us, 15,360 runs in a 4,096-token load)."""
+
+    __slots__ = ("flat", "run", "starts")
+
+    def __init__(self, kv_cache: torch.Tensor) -> None:
+        if kv_cache.device.type != "cpu":
+            raise ValueError(f"hash_landed: only a host cache is hashed as it lands, this one is on {kv_cache.device}")
+        if not kv_cache.is_contiguous():
+            raise ValueError("hash_landed: the cache must be one contiguous tensor")
+        layers, two, num_blocks = kv_cache.shape[:3]
+        self.flat = memoryview(kv_cache.reshape(-1).view(torch.uint8).numpy())
+        self.run = kv_cache[0, 0, 0].numel() * kv_cache.element_size()
+        self.starts = [(layer * two + kv) * num_blocks * self.run for layer in range(layers) for kv in range(two)]
+
+    def digest(self, block: int) -> int:
+        hasher = xxhash.xxh3_64()
+        update, flat, run = hasher.update, self.flat, self.run
+        at = block * run
+        for start in self.starts:
+            update(flat[start + at:start + at + run])
+        return hasher.intdigest()
 
 
 def _layer_shape(kv_cache: torch.Tensor) -> tuple[int, ...]:

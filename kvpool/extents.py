@@ -10,7 +10,8 @@
                                            fence, kvpool/fence.py): the leading run that matches stays in r.count
                                            (r.verify_entry(i): the same for entry i, right after copying it;
                                            r.verify_landed(i, digest): the caller hashed its own copy of entry i,
-                                           where r.needs_check(i) says the read wants one)
+                                           where r.needs_check(i) says the read wants one; r.verify_copy(i, digest)
+                                           picks between the two)
         r.release()                        ends the lease: the extents may be reused from then on
 
 Which entries are direct (`direct[i]`): DRAM extents of a node on this host whose arena is mapped here (PoolClient),
@@ -140,6 +141,12 @@ class ExtentRead:
         if not ok:
             self.count = i
         return ok
+
+    def verify_copy(self, i: int, digest: int | None) -> bool:
+        """The fence for entry i once the caller copied it: `verify_landed(i, digest)` where the caller hashed its copy
+        (`digest`, for the entries `needs_check` names), else `verify_entry(i)` (the extent hashed now, or nothing
+        for entries checked as they arrived). The judge a copy loop that hashes what landed hands each entry to."""
+        return self.verify_landed(i, digest) if digest is not None else self.verify_entry(i)
 
     def release(self) -> None:
         """End the lease (idempotent). The buffers must not be used afterwards."""

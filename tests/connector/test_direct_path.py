@@ -171,31 +171,57 @@ def test_same_host_pool_mapped_arena_and_its_read_fence(up, reference_b, layerwi
     assert up.master.master.stats_record().extra["leases_open"] == 0
 
 
-def test_a_cpu_direct_load_checks_the_bytes_after_copying_them(up, reference_b, monkeypatch):
-    """A stalled writer's byte lands in block 2's extent after the lookup but before the copy (nothing a lease can
-    stop): the check after the copy sees it, the load stops at block 2 and the engine recomputes the rest, so the
-    output is exact. A check before the copy would have passed and the bad byte would be in the cache."""
+def late_write(real_scatter, events):
+    """scatter_blocks after a stalled writer's byte landed in block 2's extent (after the lookup, before the copy:
+    nothing a lease can stop). A check before the copy would pass it."""
+    def scatter(kv_cache, block_ids, objects, **kwargs):
+        if not events:
+            u8 = objects[2].view(torch.uint8)
+            assert u8.is_contiguous()
+            u8.view(-1)[123] ^= 0xFF
+            events.append(block_ids[2])
+        return real_scatter(kv_cache, block_ids, objects, **kwargs)
+    return scatter
+
+
+def change_and_undo(real_scatter, events):
+    """scatter_blocks while a peer flips a byte of block 2's extent just before block 2 is copied and flips it back
+    right after, before the fence judges block 2. Hashing the extent after the copy (`after=read.verify_entry`)
+    would see the committed bytes again and keep the wrong byte in the cache."""
+    def scatter(kv_cache, block_ids, objects, **kwargs):
+        name = "landed" if kwargs.get("landed") is not None else "after"
+        judge = kwargs[name]
+        victim = objects[2].view(torch.uint8).view(-1)
+
+        def hook(i, *digest):
+            if i == 2 and not events:
+                victim[123] ^= 0xFF              # undone: the extent holds the committed bytes again
+                events.append(block_ids[2])
+            ok = judge(i, *digest)
+            if i == 1 and not events:
+                victim[123] ^= 0xFF              # lands in the cache with the copy of block 2
+            return ok
+
+        return real_scatter(kv_cache, block_ids, objects, **{**kwargs, name: hook})
+    return scatter
+
+
+@pytest.mark.parametrize("fault", [late_write, change_and_undo])
+def test_a_cpu_direct_load_checks_the_bytes_that_landed_in_the_cache(up, reference_b, monkeypatch, fault):
+    """The fence judges each block as it landed in the cache, right after its copy: a stalled writer's byte in block
+    2's extent is caught whether it was there before the copy or came and went during it. The load stops at block 2
+    and the engine recomputes the rest, so the output is exact."""
     from kvpool.connector import direct as direct_module
 
     config = dict(pool=up.address, layerwise_load="off", **DIRECT)
     a = LLM(connector=PoolConnector(ConnectorConfig(**config)), **ENGINE_ARGS)
     run(a, QUESTION_A)
-    assert a.engine.connector.stats.saved_blocks > 2
-    real_scatter = direct_module.scatter_blocks
-    landed = []
-
-    def late_write_then_scatter(kv_cache, block_ids, objects, **kwargs):
-        if not landed:
-            u8 = objects[2].view(torch.uint8)
-            assert u8.is_contiguous()
-            u8.view(-1)[123] ^= 0xFF
-            landed.append(block_ids[2])
-        return real_scatter(kv_cache, block_ids, objects, **kwargs)
-
-    monkeypatch.setattr(direct_module, "scatter_blocks", late_write_then_scatter)
+    assert a.engine.connector.stats.saved_blocks > 3
+    events = []
+    monkeypatch.setattr(direct_module, "scatter_blocks", fault(direct_module.scatter_blocks, events))
     b = LLM(connector=PoolConnector(ConnectorConfig(**config)), **ENGINE_ARGS)
     out_b = run(b, QUESTION_B)
-    assert len(landed) == 1
+    assert len(events) == 1
     assert out_b.num_cached_tokens_external == 2 * 16
     assert out_b.token_ids == reference_b
     assert b.engine.connector.stats.fallbacks == {"partial_load": 1}

@@ -200,6 +200,18 @@ def test_client_verify_entry_checks_one_entry_after_its_copy_and_reports_the_bad
         assert other.contains_many([key(i) for i in range(3)]) == [True, False, True]
 
 
+def test_verify_copy_judges_the_callers_digest_where_given_else_the_extent(up):
+    """verify_copy(i, digest): the caller's hash of its copy where it took one (a digest of other bytes is refused
+    even though the extent is intact), the extent hashed now where it did not (None)."""
+    with PoolClient(up.address) as client:
+        assert client.put_many([key(i) for i in range(3)], [data(i) for i in range(3)]) == ["stored"] * 3
+        with client.acquire_many([key(i) for i in range(3)], [SIZE] * 3) as r:
+            assert r.needs_check(0) and r.verify_copy(0, xxhash.xxh3_64_intdigest(data(0))) is True
+            assert r.verify_copy(1, None) is True and r.count == 3
+            assert r.verify_copy(2, xxhash.xxh3_64_intdigest(data(1))) is False and r.count == 2
+        assert client.checksum_failures == 1
+
+
 def test_embedded_verify_entry_accepts_what_verify_accepts(tmp_path):
     with EmbeddedPool(dram_bytes=4 * SIZE) as pool:
         assert pool.put_many([key(0), key(1)], [data(0), data(1)]) == ["stored"] * 2
