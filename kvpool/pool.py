@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Protocol, Sequence, runtime_checkable
 
-from kvpool.buffers import as_bytes, as_writable_bytes
+from kvpool.buffers import byte_views
 from kvpool.extents import ExtentRead, ExtentWrite, Staging, default_staging
 from kvpool.keys import Namespace, check_keys
 from kvpool.store import checks
@@ -83,7 +83,7 @@ class PoolFront:
         self._check_open()
         pin_s = checks.pin_seconds(pin_s)
         check_keys(keys, "keys")
-        views = self._views(keys, buffers, as_bytes)
+        views = self._views(keys, buffers, writable=False)
         limit = self.max_object_bytes
         for i, view in enumerate(views):
             if view.nbytes == 0:
@@ -116,7 +116,7 @@ class PoolFront:
         `tiers_out`, if given, receives the tier label ("dram", "ssd", ...) each filled buffer was read from."""
         self._check_open()
         check_keys(keys, "keys")
-        views = self._views(keys, buffers, as_writable_bytes)
+        views = self._views(keys, buffers, writable=True)
         ns = self._ns(namespace)
         return self._get_into(keys, views, ns, tiers_out) if keys else 0
 
@@ -239,12 +239,12 @@ class PoolFront:
             raise ValueError("pool is closed")
 
     @staticmethod
-    def _views(keys: Sequence[bytes], buffers: Sequence[Any], convert) -> list[memoryview]:
+    def _views(keys: Sequence[bytes], buffers: Sequence[Any], *, writable: bool) -> list[memoryview]:
         if isinstance(buffers, (bytes, bytearray, memoryview)) or not hasattr(buffers, "__len__"):
             raise ValueError(f"buffers must be a sequence of buffers (one per key), got {type(buffers).__name__}")
         if len(buffers) != len(keys):
             raise ValueError(f"buffers has {len(buffers)} entries, keys has {len(keys)}")
-        return [convert(b, f"buffers[{i}]") for i, b in enumerate(buffers)]
+        return byte_views(buffers, "buffers", writable=writable)
 
     def _sizes(self, keys: Sequence[bytes], sizes: Sequence[int]) -> list[int]:
         if isinstance(sizes, (bytes, bytearray, str)) or not hasattr(sizes, "__len__"):

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from kvpool.buffers import as_bytes, as_writable_bytes
+from kvpool.buffers import as_bytes, as_writable_bytes, byte_views
 
 
 def test_bytes_like_and_numpy_are_views_not_copies():
@@ -34,6 +34,27 @@ def test_mistakes_name_the_argument():
     ro.flags.writeable = False
     with pytest.raises(ValueError, match="x is read-only"):
         as_writable_bytes(ro, "x")
+
+
+def test_byte_views_of_a_batch_agree_with_the_one_by_one_conversions():
+    """byte_views takes flat uint8 arrays and byte memoryviews as they are and everything else the general way:
+    the same memory, the same formats, and each mistake named by its position."""
+    flat = np.arange(8, dtype=np.uint8)
+    batch = [flat, memoryview(bytearray(b"abc")), np.zeros((2, 2), np.float32), bytearray(b"xy"), flat[:0]]
+    views = byte_views(batch, "buffers", writable=True)
+    want = [as_writable_bytes(b, "b") for b in batch]
+    assert [(v.tobytes(), v.format, v.ndim, v.readonly) for v in views] == \
+        [(w.tobytes(), w.format, w.ndim, w.readonly) for w in want]
+    views[0][3] = 99
+    assert flat[3] == 99
+    ro = np.zeros(4, np.uint8)
+    ro.flags.writeable = False
+    assert byte_views([ro, memoryview(b"ab")], "buffers", writable=False)[1].readonly
+    for bad, why in ((ro, r"buffers\[1\] is read-only \(ndarray\)"), (memoryview(b"ab"), r"buffers\[1\] is read-only"),
+                     (np.zeros(8, np.uint8)[::2], r"buffers\[1\] must be C-contiguous"),
+                     (3, r"buffers\[1\] must be bytes-like")):
+        with pytest.raises(ValueError, match=why):
+            byte_views([flat, bad], "buffers", writable=True)
 
 
 def test_torch_tensors_share_memory_and_bad_ones_are_refused():
