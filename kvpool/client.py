@@ -267,7 +267,7 @@ class PoolClient(PoolFront):
             if tiers_out is not None:
                 tiers_out.extend([Tier.DRAM.label] * good)
             if self.locations is not None:
-                self._remember(_wire_digest(ns), keys, reply, good, gens)
+                self._remember(_wire_digest(ns), keys, reply, good, gens, extents)
         if good == n:
             return n
         self.optimistic_retries += 1
@@ -441,13 +441,14 @@ class PoolClient(PoolFront):
         return reply
 
     def _remember(self, digest: bytes, keys: Sequence[bytes], reply: pb.LookupResponse, count: int,
-                  gens: dict[int, int] | None) -> None:
+                  gens: dict[int, int] | None, mapped: dict[int, tuple[object, memoryview]] | None = None) -> None:
         """Keep the locations of the first `count` hits of a leased lookup's reply: the leading run of them that
         are DRAM extents of arenas that were mapped here when the lookup was sent (`gens`, their removal
         generations then: an entry is dated by them, never by a later read, or a removal the master made between
         its answer and that read would go unseen). The rest of the `count` keys are forgotten (moved to SSD, an
-        arena mapped by this very get, say)."""
-        mapped = self.transfers.mapped_extents(wire.hits_of(reply), range(count))
+        arena mapped by this very get, say). `mapped`: the reply's `mapped_extents`, where the caller has them."""
+        if mapped is None:
+            mapped = self.transfers.mapped_extents(wire.hits_of(reply), range(count))
         gens = gens or {}
         n = 0
         while n < count and n in mapped and id(mapped[n][0]) in gens:

@@ -97,7 +97,7 @@ class LocationCache:
         entries = self._entries
         with self._lock:
             for key, arena, extent, checksum, gen in zip(keys, arenas, extents, checksums, generations):
-                k = (ns, bytes(key))
+                k = (ns, key if type(key) is bytes else bytes(key))
                 entries.pop(k, None)        # re-inserted last: the dict's order is the drop order
                 entries[k] = Cached(arena, extent, int(checksum), expires, gen)
             while len(entries) > self.max_entries:
