@@ -21,10 +21,12 @@ object costs it), also with the objects owned by a tenant under a quota (tenant 
 
 The same-host get column is the putting client reading its objects back: since 2026-11-27 (afternoon) its location
 cache remembers where its puts landed, so that get takes no master round trip (an engine reading back the prefix it
-offloaded). Repeat gets (the same-host objects read again, the three clients taking turns batch by batch): the
-default client (location cache), `location_cache_s=0` (one optimistic lookup per get: what any client's first
-get of keys it did not put costs) and `location_cache_s=0, optimistic_reads=False` (a leased lookup, as every get
-before 2026-11-27); ratio lines against memcpy and between them.
+offloaded). Repeat gets (the same-host objects read again, four clients taking turns batch by batch): the
+default client (location cache), `location_cache_s=0` (one optimistic lookup per get: about what any client's
+first get of keys it did not put costs), a default client whose cache is emptied before each get (exactly that
+first get: the lookup, and the locations remembered for the next one) and `location_cache_s=0,
+optimistic_reads=False` (a leased lookup, as every get before 2026-11-27); ratio lines against memcpy and between
+them.
 
 The same-host columns run with the client's default fence (every read checked against the committed xxh3_64,
 kvpool/fence.py). `--fence` adds, interleaved in the same rounds, a same-host get of the same objects under each
@@ -239,6 +241,7 @@ def measure_size(pools: dict[str, tuple[str, dict]], size: int, count: int, batc
     one_thread = PoolClient(pools[""][0], timeout=60, verify_threads=0, location_cache_s=0) \
         if fence_candidates else None
     uncached = PoolClient(pools[""][0], timeout=60, location_cache_s=0)
+    first = PoolClient(pools[""][0], timeout=60)     # the default client, its location cache emptied before each get
     leased = PoolClient(pools[""][0], timeout=60, location_cache_s=0, optimistic_reads=False)
     raw = RawSocket(size)
     raw_distinct = RawSocket(size, distinct=count)
@@ -287,20 +290,24 @@ def measure_size(pools: dict[str, tuple[str, dict]], size: int, count: int, batc
             # Repeat gets of the auth-off same-host objects: once through the two clients without the location cache
             # (their arenas mapped), then batch by batch the default client (location cache: no master round trip),
             # the uncached one (location_cache_s=0: one optimistic lookup per get, what any client's first get of
-            # keys it did not put costs) and the leased one (optimistic_reads=False too) read them again, every copy
-            # through the fence, in an order that goes through all six permutations round by round. Not a rotation
-            # of one cycle: the cached client's thread reports its uses to the master just after its gets, so under
-            # a rotation the same client always came right after it and paid for that report.
+            # keys it did not put costs, less remembering where they were), a default client whose location cache is
+            # emptied before each of its gets (exactly another client's first get: one lookup, and the locations
+            # remembered) and the leased one (optimistic_reads=False too) read them again, every copy through the
+            # fence, in an order that goes through the permutations batch by batch. Not a rotation of one cycle:
+            # the cached client's thread reports its uses to the master just after its gets, so under a rotation the
+            # same client always came right after it and paid for that report.
             k = keys["auto"]
-            for warm in (uncached, leased):
+            for warm in (uncached, leased, first):
                 for i in range(0, count, batch):
                     assert warm.get_many_into(k[i:i + batch], dst[i:i + batch]) == len(k[i:i + batch])
                 check()
-            again = {"repeat get": 0.0, "repeat get, leased": 0.0, "repeat get, no cache": 0.0}
+            again = {"repeat get": 0.0, "repeat get, leased": 0.0, "repeat get, no cache": 0.0, "first get": 0.0}
             orders = list(itertools.permutations((("repeat get", clients["auto"]), ("repeat get, leased", leased),
-                                                  ("repeat get, no cache", uncached))))
+                                                  ("repeat get, no cache", uncached), ("first get", first))))
             for i in range(0, count, batch):
-                for name, c in orders[r % len(orders)]:
+                for name, c in orders[(r * 7 + i // batch) % len(orders)]:
+                    if c is first:
+                        first.locations.clear()
                     t0 = time.perf_counter()
                     got = c.get_many_into(k[i:i + batch], dst[i:i + batch])
                     again[name] += time.perf_counter() - t0
@@ -354,6 +361,7 @@ def measure_size(pools: dict[str, tuple[str, dict]], size: int, count: int, batc
         for c in clients.values():
             c.close()
         uncached.close()
+        first.close()
         leased.close()
         if unchecked is not None:
             unchecked.close()
@@ -509,7 +517,8 @@ def main(argv=None) -> int:
                 row = {f"{mode}{t}": {"put": g[f"{mode}{t} put"], "get": g[f"{mode}{t} get"]}
                        for mode in MODES for t in ("auto", "tcp")}
                 row.update({"memcpy": g["memcpy"], "raw": g["raw"], "raw distinct": g["raw distinct"], "repeat": g["repeat get"],
-                            "repeat leased": g["repeat get, leased"], "repeat uncached": g["repeat get, no cache"]})
+                            "repeat leased": g["repeat get, leased"], "repeat uncached": g["repeat get, no cache"],
+                            "first": g["first get"]})
                 if "redis get" in g:
                     row["redis"] = {"put": g["redis put"], "get": g["redis get"]}
                 if "mooncake get" in g:
@@ -565,7 +574,8 @@ def main(argv=None) -> int:
         print(f"{size >> 10:>5}KiB: same-host repeat get, default client (location cache: no master round trip, "
               f"fence on) {row['repeat'] / row['memcpy']:.2f}x memcpy; without the cache (location_cache_s=0: one "
               f"lookup per get, as another client's first get) {row['repeat uncached'] / row['memcpy']:.2f}x; "
-              f"cached / uncached {row['repeat'] / row['repeat uncached']:.2f}x")
+              f"cached / uncached {row['repeat'] / row['repeat uncached']:.2f}x; first get of keys it did not put, "
+              f"default client (its cache emptied before each get) {row['first'] / row['memcpy']:.2f}x")
     for size, row in rows.items():
         print(f"{size >> 10:>5}KiB: same-host repeat get without the cache, optimistic (no lease) "
               f"{row['repeat uncached'] / row['memcpy']:.2f}x memcpy; leased (optimistic_reads=False) "

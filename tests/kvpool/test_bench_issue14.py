@@ -34,7 +34,8 @@ def test_pool_remote_prints_every_ratio_line():
         assert has(lines, rf"\s*{size}: same-host get \(fence on\) {X} memcpy, put {X}; tcp get {X} raw socket "
                           rf"\({X} one sending distinct buffers\)"), out
         assert has(lines, rf"\s*{size}: same-host repeat get, default client \(location cache: .*\) {X} memcpy; "
-                          rf"without the cache \(.*\) {X}; cached / uncached {X}$"), out
+                          rf"without the cache \(.*\) {X}; cached / uncached {X}; first get of keys it did not put, "
+                          rf"default client \(its cache emptied before each get\) {X}$"), out
         assert has(lines, rf"\s*{size}: same-host repeat get without the cache, optimistic \(no lease\) {X} memcpy; "
                           rf"leased \(optimistic_reads=False\) {X}; optimistic / leased {X}$"), out
     assert has(lines, r"goals at 2 MiB: same-host get \(fence on\) >= 0\.6x memcpy: (met|MISSED); tcp get >= 0\.6x "
