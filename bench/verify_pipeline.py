@@ -19,9 +19,9 @@ scatter_blocks, in interleaved rounds:
 
     copy only          no check (the limit: what the copy itself costs)
     check per chunk    scatter the chunk, then read.verify(): every extent hashed again after the whole chunk
-    check per block    scatter_blocks(after=read.verify_entry): each extent hashed right after its block landed,
+    check per block    scatter_blocks(after=read.verify_copy): each extent hashed right after its block landed,
                        still in cache (what the connector did until 2026-11-27)
-    landed per block   scatter_blocks(landed=read.verify_copy, hash_landed=read.needs_check): each block's 60 runs
+    landed per block   scatter_blocks(after=read.verify_copy, hash_landed=read.needs_check): each block's 60 runs
                        hashed in the cache as they landed, right after its copy (what the connector does: the check
                        sees a change to the extent during the copy even when it is undone before the check)
 
@@ -127,9 +127,9 @@ def measure_load(address: str, blocks: int, rounds: int, bar) -> dict[str, float
                     assert read.count == len(read.keys) and all(read.direct), "not a same-host DRAM hit"
                     objects = [object_view(b, cache) for b in read.buffers]
                     if column == "check per block":
-                        got = scatter_blocks(cache, ids[i:i + read.count], objects, after=read.verify_entry)
+                        got = scatter_blocks(cache, ids[i:i + read.count], objects, after=read.verify_copy)
                     elif column == "landed per block":
-                        got = scatter_blocks(cache, ids[i:i + read.count], objects, landed=read.verify_copy,
+                        got = scatter_blocks(cache, ids[i:i + read.count], objects, after=read.verify_copy,
                                              hash_landed=read.needs_check)
                     else:
                         got = scatter_blocks(cache, ids[i:i + read.count], objects)

@@ -170,7 +170,7 @@ class DirectTransfer:
                         pending = self._prefetcher().submit(acquire, j + 1)
                     objects = [object_view(b, self.kv_cache) for b in read.buffers[:read.count]]
                     got = scatter_blocks(self.kv_cache, block_ids[s:s + read.count], objects,
-                                         landed=read.verify_copy, hash_landed=read.needs_check)
+                                         after=read.verify_copy, hash_landed=read.needs_check)
                 finally:
                     read.release()
                 out.tiers += read.tiers[:got]

@@ -100,29 +100,23 @@ def gather_blocks(kv_cache: torch.Tensor, block_ids: Sequence[int], out: Sequenc
 
 
 def scatter_blocks(kv_cache: torch.Tensor, block_ids: Sequence[int], src: Sequence[torch.Tensor], *,
-                   non_blocking: bool = False, after: Callable[[int], bool] | None = None,
-                   landed: Callable[[int, int | None], bool] | None = None,
+                   non_blocking: bool = False, after: Callable[[int, int | None], bool] | None = None,
                    hash_landed: Callable[[int], bool] | None = None) -> int:
     """Pool objects -> cache blocks: block block_ids[i] = src[i]. Returns how many blocks were copied and accepted.
-    `after(i)` (host copies only) runs once block i has landed, while src[i] is still in cache (a fence may hash it
-    there); False stops the scatter before block i + 1.
-    `landed(i, digest)` instead of `after` (a host cache): `digest` is the xxh3_64 of block i as it landed in the
-    cache, its 2 * num_layers runs hashed right after its copy (from cache, not a second pass over memory) in the
-    object's byte order, where `hash_landed(i)` is True (None elsewhere). So the digest is the object's checksum
-    exactly when every byte landed as committed, whatever happened to src[i] during or after the copy; False stops
-    the scatter before block i + 1."""
+    `after(i, digest)` (host copies only) runs once block i has landed; False stops the scatter before block i + 1.
+    `digest` is None unless `hash_landed(i)` is True (a host cache): then it is the xxh3_64 of block i as it landed
+    in the cache, its 2 * num_layers runs hashed right after its copy (from cache, not a second pass over memory) in
+    the object's byte order. So the digest is the object's checksum exactly when every byte landed as committed,
+    whatever happened to src[i] during or after the copy (the same hook as connector/vllm_layout.py's
+    KVPages.scatter_views)."""
     _check(kv_cache, block_ids, src, "src")
-    if landed is not None and after is not None:
-        raise ValueError("after, landed: pass one of them")
-    if hash_landed is not None and landed is None:
-        raise ValueError("hash_landed: needs landed(i, digest) to hand the digests to")
+    if hash_landed is not None and after is None:
+        raise ValueError("hash_landed: needs after(i, digest) to hand the digests to")
     runs = _LandedRuns(kv_cache) if hash_landed is not None else None
     shape = object_shape(kv_cache)
     for i, (b, buf) in enumerate(zip(block_ids, src)):
         kv_cache[:, :, int(b)].copy_(_as(buf, shape, kv_cache.dtype, "src"), non_blocking=non_blocking)
-        if after is not None and not after(i):
-            return i
-        if landed is not None and not landed(i, runs.digest(int(b)) if runs is not None and hash_landed(i) else None):
+        if after is not None and not after(i, runs.digest(int(b)) if runs is not None and hash_landed(i) else None):
             return i
     return len(block_ids)
 

@@ -41,9 +41,10 @@ transfer's queued loads, CUDA or layer-wise): the helper hashes about half the b
 rest; 256 x 720 KiB (a 4,096-token prompt of SmolLM2) in-process: 11.2 ms against 21.0 ms on one thread. The vLLM
 worker feeds a HashPipe the vLLM pages it has just written (ExtentRead.verify_landed: the copy itself is checked, as
 copy_verified's): bench/vllm_load.py, 32 x 5.6 MiB, 0.54x memcpy against 0.40x for its extents hashed after each
-copy. The bundled engine's CPU load does the same on its own thread (kernels/kv_transfer.py scatter_blocks(landed=)):
-its blocks land as 60 runs of 12 KiB, so a helper's hand-offs cost more than they overlap (torch's copy already uses
-both cores); bench/verify_pipeline.py prints what that check costs over the extent hashed after each block's copy.
+copy. The bundled engine's CPU load does the same on its own thread (kernels/kv_transfer.py, scatter_blocks with
+hash_landed): its blocks land as 60 runs of 12 KiB, so a helper's hand-offs cost more than they overlap (torch's copy
+already uses both cores); bench/verify_pipeline.py prints what that check costs over the extent hashed after each
+block's copy.
 `PoolClient(verify_threads=0)` keeps everything on the calling thread. Tried and not kept: hashing the TCP data
 channel's received pieces on the helper (a HashPipe fed through recv_exact's hasher argument): 0.77x / 0.92x of
 hashing them on the receiving thread at 512 KiB / 2 MiB (15 interleaved rounds): on 2 cores the node's sender, the

@@ -186,23 +186,22 @@ def late_write(real_scatter, events):
 
 def change_and_undo(real_scatter, events):
     """scatter_blocks while a peer flips a byte of block 2's extent just before block 2 is copied and flips it back
-    right after, before the fence judges block 2. Hashing the extent after the copy (`after=read.verify_entry`)
-    would see the committed bytes again and keep the wrong byte in the cache."""
+    right after, before the fence judges block 2. Hashing the extent after the copy (`after=read.verify_copy`
+    without `hash_landed`) would see the committed bytes again and keep the wrong byte in the cache."""
     def scatter(kv_cache, block_ids, objects, **kwargs):
-        name = "landed" if kwargs.get("landed") is not None else "after"
-        judge = kwargs[name]
+        judge = kwargs["after"]
         victim = objects[2].view(torch.uint8).view(-1)
 
-        def hook(i, *digest):
+        def hook(i, digest):
             if i == 2 and not events:
                 victim[123] ^= 0xFF              # undone: the extent holds the committed bytes again
                 events.append(block_ids[2])
-            ok = judge(i, *digest)
+            ok = judge(i, digest)
             if i == 1 and not events:
                 victim[123] ^= 0xFF              # lands in the cache with the copy of block 2
             return ok
 
-        return real_scatter(kv_cache, block_ids, objects, **{**kwargs, name: hook})
+        return real_scatter(kv_cache, block_ids, objects, **{**kwargs, "after": hook})
     return scatter
 
 

@@ -40,27 +40,29 @@ def test_scatter_then_gather_round_trips_and_touches_only_target_blocks(cache):
 
 
 def test_scatter_after_hook_runs_per_landed_block_and_stops_the_scatter(cache):
-    """`after(i)` runs once block i is in the cache (the read fence hashes src[i] there); False stops before the
-    next block, which keeps its old bytes."""
+    """`after(i, digest)` runs once block i is in the cache (digest None: nothing asked to hash it); False stops
+    before the next block, which keeps its old bytes."""
     before = cache.clone()
     src = [torch.randn(object_shape(cache)) for _ in range(3)]
     seen = []
 
-    def after(i):
+    def after(i, digest):
         assert torch.equal(cache[:, :, [5, 1, 3][i]], src[i])   # landed before the hook runs
+        assert digest is None
         seen.append(i)
         return i != 1
 
     assert scatter_blocks(cache, [5, 1, 3], src, after=after) == 1     # block 1 landed but was refused
     assert seen == [0, 1]
     assert torch.equal(cache[:, :, 3], before[:, :, 3])
-    assert scatter_blocks(cache, [5, 1, 3], src, after=lambda i: True) == 3
+    assert scatter_blocks(cache, [5, 1, 3], src, after=lambda i, digest: True) == 3
     assert scatter_blocks(cache, [5, 1, 3], src) == 3 and torch.equal(cache[:, :, 3], src[2])
 
 
 def test_scatter_hashes_each_block_as_it_landed_in_object_order(cache):
-    """`landed(i, digest)`: digest is the xxh3_64 of block i's runs as they sit in the cache right after its copy,
-    in the object's byte order, so it equals the hash of the object's bytes; None where hash_landed(i) is False."""
+    """`after(i, digest)` with `hash_landed`: digest is the xxh3_64 of block i's runs as they sit in the cache right
+    after its copy, in the object's byte order, so it equals the hash of the object's bytes; None where hash_landed(i)
+    is False."""
     src = [torch.randn(object_shape(cache)) for _ in range(3)]
     want = [xxhash.xxh3_64_intdigest(t.numpy().tobytes()) for t in src]
     seen = []
@@ -70,7 +72,7 @@ def test_scatter_hashes_each_block_as_it_landed_in_object_order(cache):
         seen.append(digest)
         return True
 
-    assert scatter_blocks(cache, [5, 1, 3], src, landed=landed, hash_landed=lambda i: i != 1) == 3
+    assert scatter_blocks(cache, [5, 1, 3], src, after=landed, hash_landed=lambda i: i != 1) == 3
     assert seen == [want[0], None, want[2]]
 
 
@@ -89,23 +91,21 @@ def test_the_hash_of_what_landed_sees_a_source_changed_after_its_copy(cache):
         return digest == committed[i]
 
     before = cache[:, :, 3].clone()
-    assert scatter_blocks(cache, [5, 1, 3], src, landed=landed, hash_landed=lambda i: True) == 1
+    assert scatter_blocks(cache, [5, 1, 3], src, after=landed, hash_landed=lambda i: True) == 1
     assert xxhash.xxh3_64_intdigest(src[1].numpy().tobytes()) == committed[1]
     assert not torch.equal(cache[:, :, 1], src[1]) and torch.equal(cache[:, :, 3], before)
 
 
-def test_hash_landed_needs_a_host_cache_and_one_judge(cache):
+def test_hash_landed_needs_a_host_cache_and_a_judge(cache):
     obj = [torch.randn(object_shape(cache))]
-    with pytest.raises(ValueError, match=r"^after, landed: pass one of them$"):
-        scatter_blocks(cache, [0], obj, after=lambda i: True, landed=lambda i, d: True)
-    with pytest.raises(ValueError, match=r"^hash_landed: needs landed"):
+    with pytest.raises(ValueError, match=r"^hash_landed: needs after\(i, digest\)"):
         scatter_blocks(cache, [0], obj, hash_landed=lambda i: True)
     strided = torch.zeros(L, 2, NB, BT, H, D * 2)[..., :D]
     with pytest.raises(ValueError, match=r"^hash_landed: the cache must be one contiguous tensor$"):
-        scatter_blocks(strided, [0], obj, landed=lambda i, d: True, hash_landed=lambda i: True)
+        scatter_blocks(strided, [0], obj, after=lambda i, d: True, hash_landed=lambda i: True)
     meta = torch.empty(cache.shape, device="meta")
     with pytest.raises(ValueError, match=r"^hash_landed: only a host cache is hashed as it lands, this one is on meta"):
-        scatter_blocks(meta, [0], obj, landed=lambda i, d: True, hash_landed=lambda i: True)
+        scatter_blocks(meta, [0], obj, after=lambda i, d: True, hash_landed=lambda i: True)
     assert torch.equal(strided, torch.zeros_like(strided))       # refused before anything was copied
 
 
