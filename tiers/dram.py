@@ -26,8 +26,10 @@ pays a page fault per 4-64 KiB on its first read of every page (~20 ms of a fres
 measured on the 2-core box 2026-11-26). The pages themselves already exist (the owner fallocated them), so it costs
 page-table memory (~2 MiB per GiB mapped) and CPU, no RAM for data; a same-host client calls it once, at start.
 
-The tail page: the file is `capacity` rounded up to a page, plus one page that holds no objects: a magic, the
-capacity, and the arena's *removal generation*, a 64-bit counter only the owner writes (`bump_generation`). The node
+The tail page: the file is `capacity` rounded up to a page, then the host index region (`index_slots` x 64 bytes,
+none by default; the node's published index of its objects, tiers/host_index.py, which this module only maps),
+then one page that holds no objects: a magic, the capacity, the arena's *removal generation*, a 64-bit counter
+only the owner writes (`bump_generation`), and the number of index slots. The node
 bumps it when the master tells it objects were removed (`kvpool rm`, an admin evict) and when it registers with a
 master, so a same-host client's location cache (kvpool/locations.py) can tell, with one load from its own mapping and
 no round trip, that something it remembers may have been removed since the master last told it where that object
@@ -62,8 +64,11 @@ _MADV_POPULATE_READ = 22       # Linux >= 5.14; older kernels answer EINVAL and 
 _PREFAULT_CHUNK = 32 << 20     # per madvise call: the GIL is released around each one (ctypes)
 _PAGE = mmap.PAGESIZE
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
-_TAIL_MAGIC = b"kvpoolT1"      # tail page: magic (8 bytes), capacity (u64 LE), removal generation (u64 LE)
-_GEN_AT = 16
+_TAIL_MAGIC = b"kvpoolT1"      # tail page: magic (8 bytes), capacity (u64 LE), removal generation (u64 LE),
+_GEN_AT = 16                   # index slots (u64 LE; 0 in files of nodes without a host index)
+_SLOTS_AT = 24
+INDEX_SLOT_BYTES = 64          # one host index slot (tiers/host_index.py); a page holds 64 of them
+MAX_INDEX_SLOTS = 1 << 24
 
 
 def _tail_offset(capacity: int) -> int:
@@ -122,10 +127,12 @@ def sweep_stale_arenas(directory: str = "/dev/shm") -> list[str]:
 class DramArena:
     """One shared-memory file of `capacity` bytes, mapped read-write. Use `create` (owner) or `attach` (peer)."""
 
-    def __init__(self, path: str, fd: int, mm: mmap.mmap, capacity: int, owner: bool, tail: mmap.mmap) -> None:
+    def __init__(self, path: str, fd: int, mm: mmap.mmap, capacity: int, owner: bool, tail: mmap.mmap,
+                 index_bytes: int = 0) -> None:
         self._path = path
-        self._tail: mmap.mmap | None = tail
-        self._gen: np.ndarray | None = np.frombuffer(tail, dtype="<u8", count=1, offset=_GEN_AT)
+        self._tail: mmap.mmap | None = tail     # the index region, then the tail page
+        self._index_bytes = index_bytes
+        self._gen: np.ndarray | None = np.frombuffer(tail, dtype="<u8", count=1, offset=index_bytes + _GEN_AT)
         self._fd = fd
         self._mm: mmap.mmap | None = mm
         self._mv: memoryview | None = memoryview(mm)
@@ -137,10 +144,17 @@ class DramArena:
 
     # ---------------------------------------------------------------- construction
     @classmethod
-    def create(cls, capacity: int, name: str | None = None, directory: str = "/dev/shm") -> DramArena:
-        """Create and map `<directory>/kvpool-<name>`; fails if it exists (two nodes must not share an arena)."""
+    def create(cls, capacity: int, name: str | None = None, directory: str = "/dev/shm", *,
+               index_slots: int = 0) -> DramArena:
+        """Create and map `<directory>/kvpool-<name>`; fails if it exists (two nodes must not share an arena).
+        `index_slots`: room for a host index (tiers/host_index.py), a multiple of 64 (whole pages), or 0."""
         if not isinstance(capacity, int) or capacity <= 0:
             raise ValueError(f"capacity must be an int > 0, got {capacity!r}")
+        if isinstance(index_slots, bool) or not isinstance(index_slots, int) \
+                or not 0 <= index_slots <= MAX_INDEX_SLOTS or (index_slots * INDEX_SLOT_BYTES) % _PAGE:
+            raise ValueError(f"index_slots must be an int in [0, {MAX_INDEX_SLOTS}] filling whole pages "
+                             f"({_PAGE // INDEX_SLOT_BYTES} slots each), got {index_slots!r}")
+        index_bytes = index_slots * INDEX_SLOT_BYTES
         if name is None:
             name = secrets.token_hex(8)
         elif not isinstance(name, str) or not _NAME_RE.match(name):
@@ -162,7 +176,7 @@ class DramArena:
             raise
         os.unlink(tmp)
         try:
-            size = _tail_offset(capacity) + _PAGE
+            size = _tail_offset(capacity) + index_bytes + _PAGE
             try:
                 os.posix_fallocate(fd, 0, size)    # reserve the pages now (tmpfs honours this)
             except OSError as e:
@@ -173,16 +187,17 @@ class DramArena:
                 if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
                     raise
                 os.ftruncate(fd, size)
-            tail = mmap.mmap(fd, _PAGE, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE,
+            tail = mmap.mmap(fd, index_bytes + _PAGE, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE,
                              offset=_tail_offset(capacity))
-            tail[0:_GEN_AT] = _TAIL_MAGIC + capacity.to_bytes(8, "little")
+            tail[index_bytes:index_bytes + _GEN_AT] = _TAIL_MAGIC + capacity.to_bytes(8, "little")
+            tail[index_bytes + _SLOTS_AT:index_bytes + _SLOTS_AT + 8] = index_slots.to_bytes(8, "little")
             mm = mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(fd)
             os.unlink(path)
             raise
         log.info("created DRAM arena %s (%d bytes)", path, capacity)
-        return cls(path, fd, mm, capacity, owner=True, tail=tail)
+        return cls(path, fd, mm, capacity, owner=True, tail=tail, index_bytes=index_bytes)
 
     @classmethod
     def attach(cls, path: str, capacity: int | None = None) -> DramArena:
@@ -197,22 +212,24 @@ class DramArena:
             size = os.fstat(fd).st_size
             if size < _PAGE or size % _PAGE:
                 raise ValueError(f"{path!r} is not a kvpool DRAM arena ({size} bytes: no tail page)")
-            tail = mmap.mmap(fd, _PAGE, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE,
-                             offset=size - _PAGE)
-            if tail[0:8] != _TAIL_MAGIC:
-                raise ValueError(f"{path!r} is not a kvpool DRAM arena (its tail page has no magic)")
-            own = int.from_bytes(tail[8:_GEN_AT], "little")
+            with mmap.mmap(fd, _PAGE, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=size - _PAGE) as last:
+                if last[0:8] != _TAIL_MAGIC:
+                    raise ValueError(f"{path!r} is not a kvpool DRAM arena (its tail page has no magic)")
+                own = int.from_bytes(last[8:_GEN_AT], "little")
+                index_bytes = int.from_bytes(last[_SLOTS_AT:_SLOTS_AT + 8], "little") * INDEX_SLOT_BYTES
             if capacity is None:
                 capacity = own
-            if capacity > own or _tail_offset(own) != size - _PAGE:
+            if capacity > own or _tail_offset(own) + index_bytes + _PAGE != size:
                 raise ValueError(f"capacity {capacity} does not fit the arena file {path!r} of {own} bytes")
+            tail = mmap.mmap(fd, index_bytes + _PAGE, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE,
+                             offset=_tail_offset(own))
             mm = mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             if tail is not None:
                 tail.close()
             os.close(fd)
             raise
-        return cls(path, fd, mm, capacity, owner=False, tail=tail)
+        return cls(path, fd, mm, capacity, owner=False, tail=tail, index_bytes=index_bytes)
 
     # ---------------------------------------------------------------- properties
     @property
@@ -242,6 +259,14 @@ class DramArena:
             raise ValueError("arena is closed")
         gen[0] += 1         # one aligned 8-byte store: readers see the old value or the new one
         return int(gen[0])
+
+    @property
+    def index_region(self) -> memoryview | None:
+        """The host index region (tiers/host_index.py interprets it), or None when the arena has none or is
+        closed."""
+        if self._tail is None or not self._index_bytes:
+            return None
+        return memoryview(self._tail)[:self._index_bytes]
 
     @property
     def pinned(self) -> bool:
@@ -400,7 +425,10 @@ class DramArena:
         self._gen = None
         tail, self._tail = self._tail, None
         if tail is not None:
-            tail.close()
+            try:
+                tail.close()
+            except BufferError:     # a host index (tiers/host_index.py) still views it: unmapped when it is dropped
+                log.debug("arena %s: index region closed with views outstanding", self._path)
         if self._mv is not None:
             self._mv.release()
             self._mv = None

@@ -1,0 +1,103 @@
+"""HostIndex (tiers/host_index.py): a node's published index in its arena file, read by a same-host peer's mapping.
+Exact rows found, a torn row never taken, a full bucket gives up its oldest row, bad input changes nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvpool.tiers.dram import DramArena
+from kvpool.tiers.host_index import WAYS, HostIndex
+
+SLOTS = 256
+
+
+def key(i: int) -> bytes:
+    return (0x5E << 120 | i).to_bytes(16, "big")
+
+
+@pytest.fixture
+def arenas(tmp_path):
+    """(the node's arena with its writable index, a peer's attached mapping of the same file)."""
+    owner = DramArena.create(1 << 20, name="idx", directory=str(tmp_path), index_slots=SLOTS)
+    peer = DramArena.attach(owner.path)
+    yield owner, peer
+    peer.close()
+    owner.close()
+    owner.unlink()
+
+
+def test_a_peer_finds_what_the_node_published_in_chain_order_up_to_the_first_missing_key(arenas):
+    owner, peer = arenas
+    node, reader = HostIndex(owner.index_region, writer=True), HostIndex(peer.index_region)
+    assert reader.slots == SLOTS and len(reader) == 0
+    node.publish([key(0), key(1), key(2)], [0, 4096, 8192], [100, 200, 300], [11, 2**64 - 1, 33])
+    assert reader.find([key(0), key(1), key(2)]) == ([0, 4096, 8192], [100, 200, 300], [11, 2**64 - 1, 33])
+    assert reader.find([key(0), key(7), key(2)]) == ([0], [100], [11])        # a chain stops at its first miss
+    assert reader.find([key(7), key(0)]) == ([], [], [])
+    node.publish([key(1)], [12288], [200], [22])                                # republished: the new place
+    assert reader.find([key(1)]) == ([12288], [200], [22]) and len(reader) == 3
+    assert node.unpublish([key(0), key(9)]) == 1
+    assert reader.find([key(0)]) == ([], [], []) and len(reader) == 2
+    node.clear()
+    assert len(reader) == 0 and reader.find([key(1), key(2)]) == ([], [], [])
+
+
+def test_only_the_owner_writes_and_the_index_lives_as_long_as_the_arena_file(arenas, tmp_path):
+    _, peer = arenas
+    reader = HostIndex(peer.index_region)
+    with pytest.raises(ValueError, match="only the node"):
+        reader.publish([key(0)], [0], [1], [1])
+    with pytest.raises(ValueError, match="only the node"):
+        reader.clear()
+    plain = DramArena.create(1 << 20, name="plain", directory=str(tmp_path))
+    assert plain.index_region is None and DramArena.attach(plain.path).index_region is None
+    plain.close()
+    plain.unlink()
+    with pytest.raises(ValueError, match="index_slots"):
+        DramArena.create(1 << 20, name="bad", directory=str(tmp_path), index_slots=10)
+
+
+def test_a_torn_row_is_a_miss_never_another_objects_location(arenas):
+    """A reader that catches the node mid-rewrite sees words of two entries; the seal refuses the mix."""
+    owner, peer = arenas
+    node, reader = HostIndex(owner.index_region, writer=True), HostIndex(peer.index_region)
+    node.publish([key(1)], [4096], [64], [0xAAAA])
+    node.publish([key(2)], [8192], [64], [0xBBBB])
+    rows = np.frombuffer(owner.index_region, dtype="<u8").reshape(-1, 8)
+    r1 = int(np.flatnonzero(rows[:, 4] == 0xAAAA)[0])
+    r2 = int(np.flatnonzero(rows[:, 4] == 0xBBBB)[0])
+    rows[r1, 2:5] = rows[r2, 2:5]           # key(1)'s row with key(2)'s offset, size and checksum
+    assert reader.find([key(1)]) == ([], [], [])
+    assert reader.find([key(2)]) == ([8192], [64], [0xBBBB])
+
+
+def test_a_full_bucket_gives_up_its_oldest_row(arenas):
+    owner, peer = arenas
+    node, reader = HostIndex(owner.index_region, writer=True), HostIndex(peer.index_region)
+    words = np.array([np.frombuffer(key(i), dtype="<u8") for i in range(4000)])
+    buckets = node._bucket_of(words)
+    same = [i for i in range(4000) if buckets[i] == buckets[0]][:WAYS + 1]
+    assert len(same) == WAYS + 1
+    for n, i in enumerate(same):
+        node.publish([key(i)], [n * 4096], [8], [n + 1])
+    assert node.replaced == 1
+    assert reader.find([key(same[0])]) == ([], [], [])                         # the first one written went
+    assert [reader.find([key(i)])[0] for i in same[1:]] == [[n * 4096] for n in range(1, WAYS + 1)]
+
+
+@pytest.mark.parametrize("args, field", [
+    (([key(0), b"short"], [0, 0], [1, 1], [1, 1]), "keys[1]"),
+    (([key(0), key(1)], [0, -1], [1, 1], [1, 1]), "offsets[1]"),
+    (([key(0), key(1)], [0, 0], [1, True], [1, 1]), "sizes[1]"),
+    (([key(0), key(1)], [0, 0], [1, 1], [1, 2**64]), "checksums[1]"),
+    (([key(0), key(1)], [0], [1, 1], [1, 1]), "offsets, sizes and checksums"),
+])
+def test_bad_publications_name_the_field_and_change_nothing(arenas, args, field):
+    owner, _ = arenas
+    node = HostIndex(owner.index_region, writer=True)
+    node.publish([key(9)], [0], [1], [9])
+    with pytest.raises(ValueError) as err:
+        node.publish(*args)
+    assert field in str(err.value)
+    assert len(node) == 1 and node.find([key(0)]) == ([], [], []) and node.find([key(9)]) == ([0], [1], [9])
