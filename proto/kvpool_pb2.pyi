@@ -242,7 +242,7 @@ class PutAbortResponse(_message.Message):
     def __init__(self, aborted: _Optional[int] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("namespace", "block_tokens", "keys", "lease", "client_host_id", "namespace_label", "expect_sizes", "prefill_s_per_token", "mapped_nodes", "release_lease_ids", "uses", "optimistic")
+    __slots__ = ("namespace", "block_tokens", "keys", "lease", "client_host_id", "namespace_label", "expect_sizes", "prefill_s_per_token", "mapped_nodes", "release_lease_ids", "uses", "optimistic", "unpublish_misses")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
@@ -255,6 +255,7 @@ class LookupRequest(_message.Message):
     RELEASE_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
     USES_FIELD_NUMBER: _ClassVar[int]
     OPTIMISTIC_FIELD_NUMBER: _ClassVar[int]
+    UNPUBLISH_MISSES_FIELD_NUMBER: _ClassVar[int]
     namespace: bytes
     block_tokens: int
     keys: _containers.RepeatedScalarFieldContainer[bytes]
@@ -267,7 +268,8 @@ class LookupRequest(_message.Message):
     release_lease_ids: _containers.RepeatedScalarFieldContainer[int]
     uses: int
     optimistic: bool
-    def __init__(self, namespace: _Optional[bytes] = ..., block_tokens: _Optional[int] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease: _Optional[bool] = ..., client_host_id: _Optional[str] = ..., namespace_label: _Optional[str] = ..., expect_sizes: _Optional[_Iterable[int]] = ..., prefill_s_per_token: _Optional[float] = ..., mapped_nodes: _Optional[_Iterable[str]] = ..., release_lease_ids: _Optional[_Iterable[int]] = ..., uses: _Optional[int] = ..., optimistic: _Optional[bool] = ...) -> None: ...
+    unpublish_misses: bool
+    def __init__(self, namespace: _Optional[bytes] = ..., block_tokens: _Optional[int] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease: _Optional[bool] = ..., client_host_id: _Optional[str] = ..., namespace_label: _Optional[str] = ..., expect_sizes: _Optional[_Iterable[int]] = ..., prefill_s_per_token: _Optional[float] = ..., mapped_nodes: _Optional[_Iterable[str]] = ..., release_lease_ids: _Optional[_Iterable[int]] = ..., uses: _Optional[int] = ..., optimistic: _Optional[bool] = ..., unpublish_misses: _Optional[bool] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
     __slots__ = ("hits", "lease_id", "node_index", "tiers", "offsets", "sizes", "checksums", "tokens", "nodes", "expires_unix_ms", "record_keys", "released")
@@ -632,6 +634,26 @@ class DropResponse(_message.Message):
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     dropped: int
     def __init__(self, dropped: _Optional[int] = ...) -> None: ...
+
+class PublishRequest(_message.Message):
+    __slots__ = ("keys", "offsets", "sizes", "checksums", "gone")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
+    GONE_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    offsets: _containers.RepeatedScalarFieldContainer[int]
+    sizes: _containers.RepeatedScalarFieldContainer[int]
+    checksums: _containers.RepeatedScalarFieldContainer[int]
+    gone: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., gone: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class PublishResponse(_message.Message):
+    __slots__ = ("published",)
+    PUBLISHED_FIELD_NUMBER: _ClassVar[int]
+    published: int
+    def __init__(self, published: _Optional[int] = ...) -> None: ...
 
 class StartRecordingRequest(_message.Message):
     __slots__ = ("directory", "max_file_bytes", "duration_s", "max_files")

@@ -1077,6 +1077,11 @@ class NodeServiceStub:
                 request_serializer=kvpool_dot_proto_dot_kvpool__pb2.DropRequest.SerializeToString,
                 response_deserializer=kvpool_dot_proto_dot_kvpool__pb2.DropResponse.FromString,
                 _registered_method=True)
+        self.Publish = channel.unary_unary(
+                '/kvpool.v1.NodeService/Publish',
+                request_serializer=kvpool_dot_proto_dot_kvpool__pb2.PublishRequest.SerializeToString,
+                response_deserializer=kvpool_dot_proto_dot_kvpool__pb2.PublishResponse.FromString,
+                _registered_method=True)
 
 
 class NodeServiceServicer:
@@ -1112,6 +1117,12 @@ class NodeServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Publish(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_NodeServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -1139,6 +1150,11 @@ def add_NodeServiceServicer_to_server(servicer, server):
                     servicer.Drop,
                     request_deserializer=kvpool_dot_proto_dot_kvpool__pb2.DropRequest.FromString,
                     response_serializer=kvpool_dot_proto_dot_kvpool__pb2.DropResponse.SerializeToString,
+            ),
+            'Publish': grpc.unary_unary_rpc_method_handler(
+                    servicer.Publish,
+                    request_deserializer=kvpool_dot_proto_dot_kvpool__pb2.PublishRequest.FromString,
+                    response_serializer=kvpool_dot_proto_dot_kvpool__pb2.PublishResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1276,6 +1292,33 @@ class NodeService:
             '/kvpool.v1.NodeService/Drop',
             kvpool_dot_proto_dot_kvpool__pb2.DropRequest.SerializeToString,
             kvpool_dot_proto_dot_kvpool__pb2.DropResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Publish(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvpool.v1.NodeService/Publish',
+            kvpool_dot_proto_dot_kvpool__pb2.PublishRequest.SerializeToString,
+            kvpool_dot_proto_dot_kvpool__pb2.PublishResponse.FromString,
             options,
             channel_credentials,
             insecure,

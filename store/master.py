@@ -12,6 +12,7 @@
       ├─ Tenants, Quotas  store/tenants.py,   each tenant's key space (stored keys), usage, quota enforcement
       │                   store/quota.py
       ├─ LookupStats      store/stats.py      hit accounting (pool-wide and per tenant); `stats_record()`
+      ├─ HostIndexFeed    store/host_feed.py  DRAM commits published to their nodes' host indexes, off the lock
       └─ Recorder         store/recorder.py   traffic recording (None = off: one attribute check per call)
 
 Plain records in and out (store/records.py), no callables; caller mistakes raise ValueError naming the argument
@@ -48,12 +49,13 @@ from kvpool.store import checks, queries, tokens
 from kvpool.store import stats as stats_mod
 from kvpool.store.checks import BatchTooLarge
 from kvpool.store.config import MasterConfig
+from kvpool.store.host_feed import HostIndexFeed
 from kvpool.store.index import COMMITTED, NO_COPY, PENDING, Index, State
 from kvpool.store.journal import Journal
 from kvpool.store.leases import Leases
 from kvpool.store.metadata import MemoryMetadata, MetadataBackend
 from kvpool.store.migration import Drains, MigrateStartResult
-from kvpool.store.node import NodeOps
+from kvpool.store.node import NodeOps, PublishOps
 from kvpool.store.placement import Placement
 from kvpool.store.promotion import Promotions
 from kvpool.store.quota import ANY_TIER, Quotas
@@ -120,6 +122,7 @@ class Master:
         self._stopping: set[str] = set()            # nodes flushed for a clean stop: nothing new goes there
         self._copy_lock = threading.Lock()          # one write-behind round at a time (writer thread, flush)
         self.promotion_wanted = threading.Event()   # set when a lookup queued promotions (the server's promoter)
+        self.host_feed = HostIndexFeed()            # what same-host clients find without a Lookup (host_feed.py)
         self.lookup_stats = stats_mod.LookupStats(max_namespaces=self.config.max_namespaces)
         # Key spaces derive from the token secret (shared through Redis, so stable across masters); an in-process
         # master has none and its tenants (if any) get a random one.
@@ -154,6 +157,7 @@ class Master:
             old = self.placement.nodes.get(info.node_id)
             if old is not None and not self._same_process(old.info, info):
                 self._node_leaves(old.number, info.node_id, leaving=False)
+            self.host_feed.reset(info.node_id)     # its index starts empty (the node clears it as it registers)
             reg = self.registry.register(info, ops, expires=expires, now=self.clock())
             self._stopping.discard(info.node_id)
             self.journal.put_node(info)  # addresses may have changed
@@ -369,8 +373,31 @@ class Master:
                 self.journal.touched(slot)
                 ok.append(True)
             self.placement.insert_committed(slots, keys)
+            if owner is None and slots:     # with auth on, clients cannot name stored keys: nothing to publish
+                self._publish(slots, keys)
             self._flush()
             return ok
+
+    def _publish(self, slots: list[int], keys: list[bytes], only: Collection[str] | None = None) -> None:
+        """Queue these committed objects' DRAM locations for their nodes' host indexes (lock held; sent off it).
+        `only`: just on these nodes."""
+        index = self.index
+        arr = np.array(slots, dtype=np.int64)
+        dram = (index.tier[arr] == Tier.DRAM).tolist()
+        numbers, offsets = index.node[arr].tolist(), index.offset[arr].tolist()
+        sizes, sums = index.size[arr].tolist(), index.checksum[arr].tolist()
+        by_node: dict[int, list[int]] = {}
+        for i, is_dram in enumerate(dram):
+            if is_dram:
+                by_node.setdefault(numbers[i], []).append(i)
+        for number, picked in by_node.items():
+            by_number = self.placement.by_number
+            node = by_number[number] if number < len(by_number) else None
+            if node is None or not node.info.dram_path or not isinstance(node.ops, PublishOps) \
+                    or (only is not None and node.node_id not in only):
+                continue
+            self.host_feed.committed(node.node_id, node.ops, [keys[i] for i in picked], [offsets[i] for i in picked],
+                                     [sizes[i] for i in picked], [int(sums[i]) for i in picked])
 
     def put_abort(self, grant_ids: Sequence[int], *, tenant: str = "") -> int:
         with self._lock:
@@ -389,7 +416,8 @@ class Master:
     def lookup(self, keys: Sequence[bytes], ns: NsRef = NO_NS, *, lease: bool = True,
                expect_sizes: Sequence[int] | None = None, tenant: str = "",
                s_per_token: float = 0.0, mapped_nodes: Collection[str] = (),
-               release: Sequence[int] = (), uses: int = 1, optimistic: bool = False) -> LookupResult:
+               release: Sequence[int] = (), uses: int = 1, optimistic: bool = False,
+               unpublish_misses: bool = False) -> LookupResult:
         """Leading committed hits of a chain. With `lease`, pins them until `release` (or lease expiry) and returns
         their locations as columns: where each object is NOW. A leased hit on a slower tier than its node's fastest
         is queued for promotion (`promote_pending`, outside this call) when `promote_on_hit`. `expect_sizes` (one
@@ -404,7 +432,9 @@ class Master:
         `optimistic` (with `lease`): when every hit is a DRAM extent of a node in `mapped_nodes`, their locations come
         back with no lease (lease_id 0): nothing is pinned and nothing needs releasing. The caller copies them itself
         and keeps only what hashes to the committed checksum after the copy (the read fence), so an extent reused
-        meanwhile is a miss there, and it asks again with a lease from that key on. Any other hit: a lease as usual."""
+        meanwhile is a miss there, and it asks again with a lease from that key on. Any other hit: a lease as usual.
+        `unpublish_misses` (a use report of gets served without asking): the keys after the hits leave the host
+        index of every node in `mapped_nodes` (tiers/host_index.py), where the caller may have found them."""
         keys = checks.keys(keys, self.config.max_batch_keys)
         s_per_token = checks.seconds_per_token(s_per_token)
         uses = checks.uses(uses)
@@ -440,9 +470,18 @@ class Master:
             if release:
                 self._release_all(release, tenant)
                 self._flush()
+            if unpublish_misses and mapped_nodes and tid == UNSCOPED and len(found) < len(keys):
+                gone = [bytes(k) for k in keys[len(found):]]
+                for node_id in mapped_nodes:
+                    node = self.placement.nodes.get(node_id)
+                    if node is not None and isinstance(node.ops, PublishOps):
+                        self.host_feed.gone(node_id, node.ops, gone)
             if not lease or not len(slots):
                 return LookupResult(hits=len(found), released=bool(release))
             self.placement.touch(slots, tiers)
+            if tid == UNSCOPED and mapped_nodes and not unpublish_misses and Tier.DRAM in tiers:
+                # A same-host client asked: publish what it found, so an index a removal cleared fills again.
+                self._publish(found, keys[: len(found)], only=mapped_nodes)
             by_number = self.placement.by_number
             node_ids = [by_number[n].node_id for n in index.node[slots].tolist()]
             offsets = index.offset[slots].tolist()
@@ -610,6 +649,7 @@ class Master:
         hold its bytes. A node that does not answer is logged: a same-host cache there may serve a removed object
         until the reply to that get's use report forgets it (one linger), as for an object evicted for room."""
         for node_id, ops in nodes:
+            self.host_feed.removed(node_id)
             try:
                 ops.objects_removed()
             except Exception as exc:  # noqa: BLE001 - the removal itself is done and stays done
@@ -667,7 +707,8 @@ class Master:
             record.extra = {"grants_open": self.leases.open_grants, "leases_open": self.leases.open_leases,
                             "draining": sorted(self.drains.draining), "moves_open": self.drains.pinned(),
                             "write_behind": self.write_behind.counters.as_dict(self.write_behind.pending),
-                            "orphaned": self.placement.counters.orphaned, "stopping": sorted(self._stopping)}
+                            "orphaned": self.placement.counters.orphaned, "stopping": sorted(self._stopping),
+                            "host_index": self.host_feed.as_dict()}
             record.tenants = {self.tenants.name(t): self._tenant_stats(t) for t in range(1, len(self.tenants))}
             if (rec := self.recorder) is not None:       # only while one runs: `kvpool status` says so
                 record.extra["recording"] = rec.status.as_dict()

@@ -173,6 +173,7 @@ class MasterServer:
             self.control.close()
         self.server.stop(grace).wait()
         self.master.stop_recording()                # the files complete before the process goes
+        self.master.host_feed.close()
         self.servicer.close()
         if self.metadata is not None:
             self.metadata.close()

@@ -30,10 +30,19 @@ import numpy as np
 
 from kvpool.store.config import NodeConfig
 from kvpool.store.records import NodeInfo, ObjectRecord
+from kvpool.tiers.host_index import HostIndex
 from kvpool.tiers.ssd import record_size
 from kvpool.tiers.types import Tier
 
 log = logging.getLogger(__name__)
+
+INDEX_BYTES_PER_SLOT = 32 << 10     # a shared arena's host index has a slot per 32 KiB of DRAM (64 B: 0.2%)
+
+
+def index_slots(dram_bytes: int) -> int:
+    """Host index slots for an arena of `dram_bytes`: a power of two >= dram_bytes / 32 KiB, in [256, 2**22]."""
+    want = max(1, dram_bytes // INDEX_BYTES_PER_SLOT)
+    return 1 << min(22, max(8, (want - 1).bit_length()))
 
 
 @dataclass(slots=True, frozen=True)
@@ -56,6 +65,25 @@ class Drop:
     tier: Tier
     offset: int
     size: int
+
+
+@dataclass(slots=True, frozen=True)
+class Publication:
+    """What a node's host index (tiers/host_index.py) is to say: objects committed in its DRAM tier (keys[i] at
+    offsets[i], sizes[i] bytes, checksum checksums[i]), and keys it is to forget (`gone`)."""
+
+    keys: tuple[bytes, ...] = ()
+    offsets: tuple[int, ...] = ()
+    sizes: tuple[int, ...] = ()
+    checksums: tuple[int, ...] = ()
+    gone: tuple[bytes, ...] = ()
+
+
+@runtime_checkable
+class PublishOps(Protocol):
+    """The optional part of NodeOps: a node with a host index publishes its DRAM objects to same-host clients."""
+
+    def publish(self, publication: Publication) -> int: ...
 
 
 class NodeUnavailable(OSError):
@@ -102,8 +130,12 @@ class StorageNode:
         if hbm is None and config.hbm_bytes > 0:
             from kvpool.tiers.hbm import HbmArena
             self.hbm = HbmArena.create(config.hbm_bytes, config.hbm_device)
+        self.host_index = None      # tiers/host_index.py: written under _gen_lock
         if config.dram_bytes > 0:
-            self.dram = DramArena.create(config.dram_bytes, directory=config.shm_dir)
+            slots = index_slots(config.dram_bytes) if config.share_dram else 0
+            self.dram = DramArena.create(config.dram_bytes, directory=config.shm_dir, index_slots=slots)
+            if slots:
+                self.host_index = HostIndex(self.dram.index_region, writer=True)
             self._dram_np = self.dram.array(0, config.dram_bytes)  # sliced per object: no per-call checks
             if not config.share_dram:
                 # Nobody else maps it: unlink now so a killed process leaves nothing behind in /dev/shm.
@@ -208,7 +240,22 @@ class StorageNode:
     def objects_removed(self) -> None:
         if self.dram is not None:
             with self._gen_lock:
+                if self.host_index is not None:
+                    self.host_index.clear()     # before the bump: a client that sees the new generation finds none
                 self.dram.bump_generation()
+
+    def publish(self, publication: Publication) -> int:
+        """Apply a Publication to the host index (checked by the caller: store/node_checks.py): `gone` first, then
+        the new entries. How many entries it now holds of those published; 0 without a host index."""
+        if self.host_index is None:
+            return 0
+        with self._gen_lock:
+            if publication.gone:
+                self.host_index.unpublish(publication.gone)
+            if publication.keys:
+                self.host_index.publish(publication.keys, publication.offsets, publication.sizes,
+                                        publication.checksums)
+        return len(publication.keys)
 
     def drop(self, drops: list[Drop]) -> int:
         n = 0
@@ -293,5 +340,6 @@ class StorageNode:
             if self.config.share_dram:
                 self.dram.unlink()
             self._dram_np = None
+            self.host_index = None
             self.dram.close()
             self.dram = None

@@ -1,4 +1,4 @@
-"""Argument checks of the byte moves a node serves over NodeService (Demote, Promote, Drop).
+"""Argument checks of the byte moves a node serves over NodeService (Demote, Promote, Drop, Publish).
 
 The master sends only extents its allocators handed out, but the wire carries whatever a caller sends: every move
 and drop of a request is checked against this node's own tiers before the node touches anything, so a malformed
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from kvpool.store.node import Drop, Move, StorageNode
+from kvpool.store.node import Drop, Move, Publication, StorageNode
 from kvpool.tiers.ssd import ALIGN, record_size
 from kvpool.tiers.types import Tier
 
@@ -67,4 +67,18 @@ def drops(node: StorageNode, batch: Sequence[Drop]) -> None:
         _extent(node, d.tier, d.offset, d.size, i, "", "tiers")
 
 
-__all__ = ["moves", "drops"]
+def publication(node: StorageNode, p: Publication) -> None:
+    n = len(p.keys)
+    for name, col in (("offsets", p.offsets), ("sizes", p.sizes), ("checksums", p.checksums)):
+        if len(col) != n:
+            raise ValueError(f"{name} must have one entry per key ({n}), got {len(col)}")
+    for i, key in enumerate(p.keys):
+        _key(key, f"keys[{i}]")
+        if p.sizes[i] < 1:
+            raise ValueError(f"sizes[{i}] must be >= 1, got {p.sizes[i]}")
+        _extent(node, Tier.DRAM, p.offsets[i], p.sizes[i], i, "", "keys")
+    for i, key in enumerate(p.gone):
+        _key(key, f"gone[{i}]")
+
+
+__all__ = ["moves", "drops", "publication"]

@@ -178,6 +178,15 @@ class NodeServicer(pbg.NodeServiceServicer):
             self.node.objects_removed()
         return pb.DropResponse(dropped=dropped)
 
+    def Publish(self, request, context):
+        try:
+            publication = wire.publication_from_msg(request)
+            if self.node.host_index is not None:
+                node_checks.publication(self.node, publication)
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return pb.PublishResponse(published=self.node.publish(publication))
+
 
 class NodeServer:
     def __init__(self, config: NodeServerConfig) -> None:

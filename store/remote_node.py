@@ -17,7 +17,7 @@ from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
 from kvpool.store import wire
 from kvpool.store.auth import TokenSource, auth_channel
-from kvpool.store.node import Drop, Move, NodeUnavailable
+from kvpool.store.node import Drop, Move, NodeUnavailable, Publication
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,14 @@ class RemoteNodeOps:
         may serve a removed object until the reply to that get's use report forgets it, one linger)."""
         try:
             self._stub.Drop(pb.DropRequest(objects_removed=True), timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise NodeUnavailable(f"node {self.address}: {exc.code().name}") from None
+
+    def publish(self, publication: Publication) -> int:
+        """Raises NodeUnavailable when the node did not answer (the feed logs it and drops the publication: those
+        objects are found through the master, as if never published)."""
+        try:
+            return self._stub.Publish(wire.publication_to_msg(publication), timeout=self.timeout).published
         except grpc.RpcError as exc:
             raise NodeUnavailable(f"node {self.address}: {exc.code().name}") from None
 

@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.store.migration import MigrateStartResult, MigrateStatus
-from kvpool.store.node import Drop, Move
+from kvpool.store.node import Drop, Move, Publication
 from kvpool.store.records import (
     NO_NS,
     LookupResult,
@@ -298,6 +298,15 @@ def drops_to_msg(drops: Sequence[Drop]) -> pb.DropRequest:
 def drops_from_msg(msg: pb.DropRequest) -> list[Drop]:
     n = check_columns(msg, "keys", "tiers", "offsets", "sizes")
     return [Drop(msg.keys[i], tier_of(msg.tiers[i], f"tiers[{i}]"), msg.offsets[i], msg.sizes[i]) for i in range(n)]
+
+
+def publication_to_msg(p: Publication) -> pb.PublishRequest:
+    return pb.PublishRequest(keys=p.keys, offsets=p.offsets, sizes=p.sizes, checksums=p.checksums, gone=p.gone)
+
+
+def publication_from_msg(msg: pb.PublishRequest) -> Publication:
+    check_columns(msg, "keys", "offsets", "sizes", "checksums")
+    return Publication(tuple(msg.keys), tuple(msg.offsets), tuple(msg.sizes), tuple(msg.checksums), tuple(msg.gone))
 
 
 # ---------------------------------------------------------------- objects

@@ -61,7 +61,7 @@ _MASTER = {
     "StopRecording": ADMIN,
     "Hello": STATS,             # where the control channel listens: any role that may call the master
 }
-_NODE = {"Write": GRANT, "Read": GRANT, "Demote": NODE, "Promote": NODE, "Drop": NODE}
+_NODE = {"Write": GRANT, "Read": GRANT, "Demote": NODE, "Promote": NODE, "Drop": NODE, "Publish": NODE}
 _HEALTH = {"Check": PUBLIC, "Watch": PUBLIC, "List": PUBLIC}
 
 METHOD_RULES: Mapping[str, Rule] = {

@@ -206,7 +206,7 @@ def test_auth_off_is_todays_behaviour():
             codes = {full: call(ch, full, module, m)[0] for full, module, m in all_methods()}
         assert codes == {full: grpc.StatusCode.UNIMPLEMENTED if full == "/grpc.health.v1.Health/List"
                          else grpc.StatusCode.OK for full in METHOD_RULES}
-        assert len(server.calls) == 28 + 1 and all(ident is None for _, ident in server.calls)
+        assert len(server.calls) == 29 + 1 and all(ident is None for _, ident in server.calls)
     finally:
         server.close()
 

@@ -23,7 +23,7 @@ from kvpool.proto import kvpool_pb2_grpc as pbg
 from kvpool.store import wire
 from kvpool.store.auth import GRANT, METHOD_RULES, PUBLIC, Role, TokenSource, auth_channel
 from kvpool.store.control_channel import CHANNEL_METHODS, ControlClient
-from kvpool.store.node import Drop, Move
+from kvpool.store.node import Drop, Move, Publication
 from kvpool.store.records import ObjectRecord
 from kvpool.tiers.types import Tier
 from tests.store.cluster import Cluster, free_port, spawn
@@ -162,6 +162,8 @@ def damaging_requests(pool, rows) -> dict[str, object]:
         n + "Demote": wire.moves_to_msg([move]),
         n + "Promote": wire.moves_to_msg([move]),
         n + "Drop": wire.drops_to_msg([Drop(bytes.fromhex(on_ssd["key"]), Tier.SSD, on_ssd["offset"], OBJ)]),
+        # would point a DRAM object's key at another extent in the node's host index
+        n + "Publish": wire.publication_to_msg(Publication((bytes.fromhex(on_dram["key"]),), (0,), (OBJ,), (0,))),
     }
 
 
@@ -200,9 +202,9 @@ def test_every_rpc_without_a_credential_or_with_the_wrong_role_is_refused_and_ch
                 expected = grpc.StatusCode.UNAUTHENTICATED if unknown else grpc.StatusCode.PERMISSION_DENIED
                 assert code == expected, (who, full, code, details)
                 refused.append((who, full))
-        # 26 authenticated RPCs: all refused without a credential; a node may call 7 of them, a client 9, a viewer 2,
+        # 27 authenticated RPCs: all refused without a credential; a node may call 8 of them, a client 9, a viewer 2,
         # an admin 13
-        assert len(refused) == 26 + 19 + 17 + 24 + 13
+        assert len(refused) == 27 + 19 + 18 + 25 + 14
         assert pool_state(pool) == before
         bufs = [bytearray(OBJ) for _ in keys]
         assert acme.get_many_into(keys, bufs) == 3 and bufs == [bytearray(d) for d in datas]

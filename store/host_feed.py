@@ -1,0 +1,165 @@
+"""HostIndexFeed: the master's half of the nodes' host indexes (tiers/host_index.py).
+
+    master.put_commit ─ committed(node, DRAM objects) ─┐
+    master.lookup (a use report's misses) ─ gone(node) ─┼─▶ per-node queue ─▶ one sender thread ─ Publish ─▶ node
+    master._tell_removed ─ removed(node) ───────────────┘    (coalesced)                           (its index)
+
+Commits are queued under the master's lock (an append) and sent by one thread, so no commit waits on a node. A
+same-host client that finds a chain in a node's index reads it with no Lookup at all (kvpool/client.py); one that
+finds nothing (not published yet, or the node did not answer: logged and dropped) asks the master as before. The
+feed only ever delays or loses a publication, never changes what a read returns: every row is checked again by the
+read fence.
+
+Removals: `removed(node)` runs before the node is told of a removal (which clears its index). It drops what is
+queued for that node and waits for a send in flight, so no publication made before the removal lands after the
+node cleared its index; a batch the thread took before the removal is dropped when it sees the node's epoch moved.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from kvpool.store.node import Publication, PublishOps
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 8192        # entries per Publish call
+MAX_QUEUED = 1 << 20    # entries queued per node; past it the oldest go (counted `dropped`): a node that cannot keep
+                        # up loses publications (its clients ask the master), the master never its memory
+
+
+@dataclass(slots=True)
+class _Queue:
+    ops: PublishOps
+    epoch: int = 0
+    keys: list[bytes] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    checksums: list[int] = field(default_factory=list)
+    gone: list[bytes] = field(default_factory=list)
+    send_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def take(self) -> list[Publication]:
+        out = []
+        while self.keys or self.gone:
+            out.append(Publication(tuple(self.keys[:MAX_BATCH]), tuple(self.offsets[:MAX_BATCH]),
+                                   tuple(self.sizes[:MAX_BATCH]), tuple(self.checksums[:MAX_BATCH]),
+                                   tuple(self.gone[:MAX_BATCH])))
+            for col in (self.keys, self.offsets, self.sizes, self.checksums, self.gone):
+                del col[:MAX_BATCH]
+        return out
+
+
+class HostIndexFeed:
+    """Counters: `published` entries and `gone` keys the nodes accepted, `failed` Publish calls lost to a node that
+    did not answer, `dropped` entries a removal or a re-registration made moot (or a full queue pushed out)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._queues: dict[str, _Queue] = {}
+        self._busy = 0                  # batches taken and not yet sent (flush waits for 0)
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self.published = 0
+        self.gone_sent = 0
+        self.failed = 0
+        self.dropped = 0
+
+    def committed(self, node_id: str, ops: PublishOps, keys: list[bytes], offsets: list[int], sizes: list[int],
+                  checksums: list[int]) -> None:
+        """Objects just committed in `node_id`'s DRAM tier (called under the master's lock: appends only)."""
+        with self._cond:
+            q = self._queue(node_id, ops)
+            q.keys += keys
+            q.offsets += offsets
+            q.sizes += sizes
+            q.checksums += checksums
+            if len(q.keys) > MAX_QUEUED:
+                cut = len(q.keys) - MAX_QUEUED
+                for col in (q.keys, q.offsets, q.sizes, q.checksums):
+                    del col[:cut]
+                self.dropped += cut
+            self._cond.notify()
+
+    def gone(self, node_id: str, ops: PublishOps, keys: list[bytes]) -> None:
+        """Keys the master no longer has, which a same-host client of `node_id` may have found in its index."""
+        with self._cond:
+            self._queue(node_id, ops).gone += keys
+            self._cond.notify()
+
+    def reset(self, node_id: str) -> None:
+        """Drop what is queued for `node_id` (it registered again: its index starts empty)."""
+        with self._cond:
+            q = self._queues.get(node_id)
+            if q is not None:
+                q.epoch += 1
+                self.dropped += sum(len(p.keys) + len(p.gone) for p in q.take())
+
+    def removed(self, node_id: str) -> None:
+        """Before `node_id` is told of a removal: nothing published before now lands after it (module docstring)."""
+        with self._cond:
+            q = self._queues.get(node_id)
+            if q is None:
+                return
+            q.epoch += 1
+            self.dropped += sum(len(p.keys) + len(p.gone) for p in q.take())
+        with q.send_lock:       # a send in flight finishes first
+            pass
+
+    def as_dict(self) -> dict[str, int]:
+        """The counters, for the master's stats ("host_index")."""
+        return {"published": self.published, "gone": self.gone_sent, "failed": self.failed, "dropped": self.dropped}
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until everything queued so far was sent (tests and benchmarks); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._busy == 0 and not any(
+                q.keys or q.gone for q in self._queues.values()), timeout)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _queue(self, node_id: str, ops: PublishOps) -> _Queue:
+        q = self._queues.get(node_id)
+        if q is None or q.ops is not ops:       # a node that registered again has new ops
+            q = self._queues[node_id] = _Queue(ops)
+        if self._thread is None and not self._closed:
+            self._thread = threading.Thread(target=self._run, name="kvpool-host-feed", daemon=True)
+            self._thread.start()
+        return q
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._closed or any(q.keys or q.gone for q in self._queues.values()))
+                if self._closed:
+                    return
+                work = [(node_id, q, q.epoch, q.take()) for node_id, q in self._queues.items() if q.keys or q.gone]
+                self._busy += len(work)
+            for node_id, q, epoch, batches in work:
+                try:
+                    with q.send_lock:
+                        for p in batches:
+                            with self._cond:
+                                moot = q.epoch != epoch
+                                if moot:
+                                    self.dropped += len(p.keys) + len(p.gone)
+                            if moot:
+                                continue
+                            q.ops.publish(p)
+                            self.published += len(p.keys)
+                            self.gone_sent += len(p.gone)
+                except Exception as exc:  # noqa: BLE001 - a lost publication only costs those objects a Lookup
+                    self.failed += 1
+                    log.warning("node %s: host index publication lost (its same-host clients ask the master for "
+                                "those objects): %s", node_id, exc)
+                finally:
+                    with self._cond:
+                        self._busy -= 1
+                        self._cond.notify_all()

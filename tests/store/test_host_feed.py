@@ -1,0 +1,89 @@
+"""HostIndexFeed (store/host_feed.py): commits reach the node off the caller's path, coalesced; a removal never lets a
+publication made before it land after it; a node that does not answer loses publications, nothing else."""
+
+from __future__ import annotations
+
+import threading
+
+from kvpool.store.host_feed import HostIndexFeed
+from kvpool.store.node import NodeUnavailable, Publication
+from tests.store.test_control_channel import wait_until
+
+
+def key(i: int) -> bytes:
+    return (0xFE << 120 | i).to_bytes(16, "big")
+
+
+class Node:
+    """PublishOps that records what it was sent; `hold` keeps the next call in flight until released."""
+
+    def __init__(self) -> None:
+        self.got: list[Publication] = []
+        self.events: list[str] = []
+        self.hold = threading.Event()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.fail = False
+
+    def publish(self, p: Publication) -> int:
+        if self.hold.is_set():
+            self.hold.clear()
+            self.entered.set()
+            self.release.wait(10)
+        if self.fail:
+            raise NodeUnavailable("node n1: UNAVAILABLE")
+        self.got.append(p)
+        self.events.append(f"sent {len(p.keys)}")
+        return len(p.keys)
+
+
+def test_commits_and_gone_keys_reach_the_node_in_order():
+    feed, node = HostIndexFeed(), Node()
+    try:
+        feed.committed("n1", node, [key(0), key(1)], [0, 64], [64, 64], [1, 2])
+        feed.gone("n1", node, [key(9)])
+        assert feed.flush(10)
+        got = [(p.keys, p.offsets, p.sizes, p.checksums, p.gone) for p in node.got]
+        assert got in ([((key(0), key(1)), (0, 64), (64, 64), (1, 2), (key(9),))],        # coalesced
+                       [((key(0), key(1)), (0, 64), (64, 64), (1, 2), ()), ((), (), (), (), (key(9),))])
+        assert feed.as_dict() == {"published": 2, "gone": 1, "failed": 0, "dropped": 0}
+    finally:
+        feed.close()
+
+
+def test_a_removal_waits_for_the_send_in_flight_and_drops_what_was_queued_before_it():
+    feed, node = HostIndexFeed(), Node()
+    try:
+        node.hold.set()
+        feed.committed("n1", node, [key(0)], [0], [64], [1])            # taken by the sender, held in flight
+        assert node.entered.wait(10)
+        feed.committed("n1", node, [key(1), key(2)], [64, 128], [64, 64], [2, 3])    # queued behind it
+        removal = threading.Thread(target=lambda: (feed.removed("n1"), node.events.append("removed")))
+        removal.start()
+        wait_until(lambda: feed.dropped == 2, "the queued entries dropped")
+        assert removal.is_alive()                                        # it waits for the send in flight
+        node.release.set()
+        removal.join(10)
+        assert node.events == ["sent 1", "removed"]
+        feed.committed("n1", node, [key(3)], [192], [64], [4])            # after the removal: published
+        assert feed.flush(10)
+        assert [p.keys for p in node.got] == [(key(0),), (key(3),)]
+        assert feed.as_dict() == {"published": 2, "gone": 0, "failed": 0, "dropped": 2}
+    finally:
+        node.release.set()
+        feed.close()
+
+
+def test_a_node_that_does_not_answer_loses_the_publication_and_the_feed_goes_on():
+    feed, node = HostIndexFeed(), Node()
+    try:
+        node.fail = True
+        feed.committed("n1", node, [key(0)], [0], [64], [1])
+        assert feed.flush(10)
+        node.fail = False
+        feed.committed("n1", node, [key(1)], [64], [64], [2])
+        assert feed.flush(10)
+        assert [p.keys for p in node.got] == [(key(1),)]
+        assert feed.as_dict() == {"published": 1, "gone": 0, "failed": 1, "dropped": 0}
+    finally:
+        feed.close()
