@@ -47,6 +47,7 @@ from kvpool import fence
 from kvpool.buffers import as_writable_bytes
 from kvpool.credentials import Credentials
 from kvpool.extents import ExtentRead, ExtentWrite, Staging
+from kvpool.keys import KEY_BYTES
 from kvpool.locations import DEFAULT_TTL_S, MAX_TTL_S, LocationCache
 from kvpool.pool import PoolFront
 from kvpool.proto import kvpool_pb2 as pb
@@ -66,7 +67,8 @@ class PoolClient(PoolFront):
                  max_object_bytes: int = 64 << 20, connect_timeout: float | None = None,
                  verify: str = "all", token=None, tls=None, credentials: Credentials | None = None,
                  control_channel: bool = True, release_linger_s: float = 0.005, verify_threads: int = 1,
-                 location_cache_s: float | None = None, optimistic_reads: bool = True) -> None:
+                 location_cache_s: float | None = None, optimistic_reads: bool = True,
+                 host_index_reads: bool = True) -> None:
         """`verify`: which reads are checked against the object's committed xxh3_64 before they count as hits
         (a mismatch is a miss at that key, never returned bytes, and is reported so the master forgets the object).
         "all" (default): every read, same-host copies out of a mapped arena included (hashed chunk by chunk as they
@@ -88,7 +90,12 @@ class PoolClient(PoolFront):
         here takes them without a lease (`LookupRequest.optimistic`): no pin, no release, less master work. The read
         fence is the guard: bytes that do not hash to the committed checksum after the copy (the extent was reused
         meanwhile) are never returned, and that key onwards is asked again with a lease. What a get returns is what
-        it returned before: the objects committed when the master answered. False: every get takes a lease."""
+        it returned before: the objects committed when the master answered. False: every get takes a lease.
+        `host_index_reads`: True (default, with verify "all" and no credentials): a get whose chain a same-host
+        node published in its host index (tiers/host_index.py) is copied from there through the read fence with no
+        Lookup at all, and reported to the master afterwards as a location-cache get is. False: such gets ask the
+        master first. With authentication on the index never holds a client's keys (tenants' stored keys), so it is
+        not probed."""
         if not isinstance(address, str) or ":" not in address:
             raise ValueError(f"address must be host:port of a kvpool master, got {address!r}")
         if not isinstance(timeout, (int, float)) or timeout <= 0:
@@ -108,6 +115,8 @@ class PoolClient(PoolFront):
                              f"got {location_cache_s!r}")
         if not isinstance(optimistic_reads, bool):
             raise ValueError(f"optimistic_reads must be True or False, got {optimistic_reads!r}")
+        if not isinstance(host_index_reads, bool):
+            raise ValueError(f"host_index_reads must be True or False, got {host_index_reads!r}")
         if location_cache_s and verify != "all":
             raise ValueError(f"location_cache_s needs verify='all' (cached locations are trusted only through the "
                              f"read fence), got verify={verify!r}")
@@ -124,6 +133,9 @@ class PoolClient(PoolFront):
         self.locations = LocationCache(location_cache_s) if location_cache_s else None
         self.optimistic_reads = optimistic_reads and verify == "all"   # the fence is the guard: no fence, a lease
         self.optimistic_retries = 0     # unleased reads that found an extent reused and asked again with a lease
+        self.host_index_reads = host_index_reads and verify == "all" and creds.token is None and creds.tls is None
+        self.host_index_gets = 0        # gets served from a node's host index with no Lookup
+        self.host_index_stale = 0       # gets whose published extent no longer held the object (then asked)
         self._releaser = Releaser(self.rpc, float(release_linger_s), self._report_uses)
         try:
             self.rpc.wait_ready(connect_timeout or self.rpc.timeout)
@@ -178,7 +190,42 @@ class PoolClient(PoolFront):
                   tiers_out: list[str] | None) -> int:
         if self.locations is not None and self._get_cached(keys, views, ns, tiers_out):
             return len(keys)
+        if self.host_index_reads and self._get_published(keys, views, ns, tiers_out):
+            return len(keys)
         return self._get_located(keys, views, ns, tiers_out, optimistic=self.optimistic_reads)
+
+    def _get_published(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef,
+                       tiers_out: list[str] | None) -> int:
+        """Copy the whole chain from where one same-host node's host index says it is, through the read fence:
+        len(keys), or 0 and the get goes to the master whole (as `_get_cached`, all or nothing). The master hears
+        of the get from the use report, off this path; a report that finds keys gone has the node forget them."""
+        indexes = self.transfers.host_indexes()
+        if not indexes or any(len(k) != KEY_BYTES for k in keys):
+            return 0
+        gens = self.transfers.generations() if self.locations is not None else None
+        n = len(keys)
+        for arena, index in indexes:
+            offsets, sizes, checksums = index.find(keys)
+            if len(offsets) < n:
+                continue
+            if any(size != view.nbytes for size, view in zip(sizes, views)) or not arena.owner_alive():
+                return 0        # another size: the master's answer names the buffer; a dead node: it says so
+            try:
+                extents = arena.views(offsets, sizes)
+            except ValueError:
+                return 0
+            if self._copy_fenced(views, extents, checksums) < n:
+                self.host_index_stale += 1
+                return 0
+            self.host_index_gets += 1
+            self._releaser.report_uses(ns, [bytes(k) for k in keys])
+            if tiers_out is not None:
+                tiers_out.extend([Tier.DRAM.label] * n)
+            if gens is not None and self.locations is not None:
+                self.locations.remember(_wire_digest(ns), keys, [arena] * n, extents, checksums,
+                                        [gens.get(id(arena), -1)] * n)
+            return n
+        return 0
 
     def _get_cached(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef,
                     tiers_out: list[str] | None) -> int:
@@ -408,6 +455,7 @@ class PoolClient(PoolFront):
         out["client_late_writes_skipped"] = self.transfers.late_writes_skipped
         out["client_dead_owner_writes"] = self.transfers.dead_owner_writes
         out["client_optimistic_retries"] = self.optimistic_retries
+        out["client_host_index"] = {"gets": self.host_index_gets, "stale": self.host_index_stale}
         if self.locations is not None:
             out["client_location_cache"] = self.locations.report()
         return out
@@ -481,7 +529,8 @@ class PoolClient(PoolFront):
         refreshes the entries; a lease, if the master gave one, goes back at once."""
         digest = _wire_digest(ns)
         req = pb.LookupRequest(namespace=digest, block_tokens=ns.block_tokens, namespace_label=ns.label, lease=True,
-                               client_host_id=self.host_id, uses=uses, optimistic=True)
+                               client_host_id=self.host_id, uses=uses, optimistic=True,
+                               unpublish_misses=self.host_index_reads)
         req.keys.extend(keys)
         gens = self.transfers.generations() if self.locations is not None else None
         reply = self._leased_lookup(req)

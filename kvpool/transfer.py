@@ -52,6 +52,7 @@ from kvpool.proto import kvpool_pb2 as pb
 from kvpool.store import wire
 from kvpool.store.data_channel import NOT_FOUND, DataClient, Extent
 from kvpool.store.wire import ExtentBatch
+from kvpool.tiers.host_index import HostIndex
 from kvpool.tiers.types import Tier
 
 log = logging.getLogger(__name__)
@@ -64,12 +65,14 @@ _SSD = int(Tier.SSD)
 class Route:
     """How to reach one node: its arena mapped here (same host) and/or its data channel."""
 
-    __slots__ = ("node_id", "arena", "ssd", "data", "data_address", "owner_gone")
+    __slots__ = ("node_id", "arena", "ssd", "data", "data_address", "owner_gone", "index")
 
     def __init__(self, node_id: str, arena, data: DataClient | None, data_address: str, ssd=None) -> None:
         self.node_id, self.arena, self.data, self.data_address = node_id, arena, data, data_address
         self.ssd = ssd           # tiers.ssd.SsdReader of the node's data file (same host), else None
         self.owner_gone = False  # logged once: the arena's node died
+        region = arena.index_region if arena is not None else None
+        self.index = HostIndex(region) if region is not None else None    # the node's published objects
 
 
 class Transfers:
@@ -141,6 +144,11 @@ class Transfers:
         with self._lock:
             arenas = [r.arena for r in self._routes.values() if r.arena is not None]
         return {id(arena): arena.generation for arena in arenas}
+
+    def host_indexes(self) -> list[tuple[object, HostIndex]]:
+        """(arena, its node's HostIndex) of every mapped arena that has one (tiers/host_index.py)."""
+        with self._lock:
+            return [(r.arena, r.index) for r in self._routes.values() if r.index is not None]
 
     def mapped_nodes(self) -> tuple[str, ...]:
         """Ids of the nodes whose DRAM this client copies through their mapped arena (every route to them has it

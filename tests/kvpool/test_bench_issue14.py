@@ -35,13 +35,14 @@ def test_pool_remote_prints_every_ratio_line():
                           rf"\({X} one sending distinct buffers\)"), out
         assert has(lines, rf"\s*{size}: same-host repeat get, default client \(location cache: .*\) {X} memcpy; "
                           rf"without the cache \(.*\) {X}; cached / uncached {X}; first get of keys it did not put, "
-                          rf"default client \(its cache emptied before each get\) {X}$"), out
+                          rf"default client \(its cache emptied before each get: .*\) {X}; first / uncached {X}$"), out
         assert has(lines, rf"\s*{size}: same-host repeat get without the cache, optimistic \(no lease\) {X} memcpy; "
                           rf"leased \(optimistic_reads=False\) {X}; optimistic / leased {X}$"), out
     assert has(lines, r"goals at 2 MiB: same-host get \(fence on\) >= 0\.6x memcpy: (met|MISSED); tcp get >= 0\.6x "
                       r"raw socket: (met|MISSED)"), out
     assert has(lines, r"goals \(issue 14\): same-host get >= 0\.9x memcpy at 2 MiB: (met|MISSED); same-host get "
-                      r">= 0\.5x memcpy at 64 KiB: (met|MISSED); tcp get >= 0\.8x raw socket at 2 MiB: (met|MISSED)$"), out
+                      r">= 0\.5x memcpy at 64 KiB: (met|MISSED); another client's first get >= 0\.5x memcpy at 64 KiB: "
+                      r"(met|MISSED); tcp get >= 0\.8x raw socket at 2 MiB: (met|MISSED)$"), out
     assert has(lines, r"auth on, 2 MiB get: same-host \d\.\d{3}x, tcp \d\.\d{3}x of auth off"), out
     assert has(lines, r"master memory per indexed object: not measured \(--index-objects 0\)"), out
 

@@ -35,8 +35,9 @@ def test_repeat_gets_skip_the_master_and_each_get_is_still_counted(small_up):
     with PoolClient(small_up.address) as writer:
         assert writer.put_many(KEYS[:4], DATAS[:4]) == ["stored"] * 4
     base = calls["Lookup"]
-    # release_linger_s=60: nothing is sent by the timer, so the counts below are exact; close() sends the report
-    with PoolClient(small_up.address, location_cache_s=60, release_linger_s=60) as c:
+    # release_linger_s=60: nothing is sent by the timer, so the counts below are exact; close() sends the report.
+    # host_index_reads=False: the first get asks the master (reads through the node's index: test_host_index_reads)
+    with PoolClient(small_up.address, location_cache_s=60, release_linger_s=60, host_index_reads=False) as c:
         c.warm(prefault=False)      # the arena mapped before the first lookup: its answer can be dated and kept
         out = bufs(4)
         tiers: list[str] = []
@@ -179,7 +180,8 @@ def test_cached_uses_keep_a_chain_warm_in_the_eviction_order(small_up):
     read again from the cache. Its report reaches the master, so the fifth put demotes K1 (least recently used), not
     K0, whose only master-visible use would otherwise be the oldest."""
     calls = small_up.master.control.calls
-    with PoolClient(small_up.address, location_cache_s=60) as a, PoolClient(small_up.address) as b:
+    with PoolClient(small_up.address, location_cache_s=60, host_index_reads=False) as a, \
+            PoolClient(small_up.address, host_index_reads=False) as b:      # every first get a Lookup, in order
         assert b.put_many(KEYS[:4], DATAS[:4]) == ["stored"] * 4
         assert a.get_many_into(KEYS[:1], bufs(1)) == 1
         for k in KEYS[1:4]:

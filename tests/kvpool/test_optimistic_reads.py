@@ -74,7 +74,7 @@ def test_a_same_host_get_takes_no_lease_and_sends_no_release(small_up):
 
 
 def test_extents_reused_after_the_lookup_are_misses_not_corruption(small_up, monkeypatch):
-    with PoolClient(small_up.address) as w, PoolClient(small_up.address) as c:
+    with PoolClient(small_up.address) as w, PoolClient(small_up.address, host_index_reads=False) as c:
         assert w.put_many(KEYS[:4], DATAS[:4]) == ["stored"] * 4
 
         def reuse_all() -> None:      # nothing pins an optimistic read: the four extents go to other objects
@@ -94,7 +94,7 @@ def test_extents_reused_after_the_lookup_are_misses_not_corruption(small_up, mon
 
 
 def test_an_object_moved_mid_read_is_read_again_from_its_new_place(small_up, monkeypatch):
-    with PoolClient(small_up.address) as w, PoolClient(small_up.address) as c:
+    with PoolClient(small_up.address) as w, PoolClient(small_up.address, host_index_reads=False) as c:
         assert w.put_many(KEYS[:4], DATAS[:4]) == ["stored"] * 4
 
         def push_one_down() -> None:  # DRAM holds four: a fifth object demotes the least recently used to SSD

@@ -27,7 +27,8 @@ def leases_open(c: PoolClient) -> int:
 def test_each_get_ends_the_previous_gets_lease_and_close_sends_the_last(small_up):
     calls = small_up.master.control.calls
     # no timer-sent Release here: exact counts
-    with PoolClient(small_up.address, release_linger_s=60, optimistic_reads=False, location_cache_s=0) as c:
+    with PoolClient(small_up.address, release_linger_s=60, optimistic_reads=False, location_cache_s=0,
+                    host_index_reads=False) as c:
         assert c.put_many(KEYS[:4], DATAS[:4]) == ["stored"] * 4
         bufs = [bytearray(OBJ) for _ in range(4)]
         for n in range(1, 6):

@@ -1,0 +1,124 @@
+"""Reads through a node's host index (tiers/host_index.py, store/host_feed.py, PoolClient(host_index_reads=True)): a
+same-host client's first get of objects another client put needs no Lookup, every byte is still checked against the
+committed checksum, removals are never served, and the master still counts every get. Real `kvpool up` pool in this
+process (LocalCluster on 127.0.0.1), exact per-method call counts at the master."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from kvpool import PoolClient
+from kvpool.proto import kvpool_pb2 as pb
+from kvpool.proto import kvpool_pb2_grpc as pbg
+from kvpool.store.node import Publication
+from tests.conftest import SMALL_UP_OBJ as OBJ
+
+KEYS = [(0xD1 << 120 | i).to_bytes(16, "big") for i in range(8)]
+DATAS = [bytes([i + 1]) * OBJ for i in range(8)]
+OTHER_KEYS = [(0xD2 << 120 | i).to_bytes(16, "big") for i in range(4)]
+OTHER = [bytes([0xF0 + i]) * OBJ for i in range(4)]
+
+
+def bufs(n: int) -> list[bytearray]:
+    return [bytearray(OBJ) for _ in range(n)]
+
+
+def put_and_publish(up, keys, datas) -> None:
+    with PoolClient(up.address, host_index_reads=False) as writer:
+        assert writer.put_many(keys, datas) == ["stored"] * len(keys)
+    assert up.master.master.host_feed.flush(10)
+
+
+def test_another_clients_first_get_needs_no_lookup_and_is_still_counted(small_up):
+    calls = small_up.master.control.calls
+    put_and_publish(small_up, KEYS[:4], DATAS[:4])
+    assert len(small_up.node.node.host_index) == 4
+    base = calls["Lookup"]
+    with PoolClient(small_up.address, release_linger_s=60) as c:
+        c.warm(prefault=False)
+        out, tiers = bufs(4), []
+        assert c.get_many_into(KEYS[:4], out, tiers_out=tiers) == 4
+        assert out == [bytearray(d) for d in DATAS[:4]] and tiers == ["dram"] * 4
+        assert calls["Lookup"] == base and c.host_index_gets == 1 and c.checksum_failures == 0
+        assert c.stats()["client_host_index"] == {"gets": 1, "stale": 0}     # stats() sends the use report first
+        assert calls["Lookup"] == base + 1
+    with PoolClient(small_up.address) as admin:
+        s = admin.stats()
+        assert s["lookups"] == 1 and s["hit_keys"] == 4 and s["leases_open"] == 0
+        assert s["host_index"] == {"published": 4, "gone": 0, "failed": 0, "dropped": 0}
+
+
+def test_without_host_index_reads_the_first_get_asks_the_master(small_up):
+    calls = small_up.master.control.calls
+    put_and_publish(small_up, KEYS[:4], DATAS[:4])
+    base = calls["Lookup"]
+    with PoolClient(small_up.address, host_index_reads=False, release_linger_s=60) as c:
+        c.warm(prefault=False)
+        out = bufs(4)
+        assert c.get_many_into(KEYS[:4], out) == 4 and out == [bytearray(d) for d in DATAS[:4]]
+        assert calls["Lookup"] == base + 1 and c.host_index_gets == 0
+
+
+def test_a_removed_object_is_never_served_from_the_index(small_up):
+    put_and_publish(small_up, KEYS[:2], DATAS[:2])
+    with PoolClient(small_up.address, release_linger_s=60) as c:
+        c.warm(prefault=False)
+        assert c.remove_many(KEYS[1:2]) == 1
+        assert len(small_up.node.node.host_index) == 0      # the removal cleared it before `remove` returned
+        out = bufs(2)
+        assert c.get_many_into(KEYS[:2], out) == 1 and out[0] == bytearray(DATAS[0])
+        assert c.host_index_gets == 0
+
+
+def test_an_extent_reused_since_it_was_published_is_stale_and_the_get_asks_the_master(small_up):
+    """small_up's DRAM holds exactly four objects: four more push the first four to SSD and take their extents,
+    while the index still names those extents for the first four keys."""
+    put_and_publish(small_up, KEYS[:4], DATAS[:4])
+    put_and_publish(small_up, OTHER_KEYS, OTHER)
+    index = small_up.node.node.host_index
+    assert sorted(index.find(KEYS[:4])[0]) == sorted(index.find(OTHER_KEYS)[0])     # the same extents, reused
+    with PoolClient(small_up.address, release_linger_s=60) as c:
+        c.warm(prefault=False)
+        out, tiers = bufs(4), []
+        assert c.get_many_into(KEYS[:4], out, tiers_out=tiers) == 4
+        assert out == [bytearray(d) for d in DATAS[:4]] and tiers == ["ssd"] * 4
+        assert c.host_index_stale == 1 and c.host_index_gets == 0 and c.checksum_failures == 0
+
+
+def test_a_use_report_that_finds_keys_gone_has_the_node_forget_them(small_up):
+    """An object the master dropped while its extent still holds its bytes: the report of a get that found it in
+    the index tells the master, whose feed has the node forget the key."""
+    node, master = small_up.node.node, small_up.master.master
+    gone = (0xD3 << 120).to_bytes(16, "big")
+    node.publish(Publication((gone,), (0,), (OBJ,), (123,)))
+    assert node.host_index.find([gone])[0] == [0]
+    master.lookup([gone], lease=True, mapped_nodes={node.node_id}, uses=1, unpublish_misses=True)
+    assert master.host_feed.flush(10)
+    assert node.host_index.find([gone]) == ([], [], [])      # flush returns once the node answered
+    assert master.host_feed.gone_sent == 1
+
+
+def test_publish_checks_every_entry_against_the_arena_before_changing_anything(small_up):
+    node = small_up.node.node
+    with grpc.insecure_channel(small_up.node.address) as ch:
+        stub = pbg.NodeServiceStub(ch)
+        bad = pb.PublishRequest(keys=KEYS[:2], offsets=[0, 4 * OBJ], sizes=[OBJ, OBJ], checksums=[1, 2])
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Publish(bad, timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "offsets[1]" in err.value.details()
+        short = pb.PublishRequest(keys=KEYS[:2], offsets=[0], sizes=[OBJ, OBJ], checksums=[1, 2])
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Publish(short, timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "offsets" in err.value.details()
+    assert len(node.host_index) == 0
+
+
+def test_a_dead_nodes_index_is_not_read(small_up):
+    """Its arena's lock went with it: nothing the index names is served, whatever the master says next."""
+    put_and_publish(small_up, KEYS[:2], DATAS[:2])
+    with PoolClient(small_up.address, release_linger_s=60) as c:
+        c.warm(prefault=False)
+        small_up.node.stop(0)
+        c.get_many_into(KEYS[:2], bufs(2))
+        assert c.host_index_gets == 0 and c.host_index_stale == 0
