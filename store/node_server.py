@@ -181,8 +181,7 @@ class NodeServicer(pbg.NodeServiceServicer):
     def Publish(self, request, context):
         try:
             publication = wire.publication_from_msg(request)
-            if self.node.host_index is not None:
-                node_checks.publication(self.node, publication)
+            node_checks.publication(self.node, publication)
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         return pb.PublishResponse(published=self.node.publish(publication))

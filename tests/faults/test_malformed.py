@@ -166,6 +166,12 @@ def _drop(**changes):
     return pb.DropRequest(**fields)
 
 
+def _publish(**changes):
+    fields = dict(keys=[K], offsets=[0], sizes=[SIZE], checksums=[1])
+    fields.update(changes)
+    return pb.PublishRequest(**fields)
+
+
 # item 7: every one of these answered UNKNOWN (an unhandled exception in the node) before
 NODE_CASES = [
     ("Demote", lambda: _move(src_offsets=[DRAM]), "src_offsets[0] + sizes[0] (1048576 + 65536) exceeds"),
@@ -187,6 +193,11 @@ NODE_CASES = [
     ("Drop", lambda: _drop(offsets=[SSD + 4096]), "offsets[0] + record size"),
     ("Drop", lambda: _drop(keys=[b"abc"]), "keys[0] must be 16 bytes, got 3"),
     ("Drop", lambda: _drop(tiers=[pb.HBM]), "tiers[0]: node n1 has no hbm tier"),
+    ("Publish", lambda: _publish(offsets=[DRAM]), "offsets[0] + sizes[0] (1048576 + 65536) exceeds"),
+    ("Publish", lambda: _publish(keys=[b"abc"]), "keys[0] must be 16 bytes, got 3"),
+    ("Publish", lambda: _publish(sizes=[0]), "sizes[0] must be >= 1, got 0"),
+    ("Publish", lambda: _publish(offsets=[]), "offsets: has 0 entries, keys has 1"),
+    ("Publish", lambda: _publish(gone=[b"abc"]), "gone[0] must be 16 bytes, got 3"),
 ]
 
 
