@@ -159,6 +159,7 @@ class Master:
                 self._node_leaves(old.number, info.node_id, leaving=False)
             self.host_feed.reset(info.node_id)     # its index starts empty (the node clears it as it registers)
             reg = self.registry.register(info, ops, expires=expires, now=self.clock())
+            self._republish([info.node_id])         # the objects a node that kept its memory still holds
             self._stopping.discard(info.node_id)
             self.journal.put_node(info)  # addresses may have changed
             self._flush()
@@ -378,9 +379,8 @@ class Master:
             self._flush()
             return ok
 
-    def _publish(self, slots: list[int], keys: list[bytes], only: Collection[str] | None = None) -> None:
-        """Queue these committed objects' DRAM locations for their nodes' host indexes (lock held; sent off it).
-        `only`: just on these nodes."""
+    def _publish(self, slots: list[int], keys: list[bytes]) -> None:
+        """Queue these committed objects' DRAM locations for their nodes' host indexes (lock held; sent off it)."""
         index = self.index
         arr = np.array(slots, dtype=np.int64)
         dram = (index.tier[arr] == Tier.DRAM).tolist()
@@ -393,8 +393,7 @@ class Master:
         for number, picked in by_node.items():
             by_number = self.placement.by_number
             node = by_number[number] if number < len(by_number) else None
-            if node is None or not node.info.dram_path or not isinstance(node.ops, PublishOps) \
-                    or (only is not None and node.node_id not in only):
+            if node is None or not node.info.dram_path or not isinstance(node.ops, PublishOps):
                 continue
             self.host_feed.committed(node.node_id, node.ops, [keys[i] for i in picked], [offsets[i] for i in picked],
                                      [sizes[i] for i in picked], [int(sums[i]) for i in picked])
@@ -479,9 +478,6 @@ class Master:
             if not lease or not len(slots):
                 return LookupResult(hits=len(found), released=bool(release))
             self.placement.touch(slots, tiers)
-            if tid == UNSCOPED and mapped_nodes and not unpublish_misses and Tier.DRAM in tiers:
-                # A same-host client asked: publish what it found, so an index a removal cleared fills again.
-                self._publish(found, keys[: len(found)], only=mapped_nodes)
             by_number = self.placement.by_number
             node_ids = [by_number[n].node_id for n in index.node[slots].tolist()]
             offsets = index.offset[slots].tolist()
@@ -638,6 +634,19 @@ class Master:
         self._tell_removed(told)
         return n
 
+    def _republish(self, node_ids: Collection[str]) -> None:
+        """Queue every committed unscoped DRAM object of these nodes for their host indexes (lock held): a removal
+        or a registration has just cleared them. One scan of the index's columns; removals are admin actions."""
+        index = self.index
+        for node_id in node_ids:
+            node = self.placement.nodes.get(node_id)
+            if node is None or not node.info.dram_path or not isinstance(node.ops, PublishOps):
+                continue
+            slots = np.flatnonzero((index.state == COMMITTED) & (index.tier == Tier.DRAM)
+                                   & (index.node == node.number) & (index.tenant == UNSCOPED)).tolist()
+            if slots:
+                self._publish(slots, [index.key_at(slot) for slot in slots])
+
     def _dram_nodes(self) -> list[tuple[str, NodeOps]]:
         """(id, ops) of every node with a DRAM tier (lock held)."""
         return [(node_id, node.ops) for node_id, node in self.placement.nodes.items() if Tier.DRAM in node.spaces]
@@ -655,6 +664,9 @@ class Master:
             except Exception as exc:  # noqa: BLE001 - the removal itself is done and stays done
                 log.warning("node %s not told of a removal (a same-host location cache there may serve a "
                             "removed object until its use report's reply, one linger): %s", node_id, exc)
+        if nodes:
+            with self._lock:        # the node cleared its host index: what it still holds goes back in
+                self._republish([node_id for node_id, _ in nodes])
 
     # ------------------------------------------------------------------ admin queries (store/queries.py)
 

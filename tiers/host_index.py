@@ -44,22 +44,18 @@ _M = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F), np.uint64(0x
       np.uint64(0xD6E8FEB86659FD93), np.uint64(0xFF51AFD7ED558CCD), np.uint64(0xC4CEB9FE1A85EC53))
 _WORD_MUL = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93,
                       0x27D4EB2F165667C5, 0x94D049BB133111EB], dtype=np.uint64)
-_S33 = np.uint64(33)
 _ONE = np.uint64(1)
-
-
-def _fmix(h: np.ndarray) -> np.ndarray:
-    """murmur3's 64-bit finaliser (a bijection in which every input bit reaches every output bit)."""
-    h = (h ^ (h >> _S33)) * _M[4]
-    h = (h ^ (h >> _S33)) * _M[5]
-    return h ^ (h >> _S33)
+_ARANGE = np.arange(4096)
+MIN_BUCKETS = 64
 
 
 def _seal(rows: np.ndarray) -> np.ndarray:
-    """The seal of rows (n, 8): words 0-5 each times its own odd constant, summed, finalised, | 1 (never 0). A row
-    torn between two entries of different keys sums differences of random 64-bit words: it passes with chance
-    2^-64; one torn between two entries of the same key names that key's bytes either way (and the fence checks)."""
-    return _fmix((rows[:, :6] * _WORD_MUL).sum(axis=1, dtype=np.uint64)) | _ONE   # arrays wrap silently
+    """The seal of rows (n, 8): words 0-5 each times its own odd constant, summed mod 2^64, | 1 (never 0). A row
+    torn between entries of two keys carries its asked-for key's words with another entry's words or seal: the
+    sums differ by differences of random 64-bit words (keys, checksums) times odd constants, equal with chance
+    2^-64. A row torn between two entries of the same key names that key's committed bytes either way, and the read
+    fence checks them."""
+    return (rows[:, :6] * _WORD_MUL).sum(axis=1, dtype=np.uint64) | _ONE    # uint64 arrays wrap silently
 
 
 def _key_words(keys: Sequence[bytes]) -> np.ndarray:
@@ -80,12 +76,12 @@ class HostIndex:
     def __init__(self, region: Any, *, writer: bool = False) -> None:
         words = np.frombuffer(region, dtype="<u8")
         buckets = words.size // (WAYS * SLOT_WORDS)
-        if not buckets or words.size != buckets * WAYS * SLOT_WORDS or buckets & (buckets - 1):
-            raise ValueError(f"region must hold a power-of-two number of {WAYS * SLOT_WORDS * 8}-byte buckets, "
-                             f"got {words.nbytes} bytes")
+        if buckets < MIN_BUCKETS or words.size != buckets * WAYS * SLOT_WORDS or buckets & (buckets - 1):
+            raise ValueError(f"region must hold a power-of-two number (>= {MIN_BUCKETS}) of "
+                             f"{WAYS * SLOT_WORDS * 8}-byte buckets, got {words.nbytes} bytes")
         self._rows = words.reshape(-1, SLOT_WORDS)
         self._buckets = self._rows.reshape(buckets, WAYS, SLOT_WORDS)
-        self._mask = np.uint64(buckets - 1)
+        self._shift = np.uint64(64 - (buckets.bit_length() - 1))      # >= 6 bits: at least 64 buckets
         self.writer = writer
         self.published = 0
         self.unpublished = 0
@@ -102,7 +98,8 @@ class HostIndex:
         return self._rows.shape[0]
 
     def _bucket_of(self, kw: np.ndarray) -> np.ndarray:
-        return (_fmix(kw[:, 0] ^ (kw[:, 1] * _M[1])) & self._mask).astype(np.intp)
+        """The top bits of k0 * M0 ^ k1 * M1: a product's top bits depend on every bit of its factor."""
+        return ((kw[:, 0] * _M[0] ^ kw[:, 1] * _M[1]) >> self._shift).astype(np.intp)
 
     # ---------------------------------------------------------------- reader
 
@@ -114,13 +111,13 @@ class HostIndex:
         n = len(kw)
         rows = self._buckets[self._bucket_of(kw)]                      # a copy: each row is judged as read
         match = (rows[:, :, 0] == kw[:, :1]) & (rows[:, :, 1] == kw[:, 1:])
-        picked = rows[np.arange(n), match.argmax(axis=1)]
-        ok = match.any(axis=1) & (picked[:, _SEAL] == _seal(picked))
+        picked = rows[_ARANGE[:n] if n <= len(_ARANGE) else np.arange(n), match.argmax(axis=1)]
+        ok = (picked[:, _SEAL] == _seal(picked)) & (picked[:, 0] == kw[:, 0]) & (picked[:, 1] == kw[:, 1])
         hits = n if ok.all() else int(ok.argmin())
         if not hits:
             return [], [], []
-        picked = picked[:hits]
-        return picked[:, 2].tolist(), picked[:, 3].tolist(), picked[:, 4].tolist()
+        offsets, sizes, checksums = picked[:hits, 2:5].T.tolist()
+        return offsets, sizes, checksums
 
     # ---------------------------------------------------------------- writer (the node)
 

@@ -60,15 +60,22 @@ def test_without_host_index_reads_the_first_get_asks_the_master(small_up):
         assert calls["Lookup"] == base + 1 and c.host_index_gets == 0
 
 
-def test_a_removed_object_is_never_served_from_the_index(small_up):
-    put_and_publish(small_up, KEYS[:2], DATAS[:2])
+def test_a_removed_object_is_never_served_and_what_stays_is_published_again(small_up):
+    index = small_up.node.node.host_index
+    put_and_publish(small_up, KEYS[:3], DATAS[:3])
     with PoolClient(small_up.address, release_linger_s=60) as c:
         c.warm(prefault=False)
         assert c.remove_many(KEYS[1:2]) == 1
-        assert len(small_up.node.node.host_index) == 0      # the removal cleared it before `remove` returned
+        assert index.find(KEYS[1:2]) == ([], [], [])       # the removal cleared the index before `remove` returned
         out = bufs(2)
         assert c.get_many_into(KEYS[:2], out) == 1 and out[0] == bytearray(DATAS[0])
         assert c.host_index_gets == 0
+    assert small_up.master.master.host_feed.flush(10)      # the objects that stayed, published again
+    assert len(index) == 2 and index.find([KEYS[0], KEYS[2]])[1] == [OBJ, OBJ]
+    with PoolClient(small_up.address, release_linger_s=60) as c:
+        c.warm(prefault=False)
+        out = bufs(1)
+        assert c.get_many_into(KEYS[2:3], out) == 1 and out == [bytearray(DATAS[2])] and c.host_index_gets == 1
 
 
 def test_an_extent_reused_since_it_was_published_is_stale_and_the_get_asks_the_master(small_up):
