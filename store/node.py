@@ -4,6 +4,8 @@
            ── promote(moves) ─▶ node: copy to a faster tier (SSD record -> DRAM/HBM, verifying the checksum:
                                 False = lost, a miss; DRAM -> HBM)
            ── drop(drops) ────▶ node: forget an extent (SSD: erase the header so a restart does not re-adopt it)
+           ── publish(p) ─────▶ node: its host index says where committed DRAM objects are, for same-host clients
+                                that read them with no Lookup (optional: `PublishOps`; tiers/host_index.py)
 
 Calls are batched and take plain records, so a gRPC proxy (issue 3, NodeService Demote/Promote/Drop) implements the
 same protocol. `StorageNode` is the in-process implementation over one `DramArena`, an optional `SsdFile` and, where a
