@@ -129,3 +129,18 @@ def test_a_dead_nodes_index_is_not_read(small_up):
         small_up.node.stop(0)
         c.get_many_into(KEYS[:2], bufs(2))
         assert c.host_index_gets == 0 and c.host_index_stale == 0
+
+
+def test_a_node_registering_again_starts_an_empty_index_and_the_master_fills_it_with_what_it_holds(small_up):
+    """What a restarted master's request to register again does: the node clears its index before it registers,
+    and the master queues every DRAM object it still has there for it."""
+    index = small_up.node.node.host_index
+    put_and_publish(small_up, KEYS[:3], DATAS[:3])
+    small_up.node.register()
+    assert small_up.master.master.host_feed.flush(10)
+    assert len(index) == 3 and index.find(KEYS[:3])[1] == [OBJ] * 3
+    with PoolClient(small_up.address, release_linger_s=60) as c:
+        c.warm(prefault=False)
+        out = bufs(3)
+        assert c.get_many_into(KEYS[:3], out) == 3 and out == [bytearray(d) for d in DATAS[:3]]
+        assert c.host_index_gets == 1
