@@ -1,6 +1,7 @@
 """HostIndexFeed: the master's half of the nodes' host indexes (tiers/host_index.py).
 
-    master.put_commit ─ committed(node, DRAM objects) ─┐
+    master.put_commit, master._republish (after a removal or a registration cleared the node's index)
+                      ─ committed(node, DRAM objects) ─┐
     master.lookup (a use report's misses) ─ gone(node) ─┼─▶ per-node queue ─▶ one sender thread ─ Publish ─▶ node
     master._tell_removed ─ removed(node) ───────────────┘    (coalesced)                           (its index)
 
