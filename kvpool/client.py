@@ -61,6 +61,8 @@ from kvpool.transfer import Transfers
 
 log = logging.getLogger(__name__)
 
+_STALE = -1     # _get_published: a host index row no longer held its object
+
 
 class PoolClient(PoolFront):
     def __init__(self, address: str, *, transport: str = "auto", timeout: float = 10.0, retries: int = 2,
@@ -190,15 +192,19 @@ class PoolClient(PoolFront):
                   tiers_out: list[str] | None) -> int:
         if self.locations is not None and self._get_cached(keys, views, ns, tiers_out):
             return len(keys)
-        if self.host_index_reads and self._get_published(keys, views, ns, tiers_out):
+        published = self._get_published(keys, views, ns, tiers_out) if self.host_index_reads else 0
+        if published > 0:
             return len(keys)
-        return self._get_located(keys, views, ns, tiers_out, optimistic=self.optimistic_reads)
+        return self._get_located(keys, views, ns, tiers_out, optimistic=self.optimistic_reads,
+                                 index_stale=published == _STALE)
 
     def _get_published(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef,
                        tiers_out: list[str] | None) -> int:
         """Copy the whole chain from where one same-host node's host index says it is, through the read fence:
-        len(keys), or 0 and the get goes to the master whole (as `_get_cached`, all or nothing). The master hears
-        of the get from the use report, off this path; a report that finds keys gone has the node forget them."""
+        len(keys), or 0 and the get goes to the master whole (as `_get_cached`, all or nothing), or _STALE when a
+        row no longer held its object (the lookup that follows then has the master set the index right). The
+        master hears of a get served here from the use report, off this path; a report that finds keys gone has
+        the node forget them."""
         indexes = self.transfers.host_indexes()
         if not indexes or any(len(k) != KEY_BYTES for k in keys):
             return 0
@@ -216,7 +222,7 @@ class PoolClient(PoolFront):
                 return 0
             if self._copy_fenced(views, extents, checksums) < n:
                 self.host_index_stale += 1
-                return 0
+                return _STALE
             self.host_index_gets += 1
             self._releaser.report_uses(ns, [bytes(k) for k in keys])
             if tiers_out is not None:
@@ -264,11 +270,13 @@ class PoolClient(PoolFront):
         return oks.index(False) if False in oks else len(extents)
 
     def _get_located(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef,
-                     tiers_out: list[str] | None, *, optimistic: bool) -> int:
+                     tiers_out: list[str] | None, *, optimistic: bool, index_stale: bool = False) -> int:
         """One Lookup, then the bytes: unleased when the master found every hit in an arena mapped here and
-        `optimistic` (copied and fenced here; a mismatch asks again with a lease from that key), else leased."""
+        `optimistic` (copied and fenced here; a mismatch asks again with a lease from that key), else leased.
+        `index_stale`: a host index row of this chain did not hold its object (LookupRequest.index_stale)."""
         req = pb.LookupRequest(namespace=_wire_digest(ns), block_tokens=ns.block_tokens, namespace_label=ns.label,
-                               lease=True, client_host_id=self.host_id, optimistic=optimistic)
+                               lease=True, client_host_id=self.host_id, optimistic=optimistic,
+                               index_stale=index_stale)
         req.keys.extend(bytes(k) for k in keys)
         req.expect_sizes.extend(v.nbytes for v in views)
         gens = self.transfers.generations() if self.locations is not None else None

@@ -2,7 +2,8 @@
 
     master.put_commit, master._republish (after a removal or a registration cleared the node's index)
                       ─ committed(node, DRAM objects) ─┐
-    master.lookup (a use report's misses) ─ gone(node) ─┼─▶ per-node queue ─▶ one sender thread ─ Publish ─▶ node
+    master.lookup (a use report's misses, a chain a reader found stale: then also its current DRAM rows)
+                                          ─ gone(node) ─┼─▶ per-node queue ─▶ one sender thread ─ Publish ─▶ node
     master._tell_removed ─ removed(node) ───────────────┘    (coalesced)                           (its index)
 
 Commits are queued under the master's lock (an append) and sent by one thread, so no commit waits on a node. A

@@ -416,7 +416,7 @@ class Master:
                expect_sizes: Sequence[int] | None = None, tenant: str = "",
                s_per_token: float = 0.0, mapped_nodes: Collection[str] = (),
                release: Sequence[int] = (), uses: int = 1, optimistic: bool = False,
-               unpublish_misses: bool = False) -> LookupResult:
+               unpublish_misses: bool = False, index_stale: bool = False) -> LookupResult:
         """Leading committed hits of a chain. With `lease`, pins them until `release` (or lease expiry) and returns
         their locations as columns: where each object is NOW. A leased hit on a slower tier than its node's fastest
         is queued for promotion (`promote_pending`, outside this call) when `promote_on_hit`. `expect_sizes` (one
@@ -433,7 +433,9 @@ class Master:
         and keeps only what hashes to the committed checksum after the copy (the read fence), so an extent reused
         meanwhile is a miss there, and it asks again with a lease from that key on. Any other hit: a lease as usual.
         `unpublish_misses` (a use report of gets served without asking): the keys after the hits leave the host
-        index of every node in `mapped_nodes` (tiers/host_index.py), where the caller may have found them."""
+        index of every node in `mapped_nodes` (tiers/host_index.py), where the caller may have found them.
+        `index_stale` (the caller's copy from a host index row failed the fence): those nodes' indexes forget the
+        chain's keys and get the current DRAM locations of its hits, so the next reader finds them right."""
         keys = checks.keys(keys, self.config.max_batch_keys)
         s_per_token = checks.seconds_per_token(s_per_token)
         uses = checks.uses(uses)
@@ -469,12 +471,14 @@ class Master:
             if release:
                 self._release_all(release, tenant)
                 self._flush()
-            if unpublish_misses and mapped_nodes and tid == UNSCOPED and len(found) < len(keys):
-                gone = [bytes(k) for k in keys[len(found):]]
+            if mapped_nodes and tid == UNSCOPED and (index_stale or (unpublish_misses and len(found) < len(keys))):
+                gone = [bytes(k) for k in keys[0 if index_stale else len(found):]]
                 for node_id in mapped_nodes:
                     node = self.placement.nodes.get(node_id)
                     if node is not None and isinstance(node.ops, PublishOps):
                         self.host_feed.gone(node_id, node.ops, gone)
+                if index_stale and len(found):      # after the `gone` above: a Publication applies gone first
+                    self._publish(found, [bytes(k) for k in keys[: len(found)]])
             if not lease or not len(slots):
                 return LookupResult(hits=len(found), released=bool(release))
             self.placement.touch(slots, tiers)

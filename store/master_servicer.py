@@ -217,7 +217,8 @@ class MasterServicer(pbg.MasterServiceServicer):
                                     tenant=self._tenant(), s_per_token=request.prefill_s_per_token,
                                     mapped_nodes=frozenset(request.mapped_nodes),
                                     release=list(request.release_lease_ids), uses=request.uses or 1,
-                                    optimistic=request.optimistic, unpublish_misses=request.unpublish_misses)
+                                    optimistic=request.optimistic, unpublish_misses=request.unpublish_misses,
+                                    index_stale=request.index_stale)
         return wire.lookup_reply(result, self.endpoint)
 
     @_rpc

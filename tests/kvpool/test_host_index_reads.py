@@ -91,6 +91,14 @@ def test_an_extent_reused_since_it_was_published_is_stale_and_the_get_asks_the_m
         assert c.get_many_into(KEYS[:4], out, tiers_out=tiers) == 4
         assert out == [bytearray(d) for d in DATAS[:4]] and tiers == ["ssd"] * 4
         assert c.host_index_stale == 1 and c.host_index_gets == 0 and c.checksum_failures == 0
+    # that lookup said the index was stale: the node forgot the chain (its objects are on SSD now, no DRAM row)
+    assert small_up.master.master.host_feed.flush(10)
+    assert index.find(KEYS[:1]) == ([], [], []) and len(index.find(OTHER_KEYS)[0]) == 4
+    with PoolClient(small_up.address, release_linger_s=60) as c:
+        c.warm(prefault=False)
+        out = bufs(4)
+        assert c.get_many_into(KEYS[:4], out) == 4 and out == [bytearray(d) for d in DATAS[:4]]
+        assert c.host_index_stale == 0          # no wasted copy: asked the master straight away
 
 
 def test_a_use_report_that_finds_keys_gone_has_the_node_forget_them(small_up):
@@ -144,3 +152,17 @@ def test_a_node_registering_again_starts_an_empty_index_and_the_master_fills_it_
         out = bufs(3)
         assert c.get_many_into(KEYS[:3], out) == 3 and out == [bytearray(d) for d in DATAS[:3]]
         assert c.host_index_gets == 1
+
+
+def test_a_lookup_that_found_a_stale_row_gets_the_node_the_current_location(small_up):
+    """A row that names the wrong extent for a DRAM object (it moved, or the row outlived a reuse): the lookup the
+    reader sends next carries index_stale, and the node's row is set to where the object is now."""
+    node, master = small_up.node.node, small_up.master.master
+    put_and_publish(small_up, KEYS[:2], DATAS[:2])
+    right = node.host_index.find(KEYS[:2])
+    wrong = 3 * OBJ if right[0][0] != 3 * OBJ else 2 * OBJ
+    node.publish(Publication((KEYS[0],), (wrong,), (OBJ,), (right[2][0],)))
+    assert node.host_index.find(KEYS[:1])[0] == [wrong]
+    master.lookup(KEYS[:2], lease=True, mapped_nodes={node.node_id}, optimistic=True, index_stale=True)
+    assert master.host_feed.flush(10)
+    assert node.host_index.find(KEYS[:2]) == right
