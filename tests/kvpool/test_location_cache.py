@@ -66,7 +66,8 @@ def test_a_get_reaching_past_the_cached_run_asks_the_master_for_all_of_it(small_
     """All or nothing: the master hears of a get as one chain (one lookup, one recorded row), never a cached prefix
     reported apart from a looked-up rest."""
     calls = small_up.master.control.calls
-    with PoolClient(small_up.address, location_cache_s=60, release_linger_s=60) as c:
+    # host_index_reads=False: every get the cache cannot serve asks (whether the node's index has the put yet or not)
+    with PoolClient(small_up.address, location_cache_s=60, release_linger_s=60, host_index_reads=False) as c:
         assert c.put_many(KEYS[:3], DATAS[:3]) == ["stored"] * 3
         assert c.get_many_into(KEYS[:2], bufs(2)) == 2
         base = calls["Lookup"]
@@ -106,7 +107,8 @@ def test_an_object_removed_by_another_client_is_never_served_once_remove_returne
     """Its extent is intact, but the node's removal generation moved before `remove` returned: the cached entries
     are dropped unread and the get asks the master, which has nothing."""
     calls = small_up.master.control.calls
-    with PoolClient(small_up.address, location_cache_s=60) as a, PoolClient(small_up.address) as b:
+    with PoolClient(small_up.address, location_cache_s=60, host_index_reads=False) as a, \
+            PoolClient(small_up.address) as b:
         a.warm(prefault=False)
         assert b.put_many(KEYS[:2], DATAS[:2]) == ["stored"] * 2
         assert a.get_many_into(KEYS[:2], bufs(2)) == 2
