@@ -61,7 +61,7 @@ from kvpool.transfer import Transfers
 
 log = logging.getLogger(__name__)
 
-_STALE = -1     # _get_published: a host index row no longer held its object
+_STALE = -1     # _get_cached / _get_published: a remembered or published extent no longer held its object
 
 
 class PoolClient(PoolFront):
@@ -190,11 +190,15 @@ class PoolClient(PoolFront):
 
     def _get_into(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef,
                   tiers_out: list[str] | None) -> int:
-        if self.locations is not None and self._get_cached(keys, views, ns, tiers_out):
+        cached = self._get_cached(keys, views, ns, tiers_out) if self.locations is not None else 0
+        if cached > 0:
             return len(keys)
-        published = self._get_published(keys, views, ns, tiers_out) if self.host_index_reads else 0
+        # after a stale cache entry the node's index most likely names the same reused extent: ask the master
+        published = self._get_published(keys, views, ns, tiers_out) if self.host_index_reads and not cached else 0
         if published > 0:
             return len(keys)
+        if cached == _STALE and self.host_index_reads:
+            published = _STALE      # the lookup has the node's index set right too
         return self._get_located(keys, views, ns, tiers_out, optimistic=self.optimistic_reads,
                                  index_stale=published == _STALE)
 
@@ -239,7 +243,7 @@ class PoolClient(PoolFront):
         or 0 and the get goes to the master whole. All or nothing, so the master hears of each get as one chain
         (one lookup or one use report: one stats lookup, one recorded row, the whole chain shown to the policy),
         never a cached prefix and a looked-up rest. A mismatch means the extent holds something else now: that
-        entry is forgotten."""
+        entry is forgotten, and _STALE sends the get to the master (a host index row names the same extent)."""
         cache = self.locations
         digest = _wire_digest(ns)
         run = cache.run(digest, keys, [v.nbytes for v in views])
@@ -255,7 +259,7 @@ class PoolClient(PoolFront):
         good = self._copy_fenced(views, [entry.extent for entry in run], [entry.checksum for entry in run])
         if good < n:
             cache.forget(digest, keys[good:good + 1], stale=True)
-            return 0
+            return _STALE
         cache.count(good)
         self._releaser.report_uses(ns, [bytes(k) for k in keys])
         if tiers_out is not None:

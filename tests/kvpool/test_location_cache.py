@@ -90,10 +90,15 @@ def test_an_extent_reused_by_other_objects_is_stale_never_returned_never_corrupt
         wait_until(lambda: b.stats()["leases_open"] == 0, "the get's lease ending")   # else no extent can move
         # DRAM holds exactly four objects: the next four reuse the same four extents, the first four go to SSD
         assert b.put_many(KEYS[4:], OTHER[4:]) == ["stored"] * 4
+        feed, index = small_up.master.master.host_feed, small_up.node.node.host_index
+        assert feed.flush(10) and len(index.find(KEYS[:4])[0]) == 4      # the node's index names them there too
         out = bufs(4)
         tiers: list[str] = []
         assert a.get_many_into(KEYS[:4], out, tiers_out=tiers) == 4
         assert out == [bytearray(d) for d in DATAS[:4]] and tiers == ["ssd"] * 4
+        # the stale entry sent the get to the master without a second copy from the index's stale rows; the lookup
+        # said so (index_stale), and the node forgot them
+        assert a.host_index_stale == 0 and feed.flush(10) and index.find(KEYS[:1]) == ([], [], [])
         report = cache_report(a)
         # the first stale entry sends the get to the master whole; its answer (SSD) forgets the other three
         assert report["stale"] == 1 and report["removed"] == 0 and report["gets"] == 0 and report["entries"] == 0
