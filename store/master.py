@@ -390,8 +390,8 @@ class Master:
         for i, is_dram in enumerate(dram):
             if is_dram:
                 by_node.setdefault(numbers[i], []).append(i)
+        by_number = self.placement.by_number
         for number, picked in by_node.items():
-            by_number = self.placement.by_number
             node = by_number[number] if number < len(by_number) else None
             if node is None or not node.info.dram_path or not isinstance(node.ops, PublishOps):
                 continue
