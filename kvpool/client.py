@@ -212,9 +212,9 @@ class PoolClient(PoolFront):
         indexes = self.transfers.host_indexes()
         if not indexes or any(len(k) != KEY_BYTES for k in keys):
             return 0
-        gens = self.transfers.generations() if self.locations is not None else None
         n = len(keys)
         for arena, index in indexes:
+            gen = arena.generation      # read before the probe: dates what the location cache may remember
             offsets, sizes, checksums = index.find(keys)
             if len(offsets) < n:
                 continue
@@ -231,9 +231,8 @@ class PoolClient(PoolFront):
             self._releaser.report_uses(ns, [bytes(k) for k in keys])
             if tiers_out is not None:
                 tiers_out.extend([Tier.DRAM.label] * n)
-            if gens is not None and self.locations is not None:
-                self.locations.remember(_wire_digest(ns), keys, [arena] * n, extents, checksums,
-                                        [gens.get(id(arena), -1)] * n)
+            if self.locations is not None:
+                self.locations.remember(_wire_digest(ns), keys, [arena] * n, extents, checksums, [gen] * n)
             return n
         return 0
 
