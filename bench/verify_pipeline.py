@@ -1,12 +1,15 @@
-"""Same-host get through master + node processes: the read fence on the calling thread vs with a helper thread.
+"""Same-host get through master + node processes: the read fence in one pass, on the calling thread, with a helper.
 
 One pool (bench/pool_remote.py's Pool: a master and a DRAM node process), one object size at a time, 32 objects per
 get_many_into call. Every round times, in an order that rotates each round, the same objects read by
 
     no check       PoolClient(verify="remote"): same-host copies not hashed (what the fence costs: the difference)
-    one thread     PoolClient(verify_threads=0): copy + xxh3 of each chunk on the calling thread
-    helper thread  PoolClient() (the default): a helper thread hashes landed chunks while the next one copies,
-                   for calls of at least fence.PIPELINE_MIN bytes (smaller ones run as "one thread")
+    one pass       PoolClient() (the default where kvpool._copyhash is built): each object copied and hashed in
+                   one pass (copyhash.simd(): every 64-byte stripe stored and folded into XXH3 from one load)
+    one thread     PoolClient(verify_threads=0) with the one-pass copy off (copyhash.use(False)): numpy's copy,
+                   then xxh3 of each chunk on the calling thread
+    helper thread  PoolClient() with the one-pass copy off: a helper thread hashes landed chunks while the next one
+                   copies, for calls of at least fence.PIPELINE_MIN bytes (smaller ones run as "one thread")
     memcpy         np.copyto of the same bytes between two local buffers (the limit)
 
 and prints medians over the rounds as GB/s and as ratios to memcpy, then the ratio lines. Shared 2-core machines are
@@ -21,9 +24,11 @@ scatter_blocks, in interleaved rounds:
     check per chunk    scatter the chunk, then read.verify(): every extent hashed again after the whole chunk
     check per block    scatter_blocks(after=read.verify_copy): each extent hashed right after its block landed,
                        still in cache (what the connector did until 2026-11-27)
-    landed per block   scatter_blocks(after=read.verify_copy, hash_landed=read.needs_check): each block's 60 runs
-                       hashed in the cache as they landed, right after its copy (what the connector does: the check
-                       sees a change to the extent during the copy even when it is undone before the check)
+    landed per block   scatter_blocks(after=read.verify_copy, hash_landed=read.needs_check) with the one-pass copy
+                       off: each block's 60 runs hashed in the cache as they landed, right after torch's copy (the
+                       check sees a change to the extent during the copy even when it is undone before the check)
+    landed, one pass   the same call with the one-pass copy on (what the connector does where kvpool._copyhash is
+                       built): each 64-byte stripe stored into its run and folded into the hash from one load
 
     python bench/verify_pipeline.py [--sizes 64KiB 512KiB 2MiB] [--total 64MiB] [--rounds 15] [--load-blocks 256]
 """
@@ -47,11 +52,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from pool_remote import Pool  # noqa: E402
 
-from kvpool import PoolClient, fence  # noqa: E402
+from kvpool import PoolClient, copyhash, fence  # noqa: E402
 from kvpool.config import parse_size  # noqa: E402
 
 BATCH = 32
-COLUMNS = ("no check", "one thread", "helper thread", "memcpy")
+COLUMNS = ("no check", "one pass", "one thread", "helper thread", "memcpy")
 
 
 def measure(address: str, size: int, total: int, rounds: int, bar) -> dict[str, float]:
@@ -62,12 +67,17 @@ def measure(address: str, size: int, total: int, rounds: int, bar) -> dict[str, 
     clients = {"no check": PoolClient(address, timeout=60, verify="remote"),
                "one thread": PoolClient(address, timeout=60, verify_threads=0),
                "helper thread": PoolClient(address, timeout=60)}
-    times: dict[str, list[float]] = {c: [] for c in COLUMNS}
+    clients["one pass"] = clients["helper thread"]
+    native = bool(copyhash.simd())
+    columns = COLUMNS if native else tuple(c for c in COLUMNS if c != "one pass")
+    times: dict[str, list[float]] = {c: [] for c in columns}
     try:
         for i in range(0, count, BATCH):
             assert clients["one thread"].put_many(keys[i:i + BATCH], src[i:i + BATCH]) == ["stored"] * BATCH
 
-        def get_all(client) -> None:
+        def get_all(client, one_pass: bool) -> None:
+            if native:
+                copyhash.use(one_pass)
             for i in range(0, count, BATCH):
                 assert client.get_many_into(keys[i:i + BATCH], dst[i:i + BATCH]) == BATCH
 
@@ -75,12 +85,13 @@ def measure(address: str, size: int, total: int, rounds: int, bar) -> dict[str, 
             for d, s in zip(dst, src):
                 np.copyto(d, s)
 
-        runs = {name: (lambda c=c: get_all(c)) for name, c in clients.items()}
+        runs = {name: (lambda c=c, name=name: get_all(c, name == "one pass")) for name, c in clients.items()
+                if name in columns}
         runs["memcpy"] = copy_all
         for fn in runs.values():   # one untimed pass each: mappings, caches
             fn()
         for r in range(rounds):
-            order = COLUMNS[r % len(COLUMNS):] + COLUMNS[:r % len(COLUMNS)]
+            order = columns[r % len(columns):] + columns[:r % len(columns)]
             for name in order:
                 t0 = time.perf_counter()
                 runs[name]()
@@ -92,12 +103,14 @@ def measure(address: str, size: int, total: int, rounds: int, bar) -> dict[str, 
             bar.update()
         clients["one thread"].remove_many(keys)
     finally:
-        for c in clients.values():
+        if native:
+            copyhash.use(True)
+        for c in {id(c): c for c in clients.values()}.values():
             c.close()
     return {name: count * size / statistics.median(v) / 1e9 for name, v in times.items()}
 
 
-LOAD_COLUMNS = ("copy only", "check per chunk", "check per block", "landed per block")
+LOAD_COLUMNS = ("copy only", "check per chunk", "check per block", "landed per block", "landed, one pass")
 LOAD_CHUNK = 64
 LOAD_SHAPE = (30, 2, 16, 3, 64)     # SmolLM2-135M: layers, K/V, block tokens, KV heads, head dim (fp32)
 
@@ -114,7 +127,9 @@ def measure_load(address: str, blocks: int, rounds: int, bar) -> dict[str, float
     rng = np.random.default_rng(5)
     keys = [(0x10AD << 64 | i).to_bytes(16, "big") for i in range(blocks)]
     ids = list(range(blocks))
-    times: dict[str, list[float]] = {c: [] for c in LOAD_COLUMNS}
+    native = bool(copyhash.simd())
+    columns = LOAD_COLUMNS if native else LOAD_COLUMNS[:-1]
+    times: dict[str, list[float]] = {c: [] for c in columns}
     with PoolClient(address, timeout=60) as client:
         for i in range(0, blocks, LOAD_CHUNK):
             objs = [rng.integers(0, 255, nbytes, dtype=np.uint8) for _ in keys[i:i + LOAD_CHUNK]]
@@ -122,13 +137,15 @@ def measure_load(address: str, blocks: int, rounds: int, bar) -> dict[str, float
         expect = cache.clone()
 
         def load(column: str) -> None:
+            if native:
+                copyhash.use(column == "landed, one pass")
             for i in range(0, blocks, LOAD_CHUNK):
                 with client.acquire_many(keys[i:i + LOAD_CHUNK], [nbytes] * len(keys[i:i + LOAD_CHUNK])) as read:
                     assert read.count == len(read.keys) and all(read.direct), "not a same-host DRAM hit"
                     objects = [object_view(b, cache) for b in read.buffers]
                     if column == "check per block":
                         got = scatter_blocks(cache, ids[i:i + read.count], objects, after=read.verify_copy)
-                    elif column == "landed per block":
+                    elif column in ("landed per block", "landed, one pass"):
                         got = scatter_blocks(cache, ids[i:i + read.count], objects, after=read.verify_copy,
                                              hash_landed=read.needs_check)
                     else:
@@ -139,11 +156,11 @@ def measure_load(address: str, blocks: int, rounds: int, bar) -> dict[str, float
 
         load("copy only")
         expect.copy_(cache)
-        for fn in LOAD_COLUMNS:    # one untimed pass each
+        for fn in columns:    # one untimed pass each
             load(fn)
         for r in range(rounds):
-            k = r % len(LOAD_COLUMNS)
-            for name in LOAD_COLUMNS[k:] + LOAD_COLUMNS[:k]:
+            k = r % len(columns)
+            for name in columns[k:] + columns[:k]:
                 cache.zero_()
                 t0 = time.perf_counter()
                 load(name)
@@ -152,6 +169,8 @@ def measure_load(address: str, blocks: int, rounds: int, bar) -> dict[str, float
                 assert torch.equal(cache.view(torch.int32), expect.view(torch.int32)), f"{name}: the cache differs"
             bar.update()
         client.remove_many(keys)
+    if native:
+        copyhash.use(True)
     return {name: statistics.median(v) for name, v in times.items()}
 
 
@@ -186,10 +205,16 @@ def main(argv: list[str] | None = None) -> int:
           f"python {platform.python_version()}")
     print(f"same-host get, {BATCH} objects per call, median of {args.rounds} interleaved rounds; GB/s "
           f"(fence.PIPELINE_MIN = {fence.PIPELINE_MIN >> 20} MiB per call)")
+    print(f"one-pass copy: {copyhash.simd() or 'off (' + copyhash.REASON + ')'}")
     print(f"{'size':>8} | " + " | ".join(f"{c:>13}" for c in COLUMNS))
     for size, row in rows.items():
-        print(f"{size >> 10:>5}KiB | " + " | ".join(f"{row[c]:>13.2f}" for c in COLUMNS))
+        print(f"{size >> 10:>5}KiB | " + " | ".join(f"{row[c]:>13.2f}" if c in row else f"{'-':>13}" for c in COLUMNS))
     for size, row in rows.items():
+        if "one pass" in row:
+            print(f"ratio verify_pipeline {size >> 10}KiB: one pass {row['one pass'] / row['memcpy']:.2f}x memcpy, "
+                  f"no check {row['no check'] / row['memcpy']:.2f}x; one pass / helper thread "
+                  f"{row['one pass'] / row['helper thread']:.2f}x, / one thread "
+                  f"{row['one pass'] / row['one thread']:.2f}x")
         print(f"ratio verify_pipeline {size >> 10}KiB: helper thread {row['helper thread'] / row['memcpy']:.2f}x "
               f"memcpy, one thread {row['one thread'] / row['memcpy']:.2f}x, no check "
               f"{row['no check'] / row['memcpy']:.2f}x; helper / one thread "
@@ -197,13 +222,17 @@ def main(argv: list[str] | None = None) -> int:
     if load is not None:
         print(f"\ndirect load into a paged cache: {args.load_blocks} x {int(np.prod(LOAD_SHAPE)) * 4 >> 10} KiB "
               f"(acquire_many per {LOAD_CHUNK}), median ms of {args.rounds} interleaved rounds")
-        print(" | ".join(f"{c}: {load[c] * 1e3:.1f}" for c in LOAD_COLUMNS))
+        print(" | ".join(f"{c}: {load[c] * 1e3:.1f}" for c in LOAD_COLUMNS if c in load))
         print(f"ratio verify_pipeline load: check per block {load['copy only'] / load['check per block']:.2f}x "
               f"the copy alone, check per chunk {load['copy only'] / load['check per chunk']:.2f}x; per block / "
               f"per chunk {load['check per chunk'] / load['check per block']:.2f}x faster")
         print(f"ratio verify_pipeline load: landed per block {load['copy only'] / load['landed per block']:.2f}x the "
               f"copy alone; its cost over the extent checked per block "
               f"{load['landed per block'] / load['check per block'] - 1:+.0%}")
+        if "landed, one pass" in load:
+            one = load["landed, one pass"]
+            print(f"ratio verify_pipeline load: landed, one pass {load['copy only'] / one:.2f}x the copy alone; "
+                  f"{load['landed per block'] / one:.2f}x faster than landed per block (two passes)")
     return 0
 
 

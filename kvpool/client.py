@@ -170,13 +170,14 @@ class PoolClient(PoolFront):
         granted = [i for i, s in enumerate(reply.statuses) if s == pb.STORED]
         grants = wire.grants_of(reply)
         failed: set[int] = set()
+        landed: dict[int, int] = {}     # same-host copies: their checksums, taken in the copy's pass
         try:
             failed = self.transfers.write(grants, granted, keys, views, digest,
-                                          deadline=fence.write_deadline(sent_at, reply.ttl_ms))
+                                          deadline=fence.write_deadline(sent_at, reply.ttl_ms), landed=landed)
         except BaseException:
             self._abort([reply.grant_ids[i] for i in granted])
             raise
-        sums = self._commit(reply.grant_ids, granted, failed, views, statuses)
+        sums = self._commit(reply.grant_ids, granted, failed, views, statuses, landed)
         if gens:
             self._remember_put(digest, keys, grants, [i for i in granted if statuses[i] == "stored"], sums, gens)
         return statuses
@@ -553,16 +554,19 @@ class PoolClient(PoolFront):
             if reply.hits:
                 self._remember(digest, keys, reply, reply.hits, gens)
 
-    def _commit(self, grant_ids, granted: list[int], failed: set[int], buffers, out: list[str]) -> dict[int, int]:
-        """End a put's grants: abort the failed ones, commit the rest with the checksums of their bytes. Sets out[i]
-        to "stored" or "no_space" for every granted i (a grant that expired before the commit stored nothing).
-        Returns {i: the checksum committed} for the ones it asked to commit."""
+    def _commit(self, grant_ids, granted: list[int], failed: set[int], buffers, out: list[str],
+                landed: dict[int, int] | None = None) -> dict[int, int]:
+        """End a put's grants: abort the failed ones, commit the rest with the checksums of their bytes (`landed`:
+        those already taken while copying, by position). Sets out[i] to "stored" or "no_space" for every granted i
+        (a grant that expired before the commit stored nothing). Returns {i: the checksum committed} for the ones
+        it asked to commit."""
         if failed:
             self._abort([grant_ids[i] for i in failed])
         for i in failed:
             out[i] = "no_space"
         ok = [i for i in granted if i not in failed]
-        sums = {i: xxhash.xxh3_64_intdigest(buffers[i]) for i in ok}
+        landed = landed or {}
+        sums = {i: landed[i] if i in landed else xxhash.xxh3_64_intdigest(buffers[i]) for i in ok}
         if ok:
             request = pb.PutCommitRequest()
             request.grant_ids.extend(grant_ids[i] for i in ok)

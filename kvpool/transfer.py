@@ -105,10 +105,12 @@ class Transfers:
         self.pin_arenas = False         # register mapped arenas as CUDA pinned memory (a GPU caller's DMA)
 
     def write(self, batch: ExtentBatch, positions: Sequence[int], keys: Sequence[bytes], views: Sequence[memoryview],
-              ns: bytes, *, deadline: float = math.inf) -> set[int]:
+              ns: bytes, *, deadline: float = math.inf, landed: dict[int, int] | None = None) -> set[int]:
         """Write views[i] to entry i of `batch` for i in `positions` (`ns`: the namespace an SSD record carries).
-        `deadline` (fence.write_deadline): no same-host copy starts after it (that entry fails)."""
-        return self._move(batch, positions, keys, views, ns, write=True, deadline=deadline)
+        `deadline` (fence.write_deadline): no same-host copy starts after it (that entry fails). `landed`: filled
+        with {i: xxh3_64 of the bytes copied} for the same-host copies, hashed in the copy's pass
+        (fence.copy_hashed), so the commit need not read them again."""
+        return self._move(batch, positions, keys, views, ns, write=True, deadline=deadline, landed=landed)
 
     def read(self, batch: ExtentBatch, positions: Sequence[int], keys: Sequence[bytes],
              views: Sequence[memoryview], *, corrupt: set[int] | None = None) -> set[int]:
@@ -239,7 +241,8 @@ class Transfers:
     # ------------------------------------------------------------------ internals
 
     def _move(self, batch: ExtentBatch, positions: Sequence[int], keys, views, ns: bytes, *, write: bool,
-              deadline: float = math.inf, corrupt: set[int] | None = None) -> set[int]:
+              deadline: float = math.inf, corrupt: set[int] | None = None,
+              landed: dict[int, int] | None = None) -> set[int]:
         failed: set[int] = set()
         bad: set[int] = set()
         unreachable: list[tuple[Route, OSError]] = []
@@ -263,7 +266,10 @@ class Transfers:
                         self.late_writes_skipped += 1
                         failed.add(i)
                         continue
-                    route.arena.view(offsets[i], sizes[i])[:] = views[i]
+                    if landed is None:
+                        route.arena.view(offsets[i], sizes[i])[:] = views[i]
+                    else:
+                        landed[i] = fence.copy_hashed(route.arena.view(offsets[i], sizes[i]), views[i])
                     local_writes.setdefault(n, []).append(i)
                 elif verify_local:
                     verified.append(i)

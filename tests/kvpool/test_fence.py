@@ -1,17 +1,27 @@
-"""kvpool/fence.py: the verified copy (every chunking of the object) and the writer's deadline."""
+"""kvpool/fence.py: the verified copy (every chunking of the object, one pass and two) and the writer's deadline."""
 
 from __future__ import annotations
 
 import math
+import os
+import shutil
 
 import pytest
 import xxhash
 
-from kvpool import fence
+from kvpool import copyhash, fence
+
+
+@pytest.fixture
+def two_pass():
+    """The helper thread only runs on the two-pass path."""
+    previous = copyhash.use(False)
+    yield
+    copyhash.use(previous)
 
 
 @pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, 3 * 4096 + 5])
-def test_copy_verified_copies_every_byte_and_checks_them(monkeypatch, size):
+def test_copy_verified_copies_every_byte_and_checks_them(monkeypatch, size, copy_path):
     monkeypatch.setattr(fence, "CHUNK", 4096)  # exercise the chunked path with small objects
     src = bytes((i * 31 + 7) % 256 for i in range(size))
     dst = bytearray(size)
@@ -23,7 +33,7 @@ def test_copy_verified_copies_every_byte_and_checks_them(monkeypatch, size):
         assert bytes(wrong) == src  # copied all the same: the caller must not use it (a miss)
 
 
-def test_copy_verified_sees_bytes_that_are_not_the_committed_objects():
+def test_copy_verified_sees_bytes_that_are_not_the_committed_objects(copy_path):
     committed = b"A" * 10_000
     dst = bytearray(10_000)
     late = b"A" * 9_999 + b"B"  # one byte changed by a late writer
@@ -41,7 +51,7 @@ def _objects(sizes, seed=3):
 
 
 @pytest.mark.parametrize("pipeline", [True, False])
-def test_copy_verified_many_copies_and_checks_every_object_on_either_path(monkeypatch, pipeline):
+def test_copy_verified_many_copies_and_checks_every_object_on_either_path(monkeypatch, pipeline, copy_path):
     """Small CHUNK and PIPELINE_MIN so the helper-thread path runs with objects that straddle chunks, an empty
     object and objects smaller than a chunk (several per hand-off)."""
     monkeypatch.setattr(fence, "CHUNK", 4096)
@@ -56,7 +66,7 @@ def test_copy_verified_many_copies_and_checks_every_object_on_either_path(monkey
     assert [bytes(d) for d in dsts] == srcs
 
 
-def test_copy_verified_many_hashes_what_landed_not_what_was_committed(monkeypatch):
+def test_copy_verified_many_hashes_what_landed_not_what_was_committed(monkeypatch, copy_path):
     """A late writer's byte in one object of a pipelined batch: that object is a miss, its neighbours are hits."""
     monkeypatch.setattr(fence, "CHUNK", 4096)
     monkeypatch.setattr(fence, "PIPELINE_MIN", 8192)
@@ -69,7 +79,7 @@ def test_copy_verified_many_hashes_what_landed_not_what_was_committed(monkeypatc
     assert oks == [True, False, True]
 
 
-def test_copy_verified_many_rejects_mismatched_arguments_before_copying(monkeypatch):
+def test_copy_verified_many_rejects_mismatched_arguments_before_copying(monkeypatch, copy_path):
     monkeypatch.setattr(fence, "PIPELINE_MIN", 1)
     src, dst = b"x" * 10, bytearray(10)
     with pytest.raises(ValueError, match=r"^dsts, srcs and checksums differ in length \(1, 1, 2\)$"):
@@ -77,9 +87,13 @@ def test_copy_verified_many_rejects_mismatched_arguments_before_copying(monkeypa
     assert dst == bytearray(10)
     with pytest.raises(ValueError, match="^destination of 9 bytes for a source of 10$"):
         fence.copy_verified_many([memoryview(bytearray(9))], [memoryview(src)], [0])
+    big, first = b"y" * 4096, bytearray(4096)   # the one-pass path too: the bad pair is found before any copy
+    with pytest.raises(ValueError, match="^destination of 4095 bytes for a source of 4096$"):
+        fence.copy_verified_many([memoryview(first), memoryview(bytearray(4095))], [memoryview(big)] * 2, [0, 0])
+    assert first == bytearray(4096)
 
 
-def test_the_helper_thread_is_one_per_process_and_restarts_in_a_forked_child(monkeypatch):
+def test_the_helper_thread_is_one_per_process_and_restarts_in_a_forked_child(monkeypatch, two_pass):
     import multiprocessing as mp
     import threading
 
@@ -101,6 +115,7 @@ def test_the_helper_thread_is_one_per_process_and_restarts_in_a_forked_child(mon
 
 def _copy_in_child(src: bytes) -> list[bool]:
     fence.PIPELINE_MIN = 1
+    copyhash.use(False)
     dst = bytearray(len(src))
     oks = fence.copy_verified_many([memoryview(dst)], [memoryview(src)], [xxhash.xxh3_64_intdigest(src)])
     return oks if bytes(dst) == src else [False]
@@ -125,3 +140,16 @@ def test_verify_many_checks_every_view_split_between_two_threads(monkeypatch, pi
     assert (sum(handed) > 0) is pipeline and sum(handed) < len(views)   # the helper took some, not all
     with pytest.raises(ValueError, match=r"^views and checksums differ in length \(1, 0\)$"):
         fence.verify_many([memoryview(b"x")], [])
+
+
+def test_the_one_pass_copy_is_built_wherever_a_c_compiler_is():
+    """scripts/setup.sh installs a compiler where apt-get can; the build is optional only for machines without."""
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler on PATH")
+    if os.environ.get("KVPOOL_NATIVE_COPY") == "0":
+        pytest.skip("KVPOOL_NATIVE_COPY=0")
+    assert copyhash.REASON == ""
+    from kvpool import _copyhash
+    with open("/proc/cpuinfo") as f:
+        avx2 = os.uname().machine == "x86_64" and "avx2" in f.read()
+    assert _copyhash.SIMD == ("avx2" if avx2 else "portable")

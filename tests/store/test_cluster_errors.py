@@ -333,16 +333,21 @@ def test_bad_node_rpcs_answer_exact_codes_and_change_nothing(pool):
     assert client.get_many_into([key_of(0)], [out]) == 1 and out == pattern(0, SIZE)
 
 
-@pytest.mark.parametrize("verify_threads", [1, 0])
-def test_a_corrupt_object_in_a_big_same_host_read_is_a_miss_on_either_verify_path(pool, verify_threads,
-                                                                                    monkeypatch):
+@pytest.mark.parametrize("verify_threads, one_pass", [(1, False), (0, False), (1, True)])
+def test_a_corrupt_object_in_a_big_same_host_read_is_a_miss_on_either_verify_path(pool, verify_threads, one_pass,
+                                                                                    monkeypatch, request):
     """3 MiB in one get_many_into (PIPELINE_MIN lowered to 2 MiB: the node has 8): the helper-thread path
-    (fence.copy_verified_many) with verify_threads=1, the calling thread alone with 0. The object changed under its
-    commit is a miss; its neighbours are exact."""
-    from kvpool import fence
+    (fence.copy_verified_many) with verify_threads=1, the calling thread alone with 0, both with the two-pass copy;
+    and the one-pass copy (kvpool._copyhash, no helper). The object changed under its commit is a miss; its
+    neighbours are exact."""
+    from kvpool import copyhash, fence
     from kvpool.store import wire
     from kvpool.tiers.dram import DramArena
 
+    if one_pass and copyhash.REASON:
+        pytest.skip(f"the one-pass copy is not built: {copyhash.REASON}")
+    previous = copyhash.use(one_pass)
+    request.addfinalizer(lambda: copyhash.use(previous))
     monkeypatch.setattr(fence, "PIPELINE_MIN", 2 << 20)
     handed = []
     submit = fence._helper.submit
@@ -351,7 +356,7 @@ def test_a_corrupt_object_in_a_big_same_host_read_is_a_miss_on_either_verify_pat
 
     stub, _, _ = pool
     big = 1 << 20
-    keys = [key_of(i, salt=9 + verify_threads) for i in range(3)]
+    keys = [key_of(i, salt=9 + verify_threads + 2 * one_pass) for i in range(3)]
     # host_index_reads=False: the get asks the master, whether or not the node's index has the chain yet (a copy
     # from the index would be three more hand-offs, test_host_index_reads covers that path)
     with PoolClient(stub_address(stub), timeout=5, verify_threads=verify_threads, host_index_reads=False) as c:
@@ -375,7 +380,7 @@ def test_a_corrupt_object_in_a_big_same_host_read_is_a_miss_on_either_verify_pat
         c.remove_many(keys)
     # one hand-off per 1 MiB chunk copied: the optimistic copy of all three, then, from the object that failed its
     # check, the leased read of the last two (which tells a corrupt object from a reused extent and reports it)
-    assert handed == ([1] * 5 if verify_threads else [])
+    assert handed == ([1] * 5 if verify_threads and not one_pass else [])
 
 
 def test_verify_threads_must_be_0_or_1(pool):

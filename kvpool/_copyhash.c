@@ -1,0 +1,501 @@
+/* kvpool._copyhash: copy a buffer and return the XXH3-64 (seed 0) of the bytes that landed, in one pass.
+
+The read fence (kvpool/fence.py) keeps a copied object only if its bytes hash to the committed checksum. Copying
+and then hashing reads the object twice; here each 64-byte stripe is loaded once, stored to the destination and
+folded into the hash from the same registers, so the check costs arithmetic the core does while it waits for
+memory, not a second pass. The digest is the one xxhash.xxh3_64_intdigest gives for the stored bytes (tests compare
+them over thousands of lengths and alignments), computed with XXH3's long-input algorithm (inputs over 240 bytes):
+8 64-bit accumulators, 16 stripes of 64 bytes per 1 KiB block, a scramble after each block, a last stripe ending at
+the input's end, then the accumulators merged and avalanched. Inputs of 240 bytes or fewer are refused
+(ValueError): XXH3 hashes those with other formulas, and the caller hashes them itself (fence.copy_verified).
+
+What is hashed is what was stored: every stripe's digest input is the register that was written to the
+destination, and the last stripe is read back from the destination. A peer that changes the source during the
+copy therefore makes a mismatch, never a match over bytes other than those returned.
+
+AVX2 where the CPU has it (checked at run time), portable C elsewhere; the GIL is released during the copy.
+*/
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define KV_X86 1
+#else
+#define KV_X86 0
+#endif
+
+#define STRIPE 64
+#define BLOCK 1024          /* 16 stripes: (secret size 192 - 64) / 8 bytes of secret consumed per stripe */
+#define MIN_LEN 241
+
+/* XXH3's default secret and primes (the xxHash specification, version 0.8) */
+static const uint8_t SECRET[192] = {
+    0xb8, 0xfe, 0x6c, 0x39, 0x23, 0xa4, 0x4b, 0xbe, 0x7c, 0x01, 0x81, 0x2c, 0xf7, 0x21, 0xad, 0x1c,
+    0xde, 0xd4, 0x6d, 0xe9, 0x83, 0x90, 0x97, 0xdb, 0x72, 0x40, 0xa4, 0xa4, 0xb7, 0xb3, 0x67, 0x1f,
+    0xcb, 0x79, 0xe6, 0x4e, 0xcc, 0xc0, 0xe5, 0x78, 0x82, 0x5a, 0xd0, 0x7d, 0xcc, 0xff, 0x72, 0x21,
+    0xb8, 0x08, 0x46, 0x74, 0xf7, 0x43, 0x24, 0x8e, 0xe0, 0x35, 0x90, 0xe6, 0x81, 0x3a, 0x26, 0x4c,
+    0x3c, 0x28, 0x52, 0xbb, 0x91, 0xc3, 0x00, 0xcb, 0x88, 0xd0, 0x65, 0x8b, 0x1b, 0x53, 0x2e, 0xa3,
+    0x71, 0x64, 0x48, 0x97, 0xa2, 0x0d, 0xf9, 0x4e, 0x38, 0x19, 0xef, 0x46, 0xa9, 0xde, 0xac, 0xd8,
+    0xa8, 0xfa, 0x76, 0x3f, 0xe3, 0x9c, 0x34, 0x3f, 0xf9, 0xdc, 0xbb, 0xc7, 0xc7, 0x0b, 0x4f, 0x1d,
+    0x8a, 0x51, 0xe0, 0x4b, 0xcd, 0xb4, 0x59, 0x31, 0xc8, 0x9f, 0x7e, 0xc9, 0xd9, 0x78, 0x73, 0x64,
+    0xea, 0xc5, 0xac, 0x83, 0x34, 0xd3, 0xeb, 0xc3, 0xc5, 0x81, 0xa0, 0xff, 0xfa, 0x13, 0x63, 0xeb,
+    0x17, 0x0d, 0xdd, 0x51, 0xb7, 0xf0, 0xda, 0x49, 0xd3, 0x16, 0x55, 0x26, 0x29, 0xd4, 0x68, 0x9e,
+    0x2b, 0x16, 0xbe, 0x58, 0x7d, 0x47, 0xa1, 0xfc, 0x8f, 0xf8, 0xb8, 0xd1, 0x7a, 0xd0, 0x31, 0xce,
+    0x45, 0xcb, 0x3a, 0x8f, 0x95, 0x16, 0x04, 0x28, 0xaf, 0xd7, 0xfb, 0xca, 0xbb, 0x4b, 0x40, 0x7e,
+};
+#define P32_1 0x9E3779B1U
+#define P32_2 0x85EBCA77U
+#define P32_3 0xC2B2AE3DU
+#define P64_1 0x9E3779B185EBCA87ULL
+#define P64_2 0xC2B2AE3D27D4EB4FULL
+#define P64_3 0x165667B19E3779F9ULL
+#define P64_4 0x85EBCA77C2B2AE63ULL
+#define P64_5 0x27D4EB2F165667C5ULL
+#define SCRAMBLE_AT (192 - STRIPE)          /* secret offset of the scramble after each block */
+#define LAST_STRIPE_AT (192 - STRIPE - 7)   /* secret offset of the last stripe */
+#define MERGE_AT 11                         /* secret offset of the final merge */
+
+static const uint64_t INIT_ACC[8] = {P32_3, P64_1, P64_2, P64_3, P64_4, P32_2, P64_5, P32_1};
+
+static inline uint64_t rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }  /* little-endian hosts */
+
+static inline uint64_t mul_fold(uint64_t a, uint64_t b) {
+    __uint128_t r = (__uint128_t)a * b;
+    return (uint64_t)r ^ (uint64_t)(r >> 64);
+}
+
+static uint64_t finish(const uint64_t acc[8], size_t n) {
+    uint64_t r = (uint64_t)n * P64_1;
+    const uint8_t *s = SECRET + MERGE_AT;
+    for (int i = 0; i < 4; i++) r += mul_fold(acc[2 * i] ^ rd64(s + 16 * i), acc[2 * i + 1] ^ rd64(s + 16 * i + 8));
+    r ^= r >> 37;
+    r *= 0x165667919E3779F9ULL;
+    return r ^ (r >> 32);
+}
+
+/* ---- portable: copy a stripe, then fold the stored stripe (it is in L1) ---- */
+
+static inline void stripe_portable(uint64_t acc[8], const uint8_t *in, const uint8_t *sec) {
+    for (int i = 0; i < 8; i++) {
+        uint64_t d = rd64(in + 8 * i), k = d ^ rd64(sec + 8 * i);
+        acc[i ^ 1] += d;
+        acc[i] += (k & 0xFFFFFFFFULL) * (k >> 32);
+    }
+}
+
+static uint64_t copy_hash_portable(uint8_t *dst, const uint8_t *src, size_t n) {
+    uint64_t acc[8];
+    memcpy(acc, INIT_ACC, sizeof acc);
+    size_t off = 0, blocks = (n - 1) / BLOCK;
+    for (size_t b = 0; b < blocks; b++) {
+        for (int s = 0; s < 16; s++, off += STRIPE) {
+            memcpy(dst + off, src + off, STRIPE);
+            stripe_portable(acc, dst + off, SECRET + 8 * s);
+        }
+        for (int i = 0; i < 8; i++) {
+            uint64_t a = acc[i];
+            a ^= a >> 47;
+            a ^= rd64(SECRET + SCRAMBLE_AT + 8 * i);
+            acc[i] = a * P32_1;
+        }
+    }
+    size_t stripes = ((n - 1) - off) / STRIPE;
+    for (size_t s = 0; s < stripes; s++, off += STRIPE) {
+        memcpy(dst + off, src + off, STRIPE);
+        stripe_portable(acc, dst + off, SECRET + 8 * s);
+    }
+    memcpy(dst + off, src + off, n - off);
+    stripe_portable(acc, dst + n - STRIPE, SECRET + LAST_STRIPE_AT);
+    return finish(acc, n);
+}
+
+/* ---- AVX2: one load per 32 bytes, stored and folded from the same register ---- */
+
+#if KV_X86
+#define AVX2 __attribute__((target("avx2")))
+
+static inline AVX2 __m256i fold_avx2(__m256i acc, __m256i data, const uint8_t *sec) {
+    __m256i dk = _mm256_xor_si256(data, _mm256_loadu_si256((const __m256i *)sec));
+    __m256i product = _mm256_mul_epu32(dk, _mm256_srli_epi64(dk, 32));
+    __m256i swapped = _mm256_shuffle_epi32(data, _MM_SHUFFLE(1, 0, 3, 2));
+    return _mm256_add_epi64(product, _mm256_add_epi64(acc, swapped));
+}
+
+static inline AVX2 __m256i scramble_avx2(__m256i acc, const uint8_t *sec) {
+    const __m256i prime = _mm256_set1_epi32((int)P32_1);
+    __m256i d = _mm256_xor_si256(_mm256_xor_si256(acc, _mm256_srli_epi64(acc, 47)),
+                                 _mm256_loadu_si256((const __m256i *)sec));
+    __m256i lo = _mm256_mul_epu32(d, prime);
+    __m256i hi = _mm256_mul_epu32(_mm256_srli_epi64(d, 32), prime);
+    return _mm256_add_epi64(lo, _mm256_slli_epi64(hi, 32));
+}
+
+#define COPY_FOLD(off, s)                                                          \
+    do {                                                                           \
+        __m256i d0 = _mm256_loadu_si256((const __m256i *)(src + (off)));           \
+        __m256i d1 = _mm256_loadu_si256((const __m256i *)(src + (off) + 32));      \
+        _mm256_storeu_si256((__m256i *)(dst + (off)), d0);                         \
+        _mm256_storeu_si256((__m256i *)(dst + (off) + 32), d1);                    \
+        a0 = fold_avx2(a0, d0, SECRET + 8 * (s));                                  \
+        a1 = fold_avx2(a1, d1, SECRET + 8 * (s) + 32);                             \
+    } while (0)
+
+static AVX2 uint64_t copy_hash_avx2(uint8_t *dst, const uint8_t *src, size_t n) {
+    __m256i a0 = _mm256_loadu_si256((const __m256i *)INIT_ACC);
+    __m256i a1 = _mm256_loadu_si256((const __m256i *)(INIT_ACC + 4));
+    size_t off = 0, blocks = (n - 1) / BLOCK;
+    for (size_t b = 0; b < blocks; b++) {
+        _mm_prefetch((const char *)(src + off + 2 * BLOCK), _MM_HINT_T0);
+        for (int s = 0; s < 16; s++, off += STRIPE) COPY_FOLD(off, s);
+        a0 = scramble_avx2(a0, SECRET + SCRAMBLE_AT);
+        a1 = scramble_avx2(a1, SECRET + SCRAMBLE_AT + 32);
+    }
+    size_t stripes = ((n - 1) - off) / STRIPE;
+    for (size_t s = 0; s < stripes; s++, off += STRIPE) COPY_FOLD(off, s);
+    memcpy(dst + off, src + off, n - off);
+    {
+        __m256i d0 = _mm256_loadu_si256((const __m256i *)(dst + n - STRIPE));
+        __m256i d1 = _mm256_loadu_si256((const __m256i *)(dst + n - 32));
+        a0 = fold_avx2(a0, d0, SECRET + LAST_STRIPE_AT);
+        a1 = fold_avx2(a1, d1, SECRET + LAST_STRIPE_AT + 32);
+    }
+    uint64_t acc[8];
+    _mm256_storeu_si256((__m256i *)acc, a0);
+    _mm256_storeu_si256((__m256i *)(acc + 4), a1);
+    return finish(acc, n);
+}
+#endif
+
+/* ---- scatter: src (n bytes) copied in runs, run k (lens[k] bytes, a multiple of 64) to to_runs[k] ----
+ * The digest is over src's byte order (the object's), folded from the registers stored. With n a multiple of 64
+ * the long-input loop folds stripes 0 .. n/64 - 2 (a scramble after every 16th) and the last stripe is stripe
+ * n/64 - 1 with its own secret offset, so runs that are whole stripes never split one. */
+static uint64_t scatter_hash(uint8_t *const *to_runs, const size_t *lens, const uint8_t *src, size_t n, int portable);
+
+static uint64_t scatter_hash_portable(uint8_t *const *to_runs, const size_t *lens, const uint8_t *src, size_t n) {
+    uint64_t acc[8];
+    memcpy(acc, INIT_ACC, sizeof acc);
+    size_t last = n / STRIPE - 1, g = 0;
+    const uint8_t *from = src;
+    for (size_t k = 0;; from += lens[k], k++) {
+        uint8_t *to = to_runs[k];
+        for (size_t off = 0; off < lens[k]; off += STRIPE, g++) {
+            memcpy(to + off, from + off, STRIPE);
+            if (g == last) {
+                stripe_portable(acc, to + off, SECRET + LAST_STRIPE_AT);
+                return finish(acc, n);
+            }
+            stripe_portable(acc, to + off, SECRET + 8 * (g % 16));
+            if (g % 16 == 15)
+                for (int i = 0; i < 8; i++) {
+                    uint64_t a = acc[i];
+                    a ^= a >> 47;
+                    a ^= rd64(SECRET + SCRAMBLE_AT + 8 * i);
+                    acc[i] = a * P32_1;
+                }
+        }
+    }
+}
+
+#if KV_X86
+static AVX2 uint64_t scatter_hash_avx2(uint8_t *const *to_runs, const size_t *lens, const uint8_t *src, size_t n) {
+    __m256i a0 = _mm256_loadu_si256((const __m256i *)INIT_ACC);
+    __m256i a1 = _mm256_loadu_si256((const __m256i *)(INIT_ACC + 4));
+    size_t last = n / STRIPE - 1, g = 0;
+    const uint8_t *from = src;
+    for (size_t k = 0;; from += lens[k], k++) {
+        uint8_t *to = to_runs[k];
+        for (size_t off = 0; off < lens[k]; off += STRIPE, g++) {
+            __m256i d0 = _mm256_loadu_si256((const __m256i *)(from + off));
+            __m256i d1 = _mm256_loadu_si256((const __m256i *)(from + off + 32));
+            _mm256_storeu_si256((__m256i *)(to + off), d0);
+            _mm256_storeu_si256((__m256i *)(to + off + 32), d1);
+            if (g == last) {
+                a0 = fold_avx2(a0, d0, SECRET + LAST_STRIPE_AT);
+                a1 = fold_avx2(a1, d1, SECRET + LAST_STRIPE_AT + 32);
+                goto merge;
+            }
+            a0 = fold_avx2(a0, d0, SECRET + 8 * (g % 16));
+            a1 = fold_avx2(a1, d1, SECRET + 8 * (g % 16) + 32);
+            if (g % 16 == 15) {
+                a0 = scramble_avx2(a0, SECRET + SCRAMBLE_AT);
+                a1 = scramble_avx2(a1, SECRET + SCRAMBLE_AT + 32);
+            }
+        }
+    }
+merge:;
+    uint64_t acc[8];
+    _mm256_storeu_si256((__m256i *)acc, a0);
+    _mm256_storeu_si256((__m256i *)(acc + 4), a1);
+    return finish(acc, n);
+}
+#endif
+
+static int use_avx2 = 0;
+
+static uint64_t scatter_hash(uint8_t *const *to_runs, const size_t *lens, const uint8_t *src, size_t n, int portable) {
+#if KV_X86
+    if (use_avx2 && !portable) return scatter_hash_avx2(to_runs, lens, src, n);
+#endif
+    (void)portable;
+    return scatter_hash_portable(to_runs, lens, src, n);
+}
+
+static uint64_t copy_hash(uint8_t *dst, const uint8_t *src, size_t n, int portable) {
+#if KV_X86
+    if (use_avx2 && !portable) return copy_hash_avx2(dst, src, n);
+#endif
+    (void)portable;
+    return copy_hash_portable(dst, src, n);
+}
+
+/* ---- Python ---- */
+
+static int get_pair(PyObject *dst_obj, PyObject *src_obj, Py_buffer *dst, Py_buffer *src, Py_ssize_t index) {
+    if (PyObject_GetBuffer(dst_obj, dst, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (PyObject_GetBuffer(src_obj, src, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(dst);
+        return -1;
+    }
+    if (dst->len != src->len || src->len < MIN_LEN) {
+        if (dst->len != src->len && index < 0)
+            PyErr_Format(PyExc_ValueError, "dst has %zd bytes for a src of %zd", dst->len, src->len);
+        else if (dst->len != src->len)
+            PyErr_Format(PyExc_ValueError, "dsts[%zd] has %zd bytes for a src of %zd", index, dst->len, src->len);
+        else if (index < 0)
+            PyErr_Format(PyExc_ValueError, "src has %zd bytes: copy_xxh3 needs at least %d", src->len, MIN_LEN);
+        else
+            PyErr_Format(PyExc_ValueError, "srcs[%zd] has %zd bytes: copy_xxh3 needs at least %d", index, src->len,
+                         MIN_LEN);
+        PyBuffer_Release(dst);
+        PyBuffer_Release(src);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_copy_xxh3(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kw[] = {"dst", "src", "portable", NULL};
+    PyObject *d, *s;
+    int portable = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$p", kw, &d, &s, &portable)) return NULL;
+    Py_buffer dst, src;
+    if (get_pair(d, s, &dst, &src, -1) < 0) return NULL;
+    uint64_t h;
+    Py_BEGIN_ALLOW_THREADS
+    h = copy_hash(dst.buf, src.buf, (size_t)src.len, portable);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&src);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
+static PyObject *py_copy_xxh3_many(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kw[] = {"dsts", "srcs", "portable", NULL};
+    PyObject *dseq, *sseq;
+    int portable = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$p", kw, &dseq, &sseq, &portable)) return NULL;
+    PyObject *dfast = PySequence_Fast(dseq, "dsts must be a sequence of writable buffers");
+    if (!dfast) return NULL;
+    PyObject *sfast = PySequence_Fast(sseq, "srcs must be a sequence of buffers");
+    if (!sfast) { Py_DECREF(dfast); return NULL; }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(dfast), got = 0;
+    PyObject *out = NULL;
+    Py_buffer *bufs = NULL;
+    uint64_t *digests = NULL;
+    if (PySequence_Fast_GET_SIZE(sfast) != count) {
+        PyErr_Format(PyExc_ValueError, "dsts and srcs differ in length (%zd, %zd)", count,
+                     PySequence_Fast_GET_SIZE(sfast));
+        goto done;
+    }
+    bufs = PyMem_Calloc(2 * (size_t)count + 1, sizeof(Py_buffer));
+    digests = PyMem_Calloc((size_t)count + 1, sizeof(uint64_t));
+    if (!bufs || !digests) { PyErr_NoMemory(); goto done; }
+    /* every buffer checked before any byte moves: a bad entry copies nothing */
+    for (; got < count; got++)
+        if (get_pair(PySequence_Fast_GET_ITEM(dfast, got), PySequence_Fast_GET_ITEM(sfast, got),
+                     &bufs[2 * got], &bufs[2 * got + 1], got) < 0) goto done;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < count; i++)
+        digests[i] = copy_hash(bufs[2 * i].buf, bufs[2 * i + 1].buf, (size_t)bufs[2 * i + 1].len, portable);
+    Py_END_ALLOW_THREADS
+    out = PyList_New(count);
+    if (!out) goto done;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(digests[i]);
+        if (!v) { Py_CLEAR(out); goto done; }
+        PyList_SET_ITEM(out, i, v);
+    }
+done:
+    for (Py_ssize_t i = 0; i < got; i++) {
+        PyBuffer_Release(&bufs[2 * i]);
+        PyBuffer_Release(&bufs[2 * i + 1]);
+    }
+    PyMem_Free(bufs);
+    PyMem_Free(digests);
+    Py_DECREF(dfast);
+    Py_DECREF(sfast);
+    return out;
+}
+
+static PyObject *py_scatter_xxh3(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kw[] = {"dst", "src", "starts", "run", "base", "portable", NULL};
+    PyObject *d, *s, *st;
+    Py_ssize_t run, base = 0;
+    int portable = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOn|n$p", kw, &d, &s, &st, &run, &base, &portable))
+        return NULL;
+    Py_buffer dst, src, starts;
+    if (PyObject_GetBuffer(d, &dst, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(s, &src, PyBUF_C_CONTIGUOUS) < 0) { PyBuffer_Release(&dst); return NULL; }
+    if (PyObject_GetBuffer(st, &starts, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&dst);
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    Py_ssize_t count = starts.len / 8;
+    const uint64_t *at = starts.buf;
+    uint8_t **to_runs = NULL;
+    size_t *lens = NULL;
+    if (starts.itemsize != 8 || !starts.format || (strcmp(starts.format, "Q") && strcmp(starts.format, "L") &&
+                                                   strcmp(starts.format, "<Q") && strcmp(starts.format, "=Q"))) {
+        PyErr_SetString(PyExc_ValueError, "starts must be a buffer of uint64 (numpy dtype uint64)");
+        goto done;
+    }
+    if (run <= 0 || run % STRIPE) {
+        PyErr_Format(PyExc_ValueError, "run must be a positive multiple of %d bytes, got %zd", STRIPE, run);
+        goto done;
+    }
+    if (base < 0) {
+        PyErr_Format(PyExc_ValueError, "base must be >= 0, got %zd", base);
+        goto done;
+    }
+    if (src.len < MIN_LEN || src.len != count * run) {
+        PyErr_Format(PyExc_ValueError, "src has %zd bytes: it must be len(starts) x run = %zd x %zd bytes, at least %d",
+                     src.len, count, run, MIN_LEN);
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < count; k++)   /* every run inside dst before any byte moves */
+        if (at[k] > (uint64_t)dst.len || (uint64_t)base + at[k] + (uint64_t)run > (uint64_t)dst.len) {
+            PyErr_Format(PyExc_ValueError, "starts[%zd]: run [%llu, %llu) is outside dst (%zd bytes)", k,
+                         (unsigned long long)(base + at[k]), (unsigned long long)(base + at[k] + run), dst.len);
+            goto done;
+        }
+    to_runs = PyMem_Malloc(sizeof(uint8_t *) * (size_t)count + 1);
+    lens = PyMem_Malloc(sizeof(size_t) * (size_t)count + 1);
+    if (!to_runs || !lens) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < count; k++) {
+        to_runs[k] = (uint8_t *)dst.buf + base + at[k];
+        lens[k] = (size_t)run;
+    }
+    uint64_t h;
+    Py_BEGIN_ALLOW_THREADS
+    h = scatter_hash(to_runs, lens, src.buf, (size_t)src.len, portable);
+    Py_END_ALLOW_THREADS
+    out = PyLong_FromUnsignedLongLong(h);
+done:
+    PyMem_Free(to_runs);
+    PyMem_Free(lens);
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&starts);
+    return out;
+}
+
+static PyObject *py_copy_xxh3_into(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kw[] = {"dsts", "src", "portable", NULL};
+    PyObject *dseq, *s;
+    int portable = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|$p", kw, &dseq, &s, &portable)) return NULL;
+    PyObject *dfast = PySequence_Fast(dseq, "dsts must be a sequence of writable buffers");
+    if (!dfast) return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(dfast), got = 0, total = 0;
+    PyObject *out = NULL;
+    Py_buffer src, *bufs = NULL;
+    uint8_t **to_runs = NULL;
+    size_t *lens = NULL;
+    if (PyObject_GetBuffer(s, &src, PyBUF_C_CONTIGUOUS) < 0) {
+        Py_DECREF(dfast);
+        return NULL;
+    }
+    bufs = PyMem_Calloc((size_t)count + 1, sizeof(Py_buffer));
+    to_runs = PyMem_Malloc(sizeof(uint8_t *) * (size_t)count + 1);
+    lens = PyMem_Malloc(sizeof(size_t) * (size_t)count + 1);
+    if (!bufs || !to_runs || !lens) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; got < count; got++) {    /* every destination checked before any byte moves */
+        PyObject *item = PySequence_Fast_GET_ITEM(dfast, got);
+        if (PyObject_GetBuffer(item, &bufs[got], PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
+        if (bufs[got].len <= 0 || bufs[got].len % STRIPE) {
+            PyErr_Format(PyExc_ValueError, "dsts[%zd] has %zd bytes: each must be a positive multiple of %d", got,
+                         bufs[got].len, STRIPE);
+            got++;
+            goto done;
+        }
+        to_runs[got] = bufs[got].buf;
+        lens[got] = (size_t)bufs[got].len;
+        total += bufs[got].len;
+    }
+    if (total != src.len || src.len < MIN_LEN) {
+        PyErr_Format(PyExc_ValueError, "src has %zd bytes, dsts %zd in all: they must be equal and at least %d",
+                     src.len, total, MIN_LEN);
+        goto done;
+    }
+    uint64_t h;
+    Py_BEGIN_ALLOW_THREADS
+    h = scatter_hash(to_runs, lens, src.buf, (size_t)src.len, portable);
+    Py_END_ALLOW_THREADS
+    out = PyLong_FromUnsignedLongLong(h);
+done:
+    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&bufs[i]);
+    PyMem_Free(bufs);
+    PyMem_Free(to_runs);
+    PyMem_Free(lens);
+    PyBuffer_Release(&src);
+    Py_DECREF(dfast);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"copy_xxh3", (PyCFunction)(void (*)(void))py_copy_xxh3, METH_VARARGS | METH_KEYWORDS,
+     "copy_xxh3(dst, src, *, portable=False) -> int: copy src into dst (equal lengths, over 240 bytes) and return "
+     "the XXH3-64 of the bytes stored, in one pass; portable=True skips the AVX2 path (tests)."},
+    {"copy_xxh3_many", (PyCFunction)(void (*)(void))py_copy_xxh3_many, METH_VARARGS | METH_KEYWORDS,
+     "copy_xxh3_many(dsts, srcs, *, portable=False) -> list[int]: copy_xxh3 of each pair, the GIL released once; "
+     "every pair is checked before any byte is copied."},
+    {"scatter_xxh3", (PyCFunction)(void (*)(void))py_scatter_xxh3, METH_VARARGS | METH_KEYWORDS,
+     "scatter_xxh3(dst, src, starts, run, base=0, *, portable=False) -> int: copy src in runs of `run` bytes (a "
+     "multiple of 64) to dst[base + starts[k]:][:run] (starts: uint64 buffer, len(src) = len(starts) * run) and "
+     "return the XXH3-64 of the bytes stored, in src's order; every run is checked to lie inside dst first."},
+    {"copy_xxh3_into", (PyCFunction)(void (*)(void))py_copy_xxh3_into, METH_VARARGS | METH_KEYWORDS,
+     "copy_xxh3_into(dsts, src, *, portable=False) -> int: copy src into the destinations in turn (each a multiple "
+     "of 64 bytes, together len(src)) and return the XXH3-64 of the bytes stored, in src's order; every "
+     "destination is checked first."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "kvpool._copyhash", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__copyhash(void) {
+#if KV_X86
+    __builtin_cpu_init();
+    use_avx2 = __builtin_cpu_supports("avx2");
+#endif
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    if (PyModule_AddStringConstant(m, "SIMD", use_avx2 ? "avx2" : "portable") < 0 ||
+        PyModule_AddIntConstant(m, "MIN_LEN", MIN_LEN) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

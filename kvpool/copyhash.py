@@ -1,0 +1,88 @@
+"""The one-pass copy + xxh3_64 (kvpool/_copyhash.c) and the switch that says whether it is used.
+
+A copy that must be checked (the read fence, kvpool/fence.py) or committed with its checksum (a put) used to read
+its bytes twice: numpy's copy, then xxhash over the destination. kvpool._copyhash stores each 64-byte stripe and
+folds it into XXH3 from the same load, so the hash costs arithmetic the core does while it waits for memory. The
+digest is xxhash.xxh3_64_intdigest of the bytes that landed.
+
+It is a C extension built by `pip install` (pyproject.toml `ext-modules`, optional: a machine without a C compiler
+installs without it). Every function here returns None where the one-pass copy is off, not built, or not meant for
+the arguments (240 bytes or fewer; a scatter whose runs are not whole 64-byte stripes); the caller then copies and
+hashes in two passes as before. `KVPOOL_NATIVE_COPY=0` turns it off for a process, `use(False)` at run time (A/B
+runs, tests of both paths).
+
+    copy(dst, src)                     -> digest of dst after dst[:] = src
+    copy_many(dsts, srcs)              -> [digest, ...], every pair checked before any copy, the GIL released once
+    scatter(dst, src, starts, run, at) -> digest of src's bytes after dst[at + starts[k]:][:run] = src[k * run:][:run]
+    copy_into(dsts, src)               -> digest of src's bytes after src is copied into dsts[0], dsts[1], ... in turn
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+
+def _load():
+    if os.environ.get("KVPOOL_NATIVE_COPY", "1") == "0":
+        return None, "KVPOOL_NATIVE_COPY=0"
+    try:
+        from kvpool import _copyhash
+    except ImportError as exc:      # built without a C compiler
+        return None, f"kvpool._copyhash is not built ({exc})"
+    return _copyhash, ""
+
+
+_native, REASON = _load()
+_on = _native is not None
+MIN_LEN = 241       # XXH3 hashes 240 bytes or fewer with other formulas; those are left to xxhash
+STRIPE = 64
+
+
+def simd() -> str:
+    """"avx2" or "portable" (the one-pass copy in use, and which code runs it), "" when it is off or not built."""
+    return _native.SIMD if _on else ""
+
+
+def use(enabled: bool) -> bool:
+    """Turn the one-pass copy on or off in this process; returns the previous setting. Turning it on where it is
+    not built raises RuntimeError naming why."""
+    global _on
+    if enabled and _native is None:
+        raise RuntimeError(f"the one-pass copy is not available: {REASON}")
+    previous, _on = _on, bool(enabled)
+    return previous
+
+
+def copy(dst, src) -> int | None:
+    if not _on or len(src) < MIN_LEN or len(dst) != len(src):
+        return None
+    return _native.copy_xxh3(dst, src)
+
+
+def copy_many(dsts: Sequence, srcs: Sequence) -> list[int] | None:
+    if not _on or any(len(s) < MIN_LEN for s in srcs):
+        return None
+    return _native.copy_xxh3_many(dsts, srcs)
+
+
+def scatter(dst, src, starts, run: int, at: int = 0) -> int | None:
+    """`starts`: a uint64 buffer (numpy) of run offsets into dst, in src's order; `at` is added to each."""
+    if not _on or run % STRIPE or len(src) < MIN_LEN:
+        return None
+    return _native.scatter_xxh3(dst, src, starts, run, at)
+
+
+def copy_into(dsts: Sequence, src) -> int | None:
+    """`dsts`: writable buffers of whole 64-byte stripes that together hold exactly len(src) bytes."""
+    if not _on or _nbytes(src) < MIN_LEN or any(_nbytes(d) % STRIPE for d in dsts):
+        return None
+    return _native.copy_xxh3_into(dsts, src)
+
+
+def _nbytes(buf) -> int:
+    nbytes = getattr(buf, "nbytes", None)    # numpy arrays, memoryviews: bytes, whatever their shape
+    return len(buf) if nbytes is None else nbytes
+
+
+__all__ = ["REASON", "MIN_LEN", "simd", "use", "copy", "copy_many", "scatter", "copy_into"]
