@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import xxhash
 
-from kvpool import fence
+from kvpool import copyhash, fence
 from kvpool.keys import Namespace
 
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.gguf")
@@ -217,9 +217,11 @@ class KVPages:
         cache, not a second pass over memory) in the object's byte order, so the digest is the object's checksum
         exactly when every byte landed as committed. Host KV tensors only.
         `after(i, digest)` runs once object i has landed (digest: that hash, None where not hashed); False stops
-        before object i + 1. With `pipeline`, the pages are hashed on the read fence's helper thread while this one
-        copies the next (kvpool/fence.py HashPipe), and `after` runs for each object in order once every object
-        has landed: a refusal then leaves the later blocks written but not counted.
+        before object i + 1. Where the one-pass copy is on (kvpool/copyhash.py), a hashed object's pages are copied
+        and hashed in one pass and `pipeline` is moot. Otherwise, with `pipeline`, the pages are hashed on the read
+        fence's helper thread while this one copies the next (kvpool/fence.py HashPipe), and `after` runs for each
+        object in order once every object has landed: a refusal then leaves the later blocks written but not
+        counted.
         Returns how many objects were copied and accepted."""
         if len(objects) != len(block_ids):
             raise ValueError(f"objects has {len(objects)} entries, block_ids {len(block_ids)}")
@@ -242,6 +244,19 @@ class KVPages:
                 for layer, kv in enumerate(self.layers):
                     kv[block].copy_(pages[layer])
                 if after is not None and not after(i, None):
+                    return i
+            return len(srcs)
+        if hash_landed is not None and copyhash.simd():
+            # one pass: each page stored and folded into the object's hash from one load (kvpool/copyhash.py)
+            for i, (block, src) in enumerate(zip(block_ids, srcs)):
+                pages = [kv[block] for kv in self._host_pages]
+                digest = copyhash.copy_into(pages, src) if hash_landed(i) else None
+                if digest is None:
+                    for page, part in zip(pages, src.reshape(self.num_layers, self.page_bytes)):
+                        np.copyto(page, part)
+                    if hash_landed(i):
+                        digest = _landed_digest(pages)
+                if after is not None and not after(i, digest):
                     return i
             return len(srcs)
         pipe = fence.HashPipe() if pipeline else None
@@ -276,6 +291,13 @@ class KVPages:
         if int(idx.min()) < 0 or int(idx.max()) >= self.num_blocks:
             raise ValueError(f"block_ids must be in [0, {self.num_blocks}), got {list(block_ids)}")
         return idx
+
+
+def _landed_digest(pages) -> int:
+    hasher = xxhash.xxh3_64()
+    for page in pages:
+        hasher.update(page)
+    return hasher.intdigest()
 
 
 def _host_bytes(obj) -> np.ndarray:

@@ -24,8 +24,11 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 import xxhash
+
+from kvpool import copyhash
 
 
 def object_shape(kv_cache: torch.Tensor) -> tuple[int, ...]:
@@ -115,17 +118,25 @@ def scatter_blocks(kv_cache: torch.Tensor, block_ids: Sequence[int], src: Sequen
     runs = _LandedRuns(kv_cache) if hash_landed is not None else None
     shape = object_shape(kv_cache)
     for i, (b, buf) in enumerate(zip(block_ids, src)):
-        kv_cache[:, :, int(b)].copy_(_as(buf, shape, kv_cache.dtype, "src"), non_blocking=non_blocking)
-        if after is not None and not after(i, runs.digest(int(b)) if runs is not None and hash_landed(i) else None):
+        obj = _as(buf, shape, kv_cache.dtype, "src")
+        hashed = runs is not None and hash_landed(i)
+        digest = runs.copy_hashed(int(b), obj) if hashed else None     # one pass where kvpool.copyhash is on
+        if digest is None:
+            kv_cache[:, :, int(b)].copy_(obj, non_blocking=non_blocking)
+            if hashed:
+                digest = runs.digest(int(b))
+        if after is not None and not after(i, digest):
             return i
     return len(block_ids)
 
 
 class _LandedRuns:
     """The 2 * num_layers runs of one block in a contiguous host cache, in object order, as slices of one flat byte
-    view (a slice is ~0.1 us; numpy indexing per run cost ~1 us, 15,360 runs in a 4,096-token load)."""
+    view (a slice is ~0.1 us; numpy indexing per run cost ~1 us, 15,360 runs in a 4,096-token load). `copy_hashed`
+    copies a block's object into its runs and hashes what it stored in the same pass (kvpool/copyhash.py), where
+    the one-pass copy is on; `digest` hashes the runs after a copy made elsewhere."""
 
-    __slots__ = ("flat", "run", "starts")
+    __slots__ = ("flat", "run", "starts", "starts_u64")
 
     def __init__(self, kv_cache: torch.Tensor) -> None:
         if kv_cache.device.type != "cpu":
@@ -136,6 +147,15 @@ class _LandedRuns:
         self.flat = memoryview(kv_cache.reshape(-1).view(torch.uint8).numpy())
         self.run = kv_cache[0, 0, 0].numel() * kv_cache.element_size()
         self.starts = [(layer * two + kv) * num_blocks * self.run for layer in range(layers) for kv in range(two)]
+        self.starts_u64 = np.array(self.starts, dtype=np.uint64)
+
+    def copy_hashed(self, block: int, obj: torch.Tensor) -> int | None:
+        """Copy `obj` (one object, contiguous, on the host) into block `block`'s runs and return the xxh3_64 of what
+        landed, in one pass; None where the one-pass copy is off or does not fit (the caller copies and hashes)."""
+        if obj.device.type != "cpu" or not obj.is_contiguous():
+            return None
+        return copyhash.scatter(self.flat, obj.reshape(-1).view(torch.uint8).numpy(), self.starts_u64, self.run,
+                                block * self.run)
 
     def digest(self, block: int) -> int:
         hasher = xxhash.xxh3_64()

@@ -69,7 +69,7 @@ def _three_objects():
     return cache, buf, kv_cache(8, seed=1)
 
 
-def test_scatter_views_checks_each_object_after_it_landed_and_stops_at_a_refusal():
+def test_scatter_views_checks_each_object_after_it_landed_and_stops_at_a_refusal(copy_path):
     cache, buf, other = _three_objects()
     before = [page(other, l, 3) for l in range(LAYERS)]
     seen = []
@@ -91,6 +91,17 @@ def test_scatter_views_checks_each_object_after_it_landed_and_stops_at_a_refusal
 
 
 def test_pipelined_scatter_hashes_on_the_helper_and_judges_in_order_after_the_last_copy():
+    """The two-pass copy only: with the one-pass copy on, each object is judged as it lands (the test above)."""
+    from kvpool import copyhash
+
+    previous = copyhash.use(False)
+    try:
+        _pipelined_scatter()
+    finally:
+        copyhash.use(previous)
+
+
+def _pipelined_scatter():
     cache, buf, other = _three_objects()
     seen = []
 
@@ -108,7 +119,7 @@ def test_pipelined_scatter_hashes_on_the_helper_and_judges_in_order_after_the_la
         KVPages({k: v.to("meta") for k, v in cache.items()}).scatter_views([0], [buf[0]], pipeline=True)
 
 
-def test_scatter_views_hashes_pages_of_any_dtype_as_bytes():
+def test_scatter_views_hashes_pages_of_any_dtype_as_bytes(copy_path):
     cache = {k: v.to(torch.bfloat16) for k, v in kv_cache(4).items()}    # numpy has no bfloat16: copied as bytes
     pages = KVPages(cache)
     buf = pages.new_buffer(2)

@@ -16,6 +16,14 @@ def cache():
     return torch.arange(L * 2 * NB * BT * H * D, dtype=torch.float32).view(L, 2, NB, BT, H, D)
 
 
+@pytest.fixture(params=[D, 8], ids=["160-byte runs", "256-byte runs"])
+def hashed_cache(request, copy_path):
+    """Runs of 160 bytes always take the copy then the hash; 256-byte runs (whole 64-byte stripes) take the
+    one-pass scatter (kvpool/copyhash.py) when `copy_path` is "one pass"."""
+    dim = request.param
+    return torch.arange(L * 2 * NB * BT * H * dim, dtype=torch.float32).view(L, 2, NB, BT, H, dim)
+
+
 def test_object_layout_is_layer_major_k_then_v(cache):
     out = torch.empty(1, *object_shape(cache))
     gather_blocks(cache, [4], out)
@@ -59,10 +67,11 @@ def test_scatter_after_hook_runs_per_landed_block_and_stops_the_scatter(cache):
     assert scatter_blocks(cache, [5, 1, 3], src) == 3 and torch.equal(cache[:, :, 3], src[2])
 
 
-def test_scatter_hashes_each_block_as_it_landed_in_object_order(cache):
+def test_scatter_hashes_each_block_as_it_landed_in_object_order(hashed_cache):
     """`after(i, digest)` with `hash_landed`: digest is the xxh3_64 of block i's runs as they sit in the cache right
     after its copy, in the object's byte order, so it equals the hash of the object's bytes; None where hash_landed(i)
     is False."""
+    cache = hashed_cache
     src = [torch.randn(object_shape(cache)) for _ in range(3)]
     want = [xxhash.xxh3_64_intdigest(t.numpy().tobytes()) for t in src]
     seen = []
@@ -76,9 +85,10 @@ def test_scatter_hashes_each_block_as_it_landed_in_object_order(cache):
     assert seen == [want[0], None, want[2]]
 
 
-def test_the_hash_of_what_landed_sees_a_source_changed_after_its_copy(cache):
+def test_the_hash_of_what_landed_sees_a_source_changed_after_its_copy(hashed_cache):
     """The digest is of the cache's bytes: a change to the source after the copy (undone or not) does not reach
     it, and a change that did land is seen even once the source is restored. False stops the scatter."""
+    cache = hashed_cache
     src = [torch.randn(object_shape(cache)) for _ in range(3)]
     committed = [xxhash.xxh3_64_intdigest(t.numpy().tobytes()) for t in src]
     raw = src[1].view(-1).view(torch.uint8)
