@@ -119,7 +119,7 @@ def measure_load(address: str, blocks: int, rounds: int, bar) -> dict[str, float
     """Median seconds per load of `blocks` objects into a paged cache, per LOAD_COLUMNS entry."""
     import torch
 
-    from kvpool.kernels.kv_transfer import object_view, scatter_blocks
+    from kvpool.kernels.kv_transfer import scatter_blocks
 
     layers, two, bt, heads, dim = LOAD_SHAPE
     cache = torch.zeros((layers, two, blocks + 8, bt, heads, dim), dtype=torch.float32)
@@ -142,7 +142,7 @@ def measure_load(address: str, blocks: int, rounds: int, bar) -> dict[str, float
             for i in range(0, blocks, LOAD_CHUNK):
                 with client.acquire_many(keys[i:i + LOAD_CHUNK], [nbytes] * len(keys[i:i + LOAD_CHUNK])) as read:
                     assert read.count == len(read.keys) and all(read.direct), "not a same-host DRAM hit"
-                    objects = [object_view(b, cache) for b in read.buffers]
+                    objects = read.buffers[:read.count]   # as the connector hands them over (connector/direct.py)
                     if column == "check per block":
                         got = scatter_blocks(cache, ids[i:i + read.count], objects, after=read.verify_copy)
                     elif column in ("landed per block", "landed, one pass"):

@@ -41,7 +41,7 @@ from typing import Any, Callable
 import torch
 
 from kvpool import pinned
-from kvpool.kernels.kv_transfer import object_view, scatter_blocks
+from kvpool.kernels.kv_transfer import scatter_blocks
 from kvpool.kernels.streams import LayerwiseLoad, copies_for, gather_to
 
 log = logging.getLogger(__name__)
@@ -168,8 +168,9 @@ class DirectTransfer:
                 try:
                     if read.count == e - s and j + 1 < len(spans) and all(read.direct):
                         pending = self._prefetcher().submit(acquire, j + 1)
-                    objects = [object_view(b, self.kv_cache) for b in read.buffers[:read.count]]
-                    got = scatter_blocks(self.kv_cache, block_ids[s:s + read.count], objects,
+                    # the extents as they are: scatter_blocks views them as objects only where it copies in two
+                    # passes (kernels/kv_transfer.py), the one-pass copy reads their bytes directly
+                    got = scatter_blocks(self.kv_cache, block_ids[s:s + read.count], read.buffers[:read.count],
                                          after=read.verify_copy, hash_landed=read.needs_check)
                 finally:
                     read.release()

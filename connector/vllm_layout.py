@@ -250,7 +250,7 @@ class KVPages:
             # one pass: each page stored and folded into the object's hash from one load (kvpool/copyhash.py)
             for i, (block, src) in enumerate(zip(block_ids, srcs)):
                 pages = [kv[block] for kv in self._host_pages]
-                digest = copyhash.copy_into(pages, src) if hash_landed(i) else None
+                digest = copyhash.copy_into(pages, src, total=len(srcs) * self.object_bytes) if hash_landed(i) else None
                 if digest is None:
                     for page, part in zip(pages, src.reshape(self.num_layers, self.page_bytes)):
                         np.copyto(page, part)

@@ -102,10 +102,11 @@ def gather_blocks(kv_cache: torch.Tensor, block_ids: Sequence[int], out: Sequenc
         _as(buf, shape, kv_cache.dtype, "out").copy_(kv_cache[:, :, int(b)], non_blocking=non_blocking)
 
 
-def scatter_blocks(kv_cache: torch.Tensor, block_ids: Sequence[int], src: Sequence[torch.Tensor], *,
+def scatter_blocks(kv_cache: torch.Tensor, block_ids: Sequence[int], src: Sequence, *,
                    non_blocking: bool = False, after: Callable[[int, int | None], bool] | None = None,
                    hash_landed: Callable[[int], bool] | None = None) -> int:
-    """Pool objects -> cache blocks: block block_ids[i] = src[i]. Returns how many blocks were copied and accepted.
+    """Pool objects -> cache blocks: block block_ids[i] = src[i] (a tensor, or any buffer `object_view` takes).
+    Returns how many blocks were copied and accepted.
     `after(i, digest)` (host copies only) runs once block i has landed; False stops the scatter before block i + 1.
     `digest` is None unless `hash_landed(i)` is True (a host cache): then it is the xxh3_64 of block i as it landed
     in the cache, its 2 * num_layers runs hashed right after its copy (from cache, not a second pass over memory) in
@@ -115,13 +116,16 @@ def scatter_blocks(kv_cache: torch.Tensor, block_ids: Sequence[int], src: Sequen
     _check(kv_cache, block_ids, src, "src")
     if hash_landed is not None and after is None:
         raise ValueError("hash_landed: needs after(i, digest) to hand the digests to")
-    runs = _LandedRuns(kv_cache) if hash_landed is not None else None
+    runs = _LandedRuns(kv_cache, len(block_ids)) if hash_landed is not None else None
     shape = object_shape(kv_cache)
     for i, (b, buf) in enumerate(zip(block_ids, src)):
-        obj = _as(buf, shape, kv_cache.dtype, "src")
         hashed = runs is not None and hash_landed(i)
-        digest = runs.copy_hashed(int(b), obj) if hashed else None     # one pass where kvpool.copyhash is on
+        digest = runs.copy_hashed(int(b), buf) if hashed else None     # one pass where kvpool.copyhash is on
         if digest is None:
+            if isinstance(buf, torch.Tensor):
+                obj = _as(buf, shape, kv_cache.dtype, "src")
+            else:
+                obj = object_view(buf, kv_cache)
             kv_cache[:, :, int(b)].copy_(obj, non_blocking=non_blocking)
             if hashed:
                 digest = runs.digest(int(b))
@@ -136,9 +140,9 @@ class _LandedRuns:
     copies a block's object into its runs and hashes what it stored in the same pass (kvpool/copyhash.py), where
     the one-pass copy is on; `digest` hashes the runs after a copy made elsewhere."""
 
-    __slots__ = ("flat", "run", "starts", "starts_u64")
+    __slots__ = ("flat", "run", "starts", "starts_u64", "total")
 
-    def __init__(self, kv_cache: torch.Tensor) -> None:
+    def __init__(self, kv_cache: torch.Tensor, blocks: int = 1) -> None:
         if kv_cache.device.type != "cpu":
             raise ValueError(f"hash_landed: only a host cache is hashed as it lands, this one is on {kv_cache.device}")
         if not kv_cache.is_contiguous():
@@ -148,14 +152,23 @@ class _LandedRuns:
         self.run = kv_cache[0, 0, 0].numel() * kv_cache.element_size()
         self.starts = [(layer * two + kv) * num_blocks * self.run for layer in range(layers) for kv in range(two)]
         self.starts_u64 = np.array(self.starts, dtype=np.uint64)
+        self.total = blocks * len(self.starts) * self.run     # the bytes this scatter moves (streaming stores)
 
-    def copy_hashed(self, block: int, obj: torch.Tensor) -> int | None:
-        """Copy `obj` (one object, contiguous, on the host) into block `block`'s runs and return the xxh3_64 of what
-        landed, in one pass; None where the one-pass copy is off or does not fit (the caller copies and hashes)."""
-        if obj.device.type != "cpu" or not obj.is_contiguous():
+    def copy_hashed(self, block: int, buf) -> int | None:
+        """Copy `buf` (one object: a host tensor or any host buffer, e.g. a pool extent's memoryview, taken as it is)
+        into block `block`'s runs and return the xxh3_64 of what landed, in one pass; None where the one-pass copy
+        is off or the buffer does not fit it (the caller copies and hashes, and names what is wrong with it)."""
+        if isinstance(buf, torch.Tensor):
+            if buf.device.type != "cpu" or not buf.is_contiguous():
+                return None
+            buf = buf.reshape(-1).view(torch.uint8).numpy()
+        try:
+            view = memoryview(buf)
+        except TypeError:       # a device array: object_view takes it through DLPack
             return None
-        return copyhash.scatter(self.flat, obj.reshape(-1).view(torch.uint8).numpy(), self.starts_u64, self.run,
-                                block * self.run)
+        if view.nbytes != len(self.starts) * self.run or not view.c_contiguous:
+            return None
+        return copyhash.scatter(self.flat, view, self.starts_u64, self.run, block * self.run, total=self.total)
 
     def digest(self, block: int) -> int:
         hasher = xxhash.xxh3_64()

@@ -37,6 +37,11 @@ _native, REASON = _load()
 _on = _native is not None
 MIN_LEN = 241       # XXH3 hashes 240 bytes or fewer with other formulas; those are left to xxhash
 STRIPE = 64
+# A call that moves at least this many bytes stores them with streaming (non-temporal) stores: what it writes
+# leaves the cache anyway, and such stores skip reading each destination line first. The bundled engine's 4,096-token
+# load (256 x 720 KiB into the KV cache) took 34.9 ms with them against 42.0 ms without (torch's unchecked copy:
+# 37.8 ms); 32 x 2 MiB gets were the same either way. Smaller calls keep what they copied in cache for its reader.
+STREAM_MIN = 16 << 20
 
 
 def simd() -> str:
@@ -55,29 +60,34 @@ def use(enabled: bool) -> bool:
 
 
 def copy(dst, src) -> int | None:
-    if not _on or len(src) < MIN_LEN or len(dst) != len(src):
+    n = len(src)
+    if not _on or n < MIN_LEN or len(dst) != n:
         return None
-    return _native.copy_xxh3(dst, src)
+    return _native.copy_xxh3(dst, src, stream=n >= STREAM_MIN)
 
 
 def copy_many(dsts: Sequence, srcs: Sequence) -> list[int] | None:
-    if not _on or any(len(s) < MIN_LEN for s in srcs):
+    sizes = [len(s) for s in srcs]
+    if not _on or (sizes and min(sizes) < MIN_LEN):
         return None
-    return _native.copy_xxh3_many(dsts, srcs)
+    return _native.copy_xxh3_many(dsts, srcs, stream=sum(sizes) >= STREAM_MIN)
 
 
-def scatter(dst, src, starts, run: int, at: int = 0) -> int | None:
-    """`starts`: a uint64 buffer (numpy) of run offsets into dst, in src's order; `at` is added to each."""
+def scatter(dst, src, starts, run: int, at: int = 0, *, total: int = 0) -> int | None:
+    """`starts`: a uint64 buffer (numpy) of run offsets into dst, in src's order; `at` is added to each. `total`:
+    the bytes the caller's whole load moves (one call per object), which decides the streaming stores."""
     if not _on or run % STRIPE or len(src) < MIN_LEN:
         return None
-    return _native.scatter_xxh3(dst, src, starts, run, at)
+    return _native.scatter_xxh3(dst, src, starts, run, at, stream=max(total, len(src)) >= STREAM_MIN)
 
 
-def copy_into(dsts: Sequence, src) -> int | None:
-    """`dsts`: writable buffers of whole 64-byte stripes that together hold exactly len(src) bytes."""
-    if not _on or _nbytes(src) < MIN_LEN or any(_nbytes(d) % STRIPE for d in dsts):
+def copy_into(dsts: Sequence, src, *, total: int = 0) -> int | None:
+    """`dsts`: writable buffers of whole 64-byte stripes that together hold exactly len(src) bytes; `total` as in
+    `scatter`."""
+    n = _nbytes(src)
+    if not _on or n < MIN_LEN or any(_nbytes(d) % STRIPE for d in dsts):
         return None
-    return _native.copy_xxh3_into(dsts, src)
+    return _native.copy_xxh3_into(dsts, src, stream=max(total, n) >= STREAM_MIN)
 
 
 def _nbytes(buf) -> int:
@@ -85,4 +95,4 @@ def _nbytes(buf) -> int:
     return len(buf) if nbytes is None else nbytes
 
 
-__all__ = ["REASON", "MIN_LEN", "simd", "use", "copy", "copy_many", "scatter", "copy_into"]
+__all__ = ["REASON", "MIN_LEN", "STREAM_MIN", "simd", "use", "copy", "copy_many", "scatter", "copy_into"]

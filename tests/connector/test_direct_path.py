@@ -23,6 +23,7 @@ from kvpool.embedded import EmbeddedPool
 from kvpool.engine_adapter.config import EngineConfig
 from kvpool.engine_adapter.llm import LLM
 from kvpool.errors import PoolUnavailable
+from kvpool.kernels.kv_transfer import as_byte_tensor
 from kvpool.keys import block_keys
 from kvpool.store.config import UpConfig
 from kvpool.store.local_cluster import LocalCluster
@@ -176,9 +177,9 @@ def late_write(real_scatter, events):
     nothing a lease can stop). A check before the copy would pass it."""
     def scatter(kv_cache, block_ids, objects, **kwargs):
         if not events:
-            u8 = objects[2].view(torch.uint8)
+            u8 = as_byte_tensor(objects[2])     # the extent itself (the loader hands over the pool's buffers)
             assert u8.is_contiguous()
-            u8.view(-1)[123] ^= 0xFF
+            u8[123] ^= 0xFF
             events.append(block_ids[2])
         return real_scatter(kv_cache, block_ids, objects, **kwargs)
     return scatter
@@ -190,7 +191,7 @@ def change_and_undo(real_scatter, events):
     without `hash_landed`) would see the committed bytes again and keep the wrong byte in the cache."""
     def scatter(kv_cache, block_ids, objects, **kwargs):
         judge = kwargs["after"]
-        victim = objects[2].view(torch.uint8).view(-1)
+        victim = as_byte_tensor(objects[2])
 
         def hook(i, digest):
             if i == 2 and not events:

@@ -18,7 +18,15 @@ from kvpool import copyhash, fence
 
 native = pytest.importorskip("kvpool._copyhash", reason="kvpool._copyhash is not built (no C compiler)")
 
-PATHS = [False, True]  # portable=False: AVX2 where the CPU has it
+MODES = [{"portable": False}, {"portable": False, "stream": True}, {"portable": True}]
+MODE_IDS = ["simd", "simd-streaming-stores", "portable"]
+
+
+def _aligned_zeros(n: int) -> np.ndarray:
+    """n zero bytes starting on a 64-byte boundary (streaming stores need 32), whatever numpy's allocator gives."""
+    raw = np.zeros(n + 64, np.uint8)
+    skip = -raw.ctypes.data % 64
+    return raw[skip:skip + n]
 
 
 def _lengths() -> list[int]:
@@ -28,25 +36,25 @@ def _lengths() -> list[int]:
     return sorted(set(edges + list(range(241, 1400, 7)) + [int(n) for n in rng.integers(241, 5 << 20, 40)]))
 
 
-@pytest.mark.parametrize("portable", PATHS, ids=["simd", "portable"])
-def test_the_digest_is_xxh3_64_of_the_bytes_copied_at_every_length_and_alignment(portable):
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_the_digest_is_xxh3_64_of_the_bytes_copied_at_every_length_and_alignment(mode):
+    """Streaming stores apply where the destination is 32-byte aligned: the offsets cover aligned and not."""
     rng = np.random.default_rng(7)
     src = rng.integers(0, 256, (5 << 20) + 128, dtype=np.uint8)
     for j, n in enumerate(_lengths()):
         s_off, d_off = j % 61, (j * 7) % 64           # unaligned source and destination
-        dst = np.zeros(n + 128, np.uint8)
-        got = native.copy_xxh3(memoryview(dst)[d_off:d_off + n], memoryview(src)[s_off:s_off + n],
-                                 portable=portable)
+        dst = _aligned_zeros(n + 128)
+        got = native.copy_xxh3(memoryview(dst)[d_off:d_off + n], memoryview(src)[s_off:s_off + n], **mode)
         assert got == xxhash.xxh3_64_intdigest(src[s_off:s_off + n]), f"length {n}"
         assert np.array_equal(dst[d_off:d_off + n], src[s_off:s_off + n]), f"length {n}"
         assert not dst[:d_off].any() and not dst[d_off + n:].any(), f"length {n}: wrote outside dst"
 
 
-@pytest.mark.parametrize("portable", PATHS, ids=["simd", "portable"])
-def test_many_copies_every_pair_and_returns_their_digests_in_order(portable):
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_many_copies_every_pair_and_returns_their_digests_in_order(mode):
     srcs = [bytes((i * 13 + n) % 256 for i in range(size)) for n, size in enumerate([241, 5000, 1 << 16, 1025])]
     dsts = [bytearray(len(s)) for s in srcs]
-    assert native.copy_xxh3_many(dsts, srcs, portable=portable) == [xxhash.xxh3_64_intdigest(s) for s in srcs]
+    assert native.copy_xxh3_many(dsts, srcs, **mode) == [xxhash.xxh3_64_intdigest(s) for s in srcs]
     assert [bytes(d) for d in dsts] == srcs
     assert native.copy_xxh3_many([], []) == []
 
@@ -80,8 +88,8 @@ def test_bad_arguments_name_the_field_and_copy_nothing():
     assert first == bytearray(300)      # the good pair before the bad one was not copied either
 
 
-@pytest.mark.parametrize("portable", PATHS, ids=["simd", "portable"])
-def test_scatter_lands_every_run_at_its_start_and_hashes_the_object_in_its_order(portable):
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_scatter_lands_every_run_at_its_start_and_hashes_the_object_in_its_order(mode):
     """Runs of 64 B to 12 KiB (a SmolLM2 block's per-layer K or V run), one to 61 of them, shuffled starts inside a
     larger destination, an offset `base`: exactly the runs are written and the digest is the object's."""
     rng = np.random.default_rng(5)
@@ -90,13 +98,14 @@ def test_scatter_lands_every_run_at_its_start_and_hashes_the_object_in_its_order
             if run * count < 241:
                 continue
             src = rng.integers(0, 256, run * count, dtype=np.uint8)
-            dst = np.zeros(run * count * 3 + 100, np.uint8)
+            dst = _aligned_zeros(run * count * 3 + 128)
             starts = (rng.permutation(count * 3)[:count] * run).astype(np.uint64)
-            got = native.scatter_xxh3(dst, src, starts, run, 100, portable=portable)
+            got = native.scatter_xxh3(dst, src, starts, run, 100 + 28 * (count % 2), **mode)
             assert got == xxhash.xxh3_64_intdigest(src), (run, count)
             expect = np.zeros_like(dst)
             for k, start in enumerate(starts):
-                expect[100 + int(start):100 + int(start) + run] = src[k * run:(k + 1) * run]
+                at = 100 + 28 * (count % 2) + int(start)     # runs at 4 mod 32, and 0 mod 32
+                expect[at:at + run] = src[k * run:(k + 1) * run]
             assert np.array_equal(dst, expect), (run, count)
 
 
@@ -116,14 +125,14 @@ def test_scatter_checks_every_run_before_it_copies():
     assert not dst.any()
 
 
-@pytest.mark.parametrize("portable", PATHS, ids=["simd", "portable"])
-def test_copy_into_fills_each_destination_in_turn_and_hashes_the_source_order(portable):
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+def test_copy_into_fills_each_destination_in_turn_and_hashes_the_source_order(mode):
     """30 pages of 96 KiB (a vLLM block's layers), odd mixes of stripe multiples, one destination."""
     rng = np.random.default_rng(9)
     for lens in ([98_304] * 30, [256, 64, 128], [64] * 5, [1024, 1024, 64], [4096]):
         src = rng.integers(0, 256, sum(lens), dtype=np.uint8)
-        dsts = [np.zeros(n, np.uint8) for n in lens]
-        assert native.copy_xxh3_into(dsts, src, portable=portable) == xxhash.xxh3_64_intdigest(src), lens
+        dsts = [_aligned_zeros(n) for n in lens]
+        assert native.copy_xxh3_into(dsts, src, **mode) == xxhash.xxh3_64_intdigest(src), lens
         assert np.array_equal(np.concatenate(dsts), src), lens
 
 
