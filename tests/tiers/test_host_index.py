@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvpool.tiers import host_index
 from kvpool.tiers.dram import DramArena
 from kvpool.tiers.host_index import WAYS, HostIndex
 
@@ -27,9 +28,23 @@ def arenas(tmp_path):
     owner.unlink()
 
 
-def test_a_peer_finds_what_the_node_published_in_chain_order_up_to_the_first_missing_key(arenas):
+@pytest.fixture(params=["C probe", "numpy probe"])
+def probe(request):
+    """Readers probe with tiers/_hostprobe.c where it is built, else with numpy: each reader test runs both."""
+    if request.param == "C probe" and host_index._hostprobe is None:
+        pytest.skip("kvpool.tiers._hostprobe is not built (no C compiler)")
+    return request.param
+
+
+def reader_of(arena, probe: str) -> HostIndex:
+    reader = HostIndex(arena.index_region)
+    reader.native_probe = probe == "C probe"
+    return reader
+
+
+def test_a_peer_finds_what_the_node_published_in_chain_order_up_to_the_first_missing_key(arenas, probe):
     owner, peer = arenas
-    node, reader = HostIndex(owner.index_region, writer=True), HostIndex(peer.index_region)
+    node, reader = HostIndex(owner.index_region, writer=True), reader_of(peer, probe)
     assert reader.slots == SLOTS and len(reader) == 0
     node.publish([key(0), key(1), key(2)], [0, 4096, 8192], [100, 200, 300], [11, 2**64 - 1, 33])
     assert reader.find([key(0), key(1), key(2)]) == ([0, 4096, 8192], [100, 200, 300], [11, 2**64 - 1, 33])
@@ -58,10 +73,10 @@ def test_only_the_owner_writes_and_the_index_lives_as_long_as_the_arena_file(are
         DramArena.create(1 << 20, name="bad", directory=str(tmp_path), index_slots=10)
 
 
-def test_a_torn_row_is_a_miss_never_another_objects_location(arenas):
+def test_a_torn_row_is_a_miss_never_another_objects_location(arenas, probe):
     """A reader that catches the node mid-rewrite sees words of two entries; the seal refuses the mix."""
     owner, peer = arenas
-    node, reader = HostIndex(owner.index_region, writer=True), HostIndex(peer.index_region)
+    node, reader = HostIndex(owner.index_region, writer=True), reader_of(peer, probe)
     node.publish([key(1)], [4096], [64], [0xAAAA])
     node.publish([key(2)], [8192], [64], [0xBBBB])
     rows = np.frombuffer(owner.index_region, dtype="<u8").reshape(-1, 8)
@@ -70,11 +85,14 @@ def test_a_torn_row_is_a_miss_never_another_objects_location(arenas):
     rows[r1, 2:5] = rows[r2, 2:5]           # key(1)'s row with key(2)'s offset, size and checksum
     assert reader.find([key(1)]) == ([], [], [])
     assert reader.find([key(2)]) == ([8192], [64], [0xBBBB])
+    assert reader.find([key(2), key(1)]) == ([8192], [64], [0xBBBB])
+    with pytest.raises(ValueError, match=r"^keys\[1\] must be 16 bytes, got 5$"):
+        reader.find([key(2), b"short"])
 
 
-def test_a_full_bucket_gives_up_its_oldest_row(arenas):
+def test_a_full_bucket_gives_up_its_oldest_row(arenas, probe):
     owner, peer = arenas
-    node, reader = HostIndex(owner.index_region, writer=True), HostIndex(peer.index_region)
+    node, reader = HostIndex(owner.index_region, writer=True), reader_of(peer, probe)
     words = np.array([np.frombuffer(key(i), dtype="<u8") for i in range(4000)])
     buckets = node._bucket_of(words)
     same = [i for i in range(4000) if buckets[i] == buckets[0]][:WAYS + 1]
@@ -101,3 +119,34 @@ def test_bad_publications_name_the_field_and_change_nothing(arenas, args, field)
         node.publish(*args)
     assert field in str(err.value)
     assert len(node) == 1 and node.find([key(0)]) == ([], [], []) and node.find([key(9)]) == ([0], [1], [9])
+
+
+def test_both_probes_agree_on_a_large_index_with_rows_of_every_state(tmp_path):
+    """4,096 slots: 3,000 keys published (full buckets replacing rows), some unpublished, some rows torn; chains
+    of every key, in random orders, find the same prefix with the C probe and with numpy's."""
+    if host_index._hostprobe is None:
+        pytest.skip("kvpool.tiers._hostprobe is not built (no C compiler)")
+    owner = DramArena.create(8 << 20, name="big", directory=str(tmp_path), index_slots=4096)
+    peer = DramArena.attach(owner.path)
+    try:
+        node = HostIndex(owner.index_region, writer=True)
+        rng = np.random.default_rng(4)
+        keys = [key(i) for i in range(3000)]
+        node.publish(keys, [i * 4096 for i in range(3000)], [64 + i for i in range(3000)],
+                     [int(c) for c in rng.integers(0, 2**63, 3000)])
+        node.unpublish(keys[::17])
+        rows = np.frombuffer(owner.index_region, dtype="<u8").reshape(-1, 8)
+        torn = rng.choice(np.flatnonzero(rows[:, 7]), 50, replace=False)
+        rows[torn, 3] += 1                                  # the size word of 50 live rows changed: seals fail
+        c_reader, np_reader = reader_of(peer, "C probe"), reader_of(peer, "numpy probe")
+        found = 0
+        for _ in range(300):
+            chain = [keys[i] for i in rng.permutation(3000)[:rng.integers(1, 40)]]
+            got = c_reader.find(chain)
+            assert got == np_reader.find(chain)
+            found += len(got[0])
+        assert found > 0 and c_reader.find(keys[:1]) == np_reader.find(keys[:1])
+    finally:
+        peer.close()
+        owner.close()
+        owner.unlink()
