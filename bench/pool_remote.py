@@ -32,8 +32,9 @@ against memcpy and between them.
 The same-host columns run with the client's default fence (every read checked against the committed xxh3_64,
 kvpool/fence.py). `--fence` adds, interleaved in the same rounds, a same-host get of the same objects under each
 fence candidate: no check of same-host copies (what a lease re-check alone costs: nothing), the hash after the copy,
-the hash fused with the copy on the calling thread (`verify_threads=0`), and fused with a helper thread hashing what
-has landed while the next chunk copies (the default).
+the hash fused with the copy on the calling thread (`verify_threads=0`), fused with a helper thread hashing what
+has landed while the next chunk copies (these three with the one-pass copy turned off), and the one-pass copy
+(kvpool/copyhash.py: each stripe stored and hashed from one load; the default where it is built).
 
     python bench/pool_remote.py [--total 256MiB] [--batch 32] [--rounds 3] [--index-objects 1000000] [--fence]
 
@@ -223,7 +224,7 @@ class Redis:
 
 
 MODES = ("", "auth ", "tls ")  # column prefixes: auth off, auth on, auth + TLS on
-FENCE_CANDIDATES = ("no check", "hash after copy", "fused, one thread", "fused, helper thread (default)")
+FENCE_CANDIDATES = ("no check", "hash after copy", "fused, one thread", "fused, helper thread", "one pass (default)")
 
 
 def measure_size(pools: dict[str, tuple[str, dict]], size: int, count: int, batch: int, rounds: int, redis, mc, bar,
@@ -234,7 +235,7 @@ def measure_size(pools: dict[str, tuple[str, dict]], size: int, count: int, batc
     src = [np.full(size, (i * 7 + 1) % 256, np.uint8) for i in range(count)]
     dst = [np.empty(size, np.uint8) for _ in range(count)]
     views = [memoryview(d) for d in dst]
-    from kvpool import fence
+    from kvpool import copyhash, fence
 
     clients = {f"{mode}{t}": PoolClient(address, transport=t, timeout=60, **creds)
                for mode, (address, creds) in pools.items() for t in ("auto", "tcp")}
@@ -328,16 +329,22 @@ def measure_size(pools: dict[str, tuple[str, dict]], size: int, count: int, batc
 
                 timed("fence no check", lambda: get_all(unchecked))
                 check()
+                native = copyhash.use(False)    # the two-pass candidates (the one-pass copy is the last one)
                 chunk, fence.CHUNK = fence.CHUNK, 1 << 62  # one chunk: copy everything, then hash it
                 try:
                     timed("fence hash after copy", lambda: get_all(one_thread))
+                    check()
+                    fence.CHUNK = chunk
+                    timed("fence fused, one thread", lambda: get_all(one_thread))
+                    check()
+                    timed("fence fused, helper thread", lambda: get_all(uncached))
+                    check()
                 finally:
                     fence.CHUNK = chunk
-                check()
-                timed("fence fused, one thread", lambda: get_all(one_thread))
-                check()
-                timed("fence fused, helper thread (default)", lambda: get_all(uncached))
-                check()
+                    copyhash.use(native)
+                if native:
+                    timed("fence one pass (default)", lambda: get_all(uncached))
+                    check()
             for t, c in order:
                 c.remove_many(keys[t])
             for name, dt in spent.items():
@@ -527,7 +534,7 @@ def main(argv=None) -> int:
                 if "mooncake get" in g:
                     row["mooncake"] = {"put": g["mooncake put"], "get": g["mooncake get"]}
                 if args.fence:
-                    row["fence"] = {name: g[f"fence {name}"] for name in FENCE_CANDIDATES}
+                    row["fence"] = {name: g[f"fence {name}"] for name in FENCE_CANDIDATES if f"fence {name}" in g}
                 rows[size] = row
             p50, p99 = bench_lookup(pool.address, args.chain, args.lookups, bar)
             auth_p50, auth_p99 = bench_lookup(pool_auth.address, args.chain, args.lookups, bar, token=sec.token)

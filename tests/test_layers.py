@@ -16,8 +16,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGES = {"kvpool": "kvpool", "store": "kvpool.store", "tiers": "kvpool.tiers", "proto": "kvpool.proto",
             "kernels": "kvpool.kernels", "connector": "kvpool.connector", "engine_adapter": "kvpool.engine_adapter"}
 
-# Modules any layer may import: the key contract and the engine-hook contract.
-LEAVES = {"kvpool.keys", "kvpool.hooks"}
+# Modules any layer may import: the key contract, the engine-hook contract, and the one-pass copy + hash (the fence,
+# puts and the kernels' CPU loads share it; it imports only its own C extension).
+LEAVES = {"kvpool.keys", "kvpool.hooks", "kvpool.copyhash", "kvpool._copyhash"}
 # The top layer: the CLI, process wiring (servers + dashboard + metrics), orchestration and benchmark commands, and
 # the vLLM adapter. It may import anything; nothing below may import it.
 TOP = ("kvpool.cli", "kvpool.commands", "kvpool.process", "kvpool.launcher", "kvpool.services", "kvpool.demo",
