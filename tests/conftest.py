@@ -62,3 +62,13 @@ def copy_path(request):
     previous = copyhash.use(request.param == "one pass")
     yield request.param
     copyhash.use(previous)
+
+
+@pytest.fixture
+def two_pass():
+    """The one-pass copy off for the test (the helper-thread paths only run on the two-pass copy)."""
+    from kvpool import copyhash
+
+    previous = copyhash.use(False)
+    yield
+    copyhash.use(previous)

@@ -90,18 +90,8 @@ def test_scatter_views_checks_each_object_after_it_landed_and_stops_at_a_refusal
     assert page(other, 0, 1) == page(kv_cache(8, seed=1), 0, 1)
 
 
-def test_pipelined_scatter_hashes_on_the_helper_and_judges_in_order_after_the_last_copy():
+def test_pipelined_scatter_hashes_on_the_helper_and_judges_in_order_after_the_last_copy(two_pass):
     """The two-pass copy only: with the one-pass copy on, each object is judged as it lands (the test above)."""
-    from kvpool import copyhash
-
-    previous = copyhash.use(False)
-    try:
-        _pipelined_scatter()
-    finally:
-        copyhash.use(previous)
-
-
-def _pipelined_scatter():
     cache, buf, other = _three_objects()
     seen = []
 

@@ -12,14 +12,6 @@ import xxhash
 from kvpool import copyhash, fence
 
 
-@pytest.fixture
-def two_pass():
-    """The helper thread only runs on the two-pass path."""
-    previous = copyhash.use(False)
-    yield
-    copyhash.use(previous)
-
-
 @pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, 3 * 4096 + 5])
 def test_copy_verified_copies_every_byte_and_checks_them(monkeypatch, size, copy_path):
     monkeypatch.setattr(fence, "CHUNK", 4096)  # exercise the chunked path with small objects
