@@ -24,7 +24,10 @@ from collections.abc import Sequence
 
 
 def _load():
-    if os.environ.get("KVPOOL_NATIVE_COPY", "1") == "0":
+    setting = os.environ.get("KVPOOL_NATIVE_COPY", "1")
+    if setting not in ("0", "1"):
+        raise ValueError(f"KVPOOL_NATIVE_COPY must be 0 (two-pass copy) or 1 (one pass, the default), got {setting!r}")
+    if setting == "0":
         return None, "KVPOOL_NATIVE_COPY=0"
     try:
         from kvpool import _copyhash
