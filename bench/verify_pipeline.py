@@ -29,6 +29,10 @@ scatter_blocks, in interleaved rounds:
                        check sees a change to the extent during the copy even when it is undone before the check)
     landed, one pass   the same call with the one-pass copy on (what the connector does where kvpool._copyhash is
                        built): each 64-byte stripe stored into its run and folded into the hash from one load
+    staged, torch      the same objects from plain host buffers (the connector's load ring, where SSD records and
+                       TCP reads land, checked as they arrived), scatter_blocks(hash_landed=lambda i: False) with
+                       the one-pass copy off: torch's strided copy_ per block (the connector until 2026-11-28)
+    staged, one pass   the same with the one-pass copy on: its run copy, digest not used (the connector now)
 
     python bench/verify_pipeline.py [--sizes 64KiB 512KiB 2MiB] [--total 64MiB] [--rounds 15] [--load-blocks 256]
 """
@@ -110,7 +114,9 @@ def measure(address: str, size: int, total: int, rounds: int, bar) -> dict[str, 
     return {name: count * size / statistics.median(v) / 1e9 for name, v in times.items()}
 
 
-LOAD_COLUMNS = ("copy only", "check per chunk", "check per block", "landed per block", "landed, one pass")
+LOAD_COLUMNS = ("copy only", "check per chunk", "check per block", "landed per block", "landed, one pass",
+                "staged, torch", "staged, one pass")
+NATIVE_LOAD = ("landed, one pass", "staged, one pass")
 LOAD_CHUNK = 64
 LOAD_SHAPE = (30, 2, 16, 3, 64)     # SmolLM2-135M: layers, K/V, block tokens, KV heads, head dim (fp32)
 
@@ -128,17 +134,25 @@ def measure_load(address: str, blocks: int, rounds: int, bar) -> dict[str, float
     keys = [(0x10AD << 64 | i).to_bytes(16, "big") for i in range(blocks)]
     ids = list(range(blocks))
     native = bool(copyhash.simd())
-    columns = LOAD_COLUMNS if native else LOAD_COLUMNS[:-1]
+    columns = LOAD_COLUMNS if native else tuple(c for c in LOAD_COLUMNS if c not in NATIVE_LOAD)
+    staged: list[np.ndarray] = []
     times: dict[str, list[float]] = {c: [] for c in columns}
     with PoolClient(address, timeout=60) as client:
         for i in range(0, blocks, LOAD_CHUNK):
             objs = [rng.integers(0, 255, nbytes, dtype=np.uint8) for _ in keys[i:i + LOAD_CHUNK]]
+            staged += objs
             assert client.put_many(keys[i:i + LOAD_CHUNK], objs) == ["stored"] * len(objs)
         expect = cache.clone()
 
         def load(column: str) -> None:
             if native:
-                copyhash.use(column == "landed, one pass")
+                copyhash.use(column in NATIVE_LOAD)
+            if column.startswith("staged"):
+                for i in range(0, blocks, LOAD_CHUNK):
+                    got = scatter_blocks(cache, ids[i:i + LOAD_CHUNK], staged[i:i + LOAD_CHUNK],
+                                         after=lambda j, digest: True, hash_landed=lambda j: False)
+                    assert got == len(staged[i:i + LOAD_CHUNK]), f"{column}: {got} blocks landed"
+                return
             for i in range(0, blocks, LOAD_CHUNK):
                 with client.acquire_many(keys[i:i + LOAD_CHUNK], [nbytes] * len(keys[i:i + LOAD_CHUNK])) as read:
                     assert read.count == len(read.keys) and all(read.direct), "not a same-host DRAM hit"
@@ -233,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
             one = load["landed, one pass"]
             print(f"ratio verify_pipeline load: landed, one pass {load['copy only'] / one:.2f}x the copy alone; "
                   f"{load['landed per block'] / one:.2f}x faster than landed per block (two passes)")
+        if "staged, one pass" in load:
+            print(f"ratio verify_pipeline load: staged entries (SSD records, TCP reads), one pass "
+                  f"{load['staged, torch'] / load['staged, one pass']:.2f}x faster than torch's copy")
     return 0
 
 

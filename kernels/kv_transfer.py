@@ -110,7 +110,8 @@ def scatter_blocks(kv_cache: torch.Tensor, block_ids: Sequence[int], src: Sequen
     `after(i, digest)` (host copies only) runs once block i has landed; False stops the scatter before block i + 1.
     `digest` is None unless `hash_landed(i)` is True (a host cache): then it is the xxh3_64 of block i as it landed
     in the cache, its 2 * num_layers runs hashed right after its copy (from cache, not a second pass over memory) in
-    the object's byte order. So the digest is the object's checksum exactly when every byte landed as committed,
+    the object's byte order. With `hash_landed`, every block of the scatter is copied by the one-pass copy where
+    kvpool.copyhash is on, the blocks not hashed too (their digest is not handed on). So the digest is the object's checksum exactly when every byte landed as committed,
     whatever happened to src[i] during or after the copy (the same hook as connector/vllm_layout.py's
     KVPages.scatter_views)."""
     _check(kv_cache, block_ids, src, "src")
@@ -120,15 +121,18 @@ def scatter_blocks(kv_cache: torch.Tensor, block_ids: Sequence[int], src: Sequen
     shape = object_shape(kv_cache)
     for i, (b, buf) in enumerate(zip(block_ids, src)):
         hashed = runs is not None and hash_landed(i)
-        digest = runs.copy_hashed(int(b), buf) if hashed else None     # one pass where kvpool.copyhash is on
-        if digest is None:
+        # the one-pass copy for every block of a host cache where kvpool.copyhash is on, also where no check is
+        # wanted (a staged SSD or TCP entry, checked as it arrived): its run copy beats torch's strided copy_
+        landed = runs.copy_hashed(int(b), buf) if runs is not None else None
+        if landed is None:
             if isinstance(buf, torch.Tensor):
                 obj = _as(buf, shape, kv_cache.dtype, "src")
             else:
                 obj = object_view(buf, kv_cache)
             kv_cache[:, :, int(b)].copy_(obj, non_blocking=non_blocking)
-            if hashed:
-                digest = runs.digest(int(b))
+            digest = runs.digest(int(b)) if hashed else None
+        else:
+            digest = landed if hashed else None
         if after is not None and not after(i, digest):
             return i
     return len(block_ids)
