@@ -21,7 +21,8 @@ case is the local hit, so a pool hit is exactly "instance B reuses what instance
                   the node's data file dropped from the page cache before the load: the client reads the records
                   from that file itself (same host, kvpool/transfer.py)
 
-Every ratio is to cold, measured in the same run; outputs of every case must equal cold's (greedy). A pool case's
+The "load" row under each length is the median of the pool case's load (the connector's load_kv: lookups, reads,
+copies and checks), part of its TTFT. Every ratio is to cold, measured in the same run; outputs of every case must equal cold's (greedy). A pool case's
 engine is started, its connector's start-up warm-up (`warm_start`: connect, map and prefault the same-host arenas)
 included, before its first request is timed: as an instance is up before it takes traffic.
 Usage: python bench/e2e.py [--lengths 1024 4096] [--repeats 2] [--transfer auto|staged|direct] [--warm-start on|off]
@@ -74,6 +75,11 @@ def ttft(llm: LLM, prompt: list[int]) -> tuple[float, list[int], int]:
     return out.ttft, out.token_ids, out.num_cached_tokens_external
 
 
+def load_seconds(llm: LLM) -> float:
+    """The seconds its connector spent in load_kv so far (a fresh engine per pool case: that case's load)."""
+    return llm.engine.connector.stats.load_seconds
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096])
@@ -110,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     if service is not None and args.verify_threads == "both":
         cases.insert(cases.index("service SSD"), "service 1 thread")
     results: dict[tuple[int, str], list[float]] = {}
+    loads: dict[tuple[int, str], list[float]] = {}     # the connector's load_kv seconds in each pool case's TTFT
     mismatches: list[str] = []
     engine(max(args.lengths)).generate([[1, 2, 3, 4]], GREEDY)  # load weights + warm up once per process
     total = len(args.lengths) * args.repeats * len(cases)
@@ -128,17 +135,21 @@ def main(argv: list[str] | None = None) -> int:
                     bar.update(1)
                     with EmbeddedPool(dram_bytes=1 << 30) as pool:
                         ttft(engine(length, pool), prompt)
-                        t, out, ext = ttft(engine(length, pool), prompt)
+                        b = engine(length, pool)
+                        t, out, ext = ttft(b, prompt)
                         results.setdefault((length, "pool DRAM"), []).append(t)
+                        loads.setdefault((length, "pool DRAM"), []).append(load_seconds(b))
                         mismatches += [f"{length}/dram"] if out != ref or ext == 0 else []
                         bar.update(1)
                     ssd_dir = work / f"ssd-{length}-{rep}"
                     with EmbeddedPool(dram_bytes=1 << 20, ssd_path=str(ssd_dir), ssd_bytes=1 << 30,
                                       promote_on_hit=False) as pool:
                         ttft(engine(length, pool), prompt)
+                        b = engine(length, pool)
                         drop_page_cache(ssd_dir / "kvpool.data")
-                        t, out, ext = ttft(engine(length, pool), prompt)
+                        t, out, ext = ttft(b, prompt)
                         results.setdefault((length, "pool SSD"), []).append(t)
+                        loads.setdefault((length, "pool SSD"), []).append(load_seconds(b))
                         mismatches += [f"{length}/ssd"] if out != ref or ext == 0 else []
                         bar.update(1)
                     if service is not None:
@@ -153,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                             t, out, ext = ttft(b, salted)
                             case = "service 1 thread" if vt == 0 and len(settings) == 2 else "pool service"
                             results.setdefault((length, case), []).append(t)
+                            loads.setdefault((length, case), []).append(load_seconds(b))
                             mismatches += [f"{length}/{case}"] if out != ref_s or ext == 0 else []
                             if case == "pool service":     # the same instance again: its own prefix cache now
                                 t, out, _ = ttft(b, salted)
@@ -162,9 +174,11 @@ def main(argv: list[str] | None = None) -> int:
                         salted = [prompt[0] + 2] + prompt[1:]
                         _, ref_s, _ = ttft(engine(length), salted)
                         ttft(engine(length, pool=ssd_addr), salted)
+                        b = engine(length, pool=ssd_addr)
                         drop_page_cache(ssd_file)
-                        t, out, ext = ttft(engine(length, pool=ssd_addr), salted)
+                        t, out, ext = ttft(b, salted)
                         results.setdefault((length, "service SSD"), []).append(t)
+                        loads.setdefault((length, "service SSD"), []).append(load_seconds(b))
                         mismatches += [f"{length}/service-ssd"] if out != ref_s or ext == 0 else []
                         bar.update(1)
     finally:
@@ -179,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         meds = {c: statistics.median(results[(length, c)]) for c in cases}
         print(f"{length:>7}  " + "  ".join(f"{meds[c] * 1e3:>10.1f} ms" for c in cases))
         print(f"{'':>7}  " + "  ".join(f"{meds['cold'] / meds[c]:>12.1f}x" for c in cases))
+        print(f"{'load':>7}  " + "  ".join(f"{statistics.median(loads[(length, c)]) * 1e3:>10.1f} ms"
+                                           if (length, c) in loads else f"{'':>13}" for c in cases))
     for length in args.lengths:
         meds = {c: statistics.median(results[(length, c)]) for c in cases}
         for c in cases[1:]:
