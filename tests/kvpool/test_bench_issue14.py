@@ -78,4 +78,24 @@ def test_e2e_prints_every_case_and_identical_outputs():
         assert any(re.fullmatch(rf"ratio e2e_ttft 64 {case}: \d+\.\dx faster than cold", line) for line in lines), out
     assert any(re.fullmatch(rf"ratio e2e_ttft 64 pool_service vs local hit: {X} the local hit's speed \(goal 0\.9x\)",
                             line) for line in lines), out
+    assert has(lines, rf"ratio e2e_ttft 64 pool_service vs the same instance's local hit: {X} "
+                      rf"\(\d+\.\d vs \d+\.\d ms; goal 0\.9x\)$"), out
+    # the load row: a time under each pool case, none under cold and the local hit
+    load = [line for line in lines if line.startswith("   load  ")]
+    assert len(load) == 1 and len(re.findall(r"\d+\.\d ms", load[0])) == 4, out
     assert "outputs identical to cold in every case: yes" in lines, out
+
+
+@pytest.mark.slow
+def test_cpu_overlap_prints_its_ratio_lines():
+    lines = run("cpu_overlap.py", "--length", "64", "--rounds", "1")
+    out = "\n".join(lines)
+    assert has(lines, r"forward: \d+\.\d \| load: \d+\.\d \| both: \d+\.\d \| forward \+ load: \d+\.\d$"), out
+    assert has(lines, rf"ratio cpu_overlap: side by side {X} the speed of one after the other \([+-]\d+% time saved\)$"), out
+    assert has(lines, rf"ratio cpu_overlap: TTFT vs the local hit: {X} one after the other, {X} side by side "), out
+
+
+def test_cpu_overlap_rejects_a_length_that_is_not_whole_blocks():
+    res = subprocess.run([sys.executable, str(BENCH / "cpu_overlap.py"), "--length", "100"], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 2 and "--length must be a multiple of 16" in res.stderr

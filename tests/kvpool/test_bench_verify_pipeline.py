@@ -15,6 +15,10 @@ def test_verify_pipeline_prints_every_ratio_line():
     load = [line for line in lines if line.startswith("ratio verify_pipeline load: check per block ")]
     assert len(load) == 1 and "the copy alone, check per chunk " in load[0]
     assert any(line.startswith("copy only: ") and "check per block: " in line for line in lines)
+    from kvpool import copyhash
+
+    staged = [line for line in lines if line.startswith("ratio verify_pipeline load: staged entries ")]
+    assert len(staged) == (1 if copyhash.simd() else 0), out     # its one-pass column needs the C extension
 
 
 def test_verify_pipeline_rejects_a_negative_load_block_count():
