@@ -1,4 +1,4 @@
-"""Would a layer-wise load pay on a CPU engine? The forward and the KV load at the same time, against one after the other.
+"""Would a layer-wise load pay on a CPU engine? Forward and KV load at once, against one after the other.
 
 A pool hit's TTFT on the bundled CPU engine is the load (the prefix's KV copied into the paged cache, checked as it
 lands) plus the forward of the rest. A layer-wise load would copy layer i + 1 on another thread while layer i

@@ -22,9 +22,10 @@ case is the local hit, so a pool hit is exactly "instance B reuses what instance
                   from that file itself (same host, kvpool/transfer.py)
 
 The "load" row under each length is the median of the pool case's load (the connector's load_kv: lookups, reads,
-copies and checks), part of its TTFT. Every ratio is to cold, measured in the same run; outputs of every case must equal cold's (greedy). A pool case's
-engine is started, its connector's start-up warm-up (`warm_start`: connect, map and prefault the same-host arenas)
-included, before its first request is timed: as an instance is up before it takes traffic.
+copies and checks), part of its TTFT. Every ratio is to cold, measured in the same run; outputs of every case must
+equal cold's (greedy). A pool case's engine is started, its connector's start-up warm-up (`warm_start`: connect, map
+and prefault the same-host arenas) included, before its first request is timed: as an instance is up before it
+takes traffic.
 Usage: python bench/e2e.py [--lengths 1024 4096] [--repeats 2] [--transfer auto|staged|direct] [--warm-start on|off]
                           [--verify-threads 1|0|both] [--no-service]
 """

@@ -110,10 +110,10 @@ def scatter_blocks(kv_cache: torch.Tensor, block_ids: Sequence[int], src: Sequen
     `after(i, digest)` (host copies only) runs once block i has landed; False stops the scatter before block i + 1.
     `digest` is None unless `hash_landed(i)` is True (a host cache): then it is the xxh3_64 of block i as it landed
     in the cache, its 2 * num_layers runs hashed right after its copy (from cache, not a second pass over memory) in
-    the object's byte order. With `hash_landed`, every block of the scatter is copied by the one-pass copy where
-    kvpool.copyhash is on, the blocks not hashed too (their digest is not handed on). So the digest is the object's checksum exactly when every byte landed as committed,
+    the object's byte order. So the digest is the object's checksum exactly when every byte landed as committed,
     whatever happened to src[i] during or after the copy (the same hook as connector/vllm_layout.py's
-    KVPages.scatter_views)."""
+    KVPages.scatter_views). With `hash_landed`, every block of the scatter is copied by the one-pass copy where
+    kvpool.copyhash is on, the blocks not hashed too (their digest is not handed on)."""
     _check(kv_cache, block_ids, src, "src")
     if hash_landed is not None and after is None:
         raise ValueError("hash_landed: needs after(i, digest) to hand the digests to")

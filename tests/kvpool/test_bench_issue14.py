@@ -91,7 +91,8 @@ def test_cpu_overlap_prints_its_ratio_lines():
     lines = run("cpu_overlap.py", "--length", "64", "--rounds", "1")
     out = "\n".join(lines)
     assert has(lines, r"forward: \d+\.\d \| load: \d+\.\d \| both: \d+\.\d \| forward \+ load: \d+\.\d$"), out
-    assert has(lines, rf"ratio cpu_overlap: side by side {X} the speed of one after the other \([+-]\d+% time saved\)$"), out
+    assert has(lines, rf"ratio cpu_overlap: side by side {X} the speed of one after the other "
+                      rf"\([+-]\d+% time saved\)$"), out
     assert has(lines, rf"ratio cpu_overlap: TTFT vs the local hit: {X} one after the other, {X} side by side "), out
 
 

@@ -4,6 +4,8 @@ import pathlib
 import subprocess
 import sys
 
+from kvpool import copyhash
+
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench" / "verify_pipeline.py"
 
 
@@ -15,8 +17,6 @@ def test_verify_pipeline_prints_every_ratio_line():
     load = [line for line in lines if line.startswith("ratio verify_pipeline load: check per block ")]
     assert len(load) == 1 and "the copy alone, check per chunk " in load[0]
     assert any(line.startswith("copy only: ") and "check per block: " in line for line in lines)
-    from kvpool import copyhash
-
     staged = [line for line in lines if line.startswith("ratio verify_pipeline load: staged entries ")]
     assert len(staged) == (1 if copyhash.simd() else 0), out     # its one-pass column needs the C extension
 
