@@ -22,7 +22,7 @@ case is the local hit, so a pool hit is exactly "instance B reuses what instance
                   from that file itself (same host, kvpool/transfer.py)
 
 The "load" row under each length is the median of the pool case's load (the connector's load_kv: lookups, reads,
-copies and checks), part of its TTFT. Every ratio is to cold, measured in the same run; outputs of every case must
+copies and checks; with --transfer staged, its gets only), part of its TTFT. Every ratio is to cold, measured in the same run; outputs of every case must
 equal cold's (greedy). A pool case's engine is started, its connector's start-up warm-up (`warm_start`: connect, map
 and prefault the same-host arenas) included, before its first request is timed: as an instance is up before it
 takes traffic.
