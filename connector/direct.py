@@ -25,8 +25,8 @@ block's runs are hashed as they landed in the cache, right after its copy, while
 over memory, not a copy pass and a hash pass), and that digest must be the committed checksum. So the fence judges
 the bytes the cache holds: a stalled writer's change to the extent during the copy is caught even when it is undone
 before the check (hashing the extent after the copy would miss that), as the staged path's does; meanwhile the
-next chunk is acquired on a prefetch thread when this one was all same-host DRAM (its lookup overlaps the copy).
-Entries not reachable directly land in a ring of buffers touched at start instead of fresh ones per chunk. Where
+next chunk is acquired on a prefetch thread (its lookup, and its TCP or SSD reads, overlap the copy). Entries not
+reachable directly land in two rings of buffers touched at start, chunks alternating between them. Where
 copies are queued (CUDA, layer-wise) the check stays before the copy: the forward may read a layer before a later check.
 """
 
@@ -40,7 +40,7 @@ from typing import Any, Callable
 
 import torch
 
-from kvpool import pinned
+from kvpool import copyhash, pinned
 from kvpool.kernels.kv_transfer import scatter_blocks
 from kvpool.kernels.streams import LayerwiseLoad, copies_for, gather_to
 
@@ -72,12 +72,12 @@ class DirectTransfer:
         self._draining: list[tuple[LayerwiseLoad, list[Any]]] = []    # forward done; release when copies end
         # Host copies that run at once (CPU, not layer-wise): each block is copied, then verified (the fence hashes
         # the block as it landed in the cache, right after the copy, as kvpool/fence.py wants), then the chunk is
-        # released; after a chunk of same-host DRAM extents only, the next chunk is acquired on the prefetch thread
-        # meanwhile. Entries not reachable directly (TCP, same-host SSD records) land in one ring of chunk_blocks
-        # rows touched here: only a chunk that used none of it is copied while the next one is read.
+        # released; meanwhile the next chunk is acquired on the prefetch thread. Entries not reachable directly
+        # (TCP, same-host SSD records) land in two rings of chunk_blocks rows touched here, chunk j in ring j % 2,
+        # so chunk j + 1 can be read while chunk j is copied out of the other ring.
         self.verify_after_copy = not self._on_cuda and not layerwise
-        self._ring = (torch.zeros((chunk_blocks, block_bytes), dtype=torch.uint8).numpy()
-                      if self.verify_after_copy else None)
+        self._rings = ([torch.zeros((chunk_blocks, block_bytes), dtype=torch.uint8).numpy() for _ in range(2)]
+                       if self.verify_after_copy else [])
         self._prefetch: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ staging for entries not reachable directly
@@ -87,10 +87,10 @@ class DirectTransfer:
             return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         return memoryview(bytearray(nbytes))
 
-    def _ring_staging(self) -> Callable[[int], Any]:
-        """Staging from the load ring, row after row (a chunk never holds more entries than the ring has rows;
+    def _ring_staging(self, ring: int) -> Callable[[int], Any]:
+        """Staging from load ring `ring`, row after row (a chunk never holds more entries than a ring has rows;
         any other size gets a fresh buffer)."""
-        rows = iter(self._ring)
+        rows = iter(self._rings[ring])
 
         def staging(nbytes: int) -> Any:
             row = next(rows, None) if nbytes == self.block_bytes else None
@@ -145,19 +145,19 @@ class DirectTransfer:
         """Immediate host copies, chunk by chunk: each block copied into the cache and what landed hashed at once
         (a stalled writer's bytes that landed during the copy are caught; the first bad entry stops the copy, and
         its block lies past the loaded prefix, so the engine recomputes it), then the chunk's lease released. When
-        chunk j came back whole and all same-host DRAM extents, chunk j+1 is acquired on the prefetch thread while
-        chunk j is copied (its lookup round trip overlaps the copy; it may fill the ring, which chunk j does not
-        use). After a chunk with SSD or TCP entries the next is acquired after the copy: reading the next chunk's
-        records while torch's copy ran on both cores was slower (three busy threads on two cores), and with the
-        one-pass copy (one core) a second ring to read into meanwhile did not pay either (2026-11-28: SSD load
-        median 137 ms without it, 197 ms with it, 8 interleaved rounds)."""
+        chunk j came back whole, chunk j+1 is acquired on the prefetch thread while chunk j is copied: its lookup
+        round trip, and its SSD or TCP reads into the other ring, overlap the copy. After a chunk with SSD or TCP
+        entries that holds only where the copy runs on one core (kvpool.copyhash on): reading the next chunk's
+        records while torch's copy ran on both cores was slower (three busy threads on two cores). With the
+        one-pass copy it pays: a 4,096-token service-SSD load took 118.7 ms against 156.3 ms reading after the copy
+        (medians of 14 alternating rounds, 2026-11-28)."""
         out = LoadResult()
         start = time.perf_counter()
         spans = [(s, min(s + self.chunk_blocks, len(keys))) for s in range(0, len(keys), self.chunk_blocks)]
 
         def acquire(j: int) -> Any:
             s, e = spans[j]
-            return pool.acquire_many(keys[s:e], [self.block_bytes] * (e - s), staging=self._ring_staging())
+            return pool.acquire_many(keys[s:e], [self.block_bytes] * (e - s), staging=self._ring_staging(j % 2))
 
         pending: Future | None = None
         try:
@@ -168,7 +168,7 @@ class DirectTransfer:
                     fut, pending = pending, None
                     read = fut.result()
                 try:
-                    if read.count == e - s and j + 1 < len(spans) and all(read.direct):
+                    if read.count == e - s and j + 1 < len(spans) and (all(read.direct) or copyhash.simd()):
                         pending = self._prefetcher().submit(acquire, j + 1)
                     # the extents as they are: scatter_blocks views them as objects only where it copies in two
                     # passes (kernels/kv_transfer.py), the one-pass copy reads their bytes directly

@@ -229,9 +229,10 @@ def test_a_cpu_direct_load_checks_the_bytes_that_landed_in_the_cache(up, referen
         engine.engine.connector.close()
 
 
-def test_a_cpu_direct_load_over_tcp_reuses_one_staging_ring_across_chunks(up, reference_b):
-    """transport tcp: no entry is reachable directly, every one lands in the load ring; chunks of 3 blocks reuse
-    its rows one after another (a chunk is copied into the cache before the next overwrites them)."""
+def test_a_cpu_direct_load_over_tcp_reuses_the_staging_rings_across_chunks(up, reference_b):
+    """transport tcp: no entry is reachable directly, every one lands in a load ring; chunks of 3 blocks alternate
+    between the two rings (chunk j + 1 read into one while chunk j is copied out of the other), each reused every
+    other chunk: a chunk is copied into the cache before the chunk after next overwrites its rows."""
     config = dict(pool=up.address, layerwise_load="off", transport="tcp", load_chunk_blocks=3, **DIRECT)
     a = LLM(connector=PoolConnector(ConnectorConfig(**config)), **ENGINE_ARGS)
     run(a, QUESTION_A)
@@ -310,19 +311,27 @@ class ThreadSpy:
         return getattr(self.pool, name)
 
 
-def test_a_cpu_direct_load_acquires_the_next_chunk_while_it_copies_this_one(reference_b, tmp_path):
-    """Chunks of 3 blocks: the first is acquired on the engine thread, every later one on the prefetch thread while
-    the one before (all same-host DRAM) is copied. After a chunk staged through the ring (SSD records), the next
-    is acquired on the engine thread once the copy is done. The output is exact either way."""
+def test_a_cpu_direct_load_acquires_the_next_chunk_while_it_copies_this_one(reference_b, tmp_path, copy_path):
+    """Chunks of 2-3 blocks: the first is acquired on the engine thread, every later one on the prefetch thread while
+    the one before (all same-host DRAM) is copied. After a chunk staged through a ring (SSD records), the same holds
+    where the copy runs on one core (the one-pass copy: the next chunk is read into the other ring meanwhile);
+    with torch's copy, on both cores, the next is acquired on the engine thread once the copy is done. The output is
+    exact either way."""
     with EmbeddedPool(dram_bytes=1 << 20, ssd_path=str(tmp_path / "ssd"), ssd_bytes=64 << 20,
                       promote_on_hit=False) as pool:
         run(make_engine(pool, **DIRECT), QUESTION_A)
         spy = ThreadSpy(pool)
-        b = make_engine(spy, layerwise_load="off", load_chunk_blocks=3, **DIRECT)
+        b = make_engine(spy, layerwise_load="off", load_chunk_blocks=2, **DIRECT)
         out = run(b, QUESTION_B)
+        # three chunks or more: ring 0, ring 1, then ring 0 again
         assert out.num_cached_tokens_external >= 6 * 16 and out.token_ids == reference_b
-        assert len(spy.threads) >= 2 and set(spy.threads) == {threading.current_thread().name}
+        assert spy.threads[0] == threading.current_thread().name and len(spy.threads) >= 3
+        if copy_path == "one pass":
+            assert all(t.startswith("kvpool-load-prefetch") for t in spy.threads[1:])
+        else:
+            assert set(spy.threads) == {threading.current_thread().name}
         b.engine.connector.close()
+        assert pool.stats()["leases_open"] == 0
     with EmbeddedPool(dram_bytes=128 << 20) as pool:
         run(make_engine(pool, **DIRECT), QUESTION_A)
         spy = ThreadSpy(pool)
