@@ -7,8 +7,8 @@ with no engine change: in interleaved rounds,
 
     forward      the local prefix hit of an N-token prompt (the engine's own cache; what the pool case is held to)
     load         scatter_blocks of the prompt's blocks (N / 16 objects of the model's block size) from host buffers
-                 into a second cache of the same shape, one pass where kvpool._copyhash is built (the connector's
-                 CPU load, connector/direct.py)
+                 into a second cache of the same shape, each block hashed as it lands (one pass where
+                 kvpool._copyhash is built), as the connector's CPU load of same-host extents does (connector/direct.py)
     both         the load on a second thread while the forward runs (wall time until both are done)
 
 and prints medians and the ratio lines: what running them side by side saves over one after the other, and the
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def load() -> float:
         t0 = time.perf_counter()
-        got = scatter_blocks(scratch, ids, sources, after=lambda i, digest: True, hash_landed=lambda i: False)
+        got = scatter_blocks(scratch, ids, sources, after=lambda i, digest: True, hash_landed=lambda i: True)
         assert got == blocks
         return time.perf_counter() - t0
 
