@@ -27,8 +27,11 @@ scatter_blocks, in interleaved rounds:
     landed per block   scatter_blocks(after=read.verify_copy, hash_landed=read.needs_check) with the one-pass copy
                        off: each block's 60 runs hashed in the cache as they landed, right after torch's copy (the
                        check sees a change to the extent during the copy even when it is undone before the check)
-    landed, one pass   the same call with the one-pass copy on (what the connector does where kvpool._copyhash is
-                       built): each 64-byte stripe stored into its run and folded into the hash from one load
+    landed, one pass   the same call with the one-pass copy on (what the connector did where kvpool._copyhash is
+                       built until 2026-11-28): each 64-byte stripe stored into its run and folded into the hash
+                       from one load
+    landed, two threads  the same with `helper=` a second thread: the back half of each chunk copied and hashed on
+                       it while the calling thread does the front half (the connector now, for all-direct chunks)
     staged, torch      the same objects from plain host buffers (the connector's load ring, where SSD records and
                        TCP reads land, checked as they arrived), scatter_blocks(hash_landed=lambda i: False) with
                        the one-pass copy off: torch's strided copy_ per block (the connector until 2026-11-28)
@@ -48,6 +51,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from tqdm import tqdm
@@ -115,8 +119,8 @@ def measure(address: str, size: int, total: int, rounds: int, bar) -> dict[str, 
 
 
 LOAD_COLUMNS = ("copy only", "check per chunk", "check per block", "landed per block", "landed, one pass",
-                "staged, torch", "staged, one pass")
-NATIVE_LOAD = ("landed, one pass", "staged, one pass")
+                "landed, two threads", "staged, torch", "staged, one pass")
+NATIVE_LOAD = ("landed, one pass", "landed, two threads", "staged, one pass")
 LOAD_CHUNK = 64
 LOAD_SHAPE = (30, 2, 16, 3, 64)     # SmolLM2-135M: layers, K/V, block tokens, KV heads, head dim (fp32)
 
@@ -137,7 +141,7 @@ def measure_load(address: str, blocks: int, rounds: int, bar) -> dict[str, float
     columns = LOAD_COLUMNS if native else tuple(c for c in LOAD_COLUMNS if c not in NATIVE_LOAD)
     staged: list[np.ndarray] = []
     times: dict[str, list[float]] = {c: [] for c in columns}
-    with PoolClient(address, timeout=60) as client:
+    with PoolClient(address, timeout=60) as client, ThreadPoolExecutor(1) as helper:
         for i in range(0, blocks, LOAD_CHUNK):
             objs = [rng.integers(0, 255, nbytes, dtype=np.uint8) for _ in keys[i:i + LOAD_CHUNK]]
             staged += objs
@@ -159,9 +163,10 @@ def measure_load(address: str, blocks: int, rounds: int, bar) -> dict[str, float
                     objects = read.buffers[:read.count]   # as the connector hands them over (connector/direct.py)
                     if column == "check per block":
                         got = scatter_blocks(cache, ids[i:i + read.count], objects, after=read.verify_copy)
-                    elif column in ("landed per block", "landed, one pass"):
+                    elif column in ("landed per block", "landed, one pass", "landed, two threads"):
                         got = scatter_blocks(cache, ids[i:i + read.count], objects, after=read.verify_copy,
-                                             hash_landed=read.needs_check)
+                                             hash_landed=read.needs_check,
+                                             helper=helper if column == "landed, two threads" else None)
                     else:
                         got = scatter_blocks(cache, ids[i:i + read.count], objects)
                         if column == "check per chunk":
@@ -247,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
             one = load["landed, one pass"]
             print(f"ratio verify_pipeline load: landed, one pass {load['copy only'] / one:.2f}x the copy alone; "
                   f"{load['landed per block'] / one:.2f}x faster than landed per block (two passes)")
+            two = load["landed, two threads"]
+            print(f"ratio verify_pipeline load: landed, two threads {load['copy only'] / two:.2f}x the copy alone; "
+                  f"{one / two:.2f}x faster than one pass on one thread")
         if "staged, one pass" in load:
             print(f"ratio verify_pipeline load: staged entries (SSD records, TCP reads), one pass "
                   f"{load['staged, torch'] / load['staged, one pass']:.2f}x faster than torch's copy")

@@ -25,8 +25,11 @@ block's runs are hashed as they landed in the cache, right after its copy, while
 over memory, not a copy pass and a hash pass), and that digest must be the committed checksum. So the fence judges
 the bytes the cache holds: a stalled writer's change to the extent during the copy is caught even when it is undone
 before the check (hashing the extent after the copy would miss that), as the staged path's does; meanwhile the
-next chunk is acquired on a prefetch thread (its lookup, and its TCP or SSD reads, overlap the copy). Entries not
-reachable directly land in two rings of buffers touched at start, chunks alternating between them. Where
+next chunk is acquired on a prefetch thread (its lookup, and its TCP or SSD reads, overlap the copy). A chunk of
+direct extents is copied on two threads where the one-pass copy is on: its back half on a copy helper while the
+engine thread copies the front (the engine thread is idle during the load otherwise; the checks still run on it, in
+order). Entries not reachable directly land in two rings of buffers touched at start, chunks alternating between
+them. Where
 copies are queued (CUDA, layer-wise) the check stays before the copy: the forward may read a layer before a later check.
 """
 
@@ -79,6 +82,7 @@ class DirectTransfer:
         self._rings = ([torch.zeros((chunk_blocks, block_bytes), dtype=torch.uint8).numpy() for _ in range(2)]
                        if self.verify_after_copy else [])
         self._prefetch: ThreadPoolExecutor | None = None
+        self._copy: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ staging for entries not reachable directly
 
@@ -173,7 +177,8 @@ class DirectTransfer:
                     # the extents as they are: scatter_blocks views them as objects only where it copies in two
                     # passes (kernels/kv_transfer.py), the one-pass copy reads their bytes directly
                     got = scatter_blocks(self.kv_cache, block_ids[s:s + read.count], read.buffers[:read.count],
-                                         after=read.verify_copy, hash_landed=read.needs_check)
+                                         after=read.verify_copy, hash_landed=read.needs_check,
+                                         helper=self._copier(read))
                 finally:
                     read.release()
                 out.tiers += read.tiers[:got]
@@ -191,6 +196,17 @@ class DirectTransfer:
                     pass
         out.seconds = time.perf_counter() - start
         return out
+
+    def _copier(self, read) -> ThreadPoolExecutor | None:
+        """The helper that copies the back half of a chunk of direct extents while the engine thread copies the
+        front (kernels/kv_transfer.py scatter_blocks): only with the one-pass copy, which releases the GIL (torch's
+        copy_ already runs on its own threads), and only when every entry is direct. A staged chunk's copy keeps
+        one core: the prefetch thread is then reading the next chunk's SSD records or TCP bytes on the other."""
+        if read.count < 2 or not copyhash.simd() or not all(read.direct[:read.count]):
+            return None
+        if self._copy is None:
+            self._copy = ThreadPoolExecutor(1, thread_name_prefix="kvpool-load-copy")
+        return self._copy
 
     def _prefetcher(self) -> ThreadPoolExecutor:
         if self._prefetch is None:
@@ -247,9 +263,10 @@ class DirectTransfer:
 
     def close(self) -> None:
         self.reap(block=True)
-        if self._prefetch is not None:
-            self._prefetch.shutdown(wait=True)
-            self._prefetch = None
+        for pool in (self._prefetch, self._copy):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._prefetch = self._copy = None
 
 
 __all__ = ["DirectTransfer", "LoadResult"]

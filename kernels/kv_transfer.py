@@ -22,6 +22,7 @@ host memory it is an asynchronous DMA, and the caller owns the ordering (events)
 
 from __future__ import annotations
 
+from concurrent.futures import Executor, wait
 from typing import Callable, Sequence
 
 import numpy as np
@@ -104,7 +105,7 @@ def gather_blocks(kv_cache: torch.Tensor, block_ids: Sequence[int], out: Sequenc
 
 def scatter_blocks(kv_cache: torch.Tensor, block_ids: Sequence[int], src: Sequence, *,
                    non_blocking: bool = False, after: Callable[[int, int | None], bool] | None = None,
-                   hash_landed: Callable[[int], bool] | None = None) -> int:
+                   hash_landed: Callable[[int], bool] | None = None, helper: Executor | None = None) -> int:
     """Pool objects -> cache blocks: block block_ids[i] = src[i] (a tensor, or any buffer `object_view` takes).
     Returns how many blocks were copied and accepted.
     `after(i, digest)` (host copies only) runs once block i has landed; False stops the scatter before block i + 1.
@@ -113,29 +114,52 @@ def scatter_blocks(kv_cache: torch.Tensor, block_ids: Sequence[int], src: Sequen
     the object's byte order. So the digest is the object's checksum exactly when every byte landed as committed,
     whatever happened to src[i] during or after the copy (the same hook as connector/vllm_layout.py's
     KVPages.scatter_views). With `hash_landed`, every block of the scatter is copied by the one-pass copy where
-    kvpool.copyhash is on, the blocks not hashed too (their digest is not handed on)."""
+    kvpool.copyhash is on, the blocks not hashed too (their digest is not handed on).
+    `helper` (an executor with a free worker; with `hash_landed` only): the back half of the blocks is copied and
+    hashed on it while this thread copies the front half, so the copy uses two cores (the one-pass copy releases
+    the GIL). `after` still runs on this thread, in block order, each call after its block landed; the back half's
+    once the helper is done. After a stop, blocks past it may have landed too: like any block the return value does
+    not count, their contents are undefined. Returns only once the helper is done with every source buffer."""
     _check(kv_cache, block_ids, src, "src")
     if hash_landed is not None and after is None:
         raise ValueError("hash_landed: needs after(i, digest) to hand the digests to")
+    if helper is not None and hash_landed is None:
+        raise ValueError("helper: only a scatter with hash_landed copies on two threads")
     runs = _LandedRuns(kv_cache, len(block_ids)) if hash_landed is not None else None
     shape = object_shape(kv_cache)
-    for i, (b, buf) in enumerate(zip(block_ids, src)):
+
+    def land(i: int) -> int | None:
+        """Copy block i; its digest where `hash_landed(i)`, else None."""
+        b, buf = int(block_ids[i]), src[i]
         hashed = runs is not None and hash_landed(i)
         # the one-pass copy for every block of a host cache where kvpool.copyhash is on, also where no check is
         # wanted (a staged SSD or TCP entry, checked as it arrived): its run copy beats torch's strided copy_
-        landed = runs.copy_hashed(int(b), buf) if runs is not None else None
+        landed = runs.copy_hashed(b, buf) if runs is not None else None
         if landed is None:
             if isinstance(buf, torch.Tensor):
                 obj = _as(buf, shape, kv_cache.dtype, "src")
             else:
                 obj = object_view(buf, kv_cache)
-            kv_cache[:, :, int(b)].copy_(obj, non_blocking=non_blocking)
-            digest = runs.digest(int(b)) if hashed else None
-        else:
-            digest = landed if hashed else None
-        if after is not None and not after(i, digest):
-            return i
-    return len(block_ids)
+            kv_cache[:, :, b].copy_(obj, non_blocking=non_blocking)
+            return runs.digest(b) if hashed else None
+        return landed if hashed else None
+
+    n = len(block_ids)
+    split = (n + 1) // 2 if helper is not None and n > 1 else n
+    back = helper.submit(lambda: [land(i) for i in range(split, n)]) if split < n else None
+    try:
+        for i in range(split):
+            digest = land(i)
+            if after is not None and not after(i, digest):
+                return i
+        if back is not None:
+            for i, digest in enumerate(back.result(), split):
+                if not after(i, digest):
+                    return i
+        return n
+    finally:
+        if back is not None:
+            wait([back])      # the caller may release the sources once this returns
 
 
 class _LandedRuns:

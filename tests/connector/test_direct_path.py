@@ -345,6 +345,52 @@ def test_a_cpu_direct_load_acquires_the_next_chunk_while_it_copies_this_one(refe
         assert pool.stats()["leases_open"] == 0
 
 
+class CopySpy:
+    """A real pool whose reads record, per chunk, which thread asked whether each entry is to be hashed as it
+    lands: the thread that copied it (kernels/kv_transfer.py scatter_blocks)."""
+
+    def __init__(self, pool):
+        self.pool, self.chunks = pool, []
+
+    def acquire_many(self, *args, **kwargs):
+        read = self.pool.acquire_many(*args, **kwargs)
+        copied_on = {}
+        self.chunks.append(copied_on)
+
+        class Read:
+            def needs_check(self, i):
+                copied_on[i] = threading.current_thread().name
+                return read.needs_check(i)
+
+            def __getattr__(self, name):
+                return getattr(read, name)
+
+        return Read()
+
+    def __getattr__(self, name):
+        return getattr(self.pool, name)
+
+
+def test_a_cpu_direct_load_copies_a_chunk_on_two_threads(reference_b, copy_path):
+    """Same-host DRAM chunks of 3: with the one-pass copy, entries 0-1 of each chunk are copied on the engine
+    thread while entry 2 is copied on the copy helper; with torch's copy (its own threads already), all on the
+    engine thread. The output is exact either way."""
+    with EmbeddedPool(dram_bytes=128 << 20) as pool:
+        run(make_engine(pool, **DIRECT), QUESTION_A)
+        spy = CopySpy(pool)
+        b = make_engine(spy, layerwise_load="off", load_chunk_blocks=3, **DIRECT)
+        out = run(b, QUESTION_B)
+        assert out.num_cached_tokens_external == 6 * 16 and out.token_ids == reference_b
+        here = threading.current_thread().name
+        assert [sorted(c) for c in spy.chunks] == [[0, 1, 2], [0, 1, 2]]
+        for copied_on in spy.chunks:
+            assert copied_on[0] == copied_on[1] == here
+            assert copied_on[2].startswith("kvpool-load-copy") == (copy_path == "one pass")
+            assert copied_on[2] == here or copy_path == "one pass"
+        b.engine.connector.close()
+        assert pool.stats()["leases_open"] == 0
+
+
 def test_cpu_engine_takes_the_direct_path_by_default_and_staged_when_asked():
     with EmbeddedPool(dram_bytes=16 << 20) as pool:
         engine = make_engine(pool)

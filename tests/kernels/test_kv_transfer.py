@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
 import xxhash
@@ -104,6 +107,55 @@ def test_the_hash_of_what_landed_sees_a_source_changed_after_its_copy(hashed_cac
     assert scatter_blocks(cache, [5, 1, 3], src, after=landed, hash_landed=lambda i: True) == 1
     assert xxhash.xxh3_64_intdigest(src[1].numpy().tobytes()) == committed[1]
     assert not torch.equal(cache[:, :, 1], src[1]) and torch.equal(cache[:, :, 3], before)
+
+
+@pytest.mark.parametrize("stop", [None, 1, 3], ids=["all", "stop in the front half", "stop in the back half"])
+def test_a_helper_copies_the_back_half_while_after_runs_here_in_order(hashed_cache, stop):
+    """With `helper`, blocks 0-2 of 5 are copied on this thread and 3-4 on the helper's; `after` runs on this thread
+    in block order with each block's digest. A stop returns its index only once the helper is done (the back half
+    has landed, though the return value does not count it); a stop at block 1 leaves block 2 uncopied."""
+    cache = hashed_cache
+    ids = [5, 1, 3, 0, 4]
+    src = [torch.randn(object_shape(cache)) for _ in ids]
+    want = [xxhash.xxh3_64_intdigest(t.numpy().tobytes()) for t in src]
+    copied_on, judged = {}, []
+    here = threading.current_thread().name
+
+    def hashed(i):
+        copied_on[i] = threading.current_thread().name
+        return True
+
+    def after(i, digest):
+        assert torch.equal(cache[:, :, ids[i]], src[i]) and digest == want[i]
+        judged.append((i, threading.current_thread().name))
+        return i != stop
+
+    with ThreadPoolExecutor(1, thread_name_prefix="copy-helper") as helper:
+        got = scatter_blocks(cache, ids, src, after=after, hash_landed=hashed, helper=helper)
+    assert got == (5 if stop is None else stop)
+    assert judged == [(i, here) for i in range(got + (stop is not None))]
+    front = [0, 1] if stop == 1 else [0, 1, 2]          # a stop in the front half ends this thread's copies there
+    assert sorted(i for i, t in copied_on.items() if t == here) == front
+    assert sorted(i for i, t in copied_on.items() if t.startswith("copy-helper")) == [3, 4]
+    landed = [torch.equal(cache[:, :, b], t) for b, t in zip(ids, src)]
+    assert landed == [True, True, stop != 1, True, True]     # the helper finished before the return
+
+
+def test_a_helper_fault_reaches_the_caller_and_a_helper_needs_hash_landed(cache):
+    src = [torch.randn(object_shape(cache)) for _ in range(4)]
+
+    def hashed(i):
+        if i == 3:
+            raise RuntimeError("block 3 failed on the helper")
+        return False
+
+    with ThreadPoolExecutor(1) as helper:
+        with pytest.raises(RuntimeError, match=r"^block 3 failed on the helper$"):
+            scatter_blocks(cache, [0, 1, 2, 3], src, after=lambda i, d: True, hash_landed=hashed, helper=helper)
+        before = cache.clone()
+        with pytest.raises(ValueError, match=r"^helper: only a scatter with hash_landed copies on two threads$"):
+            scatter_blocks(cache, [0, 1], src[:2], after=lambda i, d: True, helper=helper)
+        assert torch.equal(cache, before)                                   # refused before anything was copied
 
 
 def test_hash_landed_needs_a_host_cache_and_a_judge(cache):

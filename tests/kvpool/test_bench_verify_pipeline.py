@@ -19,6 +19,8 @@ def test_verify_pipeline_prints_every_ratio_line():
     assert any(line.startswith("copy only: ") and "check per block: " in line for line in lines)
     staged = [line for line in lines if line.startswith("ratio verify_pipeline load: staged entries ")]
     assert len(staged) == (1 if copyhash.simd() else 0), out     # its one-pass column needs the C extension
+    two = [line for line in lines if line.startswith("ratio verify_pipeline load: landed, two threads ")]
+    assert len(two) == (1 if copyhash.simd() else 0) and (not two or "faster than one pass on one thread" in two[0])
 
 
 def test_verify_pipeline_rejects_a_negative_load_block_count():
