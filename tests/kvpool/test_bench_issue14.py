@@ -72,18 +72,30 @@ def test_lookup_rate_prints_rows_and_the_redis_ratio():
 
 @pytest.mark.slow
 def test_e2e_prints_every_case_and_identical_outputs():
-    lines = run("e2e.py", "--lengths", "64", "--repeats", "1")
+    lines = run("e2e.py", "--lengths", "64", "--repeats", "1", "--pairs", "2")
     out = "\n".join(lines)
     for case in ("local_hit", "pool_DRAM", "pool_SSD", "pool_service", "service_SSD"):
         assert any(re.fullmatch(rf"ratio e2e_ttft 64 {case}: \d+\.\dx faster than cold", line) for line in lines), out
     assert any(re.fullmatch(rf"ratio e2e_ttft 64 pool_service vs local hit: {X} the local hit's speed \(goal 0\.9x\)",
                             line) for line in lines), out
+    assert has(lines, rf"ratio e2e_ttft 64 pool_service vs the local hit just before it: {X} \(median of 1 pairs: "
+                      rf"\d+\.\d\d; goal 0\.9x\)$"), out
     assert has(lines, rf"ratio e2e_ttft 64 pool_service vs the same instance's local hit: {X} \(median of 1 pairs: "
                       rf"\d+\.\d\d; \d+\.\d vs \d+\.\d ms; goal 0\.9x\)$"), out
+    assert has(lines, rf"ratio e2e_ttft 64 pool_service vs local hit, 2 alternating pairs: {X} \(median of the "
+                      rf"pairs' ratios; medians \d+\.\d vs \d+\.\d ms, ratio of medians {X}; goal 0\.9x\)$"), out
     # the load row: a time under each pool case, none under cold and the local hit
     load = [line for line in lines if line.startswith("   load  ")]
     assert len(load) == 1 and len(re.findall(r"\d+\.\d ms", load[0])) == 4, out
     assert "outputs identical to cold in every case: yes" in lines, out
+
+
+def test_e2e_pairs_need_the_service_and_a_count():
+    for args, why in ((["--pairs", "-1"], "got --pairs -1)"), (["--pairs", "3", "--no-service"],
+                                                                  "got --pairs 3 with --no-service)")):
+        res = subprocess.run([sys.executable, str(BENCH / "e2e.py"), *args], capture_output=True, text=True,
+                             timeout=120)
+        assert res.returncode == 2 and f"--pairs must be >= 0 and needs the service case ({why}" in res.stderr
 
 
 @pytest.mark.slow
