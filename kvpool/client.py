@@ -448,6 +448,7 @@ class PoolClient(PoolFront):
 
     def _warm(self, prefault: bool) -> dict[str, str]:
         nodes = self.rpc.call("Hello", pb.HelloRequest(), retry=True, what="hello").nodes
+        self.rpc.warm_control()
         return self.transfers.warm(nodes, prefault=prefault)
 
     def _contains(self, keys: Sequence[bytes]) -> list[bool]:

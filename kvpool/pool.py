@@ -157,7 +157,8 @@ class PoolFront:
         return self._pin()
 
     def warm(self, *, prefault: bool = True) -> dict[str, str]:
-        """Get ready for the first get, off its path: reach the master and map here every same-host node's arena
+        """Get ready for the first get, off its path: reach the master (and open a connection to its control
+        channel, where it has one), and map here every same-host node's arena
         (and SSD file), the arena's page tables filled in with `prefault` (a fresh mapping otherwise takes a page
         fault per 4-64 KiB on its first read of each page). Returns {node id: what was done}; an in-process pool
         has nothing to do ({}). Faults raise as any call's (the connector calls it from a thread and logs them)."""

@@ -238,6 +238,11 @@ class ControlClient:
         self._pool.give(sock)
         return code, bytes(body)
 
+    def connect(self) -> None:
+        """Open one connection now (connect, TLS, greeting) and keep it idle for the next call: the first call of a
+        client warmed up at start (kvpool/rpc.py `warm_control`) then dials nothing. ControlUnreachable as a call's."""
+        self._pool.give(self._dial())
+
     def _dial(self) -> socket.socket:
         try:
             sock = socket.create_connection(self._addr, timeout=self.connect_timeout)

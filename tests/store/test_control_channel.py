@@ -107,6 +107,26 @@ def test_hot_calls_go_over_the_channel_bytes_exact_and_the_rest_by_grpc(cluster)
     assert calls == before
 
 
+def test_warm_opens_the_control_connection_the_first_call_then_uses():
+    """`warm()` asks for the channel and opens one connection to it; the first lookup and get after it dial none."""
+    c = up()
+    try:
+        ctl = c.master.control
+        with PoolClient(c.address) as client:
+            assert client.put_many(KEYS[:2], DATAS[:2]) == ["stored", "stored"]
+        wait_until(lambda: ctl.connections() == 0, "the putting client's connection to close")
+        with PoolClient(c.address) as client:
+            assert ctl.connections() == 0
+            client.warm(prefault=False)
+            assert ctl.connections() == 1 and ctl.calls["Lookup"] == 0
+            assert client.lookup_prefix(KEYS[:2]) == 2 and ctl.calls["Lookup"] == 1     # over the warm connection
+            bufs = [bytearray(OBJ) for _ in range(2)]
+            assert client.get_many_into(KEYS[:2], bufs) == 2 and bufs == [bytearray(d) for d in DATAS[:2]]
+            assert ctl.connections() == 1
+    finally:
+        c.stop()
+
+
 def test_a_master_with_control_listen_off_serves_every_call_by_grpc():
     c = up(control_listen="off")
     try:
