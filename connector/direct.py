@@ -29,8 +29,8 @@ next chunk is acquired on a prefetch thread (its lookup, and its TCP or SSD read
 direct extents is copied on two threads where the one-pass copy is on: its back half on a copy helper while the
 engine thread copies the front (the engine thread is idle during the load otherwise; the checks still run on it, in
 order). Entries not reachable directly land in two rings of buffers touched at start, chunks alternating between
-them. Where
-copies are queued (CUDA, layer-wise) the check stays before the copy: the forward may read a layer before a later check.
+them. Where copies are queued (CUDA, layer-wise) the check stays before the copy: the forward may read a layer before
+a later check.
 """
 
 from __future__ import annotations
