@@ -146,50 +146,66 @@ class DirectTransfer:
         return out
 
     def _load_now(self, pool, keys: list[bytes], block_ids: list[int]) -> LoadResult:
-        """Immediate host copies, chunk by chunk: each block copied into the cache and what landed hashed at once
+        """Immediate host copies, read by read: each block copied into the cache and what landed hashed at once
         (a stalled writer's bytes that landed during the copy are caught; the first bad entry stops the copy, and
-        its block lies past the loaded prefix, so the engine recomputes it), then the chunk's lease released. When
-        chunk j came back whole, chunk j+1 is acquired on the prefetch thread while chunk j is copied: its lookup
-        round trip, and its SSD or TCP reads into the other ring, overlap the copy. After a chunk with SSD or TCP
-        entries that holds only where the copy runs on one core (kvpool.copyhash on): reading the next chunk's
-        records while torch's copy ran on both cores was slower (three busy threads on two cores). With the
-        one-pass copy it pays: a 4,096-token service-SSD load took 118.7 ms against 156.3 ms reading after the copy
-        (medians of 14 alternating rounds, 2026-11-28)."""
+        its block lies past the loaded prefix, so the engine recomputes it), then the read's lease released.
+
+        Each read asks for the whole rest of the hit but stages at most `chunk_blocks` entries (acquire_many's
+        `max_staged`: one ring's rows), so an all-direct hit (same-host DRAM) is one lease and one copy on two
+        threads, and SSD or TCP entries come `chunk_blocks` at a time. After a read that had staged entries the
+        next one asks for `chunk_blocks` keys only (the rest is likely staged too: no lease on keys it would not
+        read). When a read ended at its ring's rows (or its span), the next is acquired on the prefetch thread
+        while this one is copied, into the other ring: its lookup round trip, and its SSD or TCP reads, overlap
+        the copy. After a read with SSD or TCP entries that holds only where the copy runs on one core
+        (kvpool.copyhash on): reading the next records while torch's copy ran on both cores was slower (three
+        busy threads on two cores). With the one-pass copy it pays: a 4,096-token service-SSD load took 118.7 ms
+        against 156.3 ms reading after the copy (medians of 14 alternating rounds, 2026-11-28). One read for an
+        all-direct 4,096-token hit, not four of 64 with the next lease taken during each copy: its load took
+        19-25 ms against 31-37 ms (scratch, a fresh engine per load, 2026-11-28): the prefetch thread's RPC had
+        been competing with the two copy threads for the two cores."""
         out = LoadResult()
         start = time.perf_counter()
-        spans = [(s, min(s + self.chunk_blocks, len(keys))) for s in range(0, len(keys), self.chunk_blocks)]
+        rows = self.chunk_blocks
 
-        def acquire(j: int) -> Any:
-            s, e = spans[j]
-            return pool.acquire_many(keys[s:e], [self.block_bytes] * (e - s), staging=self._ring_staging(j % 2))
+        def acquire(s: int, ring: int, whole: bool) -> Any:
+            e = len(keys) if whole else min(s + rows, len(keys))
+            return pool.acquire_many(keys[s:e], [self.block_bytes] * (e - s), staging=self._ring_staging(ring),
+                                     max_staged=rows)
 
         pending: Future | None = None
+        s, ring, whole = 0, 0, True
         try:
-            for j, (s, e) in enumerate(spans):
+            while s < len(keys):
                 if pending is None:
-                    read = acquire(j)
+                    read = acquire(s, ring, whole)
                 else:
                     fut, pending = pending, None
                     read = fut.result()
                 try:
-                    if read.count == e - s and j + 1 < len(spans) and (all(read.direct) or copyhash.simd()):
-                        pending = self._prefetcher().submit(acquire, j + 1)
+                    n = read.count
+                    direct = all(read.direct[:n])
+                    # a hit goes on past this read: it stopped at its ring's rows, or read its whole span
+                    more = s + n < len(keys) and (read.staging_full or n == len(read.keys))
+                    ring, whole = ring ^ 1, direct
+                    if more and (direct or copyhash.simd()):
+                        pending = self._prefetcher().submit(acquire, s + n, ring, whole)
                     # the extents as they are: scatter_blocks views them as objects only where it copies in two
                     # passes (kernels/kv_transfer.py), the one-pass copy reads their bytes directly
-                    got = scatter_blocks(self.kv_cache, block_ids[s:s + read.count], read.buffers[:read.count],
+                    got = scatter_blocks(self.kv_cache, block_ids[s:s + n], read.buffers[:n],
                                          after=read.verify_copy, hash_landed=read.needs_check,
                                          helper=self._copier(read))
                 finally:
                     read.release()
                 out.tiers += read.tiers[:got]
                 out.blocks += got
-                if got < e - s:
-                    out.partial = True
+                s += got
+                if got < n or not more:
+                    out.partial = s < len(keys)
                     break
         except Exception as exc:  # noqa: BLE001 - a pool fault is a shorter hit, never an engine failure
             out.error = exc
         finally:
-            if pending is not None:       # the hit ended before the prefetched chunk: give its lease back
+            if pending is not None:       # the hit ended before the prefetched read: give its lease back
                 try:
                     pending.result().release()
                 except Exception:  # noqa: BLE001 - a fault past the loaded prefix changes nothing

@@ -385,7 +385,8 @@ class PoolClient(PoolFront):
 
         return ExtentWrite(keys, statuses, buffers, [i in mapped for i in range(len(keys))], commit, abort)
 
-    def _acquire(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging) -> ExtentRead:
+    def _acquire(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging,
+                 max_staged: int | None) -> ExtentRead:
         req = pb.LookupRequest(namespace=_wire_digest(ns), block_tokens=ns.block_tokens, namespace_label=ns.label,
                                lease=True, client_host_id=self.host_id)
         req.keys.extend(bytes(k) for k in keys)
@@ -404,7 +405,12 @@ class PoolClient(PoolFront):
         try:
             mapped = self.transfers.mapped_views(batch, range(reply.hits))
             staged = [i for i in range(reply.hits) if i not in mapped]
-            buffers: list = [None] * reply.hits
+            hits = reply.hits
+            if max_staged is not None and len(staged) > max_staged:    # the read ends before the next staged hit
+                hits = staged[max_staged]
+                staged = staged[:max_staged]
+                mapped = {i: v for i, v in mapped.items() if i < hits}
+            buffers: list = [None] * hits
             for i, view in mapped.items():
                 buffers[i] = view
             for i in staged:
@@ -413,7 +419,7 @@ class PoolClient(PoolFront):
         except BaseException:
             self._releaser.release(reply.lease_id, [bytes(keys[i]) for i in sorted(corrupt)])
             raise
-        count = min(failed) if failed else reply.hits
+        count = min(failed) if failed else hits
 
         def verify(n: int) -> int:
             bad = self.transfers.check_mapped(batch, {i: v for i, v in mapped.items() if i < n})
@@ -440,7 +446,7 @@ class PoolClient(PoolFront):
         tiers = [Tier(int(t)).label for t in reply.tiers[:count]]
         return ExtentRead(keys, buffers[:count], [i in mapped for i in range(count)], tiers, verify, release,
                           verify_one, landed, self.transfers.fenced(i for i in mapped if i < count),
-                          pipeline=self.transfers.verify_threads > 0)
+                          pipeline=self.transfers.verify_threads > 0, staging_full=count < reply.hits and not failed)
 
     def _pin(self) -> dict[str, str]:
         self.transfers.pin_arenas = True

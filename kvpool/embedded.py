@@ -194,7 +194,8 @@ class EmbeddedPool(PoolFront):
 
         return ExtentWrite(keys, statuses, buffers, direct, commit, abort)
 
-    def _acquire(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging) -> ExtentRead:
+    def _acquire(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging,
+                 max_staged: int | None) -> ExtentRead:
         try:
             result = self.master.lookup(keys, ns, lease=True, expect_sizes=sizes)
         except SizeMismatch as e:
@@ -205,6 +206,7 @@ class EmbeddedPool(PoolFront):
         if not result.lease_id:
             return ExtentRead(keys, [], [], [], lambda n: n, lambda: None)
         hbm_views = getattr(self.node.hbm, "array", None)   # the real HbmArena: device views (DLPack)
+        staged, full = 0, False
         try:
             for i, (tier, offset, size) in enumerate(zip(result.tiers, result.offsets, result.sizes)):
                 if tier == _DRAM:
@@ -214,6 +216,10 @@ class EmbeddedPool(PoolFront):
                     buffers.append(hbm_views(offset, size))
                     direct.append(True)
                 else:
+                    if max_staged is not None and staged == max_staged:
+                        full = True
+                        break
+                    staged += 1
                     buf = as_writable_bytes(staging(size), f"staging({size})")
                     if not self.node.read_into(Tier(tier), offset, keys[i], size, buf):
                         self.master.report_corrupt(result.lease_id, [keys[i]])
@@ -232,7 +238,7 @@ class EmbeddedPool(PoolFront):
 
         # In-process extents: no stalled peer can touch them under the lease (get_many_into does not hash them
         # either), so verification keeps every entry.
-        return ExtentRead(keys, buffers, direct, tiers, lambda n: n, release)
+        return ExtentRead(keys, buffers, direct, tiers, lambda n: n, release, staging_full=full)
 
     def _pin(self) -> dict[str, str]:
         arena = self.node.dram

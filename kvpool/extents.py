@@ -5,6 +5,8 @@
         caller's own copy (e.g. a GPU engine's D2H DMA) ──▶ w.buffers[i]
         w.commit()                         xxh3_64 of the bytes in place ─▶ commit: visible to readers
     acquire_many(keys, sizes) -> ExtentRead   a read lease, then r.buffers[i] IS the object's extent
+                                           (max_staged=n: at most n staged entries, the read ends before the
+                                           next; r.staging_full says it did)
         r.buffers[i] ──caller's own copy (e.g. H2D DMA into the engine's KV blocks)──▶
         r.verify()                         xxh3_64 of the extents against the committed checksums (the same-host
                                            fence, kvpool/fence.py): the leading run that matches stays in r.count
@@ -76,17 +78,19 @@ class ExtentWrite:
 class ExtentRead:
     """The leading `count` hits of a lookup, held by one read lease until `release()`."""
 
-    __slots__ = ("keys", "count", "buffers", "direct", "tiers", "pipeline", "_verify", "_verify_one", "_landed",
-                 "_checked", "_release", "_released")
+    __slots__ = ("keys", "count", "buffers", "direct", "tiers", "pipeline", "staging_full", "_verify", "_verify_one",
+                 "_landed", "_checked", "_release", "_released")
 
     def __init__(self, keys: Sequence[bytes], buffers: list[Any], direct: list[bool], tiers: list[str],
                  verify: Callable[[int], int], release: Callable[[], None],
                  verify_one: Callable[[int], bool] | None = None,
                  landed: Callable[[int, int], bool] | None = None, checked: frozenset[int] = frozenset(),
-                 pipeline: bool = False) -> None:
+                 pipeline: bool = False, staging_full: bool = False) -> None:
         """`checked`: the entries the read fence covers (direct extents of a peer's arena); `landed(i, digest)`
         judges a caller's hash of its copy of one of them. `pipeline`: the pool hashes on a helper thread
-        (PoolClient(verify_threads=1)), so a caller hashing its own copies may too (kvpool/fence.py HashPipe)."""
+        (PoolClient(verify_threads=1)), so a caller hashing its own copies may too (kvpool/fence.py HashPipe).
+        `staging_full`: the read ended at `count` only because acquire_many's `max_staged` entries were staged;
+        the key at `count` was a hit too (not a miss, not a bad read): acquire again from there for the rest."""
         if checked and landed is None:
             raise ValueError("checked entries need a landed(i, digest) judge")
         self.keys = list(keys)
@@ -96,6 +100,7 @@ class ExtentRead:
         self._verify_one = verify_one
         self._landed, self._checked = landed, checked
         self.pipeline = pipeline
+        self.staging_full = staging_full
 
     def verify(self) -> int:
         """Check the direct buffers' bytes now against the committed checksums (what the pool's `verify` mode asks

@@ -275,57 +275,86 @@ class FaultAfter:
         self.calls += 1
         if self.calls >= self.n:
             raise PoolUnavailable("node n1 (127.0.0.1:1): connection reset")
-        return self.pool.acquire_many(*args, **kwargs)
+        read = self.pool.acquire_many(*args, **kwargs)
+        self.first = (read.count, read.direct.count(False), read.staging_full)
+        return read
 
     def __getattr__(self, name):
         return getattr(self.pool, name)
 
 
 @pytest.mark.parametrize("layerwise", ["on", "off"])
-def test_a_fault_during_a_direct_load_recomputes_the_rest(reference_b, layerwise):
-    """Layer-wise: the second chunk's acquire fails after the first was queued. Off (CPU copies at once): it fails
-    on the prefetch thread while the first chunk copies; the load ends there and no lease stays open."""
-    with EmbeddedPool(dram_bytes=128 << 20) as pool:
+def test_a_fault_during_a_direct_load_recomputes_the_rest(reference_b, layerwise, tmp_path):
+    """Layer-wise: the second chunk's acquire fails after the first was queued. Off (CPU copies at once): the hit
+    lies on SSD, so the first read ends at its ring's 3 rows and the next read fails (on the prefetch thread while
+    the first copies, or on the engine thread after it); the load ends there and no lease stays open."""
+    ssd = dict(dram_bytes=1 << 20, ssd_path=str(tmp_path / "ssd"), ssd_bytes=64 << 20, promote_on_hit=False)
+    with EmbeddedPool(**(ssd if layerwise == "off" else dict(dram_bytes=128 << 20))) as pool:
         run(make_engine(pool, **DIRECT), QUESTION_A)
         flaky = FaultAfter(pool, 2)
         b = make_engine(flaky, layerwise_load=layerwise, load_chunk_blocks=3, **DIRECT)
         out = run(b, QUESTION_B)
-        assert out.num_cached_tokens_external == 3 * 16              # the first chunk, then the fault
+        if layerwise == "on":
+            assert out.num_cached_tokens_external == 3 * 16          # the first chunk, then the fault
+        else:                                                       # the first read: DRAM hits, then 3 SSD ones
+            count, staged, full = flaky.first
+            assert staged == 3 and full and out.num_cached_tokens_external == count * 16
         assert out.token_ids == reference_b
         assert b.engine.connector.stats.fallbacks == {"unreachable": 1}
         b.engine.connector.close()
         assert pool.stats()["leases_open"] == 0
 
 
+def test_a_fault_during_an_all_direct_cpu_load_recomputes_it_all(reference_b):
+    """Same-host DRAM on CPU: the whole hit is one read, so a fault at its acquire leaves nothing loaded."""
+    with EmbeddedPool(dram_bytes=128 << 20) as pool:
+        run(make_engine(pool, **DIRECT), QUESTION_A)
+        flaky = FaultAfter(pool, 1)
+        b = make_engine(flaky, layerwise_load="off", load_chunk_blocks=3, **DIRECT)
+        out = run(b, QUESTION_B)
+        assert out.num_cached_tokens_external == 0 and out.token_ids == reference_b
+        assert b.engine.connector.stats.fallbacks == {"unreachable": 1}
+        b.engine.connector.close()
+        assert pool.stats()["leases_open"] == 0
+
+
 class ThreadSpy:
-    """A real pool that records which thread ran each acquire_many."""
+    """A real pool that records which thread ran each acquire_many, and what each asked for and got."""
 
     def __init__(self, pool):
-        self.pool, self.threads = pool, []
+        self.pool, self.threads, self.asked, self.got = pool, [], [], []
 
-    def acquire_many(self, *args, **kwargs):
+    def acquire_many(self, keys, *args, **kwargs):
         self.threads.append(threading.current_thread().name)
-        return self.pool.acquire_many(*args, **kwargs)
+        self.asked.append((len(keys), kwargs.get("max_staged")))
+        read = self.pool.acquire_many(keys, *args, **kwargs)
+        self.got.append((read.count, read.direct.count(False), read.staging_full))
+        return read
 
     def __getattr__(self, name):
         return getattr(self.pool, name)
 
 
 def test_a_cpu_direct_load_acquires_the_next_chunk_while_it_copies_this_one(reference_b, tmp_path, copy_path):
-    """Chunks of 2-3 blocks: the first is acquired on the engine thread, every later one on the prefetch thread while
-    the one before (all same-host DRAM) is copied. After a chunk staged through a ring (SSD records), the same holds
-    where the copy runs on one core (the one-pass copy: the next chunk is read into the other ring meanwhile);
-    with torch's copy, on both cores, the next is acquired on the engine thread once the copy is done. The output is
-    exact either way."""
+    """SSD records, rings of 2 rows: the first read asks for the whole hit and ends at its ring's 2 rows; after it
+    the reads ask for 2 keys each. The first is acquired on the engine thread; every later one, where the copy runs
+    on one core (the one-pass copy), on the prefetch thread while the one before is copied, into the other ring;
+    with torch's copy, on both cores, on the engine thread once the copy is done. Same-host DRAM: the whole hit is
+    one read on the engine thread. The output is exact either way."""
     with EmbeddedPool(dram_bytes=1 << 20, ssd_path=str(tmp_path / "ssd"), ssd_bytes=64 << 20,
                       promote_on_hit=False) as pool:
         run(make_engine(pool, **DIRECT), QUESTION_A)
         spy = ThreadSpy(pool)
         b = make_engine(spy, layerwise_load="off", load_chunk_blocks=2, **DIRECT)
         out = run(b, QUESTION_B)
-        # three chunks or more: ring 0, ring 1, then ring 0 again
-        assert out.num_cached_tokens_external >= 6 * 16 and out.token_ids == reference_b
+        hit = out.num_cached_tokens_external // 16
+        # three reads or more: ring 0, ring 1, then ring 0 again
+        assert hit >= 6 and out.token_ids == reference_b
         assert spy.threads[0] == threading.current_thread().name and len(spy.threads) >= 3
+        # the first read: the hit's DRAM blocks (a leading one may still be there), then 2 SSD records
+        assert spy.asked[0] == (hit, 2) and spy.got[0][1:] == (2, True)
+        first = spy.got[0][0]
+        assert all(asked == (min(2, hit - first - 2 * i), 2) for i, asked in enumerate(spy.asked[1:]))
         if copy_path == "one pass":
             assert all(t.startswith("kvpool-load-prefetch") for t in spy.threads[1:])
         else:
@@ -338,9 +367,9 @@ def test_a_cpu_direct_load_acquires_the_next_chunk_while_it_copies_this_one(refe
         b = make_engine(spy, layerwise_load="off", load_chunk_blocks=3, **DIRECT)
         out = run(b, QUESTION_B)
         loaded = out.num_cached_tokens_external // 16
-        assert loaded >= 6 and out.token_ids == reference_b           # two chunks or more
-        assert spy.threads[0] == threading.current_thread().name
-        assert len(spy.threads) >= 2 and all(t.startswith("kvpool-load-prefetch") for t in spy.threads[1:])
+        assert loaded >= 6 and out.token_ids == reference_b           # more than two rings' worth
+        assert spy.threads == [threading.current_thread().name]
+        assert spy.asked == [(loaded, 3)] and spy.got == [(loaded, 0, False)]
         b.engine.connector.close()
         assert pool.stats()["leases_open"] == 0
 
@@ -372,9 +401,9 @@ class CopySpy:
 
 
 def test_a_cpu_direct_load_copies_a_chunk_on_two_threads(reference_b, copy_path):
-    """Same-host DRAM chunks of 3: with the one-pass copy, entries 0-1 of each chunk are copied on the engine
-    thread while entry 2 is copied on the copy helper; with torch's copy (its own threads already), all on the
-    engine thread. The output is exact either way."""
+    """Same-host DRAM: the hit of 6 blocks is one read; with the one-pass copy, entries 0-2 are copied on the
+    engine thread while entries 3-5 are copied on the copy helper; with torch's copy (its own threads already), all
+    on the engine thread. The output is exact either way."""
     with EmbeddedPool(dram_bytes=128 << 20) as pool:
         run(make_engine(pool, **DIRECT), QUESTION_A)
         spy = CopySpy(pool)
@@ -382,11 +411,12 @@ def test_a_cpu_direct_load_copies_a_chunk_on_two_threads(reference_b, copy_path)
         out = run(b, QUESTION_B)
         assert out.num_cached_tokens_external == 6 * 16 and out.token_ids == reference_b
         here = threading.current_thread().name
-        assert [sorted(c) for c in spy.chunks] == [[0, 1, 2], [0, 1, 2]]
-        for copied_on in spy.chunks:
-            assert copied_on[0] == copied_on[1] == here
-            assert copied_on[2].startswith("kvpool-load-copy") == (copy_path == "one pass")
-            assert copied_on[2] == here or copy_path == "one pass"
+        assert [sorted(c) for c in spy.chunks] == [[0, 1, 2, 3, 4, 5]]
+        copied_on = spy.chunks[0]
+        assert copied_on[0] == copied_on[1] == copied_on[2] == here
+        for i in (3, 4, 5):
+            assert copied_on[i].startswith("kvpool-load-copy") == (copy_path == "one pass")
+            assert copied_on[i] == here or copy_path == "one pass"
         b.engine.connector.close()
         assert pool.stats()["leases_open"] == 0
 

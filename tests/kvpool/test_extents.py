@@ -108,6 +108,32 @@ def test_embedded_ssd_entries_are_staged_and_verified(tmp_path):
         assert pool.stats()["leases_open"] == 0
 
 
+def test_embedded_max_staged_ends_the_read_before_the_next_staged_hit(tmp_path):
+    staged: list[int] = []
+
+    def staging(n):
+        staged.append(n)
+        return np.zeros(n, np.uint8)
+
+    with EmbeddedPool(dram_bytes=2 * SIZE, ssd_path=str(tmp_path / "ssd"), ssd_bytes=1 << 20,
+                      shm_dir=str(tmp_path), promote_on_hit=False, write_behind=False) as pool:
+        for ids in ((0, 1), (2, 3)):      # 0 and 1 on SSD, 2 and 3 in DRAM
+            assert pool.put_many([key(i) for i in ids], [data(i) for i in ids]) == ["stored"] * 2
+        order = [2, 3, 0, 1]              # DRAM, DRAM, SSD, SSD
+        cases = [(None, 4, False, 2), (3, 4, False, 2), (2, 4, False, 2), (1, 3, True, 1), (0, 2, True, 0)]
+        for max_staged, count, full, n_staged in cases:
+            staged.clear()
+            with pool.acquire_many([key(i) for i in order], [SIZE] * 4, staging=staging, max_staged=max_staged) as r:
+                assert (r.count, r.staging_full, len(staged)) == (count, full, n_staged), max_staged
+                assert r.direct == [True, True, False, False][:count]
+                assert all(bytes(b) == data(order[j]).tobytes() for j, b in enumerate(r.buffers))
+        with pool.acquire_many([key(i) for i in (0, 1)], [SIZE] * 2, max_staged=0) as r:
+            assert (r.count, r.staging_full) == (0, True)
+        with pool.acquire_many([key(i) for i in (2, 9)], [SIZE] * 2, max_staged=0) as r:
+            assert (r.count, r.staging_full) == (1, False)     # a miss is not a full staging
+        assert pool.stats()["leases_open"] == 0
+
+
 def test_argument_errors_name_the_argument_and_change_nothing(tmp_path):
     with EmbeddedPool(dram_bytes=1 << 20, shm_dir=str(tmp_path), max_object_bytes=1 << 16) as pool:
         cases = [
@@ -118,6 +144,9 @@ def test_argument_errors_name_the_argument_and_change_nothing(tmp_path):
             (lambda: pool.reserve_many([key(1)], SIZE), "sizes must be a sequence of ints"),
             (lambda: pool.reserve_many([b"short"], [SIZE]), "keys"),
             (lambda: pool.acquire_many([key(1)], [SIZE], staging=42), "staging must be a callable"),
+            (lambda: pool.acquire_many([key(1)], [SIZE], max_staged=-1), r"max_staged must be None or an int >= 0"),
+            (lambda: pool.acquire_many([key(1)], [SIZE], max_staged=True), "max_staged"),
+            (lambda: pool.acquire_many([key(1)], [SIZE], max_staged=1.0), "max_staged"),
         ]
         for call, message in cases:
             with pytest.raises(ValueError, match=message):
@@ -244,6 +273,35 @@ def test_client_tcp_and_ssd_entries_land_in_the_callers_staging(up):
             assert r.count == 6
             assert r.direct == [t == "dram" for t in r.tiers] and r.verify() == 6
             assert all(xxhash.xxh3_64_intdigest(b) == xxhash.xxh3_64_intdigest(data(i)) for i, b in enumerate(r.buffers))
+
+
+def test_client_max_staged_ends_the_read_before_the_next_staged_hit(up):
+    handed: list[int] = []
+
+    def staging(n):
+        handed.append(n)
+        return np.zeros(n, np.uint8)
+
+    keys = [key(i) for i in range(6)]
+    with PoolClient(up.address) as client:
+        assert client.put_many(keys, [data(i) for i in range(6)]) == ["stored"] * 6   # DRAM holds 4: 2 go to SSD
+        with client.acquire_many(keys, [SIZE] * 6) as r:
+            direct = r.direct
+        assert r.count == 6 and direct.count(False) == 2
+        for max_staged in (0, 1, 2, None):
+            handed.clear()
+            staged_at = [i for i, d in enumerate(direct) if not d]
+            count = staged_at[max_staged] if max_staged is not None and max_staged < 2 else 6
+            with client.acquire_many(keys, [SIZE] * 6, staging=staging, max_staged=max_staged) as r:
+                assert (r.count, r.staging_full) == (count, count < 6), max_staged
+                assert r.direct == direct[:count] and len(handed) == direct[:count].count(False)
+                assert r.verify() == count
+                assert all(bytes(b) == data(i).tobytes() for i, b in enumerate(r.buffers))
+    with PoolClient(up.address, transport="tcp") as client:         # nothing direct: every hit is staged
+        with client.acquire_many(keys, [SIZE] * 6, max_staged=4) as r:
+            assert (r.count, r.staging_full, r.direct) == (4, True, [False] * 4)
+            assert all(bytes(b) == data(i).tobytes() for i, b in enumerate(r.buffers))
+    assert up.master.stats()["leases_open"] == 0
 
 
 def test_client_direct_write_past_its_grant_is_never_committed(up):
