@@ -7,6 +7,7 @@ staged through the caller's allocator; the read fence, the write deadline, abort
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import time
@@ -77,17 +78,30 @@ def test_embedded_abort_frees_the_grants(tmp_path):
         assert w.commit() == ["stored"] * 4
 
 
-def test_embedded_ssd_entries_are_staged_and_verified(tmp_path):
+def recording_staging() -> tuple[list[int], object]:
+    """A staging allocator that records the size of each buffer it hands out."""
     staged: list[int] = []
 
     def staging(n):
         staged.append(n)
         return np.zeros(n, np.uint8)
 
+    return staged, staging
+
+
+@contextlib.contextmanager
+def two_tier_pool(tmp_path):
+    """An EmbeddedPool holding keys 0 and 1 on SSD, 2 and 3 in DRAM."""
     with EmbeddedPool(dram_bytes=2 * SIZE, ssd_path=str(tmp_path / "ssd"), ssd_bytes=1 << 20,
                       shm_dir=str(tmp_path), promote_on_hit=False, write_behind=False) as pool:
         for ids in ((0, 1), (2, 3)):      # two puts: the first pair is the colder one, demoted by the second
             assert pool.put_many([key(i) for i in ids], [data(i) for i in ids]) == ["stored"] * 2
+        yield pool
+
+
+def test_embedded_ssd_entries_are_staged_and_verified(tmp_path):
+    staged, staging = recording_staging()
+    with two_tier_pool(tmp_path) as pool:
         tiers = {i: rec.tier.label for i, rec in enumerate(pool.master.inspect([key(i) for i in range(4)]))}
         assert tiers == {0: "ssd", 1: "ssd", 2: "dram", 3: "dram"}
         with pool.acquire_many([key(i) for i in range(4)], [SIZE] * 4, staging=staging) as r:
@@ -109,16 +123,8 @@ def test_embedded_ssd_entries_are_staged_and_verified(tmp_path):
 
 
 def test_embedded_max_staged_ends_the_read_before_the_next_staged_hit(tmp_path):
-    staged: list[int] = []
-
-    def staging(n):
-        staged.append(n)
-        return np.zeros(n, np.uint8)
-
-    with EmbeddedPool(dram_bytes=2 * SIZE, ssd_path=str(tmp_path / "ssd"), ssd_bytes=1 << 20,
-                      shm_dir=str(tmp_path), promote_on_hit=False, write_behind=False) as pool:
-        for ids in ((0, 1), (2, 3)):      # 0 and 1 on SSD, 2 and 3 in DRAM
-            assert pool.put_many([key(i) for i in ids], [data(i) for i in ids]) == ["stored"] * 2
+    staged, staging = recording_staging()
+    with two_tier_pool(tmp_path) as pool:
         order = [2, 3, 0, 1]              # DRAM, DRAM, SSD, SSD
         cases = [(None, 4, False, 2), (3, 4, False, 2), (2, 4, False, 2), (1, 3, True, 1), (0, 2, True, 0)]
         for max_staged, count, full, n_staged in cases:
@@ -276,12 +282,7 @@ def test_client_tcp_and_ssd_entries_land_in_the_callers_staging(up):
 
 
 def test_client_max_staged_ends_the_read_before_the_next_staged_hit(up):
-    handed: list[int] = []
-
-    def staging(n):
-        handed.append(n)
-        return np.zeros(n, np.uint8)
-
+    handed, staging = recording_staging()
     keys = [key(i) for i in range(6)]
     with PoolClient(up.address) as client:
         assert client.put_many(keys, [data(i) for i in range(6)]) == ["stored"] * 6   # DRAM holds 4: 2 go to SSD
