@@ -43,6 +43,9 @@ def test_pool_remote_prints_every_ratio_line():
     assert has(lines, r"goals \(issue 14\): same-host get >= 0\.9x memcpy at 2 MiB: (met|MISSED); same-host get "
                       r">= 0\.5x memcpy at 64 KiB: (met|MISSED); another client's first get >= 0\.5x memcpy at 64 KiB: "
                       r"(met|MISSED); tcp get >= 0\.8x raw socket at 2 MiB: (met|MISSED)$"), out
+    assert has(lines, rf"tcp get at 2 MiB: {X} the zero-page raw socket \(issue 14's limit\), {X} a raw socket sending "
+                      rf"distinct buffers, which itself reaches {X} the zero-page one \(its sender reads the pass's "
+                      r"bytes from DRAM, as a node must\)$"), out
     assert has(lines, r"auth on, 2 MiB get: same-host \d\.\d{3}x, tcp \d\.\d{3}x of auth off"), out
     assert has(lines, r"master memory per indexed object: not measured \(--index-objects 0\)"), out
 
@@ -84,6 +87,12 @@ def test_e2e_prints_every_case_and_identical_outputs():
                       rf"\d+\.\d\d; \d+\.\d vs \d+\.\d ms; goal 0\.9x\)$"), out
     assert has(lines, rf"ratio e2e_ttft 64 pool_service vs local hit, 2 alternating pairs: {X} \(median of the "
                       rf"pairs' ratios; medians \d+\.\d vs \d+\.\d ms, ratio of medians {X}; goal 0\.9x\)$"), out
+    # the SSD hit against what the disk allows: the disk's read of the very bytes the load read, measured in the run
+    assert has(lines, rf"ratio e2e_ttft 64 service_SSD vs what the disk allows: {X} \(\d+\.\dx cold of a \d+\.\dx "
+                      rf"ceiling: the local hit \d+\.\d ms \+ \d+\.\d MiB read sequentially from this disk in \d+\.\d ms, "
+                      rf"\d+\.\d\d GB/s; the load took \d+\.\d ms, {X} the disk's speed\)$"), out
+    assert has(lines, r"goal \(issue 14\): service SSD >= 40x cold at 64: (met|MISSED) \(\d+\.\dx; the disk allows "
+                      r"\d+\.\dx in this run(, below the goal)?\)$"), out
     # the load row: a time under each pool case, none under cold and the local hit
     load = [line for line in lines if line.startswith("   load  ")]
     assert len(load) == 1 and len(re.findall(r"\d+\.\d ms", load[0])) == 4, out
