@@ -1,8 +1,10 @@
 """Worker side of the vLLM connector: carry out a step's plan (vllm_plan.StepPlan) against the pool over vLLM's KV
 tensors. vLLM-free, so unit tests run it on plain tensors and a real pool.
 
-    start_load_kv ─▶ load(plan.loads)   before the forward, synchronously, in chunks: acquire_many leases the
-                                        objects; same-host DRAM extents are copied straight into vLLM's pages,
+    start_load_kv ─▶ load(plan.loads)   before the forward, synchronously: acquire_many leases the objects,
+                                        each read asking for the rest of the hit and staging at most one
+                                        buffer's rows (`max_staged`), so a same-host DRAM hit is one lease and
+                                        one copy; same-host DRAM extents are copied straight into vLLM's pages,
                                         each page hashed as it lands (the read fence); others (TCP, SSD) land in
                                         a staging buffer reserved (and touched) at start, checked as they
                                         arrive. Blocks not loaded (miss, evicted since the lookup, bad checksum,
@@ -145,13 +147,15 @@ class WorkerTransfer:
         chunk = self._staging.shape[0]
         tiers: list[str] = []
         got = 0
+        whole = True    # ask for the rest of the hit; after a read with staged entries, for one buffer's rows
         start = self._clock()
         try:
             while got < n:
-                k = min(chunk, n - got)
-                done = self._load_chunk(pool, spec.keys[got:got + k], spec.block_ids[got:got + k], tiers)
+                k = n - got if whole else min(chunk, n - got)
+                done, goes_on, whole = self._load_chunk(pool, spec.keys[got:got + k], spec.block_ids[got:got + k],
+                                                        tiers)
                 got += done
-                if done < k:
+                if got < n and not goes_on:
                     # Evicted since the lookup, or a block failed its checksum: recompute from there.
                     self.stats.add_fallback("partial_load")
                     break
@@ -170,17 +174,22 @@ class WorkerTransfer:
                 self.stats.add_hit(tier, bt)
         return got
 
-    def _load_chunk(self, pool, keys: Sequence[bytes], block_ids: Sequence[int], tiers: list[str]) -> int:
-        """Load the leading hits of `keys` into `block_ids`; returns how many are valid. Same-host DRAM objects are
-        copied from the pool's mapped extents straight into vLLM's pages (one copy, not get-into-staging then
-        scatter); others (TCP, SSD) arrive in rows of the staging buffer, checked as they land."""
+    def _load_chunk(self, pool, keys: Sequence[bytes], block_ids: Sequence[int],
+                    tiers: list[str]) -> tuple[int, bool, bool]:
+        """Load the leading hits of `keys` into `block_ids`: (how many are valid, whether the hit goes on past
+        them, whether every entry read was direct). Same-host DRAM objects are copied from the pool's mapped
+        extents straight into vLLM's pages (one copy, not get-into-staging then scatter); others (TCP, SSD) arrive
+        in rows of the staging buffer, checked as they land. The read stages at most the buffer's rows
+        (`max_staged`) and ends before the next entry that would need one (`staging_full`): the hit goes on there."""
         rows = iter(self._staging_np)
         # No namespace: the scheduler's lookup_prefix already counted these tokens in the pool's hit stats (a
         # namespaced read would count every loaded token a second time).
-        read = pool.acquire_many(keys, [self.pages.object_bytes] * len(keys), staging=lambda nbytes: next(rows))
+        read = pool.acquire_many(keys, [self.pages.object_bytes] * len(keys), staging=lambda nbytes: next(rows),
+                                 max_staged=len(self._staging_np))
         try:
             if not read.count:
-                return 0
+                return 0, False, True
+            direct = all(read.direct[:read.count])
             # The same-host read fence, object by object: on host KV tensors each page is hashed after its copy
             # (from cache; on the fence's helper thread while the next page copies, for loads of PIPELINE_MIN bytes
             # or more), and the object's hash of what landed in vLLM's pages must be the committed checksum;
@@ -192,7 +201,7 @@ class WorkerTransfer:
             done = self.pages.scatter_views(block_ids[:read.count], read.buffers[:read.count], after=read.verify_copy,
                                             hash_landed=read.needs_check if host else None, pipeline=pipeline)
             tiers += read.tiers[:done]
-            return done
+            return done, done == read.count and (read.staging_full or read.count == len(keys)), direct
         finally:
             read.release()
 

@@ -34,6 +34,28 @@ def pool():
         yield p
 
 
+@pytest.fixture
+def ssd_pool(tmp_path):
+    """No DRAM tier: every object an SSD record, so every read stages its entries (at most a buffer's rows)."""
+    with EmbeddedPool(dram_bytes=0, ssd_path=str(tmp_path / "ssd"), ssd_bytes=16 << 20, promote_on_hit=False) as p:
+        yield p
+
+
+class ReadSpy:
+    """A real pool that records each acquire_many as (keys asked, entries read, staging_full, max_staged)."""
+
+    def __init__(self, pool) -> None:
+        self.pool, self.reads = pool, []
+
+    def acquire_many(self, keys, sizes, **kwargs):
+        read = self.pool.acquire_many(keys, sizes, **kwargs)
+        self.reads.append((len(keys), read.count, read.staging_full, kwargs.get("max_staged")))
+        return read
+
+    def __getattr__(self, name):
+        return getattr(self.pool, name)
+
+
 def worker(pool, cache, **kw):
     stats = ConnectorStats()
     t = WorkerTransfer(config(**kw), NS, KVPages(cache), handle(pool, stats), stats)
@@ -140,10 +162,11 @@ def test_a_saves_b_loads_byte_exact_into_other_blocks(pool):
     a.begin_step()
     a.save([SaveSpec("r", KEYS[:4], [3, 1, 4, 0])], num_scheduled_tokens=4 * BT)
     assert a.flush(10) and stats_a.saved_blocks == 4
-    b, stats_b = worker(pool, cache_b, load_chunk_blocks=3)       # two chunks through the staging buffer
+    spy = ReadSpy(pool)
+    b, stats_b = worker(spy, cache_b, load_chunk_blocks=3)        # 3 staging rows, 4 blocks: all direct, one read
     b.begin_step()
     b.load([LoadSpec("q", KEYS[:4], [9, 8, 7, 6])])
-    assert b.take_invalid_block_ids() == set()
+    assert b.take_invalid_block_ids() == set() and spy.reads == [(4, 4, False, 3)]
     for src, dst in zip([3, 1, 4, 0], [9, 8, 7, 6]):
         assert [page(cache_b, l, dst) for l in range(LAYERS)] == [page(cache_a, l, src) for l in range(LAYERS)]
     assert stats_b.pool_hit_tokens == {"dram": 4 * BT} and stats_b.loads == 1 and stats_b.fallbacks == {}
@@ -214,21 +237,53 @@ def test_block_evicted_between_lookup_and_load_reports_the_rest(pool):
     (PoolDataError("checksum mismatch"), 2, "checksum", False),         # one bad block says nothing of the pool
     (RuntimeError("bug"), 1, "error", True),
 ])
-def test_load_fault_recomputes_from_the_failed_chunk(pool, exc, at, reason, backs_off):
-    _saved(pool)
-    faulty = FaultyPool(pool, "acquire_many", exc, at=at)
+def test_load_fault_recomputes_from_the_failed_read(ssd_pool, exc, at, reason, backs_off):
+    _saved(ssd_pool)
+    spy = ReadSpy(ssd_pool)
+    faulty = FaultyPool(spy, "acquire_many", exc, at=at)
     stats = ConnectorStats()
     h = handle(faulty, stats)
     w = WorkerTransfer(config(load_chunk_blocks=2), NS, KVPages(kv_cache(10)), h, stats)
     w.begin_step()
-    w.load([LoadSpec("r", KEYS[:5], [5, 6, 7, 8, 9])])        # chunks [5,6] [7,8] [9]
+    w.load([LoadSpec("r", KEYS[:5], [5, 6, 7, 8, 9])])        # reads [5,6] (of all 5 asked) [7,8] [9]
     loaded = 2 * (at - 1)
     assert w.take_invalid_block_ids() == set([5, 6, 7, 8, 9][loaded:])
-    assert stats.fallbacks == {reason: 1} and sum(stats.pool_hit_tokens.values()) == loaded * BT
+    assert spy.reads == [(5, 2, True, 2)][:at - 1]              # the first read stopped at the 2 rows; then the fault
+    assert stats.fallbacks == {reason: 1} and stats.pool_hit_tokens == ({"ssd": loaded * BT} if loaded else {})
     assert h.backing_off is backs_off
     # Saves of that request in the same step are dropped: its new KV was computed over the failed blocks.
     w.save([SaveSpec("r", KEYS[5:6], [0]), SaveSpec("other", KEYS[5:6], [1])])
     assert w.flush(10) and stats.saved_blocks == (0 if backs_off else 1)
+
+
+def test_an_ssd_hit_is_read_a_buffer_of_rows_at_a_time_byte_exact(ssd_pool):
+    """The first read asks for the whole hit and ends at the staging buffer's rows; each next read asks for that
+    many keys only (the rest is likely staged too)."""
+    src = _saved(ssd_pool)
+    spy = ReadSpy(ssd_pool)
+    cache = kv_cache(10, seed=7)
+    w, stats = worker(spy, cache, load_chunk_blocks=2)
+    w.begin_step()
+    w.load([LoadSpec("r", KEYS[:5], [5, 6, 7, 8, 9])])
+    assert w.take_invalid_block_ids() == set() and stats.fallbacks == {}
+    assert spy.reads == [(5, 2, True, 2), (2, 2, False, 2), (1, 1, False, 2)]
+    for s, d in zip(range(5), [5, 6, 7, 8, 9]):
+        assert [page(cache, l, d) for l in range(LAYERS)] == [page(src, l, s) for l in range(LAYERS)]
+    assert stats.pool_hit_tokens == {"ssd": 5 * BT} and stats.loads == 1
+    w.close()
+
+
+def test_a_fault_on_an_all_dram_hit_s_one_read_loads_nothing(pool):
+    _saved(pool)
+    spy = ReadSpy(pool)
+    stats = ConnectorStats()
+    h = handle(FaultyPool(spy, "acquire_many", PoolTimeout("get: deadline exceeded"), at=1), stats)
+    w = WorkerTransfer(config(load_chunk_blocks=2), NS, KVPages(kv_cache(10)), h, stats)
+    w.begin_step()
+    w.load([LoadSpec("r", KEYS[:5], [5, 6, 7, 8, 9])])
+    assert w.take_invalid_block_ids() == {5, 6, 7, 8, 9} and spy.reads == []
+    assert stats.fallbacks == {"timeout": 1} and stats.pool_hit_tokens == {}
+    w.close()
 
 
 def test_pool_down_at_start_recomputes_everything_and_saves_nothing():
@@ -297,11 +352,12 @@ class LateWriter:
     stalled peer's late write does to bytes a reader copies straight out of the mapped arena."""
 
     def __init__(self, client: PoolClient, victim: int) -> None:
-        self.client, self.victim, self.direct = client, victim, []
+        self.client, self.victim, self.direct, self.reads = client, victim, [], []
 
     def acquire_many(self, *args, **kwargs):
         read = self.client.acquire_many(*args, **kwargs)
         self.direct += read.direct
+        self.reads.append((len(args[0]), read.count, read.staging_full))
         if self.victim < read.count:
             np.frombuffer(read.buffers[self.victim], np.uint8)[:8] ^= 0xFF
         return read
@@ -318,10 +374,12 @@ def test_load_is_byte_exact_from_the_arena_or_through_staging_rows(up, transport
         a.save([SaveSpec("r", KEYS[:5], [3, 1, 4, 0, 2])])
         assert a.flush(10)
         spy = LateWriter(reader, victim=99)
-        b, stats = worker(spy, cache_b, load_chunk_blocks=2)   # three chunks: same host, straight from the arena
+        b, stats = worker(spy, cache_b, load_chunk_blocks=2)   # 2 staging rows
         b.begin_step()
         b.load([LoadSpec("q", KEYS[:5], [9, 8, 7, 6, 5])])
         assert b.take_invalid_block_ids() == set() and spy.direct == [direct] * 5
+        # same host: one read straight from the arena; TCP: the rows' worth at a time, the first asking for all 5
+        assert spy.reads == ([(5, 5, False)] if direct else [(5, 2, True), (2, 2, False), (1, 1, False)])
         for src, dst in zip([3, 1, 4, 0, 2], [9, 8, 7, 6, 5]):
             assert [page(cache_b, l, dst) for l in range(LAYERS)] == [page(cache_a, l, src) for l in range(LAYERS)]
         assert stats.pool_hit_tokens == {"dram": 5 * BT} and stats.fallbacks == {}
