@@ -227,7 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                         loads.setdefault((length, "service SSD"), []).append(load_seconds(b))
                         mismatches += [f"{length}/service-ssd"] if out != ref_s or ext == 0 else []
                         nbytes = b.engine.connector.stats.load_bytes
-                        disk.setdefault(length, []).append((nbytes, probe.seconds(nbytes)))
+                        if nbytes:      # (no load: a mismatch already, and nothing to compare with the disk)
+                            disk.setdefault(length, []).append((nbytes, probe.seconds(nbytes)))
                         bar.update(1)
             for length in args.lengths if args.pairs else ():
                 # one instance computed the prompt (the local hit's), another saved it to the service; then pairs
