@@ -40,7 +40,7 @@ has landed while the next chunk copies (these three with the one-pass copy turne
 
     python bench/pool_remote.py [--total 256MiB] [--batch 32] [--rounds 3] [--index-objects 1000000] [--fence]
 
-One file of ~630 lines: its columns must run interleaved in one process, batch by batch, to be comparable on a
+One file of ~670 lines: its columns must run interleaved in one process, batch by batch, to be comparable on a
 shared machine; the pools, the peers and the limits are set up and torn down together.
 """
 
