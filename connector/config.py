@@ -72,7 +72,8 @@ class ConnectorConfig:
     load_policy: LoadPolicy = LoadPolicy.AUTO
     tenant: str = "default"
     save_queue_blocks: int = 1024
-    load_chunk_blocks: int = 64          # blocks per load chunk; its staging reserved at start (CPU: 2 x 64 x 720 KiB)
+    load_chunk_blocks: int = 64          # SSD/TCP blocks staged per load read (same-host DRAM: the whole hit in one
+                                         # read); its staging reserved at start (CPU: 2 x 64 x 720 KiB)
     transport: str = "auto"
     embedded_dram_bytes: int = 256 << 20
     embedded_ssd_path: str | None = None
