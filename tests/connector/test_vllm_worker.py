@@ -347,23 +347,20 @@ def up(port):
     shutil.rmtree(shm, ignore_errors=True)
 
 
-class LateWriter:
+class LateWriter(ReadSpy):
     """A PoolClient whose acquired extent `victim` is overwritten in place as the lease is handed out: what a
     stalled peer's late write does to bytes a reader copies straight out of the mapped arena."""
 
     def __init__(self, client: PoolClient, victim: int) -> None:
-        self.client, self.victim, self.direct, self.reads = client, victim, [], []
+        super().__init__(client)
+        self.victim, self.direct = victim, []
 
-    def acquire_many(self, *args, **kwargs):
-        read = self.client.acquire_many(*args, **kwargs)
+    def acquire_many(self, keys, sizes, **kwargs):
+        read = super().acquire_many(keys, sizes, **kwargs)
         self.direct += read.direct
-        self.reads.append((len(args[0]), read.count, read.staging_full))
         if self.victim < read.count:
             np.frombuffer(read.buffers[self.victim], np.uint8)[:8] ^= 0xFF
         return read
-
-    def __getattr__(self, name):
-        return getattr(self.client, name)
 
 
 @pytest.mark.parametrize("transport, direct", [("auto", True), ("tcp", False)])
@@ -379,7 +376,7 @@ def test_load_is_byte_exact_from_the_arena_or_through_staging_rows(up, transport
         b.load([LoadSpec("q", KEYS[:5], [9, 8, 7, 6, 5])])
         assert b.take_invalid_block_ids() == set() and spy.direct == [direct] * 5
         # same host: one read straight from the arena; TCP: the rows' worth at a time, the first asking for all 5
-        assert spy.reads == ([(5, 5, False)] if direct else [(5, 2, True), (2, 2, False), (1, 1, False)])
+        assert spy.reads == ([(5, 5, False, 2)] if direct else [(5, 2, True, 2), (2, 2, False, 2), (1, 1, False, 2)])
         for src, dst in zip([3, 1, 4, 0, 2], [9, 8, 7, 6, 5]):
             assert [page(cache_b, l, dst) for l in range(LAYERS)] == [page(cache_a, l, src) for l in range(LAYERS)]
         assert stats.pool_hit_tokens == {"dram": 5 * BT} and stats.fallbacks == {}
