@@ -9,8 +9,9 @@
                    A Lookup also names the nodes whose arena is mapped here: their DRAM hits come without the
                    data-channel token (an HMAC per hit the master need not compute)
                    The location cache (kvpool/locations.py, on by default): a get of keys it read or put before
-                   copies them from the remembered extents through the same check, with no Lookup, while their
-                   arena's removal generation is unchanged; the gets are reported later
+                   copies them from the remembered extents through the same check (an SSD record it read from a
+                   same-host node's file: read there again, with the record's checks), with no Lookup, while their
+                   arena's removal generation is unchanged; the gets are reported later (locations only, no lease)
     reserve_many / acquire_many (kvpool/extents.py): the same RPCs, but the caller copies into / out of same-host
                    arena extents itself; the rest is staged through the data channel
 
@@ -21,7 +22,7 @@ The layers it is built from, each usable on its own:
   kvpool/releaser.py   Releaser: the background thread that ends read leases and sends the location cache's reports
   kvpool/locations.py  LocationCache: where same-host gets and puts found their objects (`location_cache_s`)
 `kvpool drain` moves objects with the same `rpc` and `transfers` (public attributes).
-One module of ~520 lines because it is one concept, the pool API over RPC: a backend method per PoolFront call,
+One module of ~620 lines because it is one concept, the pool API over RPC: a backend method per PoolFront call,
 each a few lines over the layers above.
 
 Faults: what is left after retries raises PoolUnavailable / PoolTimeout / PoolError (PoolAuthError: the master
@@ -48,7 +49,7 @@ from kvpool.buffers import as_writable_bytes
 from kvpool.credentials import Credentials
 from kvpool.extents import ExtentRead, ExtentWrite, Staging
 from kvpool.keys import KEY_BYTES
-from kvpool.locations import DEFAULT_TTL_S, MAX_TTL_S, LocationCache
+from kvpool.locations import DEFAULT_TTL_S, MAX_TTL_S, LocationCache, SsdLocation
 from kvpool.pool import PoolFront
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.releaser import Releaser
@@ -256,15 +257,36 @@ class PoolClient(PoolFront):
                 cache.forget_arena(arena)
             return 0
         n = len(run)
-        good = self._copy_fenced(views, [entry.extent for entry in run], [entry.checksum for entry in run])
+        good = self._read_run(views, run)
         if good < n:
             cache.forget(digest, keys[good:good + 1], stale=True)
             return _STALE
         cache.count(good)
         self._releaser.report_uses(ns, [bytes(k) for k in keys])
         if tiers_out is not None:
-            tiers_out.extend([Tier.DRAM.label] * good)
+            tiers_out.extend(Tier.SSD.label if type(entry.extent) is SsdLocation else Tier.DRAM.label
+                             for entry in run)
         return good
+
+    def _read_run(self, views: list[memoryview], run: list) -> int:
+        """Read a location-cache run into views: DRAM extents copied through the read fence, SSD records read from
+        the node's data file with their own checks and the committed checksum. How many leading reads are good."""
+        ssd = [i for i, entry in enumerate(run) if type(entry.extent) is SsdLocation]
+        if not ssd:
+            return self._copy_fenced(views, [entry.extent for entry in run], [entry.checksum for entry in run])
+        oks = [True] * len(run)
+        picked = set(ssd)
+        dram = [i for i in range(len(run)) if i not in picked]
+        if dram:
+            copied = fence.copy_verified_many([views[i] for i in dram], [run[i].extent for i in dram],
+                                              [run[i].checksum for i in dram], pipeline=self.transfers.verify_threads > 0)
+            for i, ok in zip(dram, copied):
+                oks[i] = ok
+        read = self.transfers.read_located([run[i].extent for i in ssd], [views[i] for i in ssd],
+                                           [run[i].checksum for i in ssd])
+        for i, ok in zip(ssd, read):
+            oks[i] = ok
+        return oks.index(False) if False in oks else len(run)
 
     def _copy_fenced(self, views: list[memoryview], extents: list[memoryview], checksums: list[int]) -> int:
         """Copy extents[i] into views[i] through the read fence (the copy hashed against checksums[i]): how many
@@ -510,12 +532,16 @@ class PoolClient(PoolFront):
     def _remember(self, digest: bytes, keys: Sequence[bytes], reply: pb.LookupResponse, count: int,
                   gens: dict[int, int] | None, mapped: dict[int, tuple[object, memoryview]] | None = None) -> None:
         """Keep the locations of the first `count` hits of a leased lookup's reply: the leading run of them that
-        are DRAM extents of arenas that were mapped here when the lookup was sent (`gens`, their removal
-        generations then: an entry is dated by them, never by a later read, or a removal the master made between
-        its answer and that read would go unseen). The rest of the `count` keys are forgotten (moved to SSD, an
-        arena mapped by this very get, say). `mapped`: the reply's `mapped_extents`, where the caller has them."""
+        are DRAM extents, or SSD records read here (Transfers.ssd_locations), of arenas that were mapped here when
+        the lookup was sent (`gens`, their removal generations then: an entry is dated by them, never by a later
+        read, or a removal the master made between its answer and that read would go unseen). The rest of the
+        `count` keys are forgotten (on a node whose files this client cannot read, an arena mapped by this very
+        get, say). `mapped`: the reply's `mapped_extents`, where the caller has them."""
         if mapped is None:
-            mapped = self.transfers.mapped_extents(wire.hits_of(reply), range(count))
+            batch = wire.hits_of(reply)
+            mapped = self.transfers.mapped_extents(batch, range(count))
+            if len(mapped) < count:     # SSD records read here, dated by their node's arena
+                mapped.update(self.transfers.ssd_locations(batch, [i for i in range(count) if i not in mapped], keys))
         gens = gens or {}
         n = 0
         while n < count and n in mapped and id(mapped[n][0]) in gens:
@@ -544,11 +570,12 @@ class PoolClient(PoolFront):
 
     def _report_uses(self, ns: NsRef, keys: list[bytes], uses: int) -> None:
         """Tell the master about `uses` gets of the chain `keys` served from the location cache (the releaser's
-        thread, off every get's path): one leased Lookup that counts them, shows the policy the chain used, and
-        refreshes the entries; a lease, if the master gave one, goes back at once."""
+        thread, off every get's path): one Lookup that counts them, shows the policy the chain used, and refreshes
+        the entries. `locate_only`: no lease and no tokens (nothing is read through it); a lease from a master that
+        predates it goes back at once."""
         digest = _wire_digest(ns)
         req = pb.LookupRequest(namespace=digest, block_tokens=ns.block_tokens, namespace_label=ns.label, lease=True,
-                               client_host_id=self.host_id, uses=uses, optimistic=True,
+                               client_host_id=self.host_id, uses=uses, optimistic=True, locate_only=True,
                                unpublish_misses=self.host_index_reads)
         req.keys.extend(keys)
         gens = self.transfers.generations() if self.locations is not None else None

@@ -13,6 +13,14 @@ takes that round trip off the get's path:
                of those extents through the read fence (fence.copy_verified_many) with no lease and no RPC; a get
                with any key not remembered goes to the master whole (one chain, as the master would have seen it)
 
+SSD records (`SsdLocation`): where a same-host get read an SSD record straight from the node's data file
+(kvpool/transfer.py), the entry is that location: the open reader of the file, the offset, the payload size and the
+key the record stores. A repeat get reads it again with one preadv into the caller's buffer and keeps it only where
+the record's own checks (key, size, header and payload checksums) and then the committed checksum hold, so an erased
+record, or one whose space now holds another object, is a stale entry, never another object's bytes. It is dated and
+vouched for by that node's arena like a DRAM entry (a node with no DRAM tier shares a one-page arena for its tail
+page: store/node.py), so removals and a dead node are handled as below.
+
 Why no lease is needed: the fence is the guarantee, as for every same-host read (kvpool/fence.py). A returned
 buffer hashes to the checksum committed for its key, whatever happened to the extent since it was remembered
 (evicted, moved, reused by another object, being rewritten): a mismatch means the entry is stale, and it is
@@ -56,12 +64,26 @@ MAX_TTL_S = 3600.0
 DEFAULT_TTL_S = 10.0     # PoolClient's default: each cached get's report refreshes its entries well before that
 
 
+@dataclass(frozen=True, slots=True)
+class SsdLocation:
+    """Where a same-host node's SSD record of an object is: `reader` (tiers.ssd.SsdReader of the node's data file)
+    at `offset`, holding `nbytes` of payload under `key` (the key the master stores: a tenant's is scoped). A read
+    checks the record as the node does (key, size, header and payload checksums), then the committed checksum."""
+
+    reader: Any
+    offset: int
+    nbytes: int
+    key: bytes
+
+
 @dataclass(slots=True)
 class Cached:
-    """One remembered object: `extent` is the object's bytes in `arena` (a mapped tiers.dram.DramArena)."""
+    """One remembered object: `extent` is the object's bytes in `arena` (a mapped tiers.dram.DramArena), or the
+    SsdLocation of its record in the data file of the node that owns `arena` (then the arena only dates and
+    vouches: its removal generation and its owner's lock)."""
 
     arena: Any
-    extent: memoryview
+    extent: memoryview | SsdLocation
     checksum: int
     expires: float          # time.monotonic() after which the entry is not used
     generation: int         # the arena's removal generation read before the lookup that located it
@@ -89,7 +111,8 @@ class LocationCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def remember(self, ns: bytes, keys: Sequence[bytes], arenas: Sequence[Any], extents: Sequence[memoryview],
+    def remember(self, ns: bytes, keys: Sequence[bytes], arenas: Sequence[Any],
+                 extents: Sequence[memoryview | SsdLocation],
                  checksums: Sequence[int], generations: Sequence[int]) -> None:
         """The master just said keys[i] is `extents[i]` in `arenas[i]` with committed `checksums[i]`, answering a
         lookup sent when that arena's removal generation was `generations[i]`."""
@@ -153,4 +176,4 @@ class LocationCache:
                     "removed": self.removed}
 
 
-__all__ = ["LocationCache", "Cached", "MAX_ENTRIES", "MAX_TTL_S", "DEFAULT_TTL_S"]
+__all__ = ["LocationCache", "Cached", "SsdLocation", "MAX_ENTRIES", "MAX_TTL_S", "DEFAULT_TTL_S"]

@@ -25,6 +25,9 @@ the data channel, `"none"` nothing: both give up that guarantee (benchmarks, tru
 Zero-staging callers (kvpool/extents.py) use the pieces: `mapped_views` (same-host DRAM extents themselves, for the
 caller's own copy), `check_mapped` (the read fence on them), `fenced` + `check_landed` (the same fence on the
 caller's own hash of its copy), `owners_gone` (the write-side owner check), and `read`/`write` for the staged rest.
+The location cache (kvpool/locations.py) takes `mapped_extents` and `ssd_locations` (the SSD records this client
+reads itself, each with the node's arena that dates it) from a reply, and reads its SSD entries with
+`read_located` (the record's checks and the committed checksum; a failure is stale, neither retried nor reported).
 `pin_arenas = True` registers every mapped arena with CUDA (`DramArena.pin`). A read that failed its checksum is
 added to `corrupt` so the caller can report it. A node that cannot be reached fails only its own entries; a write
 where nothing could be written anywhere raises PoolUnavailable / PoolTimeout (an outage, not "no space").
@@ -33,7 +36,7 @@ Thread-safe: routes are shared read-mostly, data connections are pooled per call
 TLS: a node that advertises `data_tls` is reached over TLS (`ssl_context`, else the system's CAs; `server_name`
 overrides the name checked in its certificate). Shared memory needs none: it never leaves the machine.
 
-One module of ~400 lines because it is one concept, the client's data movement with its read fence; the channels,
+One module of ~460 lines because it is one concept, the client's data movement with its read fence; the channels,
 the arenas and the fence itself live in their own modules.
 """
 
@@ -48,6 +51,7 @@ from typing import Sequence
 
 from kvpool import fence
 from kvpool.errors import PoolTimeout, PoolUnavailable
+from kvpool.locations import SsdLocation
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.store import wire
 from kvpool.store.data_channel import NOT_FOUND, DataClient, Extent
@@ -139,6 +143,43 @@ class Transfers:
             views = arena.views([offsets[i] for i in picked], [sizes[i] for i in picked])
             out.update((i, (arena, view)) for i, view in zip(picked, views))
         return out
+
+    def ssd_locations(self, batch: ExtentBatch, positions: Sequence[int],
+                      keys: Sequence[bytes]) -> dict[int, tuple[object, SsdLocation]]:
+        """{position: (the node's mapped arena, SsdLocation)} for the entries among `positions` that are SSD records
+        this client reads itself (a same-host node whose data file it has open) of a node whose arena is mapped here:
+        that arena's removal generation dates them for the location cache. `keys`: the caller's keys (a tenant's
+        batch carries the stored ones)."""
+        routes = [self._route(ep) for ep in batch.nodes]
+        stored = batch.keys if len(batch.keys) else keys
+        node_index, tiers, offsets, sizes = batch.node_index, batch.tiers, batch.offsets, batch.sizes
+        out: dict[int, tuple[object, SsdLocation]] = {}
+        for i in positions:
+            route = routes[node_index[i]]
+            if tiers[i] == _SSD and route.ssd is not None and route.arena is not None:
+                out[i] = (route.arena, SsdLocation(route.ssd, offsets[i], sizes[i], bytes(stored[i])))
+        return out
+
+    def read_located(self, locations: Sequence[SsdLocation], views: Sequence[memoryview],
+                     checksums: Sequence[int]) -> list[bool]:
+        """Read each SSD record of `locations` into views[i] (the record's own checks, then `checksums[i]`, the
+        committed one): which reads are good. A bad one is not retried or reported here: a remembered location may
+        hold another record by now (the caller asks the master again)."""
+        oks = [False] * len(locations)
+        by_reader: dict[int, list[int]] = {}
+        for i, loc in enumerate(locations):
+            by_reader.setdefault(id(loc.reader), []).append(i)
+        for group in by_reader.values():
+            reader = locations[group[0]].reader
+            try:
+                digests = reader.read_many_into([locations[i].offset for i in group],
+                                                [locations[i].key for i in group], [views[i] for i in group])
+            except ValueError:      # closed meanwhile (the route was dropped): a miss here
+                continue
+            for i, digest in zip(group, digests):
+                oks[i] = digest == checksums[i]
+            self.direct_ssd_reads += len(group)
+        return oks
 
     def generations(self) -> dict[int, int]:
         """{id(arena): its removal generation now} for every arena mapped here (tiers/dram.py). Read before a

@@ -416,7 +416,7 @@ class Master:
                expect_sizes: Sequence[int] | None = None, tenant: str = "",
                s_per_token: float = 0.0, mapped_nodes: Collection[str] = (),
                release: Sequence[int] = (), uses: int = 1, optimistic: bool = False,
-               unpublish_misses: bool = False, index_stale: bool = False) -> LookupResult:
+               unpublish_misses: bool = False, index_stale: bool = False, locate_only: bool = False) -> LookupResult:
         """Leading committed hits of a chain. With `lease`, pins them until `release` (or lease expiry) and returns
         their locations as columns: where each object is NOW. A leased hit on a slower tier than its node's fastest
         is queued for promotion (`promote_pending`, outside this call) when `promote_on_hit`. `expect_sizes` (one
@@ -432,6 +432,8 @@ class Master:
         back with no lease (lease_id 0): nothing is pinned and nothing needs releasing. The caller copies them itself
         and keeps only what hashes to the committed checksum after the copy (the read fence), so an extent reused
         meanwhile is a miss there, and it asks again with a lease from that key on. Any other hit: a lease as usual.
+        `locate_only` (with `lease`; a use report, whose gets were served already): every hit's location comes back
+        with no lease and no token, whatever its tier; the caller only remembers them (each later read is checked).
         `unpublish_misses` (a use report of gets served without asking): the keys after the hits leave the host
         index of every node in `mapped_nodes` (tiers/host_index.py), where the caller may have found them.
         `index_stale` (the caller's copy from a host index row failed the fence): those nodes' indexes forget the
@@ -485,7 +487,7 @@ class Master:
             by_number = self.placement.by_number
             node_ids = [by_number[n].node_id for n in index.node[slots].tolist()]
             offsets = index.offset[slots].tolist()
-            if optimistic and mapped_nodes and min(tiers) == max(tiers) == Tier.DRAM \
+            if locate_only or optimistic and mapped_nodes and min(tiers) == max(tiers) == Tier.DRAM \
                     and all(n in mapped_nodes for n in set(node_ids)):     # the caller's read fence stands in for a pin
                 result = LookupResult(hits=len(found), released=bool(release), node_ids=node_ids, tiers=tiers,
                                       offsets=offsets, sizes=sizes, checksums=index.checksum[slots].tolist(),
@@ -652,8 +654,10 @@ class Master:
                 self._publish(slots, [index.key_at(slot) for slot in slots])
 
     def _dram_nodes(self) -> list[tuple[str, NodeOps]]:
-        """(id, ops) of every node with a DRAM tier (lock held)."""
-        return [(node_id, node.ops) for node_id, node in self.placement.nodes.items() if Tier.DRAM in node.spaces]
+        """(id, ops) of every node with a DRAM tier or a shared arena (an SSD-only node's generation-only arena
+        dates the SSD locations same-host clients remember) (lock held)."""
+        return [(node_id, node.ops) for node_id, node in self.placement.nodes.items()
+                if Tier.DRAM in node.spaces or node.info.dram_path]
 
     def _tell_removed(self, nodes: list[tuple[str, NodeOps]]) -> None:
         """After a removal (outside the lock): every DRAM node bumps its arena's removal generation before the

@@ -38,6 +38,7 @@ from kvpool.tiers.types import Tier
 
 log = logging.getLogger(__name__)
 
+GENERATION_ONLY_BYTES = 4096  # an SSD-only node's arena: one page that holds no objects, then the tail page
 INDEX_BYTES_PER_SLOT = 32 << 10     # a shared arena's host index has a slot per 32 KiB of DRAM (64 B: 0.2%)
 
 
@@ -125,6 +126,7 @@ class StorageNode:
         self.node_id = config.node_id
         self.incarnation = os.urandom(8).hex()
         self.dram = None
+        self._marker = None         # an SSD-only node's generation-only arena (below), never a DRAM tier
         self._dram_np = None
         self.ssd = None
         self.ssd_damaged_headers = 0  # records whose header failed verification at a scan (erased, reported)
@@ -144,6 +146,11 @@ class StorageNode:
                 self.dram.unlink()
             if self.hbm is not None:
                 self.dram.pin()  # HBM <-> DRAM moves are then DMA; False (logged, pin_error) still works, staged
+        elif config.share_dram and config.ssd_path is not None:
+            # No DRAM tier, but same-host clients read the SSD records themselves: a one-page arena that holds no
+            # objects (the master places none here: dram_bytes 0), for its tail page. Its removal generation and its
+            # owner's lock date and vouch for the SSD locations those clients remember (kvpool/locations.py).
+            self._marker = DramArena.create(GENERATION_ONLY_BYTES, directory=config.shm_dir)
         if config.ssd_path is not None:
             self.ssd = SsdFile.open(config.ssd_path, config.ssd_bytes, create=True)
         self.ssd_syncs = 0
@@ -164,8 +171,16 @@ class StorageNode:
         return NodeInfo(node_id=self.node_id, dram_bytes=self.config.dram_bytes, incarnation=self.incarnation,
                         ssd_bytes=self.config.ssd_bytes if self.ssd is not None else 0,
                         ssd_record_overhead=overhead,
-                        dram_path=str(self.dram.path) if self.dram is not None and self.config.share_dram else "",
+                        dram_path=str(self.shared_arena.path) if self.shared_arena is not None else "",
                         hbm_bytes=self.hbm.capacity if self.hbm is not None else 0)
+
+    @property
+    def shared_arena(self):
+        """The arena same-host clients map (its path is NodeInfo.dram_path), or None: the DRAM tier's when shared,
+        else an SSD-only node's generation-only arena."""
+        if self.dram is not None:
+            return self.dram if self.config.share_dram else None
+        return self._marker
 
     def ssd_share_path(self) -> str:
         """The SSD data file same-host clients may read records from themselves (transfer.py), or "" (no SSD tier,
@@ -240,11 +255,12 @@ class StorageNode:
         return True
 
     def objects_removed(self) -> None:
-        if self.dram is not None:
+        arena = self.dram if self.dram is not None else self._marker
+        if arena is not None:
             with self._gen_lock:
                 if self.host_index is not None:
                     self.host_index.clear()     # before the bump: a client that sees the new generation finds none
-                self.dram.bump_generation()
+                arena.bump_generation()
 
     def publish(self, publication: Publication) -> int:
         """Apply a Publication to the host index (checked by the caller: store/node_checks.py): `gone` first, then
@@ -338,6 +354,10 @@ class StorageNode:
             with self._sync_lock:
                 self.ssd.close()
                 self.ssd = None
+        if self._marker is not None:
+            self._marker.unlink()
+            self._marker.close()
+            self._marker = None
         if self.dram is not None:
             if self.config.share_dram:
                 self.dram.unlink()

@@ -76,7 +76,7 @@ def endpoint_from_info(info: NodeInfo, *, host_id: str, data_address: str, ssd_p
     tiers = []
     if info.hbm_bytes:
         tiers.append(pb.TierCapacity(tier=pb.HBM, capacity_bytes=info.hbm_bytes))
-    if info.dram_bytes:
+    if info.dram_bytes or info.dram_path:   # 0 bytes with a path: an SSD-only node's generation-only arena
         tiers.append(pb.TierCapacity(tier=pb.DRAM, capacity_bytes=info.dram_bytes, path=info.dram_path))
     if info.ssd_bytes:
         tiers.append(pb.TierCapacity(tier=pb.SSD, capacity_bytes=info.ssd_bytes, path=ssd_path))

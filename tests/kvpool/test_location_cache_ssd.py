@@ -1,0 +1,172 @@
+"""The location cache for SSD records (kvpool/locations.py SsdLocation): a same-host client that reads a node's SSD
+records from its data file itself remembers where they are, so a repeat get needs no master round trip. Each read
+still checks the record (key, size, header and payload checksums) and the committed checksum; an entry is dated by
+the node's removal generation (an SSD-only node keeps a one-page arena for it, store/node.py) and vouched for by its
+lock. Real `kvpool up` pools in this process (LocalCluster on 127.0.0.1), exact per-method call counts at the
+master."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from kvpool import PoolClient
+from kvpool.proto import kvpool_pb2 as pb
+from kvpool.tiers.ssd import HEADER_BYTES
+from tests.conftest import free_port
+from tests.store.test_control_channel import wait_until
+
+OBJ = 8 << 10
+KEYS = [(0x5D << 120 | i).to_bytes(16, "big") for i in range(8)]
+DATAS = [bytes([i + 1]) * OBJ for i in range(8)]
+
+
+def bufs(n: int) -> list[bytearray]:
+    return [bytearray(OBJ) for _ in range(n)]
+
+
+def cache_report(c: PoolClient) -> dict:
+    return c.stats()["client_location_cache"]
+
+
+@pytest.fixture
+def ssd_up(tmp_path, shm_path):
+    """`kvpool up` with no DRAM tier: an SSD file of eight OBJ-byte records, no promotion on hit."""
+    from kvpool.store.config import UpConfig
+    from kvpool.store.local_cluster import LocalCluster
+
+    cfg = UpConfig(listen=f"127.0.0.1:{free_port()}", http_listen="", shm_dir=str(shm_path), dram_bytes=0,
+                   ssd_path=str(tmp_path / "ssd"), ssd_bytes=8 * (OBJ + HEADER_BYTES), promote_on_hit=False)
+    cluster = LocalCluster(cfg).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def test_an_ssd_only_node_shares_a_generation_only_arena_and_no_dram(ssd_up, shm_path):
+    node = ssd_up.node.node
+    info = node.info()
+    assert info.dram_bytes == 0 and node.dram is None
+    assert os.path.dirname(info.dram_path) == str(shm_path) and os.path.getsize(info.dram_path) == 2 * 4096
+    with PoolClient(ssd_up.address) as c:
+        tiers: list[str] = []
+        assert c.put_many(KEYS[:2], DATAS[:2]) == ["stored"] * 2
+        assert c.get_many_into(KEYS[:2], bufs(2), tiers_out=tiers) == 2 and tiers == ["ssd"] * 2
+        assert [tiers.keys() for tiers in c.stats()["nodes"].values()] == [{"ssd"}]    # no DRAM tier listed
+    ssd_up.stop()
+    assert os.listdir(shm_path) == []                       # unlinked with the node
+
+
+def test_repeat_ssd_gets_read_the_nodes_file_with_no_round_trip(ssd_up):
+    calls = ssd_up.master.control.calls
+    with PoolClient(ssd_up.address) as writer:
+        assert writer.put_many(KEYS[:4], DATAS[:4]) == ["stored"] * 4
+    base = calls["Lookup"]
+    # release_linger_s=60: no report is sent by the timer, so the counts below are exact; close() sends them
+    with PoolClient(ssd_up.address, location_cache_s=60, release_linger_s=60) as c:
+        c.warm(prefault=False)          # the node's arena mapped before the first lookup: its answer is dated
+        tiers: list[str] = []
+        out = bufs(4)
+        assert c.get_many_into(KEYS[:4], out, tiers_out=tiers) == 4 and out == [bytearray(d) for d in DATAS[:4]]
+        assert calls["Lookup"] == base + 1 and tiers == ["ssd"] * 4
+        assert c.transfers.direct_ssd_reads == 4
+        for _ in range(3):
+            out, tiers = bufs(4), []
+            assert c.get_many_into(KEYS[:4], out, tiers_out=tiers) == 4
+            assert out == [bytearray(d) for d in DATAS[:4]] and tiers == ["ssd"] * 4
+        assert calls["Lookup"] == base + 1              # three gets, no round trip
+        assert c.transfers.direct_ssd_reads == 16 and c.transfers.direct_ssd_retries == 0
+        assert cache_report(c) == {"entries": 4, "gets": 3, "objects": 12, "stale": 0, "removed": 0}
+    assert calls["Lookup"] == base + 2                  # close() sent the chain's report (uses 3)
+    with PoolClient(ssd_up.address) as admin:
+        s = admin.stats()
+        assert s["hit_keys"] == 4 * 4 and s["leases_open"] == 0
+
+
+def test_an_ssd_object_removed_by_another_client_is_never_served_once_remove_returned(ssd_up):
+    """The node's generation-only arena moved before `remove` returned: the entries are dropped unread (counted
+    `removed`, not `stale`), and the get asks the master, which has nothing."""
+    calls = ssd_up.master.control.calls
+    with PoolClient(ssd_up.address, location_cache_s=60) as a, PoolClient(ssd_up.address) as b:
+        a.warm(prefault=False)
+        assert b.put_many(KEYS[:2], DATAS[:2]) == ["stored"] * 2
+        assert a.get_many_into(KEYS[:2], bufs(2)) == 2 and cache_report(a)["entries"] == 2
+        wait_until(lambda: b.stats()["leases_open"] == 0, "the get's lease ending")
+        assert b.remove_many(KEYS[:2]) == 2
+        base, reads = calls["Lookup"], a.transfers.direct_ssd_reads
+        out = bufs(2)
+        assert a.get_many_into(KEYS[:2], out) == 0 and out == bufs(2)
+        assert calls["Lookup"] == base + 1 and a.transfers.direct_ssd_reads == reads
+        report = cache_report(a)
+        assert report["removed"] == 1 and report["stale"] == 0 and report["gets"] == 0
+
+
+def test_a_damaged_record_under_a_cached_entry_is_never_returned(ssd_up):
+    """A byte of the record's payload changed on disk: the cached read fails the record's check (stale, unreported),
+    the get asks the master, whose location is the same record: the direct read and the node's fail too, and it is
+    reported corrupt, as without the cache. The good key before it is still served."""
+    with PoolClient(ssd_up.address, location_cache_s=60) as a:
+        a.warm(prefault=False)
+        assert a.put_many(KEYS[:2], DATAS[:2]) == ["stored"] * 2
+        assert a.get_many_into(KEYS[:2], bufs(2)) == 2
+        entry = a.locations.run(b"", KEYS[1:2], [OBJ])[0]
+        fd = os.open(ssd_up.node.node.ssd.path, os.O_WRONLY)
+        try:
+            os.pwrite(fd, b"\xee", entry.extent.offset + HEADER_BYTES + 100)
+        finally:
+            os.close(fd)
+        out = bufs(2)
+        assert a.get_many_into(KEYS[:2], out) == 1 and out[0] == bytearray(DATAS[0])
+        report = cache_report(a)
+        assert report["stale"] == 1 and report["gets"] == 0 and a.checksum_failures == 1
+        assert a.get_many_into(KEYS[1:2], bufs(1)) == 0          # the master forgot it
+
+
+def test_a_record_evicted_for_room_and_its_space_reused_is_stale_never_another_objects_bytes(ssd_up):
+    """No removal, so no generation bump: the SSD holds eight records, and eight more objects push the first ones
+    out and reuse their space. The cached entries of the first keys then name records of other keys: each read
+    fails the record's key check, and the get asks the master (a miss)."""
+    with PoolClient(ssd_up.address, location_cache_s=60) as a, PoolClient(ssd_up.address) as b:
+        a.warm(prefault=False)
+        assert b.put_many(KEYS[:2], DATAS[:2]) == ["stored"] * 2
+        assert a.get_many_into(KEYS[:2], bufs(2)) == 2 and cache_report(a)["entries"] == 2
+        wait_until(lambda: b.stats()["leases_open"] == 0, "the get's lease ending")
+        others = [(0x6E << 120 | i).to_bytes(16, "big") for i in range(8)]
+        assert b.put_many(others, [bytes([0xA0 + i]) * OBJ for i in range(8)]) == ["stored"] * 8
+        assert b.contains_many(KEYS[:2]) == [False, False]            # both pushed out
+        tiers: list[str] = []
+        # 0 filled (a buffer past the count holds whatever a refused read left there: the count is the answer)
+        assert a.get_many_into(KEYS[:2], bufs(2), tiers_out=tiers) == 0 and tiers == []
+        report = cache_report(a)
+        assert report["stale"] == 1 and report["removed"] == 0 and report["gets"] == 0
+        assert a.checksum_failures == 0                            # stale is not corrupt
+
+
+def test_a_stopped_ssd_nodes_records_are_not_read_from_the_cache(ssd_up):
+    calls = ssd_up.master.control.calls
+    with PoolClient(ssd_up.address, location_cache_s=60, release_linger_s=60) as a:
+        a.warm(prefault=False)
+        assert a.put_many(KEYS[:2], DATAS[:2]) == ["stored"] * 2
+        assert a.get_many_into(KEYS[:2], bufs(2)) == 2 and cache_report(a)["entries"] == 2
+        ssd_up.node.stop(0)                         # its arena's lock goes with it; the data file stays
+        base = calls["Lookup"]
+        a.get_many_into(KEYS[:2], bufs(2))          # whatever the master says now, the cache was not used
+        assert calls["Lookup"] == base + 1 and cache_report(a)["gets"] == 0
+
+
+def test_a_use_report_asks_for_locations_only_no_lease_no_tokens(ssd_up):
+    """LookupRequest.locate_only (what the releaser sends for cached gets): SSD hits come back located, with no lease
+    to release and no read tokens; the master still counts the gets it stands for."""
+    with PoolClient(ssd_up.address) as c:
+        assert c.put_many(KEYS[:3], DATAS[:3]) == ["stored"] * 3
+        before = c.stats()
+        req = pb.LookupRequest(keys=KEYS[:4], lease=True, optimistic=True, locate_only=True, uses=2)
+        reply = c.rpc.call("Lookup", req, what="lookup")
+        assert (reply.hits, reply.lease_id, list(reply.tiers)) == (3, 0, [pb.SSD] * 3)
+        assert list(reply.sizes) == [OBJ] * 3 and all(t == b"" for t in reply.tokens)
+        after = c.stats()
+        assert after["leases_open"] == 0 and after["lookups"] == before["lookups"] + 2
+        reply = c.rpc.call("Lookup", pb.LookupRequest(keys=KEYS[:3], lease=True), what="lookup")
+        assert reply.lease_id != 0 and c.stats()["leases_open"] == 1      # without it: a lease, as before
