@@ -11,7 +11,7 @@
                    The location cache (kvpool/locations.py, on by default): a get of keys it read or put before
                    copies them from the remembered extents through the same check (an SSD record it read from a
                    same-host node's file: read there again, with the record's checks), with no Lookup, while their
-                   arena's removal generation is unchanged; the gets are reported later (locations only, no lease)
+                   arena's removal generation is unchanged; the gets are reported later (counted, no lease)
     reserve_many / acquire_many (kvpool/extents.py): the same RPCs, but the caller copies into / out of same-host
                    arena extents itself; the rest is staged through the data channel
 
@@ -570,15 +570,15 @@ class PoolClient(PoolFront):
 
     def _report_uses(self, ns: NsRef, keys: list[bytes], uses: int) -> None:
         """Tell the master about `uses` gets of the chain `keys` served from the location cache (the releaser's
-        thread, off every get's path): one Lookup that counts them, shows the policy the chain used, and refreshes
-        the entries. `locate_only`: no lease and no tokens (nothing is read through it); a lease from a master that
-        predates it goes back at once."""
+        thread, off every get's path): one `count_only` Lookup that counts them and shows the policy the chain used,
+        answered with the hits alone. The keys past them are forgotten (the master no longer has them), the hits
+        live `location_cache_s` longer where they are remembered; a lease from a master that predates count_only
+        goes back at once."""
         digest = _wire_digest(ns)
         req = pb.LookupRequest(namespace=digest, block_tokens=ns.block_tokens, namespace_label=ns.label, lease=True,
-                               client_host_id=self.host_id, uses=uses, optimistic=True, locate_only=True,
+                               client_host_id=self.host_id, uses=uses, optimistic=True, count_only=True,
                                unpublish_misses=self.host_index_reads)
         req.keys.extend(keys)
-        gens = self.transfers.generations() if self.locations is not None else None
         reply = self._leased_lookup(req)
         if reply.lease_id:
             self._releaser.release(reply.lease_id, [])
@@ -586,7 +586,7 @@ class PoolClient(PoolFront):
             if reply.hits < len(keys):
                 self.locations.forget(digest, keys[reply.hits:])
             if reply.hits:
-                self._remember(digest, keys, reply, reply.hits, gens)
+                self.locations.refresh(digest, keys[:reply.hits])
 
     def _commit(self, grant_ids, granted: list[int], failed: set[int], buffers, out: list[str],
                 landed: dict[int, int] | None = None) -> dict[int, int]:

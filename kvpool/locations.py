@@ -29,9 +29,11 @@ legitimately holds another object once the master let it go). An arena whose nod
 never read from the cache; its entries are dropped.
 
 The master still hears of every get: PoolClient reports the chains it served from the cache off the get's path
-(its background thread coalesces them into one leased Lookup per chain with `uses` = the gets it stands for), so
-the eviction policy sees the chain used, the hit-rate statistics and the traffic recorder count every get, and the
-reply refreshes the entries (a key the master no longer has is forgotten then).
+(its background thread coalesces them into one Lookup per chain with `uses` = the gets it stands for and
+`count_only`), so the eviction policy sees the chain used and the hit-rate statistics and the traffic recorder count
+every get. The reply is the hit count alone: a key past it (the master no longer has it) is forgotten then, and the
+hits live `ttl_s` longer where they are remembered (`refresh`; no locations travel, since every read is checked
+and the entry's generation still dates the lookup that located it).
 
 Removals: nothing removed is served once `remove` returned. Each node's DRAM arena carries a removal generation
 in its tail page (tiers/dram.py); the master has every DRAM node bump it after a Remove or an admin Evict and before
@@ -125,6 +127,20 @@ class LocationCache:
                 entries[k] = Cached(arena, extent, int(checksum), expires, gen)
             while len(entries) > self.max_entries:
                 del entries[next(iter(entries))]
+
+    def refresh(self, ns: bytes, keys: Sequence[bytes]) -> None:
+        """The master just counted gets of `keys` it still has (a use report): those remembered live `ttl_s` from now
+        and move to the back of the drop order. Their locations and generations stay as they were: each later read
+        is checked, and the generation still dates the lookup that located them."""
+        expires = time.monotonic() + self.ttl_s
+        entries = self._entries
+        with self._lock:
+            for key in keys:
+                k = (ns, key if type(key) is bytes else bytes(key))
+                entry = entries.pop(k, None)
+                if entry is not None:
+                    entry.expires = expires
+                    entries[k] = entry
 
     def run(self, ns: bytes, keys: Sequence[bytes], sizes: Sequence[int]) -> list[Cached]:
         """The remembered entries of the leading keys: fresh, each of the size the caller's buffer has, and located

@@ -416,7 +416,7 @@ class Master:
                expect_sizes: Sequence[int] | None = None, tenant: str = "",
                s_per_token: float = 0.0, mapped_nodes: Collection[str] = (),
                release: Sequence[int] = (), uses: int = 1, optimistic: bool = False,
-               unpublish_misses: bool = False, index_stale: bool = False, locate_only: bool = False) -> LookupResult:
+               unpublish_misses: bool = False, index_stale: bool = False, count_only: bool = False) -> LookupResult:
         """Leading committed hits of a chain. With `lease`, pins them until `release` (or lease expiry) and returns
         their locations as columns: where each object is NOW. A leased hit on a slower tier than its node's fastest
         is queued for promotion (`promote_pending`, outside this call) when `promote_on_hit`. `expect_sizes` (one
@@ -432,8 +432,8 @@ class Master:
         back with no lease (lease_id 0): nothing is pinned and nothing needs releasing. The caller copies them itself
         and keeps only what hashes to the committed checksum after the copy (the read fence), so an extent reused
         meanwhile is a miss there, and it asks again with a lease from that key on. Any other hit: a lease as usual.
-        `locate_only` (with `lease`; a use report, whose gets were served already): every hit's location comes back
-        with no lease and no token, whatever its tier; the caller only remembers them (each later read is checked).
+        `count_only` (with `lease`; a use report, whose gets were served already): counted and shown to the policy
+        as a leased lookup is, but the answer is `hits` alone: no lease, no token, no location.
         `unpublish_misses` (a use report of gets served without asking): the keys after the hits leave the host
         index of every node in `mapped_nodes` (tiers/host_index.py), where the caller may have found them.
         `index_stale` (the caller's copy from a host index row failed the fence): those nodes' indexes forget the
@@ -484,27 +484,31 @@ class Master:
             if not lease or not len(slots):
                 return LookupResult(hits=len(found), released=bool(release))
             self.placement.touch(slots, tiers)
-            by_number = self.placement.by_number
-            node_ids = [by_number[n].node_id for n in index.node[slots].tolist()]
-            offsets = index.offset[slots].tolist()
-            if locate_only or optimistic and mapped_nodes and min(tiers) == max(tiers) == Tier.DRAM \
-                    and all(n in mapped_nodes for n in set(node_ids)):     # the caller's read fence stands in for a pin
-                result = LookupResult(hits=len(found), released=bool(release), node_ids=node_ids, tiers=tiers,
-                                      offsets=offsets, sizes=sizes, checksums=index.checksum[slots].tolist(),
-                                      tokens=[b""] * len(found) if self.token_secret is not None else [])
+            if count_only:     # a use report: its gets were served, nothing is read through this answer
+                result = LookupResult(hits=len(found), released=bool(release))
             else:
-                expires_at = now + self.config.lease_ttl_s
-                lease_id = self.leases.lease(slots, expires_at)
-                result = LookupResult(hits=len(found), lease_id=lease_id, expires_at=expires_at,
-                                      released=bool(release), node_ids=node_ids, tiers=tiers, offsets=offsets,
-                                      sizes=sizes, checksums=index.checksum[slots].tolist())
-                if self.token_secret is not None:
-                    sign = self.leases.sign
-                    result.tokens = [b"" if t == Tier.DRAM and n in mapped_nodes else
-                                     sign(tokens.READ, lease_id, t, o, z, expires_at)
-                                     for n, t, o, z in zip(node_ids, tiers, offsets, sizes)]
-            if tid != UNSCOPED:
-                result.record_keys = list(keys[: len(found)])
+                by_number = self.placement.by_number
+                node_ids = [by_number[n].node_id for n in index.node[slots].tolist()]
+                offsets = index.offset[slots].tolist()
+                # optimistic, all DRAM in arenas the caller maps: the caller's read fence stands in for a pin
+                if optimistic and mapped_nodes and min(tiers) == max(tiers) == Tier.DRAM \
+                        and all(n in mapped_nodes for n in set(node_ids)):
+                    result = LookupResult(hits=len(found), released=bool(release), node_ids=node_ids, tiers=tiers,
+                                          offsets=offsets, sizes=sizes, checksums=index.checksum[slots].tolist(),
+                                          tokens=[b""] * len(found) if self.token_secret is not None else [])
+                else:
+                    expires_at = now + self.config.lease_ttl_s
+                    lease_id = self.leases.lease(slots, expires_at)
+                    result = LookupResult(hits=len(found), lease_id=lease_id, expires_at=expires_at,
+                                          released=bool(release), node_ids=node_ids, tiers=tiers, offsets=offsets,
+                                          sizes=sizes, checksums=index.checksum[slots].tolist())
+                    if self.token_secret is not None:
+                        sign = self.leases.sign
+                        result.tokens = [b"" if t == Tier.DRAM and n in mapped_nodes else
+                                         sign(tokens.READ, lease_id, t, o, z, expires_at)
+                                         for n, t, o, z in zip(node_ids, tiers, offsets, sizes)]
+                if tid != UNSCOPED:
+                    result.record_keys = list(keys[: len(found)])
             if self.config.promote_on_hit and self.promotions.want(slots, tiers):
                 self.promotion_wanted.set()
             return result

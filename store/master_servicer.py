@@ -218,7 +218,7 @@ class MasterServicer(pbg.MasterServiceServicer):
                                     mapped_nodes=frozenset(request.mapped_nodes),
                                     release=list(request.release_lease_ids), uses=request.uses or 1,
                                     optimistic=request.optimistic, unpublish_misses=request.unpublish_misses,
-                                    index_stale=request.index_stale, locate_only=request.locate_only)
+                                    index_stale=request.index_stale, count_only=request.count_only)
         return wire.lookup_reply(result, self.endpoint)
 
     @_rpc

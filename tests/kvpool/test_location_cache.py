@@ -278,6 +278,23 @@ def test_an_expired_entry_is_not_used():
     assert cache.run(b"", [b"k" * 16], [8]) == []
 
 
+def test_refresh_extends_the_remembered_ones_and_moves_them_last_in_the_drop_order():
+    """What a use report's reply does to the hits: the same locations and generations, a new lifetime, and the
+    back of the drop order; keys not remembered stay unknown."""
+    cache = LocationCache(60, max_entries=2)
+    arena = _Arena()
+    mem = memoryview(bytearray(16))
+    a, b, c = (bytes([i]) * 16 for i in range(3))
+    cache.remember(b"", [a, b], [arena] * 2, [mem[0:8], mem[8:16]], [1, 2], [0, 0])
+    old = cache.run(b"", [a], [8])[0].expires
+    cache.refresh(b"", [a, c])
+    entry = cache.run(b"", [a], [8])[0]
+    assert entry.expires > old and (entry.checksum, entry.generation, entry.extent.obj) == (1, 0, mem.obj)
+    assert len(cache) == 2 and cache.run(b"", [c], [8]) == []
+    cache.remember(b"", [c], [arena], [mem[0:8]], [3], [0])      # over the bound: b goes, not the refreshed a
+    assert cache.run(b"", [b], [8]) == [] and [e.checksum for e in cache.run(b"", [a], [8])] == [1]
+
+
 def test_a_report_is_counted_and_recorded_once_per_get_it_stands_for(tmp_path):
     """The master's side of a report: one lookup with uses=3 counts three lookups in the stats and writes three
     rows to the traffic recording, as the three gets it stands for would have."""

@@ -156,17 +156,18 @@ def test_a_stopped_ssd_nodes_records_are_not_read_from_the_cache(ssd_up):
         assert calls["Lookup"] == base + 1 and cache_report(a)["gets"] == 0
 
 
-def test_a_use_report_asks_for_locations_only_no_lease_no_tokens(ssd_up):
-    """LookupRequest.locate_only (what the releaser sends for cached gets): SSD hits come back located, with no lease
-    to release and no read tokens; the master still counts the gets it stands for."""
+def test_a_use_report_is_counted_with_no_lease_and_no_locations(ssd_up):
+    """LookupRequest.count_only (what the releaser sends for cached gets): the master counts the gets it stands for
+    and answers the hit count alone: no lease to release, no tokens, no locations."""
     with PoolClient(ssd_up.address) as c:
         assert c.put_many(KEYS[:3], DATAS[:3]) == ["stored"] * 3
         before = c.stats()
-        req = pb.LookupRequest(keys=KEYS[:4], lease=True, optimistic=True, locate_only=True, uses=2)
+        req = pb.LookupRequest(keys=KEYS[:4], lease=True, optimistic=True, count_only=True, uses=2)
         reply = c.rpc.call("Lookup", req, what="lookup")
-        assert (reply.hits, reply.lease_id, list(reply.tiers)) == (3, 0, [pb.SSD] * 3)
-        assert list(reply.sizes) == [OBJ] * 3 and all(t == b"" for t in reply.tokens)
+        assert (reply.hits, reply.lease_id, len(reply.tiers), len(reply.offsets), len(reply.tokens)) == (3, 0, 0, 0, 0)
         after = c.stats()
         assert after["leases_open"] == 0 and after["lookups"] == before["lookups"] + 2
+        assert after["hit_keys"] == before["hit_keys"] + 2 * 3
         reply = c.rpc.call("Lookup", pb.LookupRequest(keys=KEYS[:3], lease=True), what="lookup")
-        assert reply.lease_id != 0 and c.stats()["leases_open"] == 1      # without it: a lease, as before
+        assert reply.lease_id != 0 and list(reply.tiers) == [pb.SSD] * 3      # without it: a lease, as before
+        assert c.stats()["leases_open"] == 1
