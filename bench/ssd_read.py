@@ -20,6 +20,10 @@ round run back to back, their order rotated each round; each line is the MEDIAN 
                        write_behind off, a node with dram_bytes=0 and its SSD file; PoolClient gets. Same host, so the
                        client reads each record from the node's data file itself (kvpool/transfer.py, checked as the
                        node checks it; the pass fails unless every read went that way)
+                       The same-host client remembers where it read each record (kvpool/locations.py), so from
+                       its second pass on a get reads the records with no Lookup: a repeat get.
+  service first get    the same through a PoolClient with `location_cache_s=0`: a Lookup with lease per 32-key
+                       call, what another client's first get of those records costs
   service TCP          the same objects through a PoolClient with transport="tcp": the node reads and verifies the
                        record, then sends it on its loopback data channel (what a client on another host gets).
                        `--no-service` skips both; a pool that cannot start is skipped with the reason printed.
@@ -211,6 +215,7 @@ class ServiceCase(SsdCase):
                                        "--ssd-bytes", str(self.n * (size + 4096) + (64 << 20))])
         try:
             self.pool = PoolClient(self.service.address)
+            self.first = PoolClient(self.service.address, location_cache_s=0)
             self.tcp = PoolClient(self.service.address, transport="tcp")
             srcs = [self.src[i * size:(i + 1) * size] for i in range(self.n)]
             for i in range(0, self.n, batch):
@@ -224,16 +229,19 @@ class ServiceCase(SsdCase):
             raise
 
     def timed_pass(self, pool=None) -> float:
-        """`pool`: self.tcp for the data-channel pass; the same-host pass must read every record itself."""
-        before = self.pool.transfers.direct_ssd_reads
+        """`pool`: self.tcp for the data-channel pass; a same-host pass (self.pool, self.first) must read every
+        record itself."""
+        reader = self.pool if pool is None else pool
+        before = reader.transfers.direct_ssd_reads
         dt = super().timed_pass(pool)
-        if pool is None and self.pool.transfers.direct_ssd_reads - before != self.n:
+        if reader is not self.tcp and reader.transfers.direct_ssd_reads - before != self.n:
             raise RuntimeError(f"{self.size}-byte objects: the same-host pass did not read every record directly")
         return dt
 
     def close(self) -> None:
         try:
             self.pool.close()
+            self.first.close()
             self.tcp.close()
         finally:
             self.service.close()
@@ -288,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                     case.close()
                 services.clear()
         names = (["seq", "spread"] + ([] if direct_skip else ["direct"]) + ["kvpool"]
-                 + ([] if service_skip else ["service", "service tcp"]))
+                 + ([] if service_skip else ["service", "service first", "service tcp"]))
         times: dict[tuple[int, str], list[float]] = {}
         with tqdm(total=args.rounds * len(SIZES) * len(names), desc="SSD read rounds", file=sys.stderr) as bar:
             for r in range(args.rounds):
@@ -299,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
                             dt = cases[size].timed_pass()
                         elif name == "service":
                             dt = services[size].timed_pass()
+                        elif name == "service first":
+                            dt = services[size].timed_pass(services[size].first)
                         elif name == "service tcp":
                             dt = services[size].timed_pass(services[size].tcp)
                         else:
@@ -331,10 +341,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvpool service: skipped: {service_skip}")
     gbps = {k: total / statistics.median(v) / 1e9 for k, v in times.items()}
     limits = [n for n in ("seq", "spread", "direct") if n in names]
-    gets = [n for n in ("kvpool", "service", "service tcp") if n in names]
+    gets = [n for n in ("kvpool", "service", "service first", "service tcp") if n in names]
     label = {"seq": "disk seq", "spread": "seq spread", "direct": "O_DIRECT", "kvpool": "embedded",
-             "service": "service", "service tcp": "svc TCP"}
-    what_of = {"kvpool": "SSD get", "service": "SSD get (service)", "service tcp": "SSD get (service, TCP channel)"}
+             "service": "service", "service first": "svc first", "service tcp": "svc TCP"}
+    what_of = {"kvpool": "SSD get", "service": "SSD get (service)", "service first": "SSD get (service, first get)",
+               "service tcp": "SSD get (service, TCP channel)"}
     print(f"{'size':>8}  " + "  ".join(f"{label[n]:>10}" for n in limits + gets) + "  (GB/s)")
     for size in SIZES:
         print(f"{fmt_size(size):>8}  " + "  ".join(f"{gbps[(size, n)]:>10.2f}" for n in limits + gets))
@@ -347,8 +358,10 @@ def main(argv: list[str] | None = None) -> int:
             worst[name] = min(worst.get(name, got / limit), got / limit)
             print(f"{what} {fmt_size(size)}: {got / limit:.2f}x disk sequential read ({got:.2f} GB/s vs "
                   f"{limit:.2f} GB/s)")
-    for name in gets[:2]:   # the TCP pass is what a remote client gets: shown, not held to the same-host goal
-        what = "SSD get" if name == "kvpool" else "SSD get through the service"
+    goals = {"kvpool": "SSD get", "service": "SSD get through the service",
+             "service first": "SSD get through the service, another client's first get (a Lookup per call)"}
+    for name in [n for n in gets if n in goals]:    # TCP: what a remote client gets, not held to the same-host goal
+        what = goals[name]
         print(f"goal (issue 14): {what} >= {GOAL}x the disk's sequential read at every size: "
               f"{'met' if worst[name] >= GOAL else 'NOT met'} (worst {worst[name]:.2f}x)")
     return 0
