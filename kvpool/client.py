@@ -571,9 +571,10 @@ class PoolClient(PoolFront):
     def _report_uses(self, ns: NsRef, keys: list[bytes], uses: int) -> None:
         """Tell the master about `uses` gets of the chain `keys` served from the location cache (the releaser's
         thread, off every get's path): one `count_only` Lookup that counts them and shows the policy the chain used,
-        answered with the hits alone. The keys past them are forgotten (the master no longer has them), the hits
-        live `location_cache_s` longer where they are remembered; a lease from a master that predates count_only
-        goes back at once."""
+        answered with the hits and their tiers alone. The keys past them are forgotten (the master no longer has
+        them), and so are hits remembered in another tier than the one they are in now (a promoted object: the next
+        get locates it anew); the others live `location_cache_s` longer. A lease from a master that predates
+        count_only goes back at once."""
         digest = _wire_digest(ns)
         req = pb.LookupRequest(namespace=digest, block_tokens=ns.block_tokens, namespace_label=ns.label, lease=True,
                                client_host_id=self.host_id, uses=uses, optimistic=True, count_only=True,
@@ -586,7 +587,7 @@ class PoolClient(PoolFront):
             if reply.hits < len(keys):
                 self.locations.forget(digest, keys[reply.hits:])
             if reply.hits:
-                self.locations.refresh(digest, keys[:reply.hits])
+                self.locations.refresh(digest, keys[:reply.hits], list(reply.tiers[:reply.hits]) or None)
 
     def _commit(self, grant_ids, granted: list[int], failed: set[int], buffers, out: list[str],
                 landed: dict[int, int] | None = None) -> dict[int, int]:

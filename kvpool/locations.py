@@ -31,9 +31,10 @@ never read from the cache; its entries are dropped.
 The master still hears of every get: PoolClient reports the chains it served from the cache off the get's path
 (its background thread coalesces them into one Lookup per chain with `uses` = the gets it stands for and
 `count_only`), so the eviction policy sees the chain used and the hit-rate statistics and the traffic recorder count
-every get. The reply is the hit count alone: a key past it (the master no longer has it) is forgotten then, and the
-hits live `ttl_s` longer where they are remembered (`refresh`; no locations travel, since every read is checked
-and the entry's generation still dates the lookup that located it).
+every get. The reply is the hit count and the hits' tiers alone: a key past it (the master no longer has it), or
+remembered in another tier than it is in now (promoted, demoted), is forgotten then, and the other hits live
+`ttl_s` longer where they are remembered (`refresh`; no locations travel, since every read is checked and the
+entry's generation still dates the lookup that located it).
 
 Removals: nothing removed is served once `remove` returned. Each node's DRAM arena carries a removal generation
 in its tail page (tiers/dram.py); the master has every DRAM node bump it after a Remove or an admin Evict and before
@@ -61,6 +62,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from kvpool.tiers.types import Tier
+
+_DRAM, _SSD = int(Tier.DRAM), int(Tier.SSD)
 MAX_ENTRIES = 65536      # remembered objects per client, oldest dropped first (a 4K-token prompt is 256 blocks)
 MAX_TTL_S = 3600.0
 DEFAULT_TTL_S = 10.0     # PoolClient's default: each cached get's report refreshes its entries well before that
@@ -128,19 +132,24 @@ class LocationCache:
             while len(entries) > self.max_entries:
                 del entries[next(iter(entries))]
 
-    def refresh(self, ns: bytes, keys: Sequence[bytes]) -> None:
+    def refresh(self, ns: bytes, keys: Sequence[bytes], tiers: Sequence[int] | None = None) -> None:
         """The master just counted gets of `keys` it still has (a use report): those remembered live `ttl_s` from now
         and move to the back of the drop order. Their locations and generations stay as they were: each later read
-        is checked, and the generation still dates the lookup that located them."""
+        is checked, and the generation still dates the lookup that located them. `tiers` (the tier each key is in
+        now, tiers.types.Tier values): an entry remembered in another tier is forgotten instead (a promoted
+        object's next get locates it in DRAM)."""
         expires = time.monotonic() + self.ttl_s
         entries = self._entries
         with self._lock:
-            for key in keys:
+            for i, key in enumerate(keys):
                 k = (ns, key if type(key) is bytes else bytes(key))
                 entry = entries.pop(k, None)
-                if entry is not None:
-                    entry.expires = expires
-                    entries[k] = entry
+                if entry is None:
+                    continue
+                if tiers is not None and tiers[i] != (_SSD if type(entry.extent) is SsdLocation else _DRAM):
+                    continue
+                entry.expires = expires
+                entries[k] = entry
 
     def run(self, ns: bytes, keys: Sequence[bytes], sizes: Sequence[int]) -> list[Cached]:
         """The remembered entries of the leading keys: fresh, each of the size the caller's buffer has, and located

@@ -433,7 +433,8 @@ class Master:
         and keeps only what hashes to the committed checksum after the copy (the read fence), so an extent reused
         meanwhile is a miss there, and it asks again with a lease from that key on. Any other hit: a lease as usual.
         `count_only` (with `lease`; a use report, whose gets were served already): counted and shown to the policy
-        as a leased lookup is, but the answer is `hits` alone: no lease, no token, no location.
+        as a leased lookup is, but the answer is `hits` and each hit's tier alone: no lease, no token, no location
+        (the tiers let the caller drop what it remembers in another tier: a promoted object is read from DRAM).
         `unpublish_misses` (a use report of gets served without asking): the keys after the hits leave the host
         index of every node in `mapped_nodes` (tiers/host_index.py), where the caller may have found them.
         `index_stale` (the caller's copy from a host index row failed the fence): those nodes' indexes forget the
@@ -485,7 +486,7 @@ class Master:
                 return LookupResult(hits=len(found), released=bool(release))
             self.placement.touch(slots, tiers)
             if count_only:     # a use report: its gets were served, nothing is read through this answer
-                result = LookupResult(hits=len(found), released=bool(release))
+                result = LookupResult(hits=len(found), released=bool(release), tiers=tiers)
             else:
                 by_number = self.placement.by_number
                 node_ids = [by_number[n].node_id for n in index.node[slots].tolist()]

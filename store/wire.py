@@ -179,6 +179,8 @@ def lookup_reply(result: LookupResult, endpoint_of: EndpointOf) -> pb.LookupResp
         reply.tokens.extend(result.tokens)
         reply.nodes.extend(table.nodes)
         reply.record_keys.extend(result.record_keys)
+    elif result.tiers:      # a count_only lookup: the hits' tiers alone
+        reply.tiers.extend(result.tiers)
     return reply
 
 

@@ -293,6 +293,9 @@ def test_refresh_extends_the_remembered_ones_and_moves_them_last_in_the_drop_ord
     assert len(cache) == 2 and cache.run(b"", [c], [8]) == []
     cache.remember(b"", [c], [arena], [mem[0:8]], [3], [0])      # over the bound: b goes, not the refreshed a
     assert cache.run(b"", [b], [8]) == [] and [e.checksum for e in cache.run(b"", [a], [8])] == [1]
+    cache.refresh(b"", [a, c], [1, 2])      # a is still in DRAM; c, remembered in DRAM, is on SSD now: forgotten
+    assert [e.checksum for e in cache.run(b"", [a], [8])] == [1] and cache.run(b"", [c], [8]) == []
+    assert cache.stale == 0 and cache.removed == 0
 
 
 def test_a_report_is_counted_and_recorded_once_per_get_it_stands_for(tmp_path):

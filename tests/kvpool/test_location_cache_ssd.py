@@ -158,13 +158,14 @@ def test_a_stopped_ssd_nodes_records_are_not_read_from_the_cache(ssd_up):
 
 def test_a_use_report_is_counted_with_no_lease_and_no_locations(ssd_up):
     """LookupRequest.count_only (what the releaser sends for cached gets): the master counts the gets it stands for
-    and answers the hit count alone: no lease to release, no tokens, no locations."""
+    and answers the hit count and the hits' tiers alone: no lease to release, no tokens, no locations."""
     with PoolClient(ssd_up.address) as c:
         assert c.put_many(KEYS[:3], DATAS[:3]) == ["stored"] * 3
         before = c.stats()
         req = pb.LookupRequest(keys=KEYS[:4], lease=True, optimistic=True, count_only=True, uses=2)
         reply = c.rpc.call("Lookup", req, what="lookup")
-        assert (reply.hits, reply.lease_id, len(reply.tiers), len(reply.offsets), len(reply.tokens)) == (3, 0, 0, 0, 0)
+        assert (reply.hits, reply.lease_id, list(reply.tiers)) == (3, 0, [pb.SSD] * 3)
+        assert (len(reply.offsets), len(reply.checksums), len(reply.tokens), len(reply.nodes)) == (0, 0, 0, 0)
         after = c.stats()
         assert after["leases_open"] == 0 and after["lookups"] == before["lookups"] + 2
         assert after["hit_keys"] == before["hit_keys"] + 2 * 3
