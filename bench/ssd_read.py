@@ -22,8 +22,12 @@ round run back to back, their order rotated each round; each line is the MEDIAN 
                        node checks it; the pass fails unless every read went that way)
                        The same-host client remembers where it read each record (kvpool/locations.py), so from
                        its second pass on a get reads the records with no Lookup: a repeat get.
-  service first get    the same through a PoolClient with `location_cache_s=0`: a Lookup with lease per 32-key
-                       call, what another client's first get of those records costs
+  service first get    the same through a PoolClient with `location_cache_s=0`: what another client's first get of
+                       those records costs. Since 2026-11-28 the master publishes SSD records to the node's host
+                       index (tiers/host_index.py) as it does DRAM extents, so such a get finds the chain there and
+                       reads the records with no Lookup (the pass fails unless every call did)
+  service lookup       the same with `host_index_reads=False` too: a Lookup with lease per 32-key call, what a get
+                       costs when the host index does not name the records (a publication not sent yet, or lost)
   service TCP          the same objects through a PoolClient with transport="tcp": the node reads and verifies the
                        record, then sends it on its loopback data channel (what a client on another host gets).
                        `--no-service` skips both; a pool that cannot start is skipped with the reason printed.
@@ -216,6 +220,7 @@ class ServiceCase(SsdCase):
         try:
             self.pool = PoolClient(self.service.address)
             self.first = PoolClient(self.service.address, location_cache_s=0)
+            self.lookup = PoolClient(self.service.address, location_cache_s=0, host_index_reads=False)
             self.tcp = PoolClient(self.service.address, transport="tcp")
             srcs = [self.src[i * size:(i + 1) * size] for i in range(self.n)]
             for i in range(0, self.n, batch):
@@ -223,6 +228,8 @@ class ServiceCase(SsdCase):
                 if any(s != "stored" for s in statuses):
                     raise RuntimeError(f"service put of {size}-byte objects: {statuses}")
             self.path = os.path.join(directory, DATA_FILE)
+            for client in (self.first, self.lookup):    # as the connectors do at start: the node's arena mapped
+                client.warm(prefault=False)
             self.check()
         except BaseException:
             self.service.close()
@@ -232,16 +239,21 @@ class ServiceCase(SsdCase):
         """`pool`: self.tcp for the data-channel pass; a same-host pass (self.pool, self.first) must read every
         record itself."""
         reader = self.pool if pool is None else pool
-        before = reader.transfers.direct_ssd_reads
+        before, indexed = reader.transfers.direct_ssd_reads, reader.host_index_gets
         dt = super().timed_pass(pool)
         if reader is not self.tcp and reader.transfers.direct_ssd_reads - before != self.n:
             raise RuntimeError(f"{self.size}-byte objects: the same-host pass did not read every record directly")
+        calls = -(-self.n // self.batch)
+        if reader is self.first and reader.host_index_gets - indexed != calls:
+            raise RuntimeError(f"{self.size}-byte objects: {reader.host_index_gets - indexed} of {calls} first gets "
+                               f"found their chain in the node's host index")
         return dt
 
     def close(self) -> None:
         try:
             self.pool.close()
             self.first.close()
+            self.lookup.close()
             self.tcp.close()
         finally:
             self.service.close()
@@ -296,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                     case.close()
                 services.clear()
         names = (["seq", "spread"] + ([] if direct_skip else ["direct"]) + ["kvpool"]
-                 + ([] if service_skip else ["service", "service first", "service tcp"]))
+                 + ([] if service_skip else ["service", "service first", "service lookup", "service tcp"]))
         times: dict[tuple[int, str], list[float]] = {}
         with tqdm(total=args.rounds * len(SIZES) * len(names), desc="SSD read rounds", file=sys.stderr) as bar:
             for r in range(args.rounds):
@@ -309,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
                             dt = services[size].timed_pass()
                         elif name == "service first":
                             dt = services[size].timed_pass(services[size].first)
+                        elif name == "service lookup":
+                            dt = services[size].timed_pass(services[size].lookup)
                         elif name == "service tcp":
                             dt = services[size].timed_pass(services[size].tcp)
                         else:
@@ -341,11 +355,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kvpool service: skipped: {service_skip}")
     gbps = {k: total / statistics.median(v) / 1e9 for k, v in times.items()}
     limits = [n for n in ("seq", "spread", "direct") if n in names]
-    gets = [n for n in ("kvpool", "service", "service first", "service tcp") if n in names]
+    gets = [n for n in ("kvpool", "service", "service first", "service lookup", "service tcp") if n in names]
     label = {"seq": "disk seq", "spread": "seq spread", "direct": "O_DIRECT", "kvpool": "embedded",
-             "service": "service", "service first": "svc first", "service tcp": "svc TCP"}
+             "service": "service", "service first": "svc first", "service lookup": "svc lookup",
+             "service tcp": "svc TCP"}
     what_of = {"kvpool": "SSD get", "service": "SSD get (service)", "service first": "SSD get (service, first get)",
-               "service tcp": "SSD get (service, TCP channel)"}
+               "service lookup": "SSD get (service, a Lookup per call)", "service tcp": "SSD get (service, TCP channel)"}
     print(f"{'size':>8}  " + "  ".join(f"{label[n]:>10}" for n in limits + gets) + "  (GB/s)")
     for size in SIZES:
         print(f"{fmt_size(size):>8}  " + "  ".join(f"{gbps[(size, n)]:>10.2f}" for n in limits + gets))
@@ -359,8 +374,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{what} {fmt_size(size)}: {got / limit:.2f}x disk sequential read ({got:.2f} GB/s vs "
                   f"{limit:.2f} GB/s)")
     goals = {"kvpool": "SSD get", "service": "SSD get through the service",
-             "service first": "SSD get through the service, another client's first get (a Lookup per call)"}
-    for name in [n for n in gets if n in goals]:    # TCP: what a remote client gets, not held to the same-host goal
+             "service first": "SSD get through the service, another client's first get (the node's host index)"}
+    # TCP: what a remote client gets, not held to the same-host goal; the Lookup column: the fallback, shown
+    for name in [n for n in gets if n in goals]:
         what = goals[name]
         print(f"goal (issue 14): {what} >= {GOAL}x the disk's sequential read at every size: "
               f"{'met' if worst[name] >= GOAL else 'NOT met'} (worst {worst[name]:.2f}x)")

@@ -57,6 +57,7 @@ from kvpool.rpc import MasterRpc
 from kvpool.store import wire
 from kvpool.store.hostid import host_id
 from kvpool.store.records import NO_NS, NsRef
+from kvpool.tiers.host_index import SSD_ROW
 from kvpool.tiers.types import Tier
 from kvpool.transfer import Transfers
 
@@ -206,7 +207,8 @@ class PoolClient(PoolFront):
 
     def _get_published(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef,
                        tiers_out: list[str] | None) -> int:
-        """Copy the whole chain from where one same-host node's host index says it is, through the read fence:
+        """Read the whole chain from where one same-host node's host index says it is (DRAM extents through the read
+        fence, SSD records from the node's data file with their own checks and the committed checksum):
         len(keys), or 0 and the get goes to the master whole (as `_get_cached`, all or nothing), or _STALE when a
         row no longer held its object (the lookup that follows then has the master set the index right). The
         master hears of a get served here from the use report, off this path; a report that finds keys gone has
@@ -215,24 +217,34 @@ class PoolClient(PoolFront):
         if not indexes or any(len(k) != KEY_BYTES for k in keys):
             return 0
         n = len(keys)
-        for arena, index in indexes:
+        for arena, index, ssd in indexes:
             gen = arena.generation      # read before the probe: dates what the location cache may remember
-            offsets, sizes, checksums = index.find(keys)
+            offsets, sizes, checksums, places = index.find(keys)
             if len(offsets) < n:
                 continue
             if any(size != view.nbytes for size, view in zip(sizes, views)) or not arena.owner_alive():
                 return 0        # another size: the master's answer names the buffer; a dead node: it says so
+            on_ssd = [i for i, place in enumerate(places) if place == SSD_ROW]
+            if on_ssd and ssd is None:
+                return 0        # its data file is not open here: the master's answer routes those reads
             try:
-                extents = arena.views(offsets, sizes)
+                if on_ssd:
+                    extents: list = [SsdLocation(ssd, offsets[i], sizes[i], bytes(keys[i])) for i in range(n)]
+                    in_dram = [i for i in range(n) if places[i] != SSD_ROW]
+                    for i, view in zip(in_dram, arena.views([offsets[i] for i in in_dram],
+                                                            [sizes[i] for i in in_dram])):
+                        extents[i] = view
+                else:
+                    extents = arena.views(offsets, sizes)
             except ValueError:
                 return 0
-            if self._copy_fenced(views, extents, checksums) < n:
+            if self._read_run(views, extents, checksums) < n:
                 self.host_index_stale += 1
                 return _STALE
             self.host_index_gets += 1
             self._releaser.report_uses(ns, [bytes(k) for k in keys])
             if tiers_out is not None:
-                tiers_out.extend([Tier.DRAM.label] * n)
+                tiers_out.extend(Tier.SSD.label if place == SSD_ROW else Tier.DRAM.label for place in places)
             if self.locations is not None:
                 self.locations.remember(_wire_digest(ns), keys, [arena] * n, extents, checksums, [gen] * n)
             return n
@@ -257,7 +269,7 @@ class PoolClient(PoolFront):
                 cache.forget_arena(arena)
             return 0
         n = len(run)
-        good = self._read_run(views, run)
+        good = self._read_run(views, [entry.extent for entry in run], [entry.checksum for entry in run])
         if good < n:
             cache.forget(digest, keys[good:good + 1], stale=True)
             return _STALE
@@ -268,25 +280,26 @@ class PoolClient(PoolFront):
                              for entry in run)
         return good
 
-    def _read_run(self, views: list[memoryview], run: list) -> int:
-        """Read a location-cache run into views: DRAM extents copied through the read fence, SSD records read from
-        the node's data file with their own checks and the committed checksum. How many leading reads are good."""
-        ssd = [i for i, entry in enumerate(run) if type(entry.extent) is SsdLocation]
+    def _read_run(self, views: list[memoryview], extents: list, checksums: list[int]) -> int:
+        """Read extents[i] into views[i]: a DRAM extent (a view of a mapped arena) copied through the read fence, an
+        SsdLocation read from the node's data file with the record's own checks, each against the committed
+        checksums[i]. How many leading reads are good."""
+        ssd = [i for i, extent in enumerate(extents) if type(extent) is SsdLocation]
         if not ssd:
-            return self._copy_fenced(views, [entry.extent for entry in run], [entry.checksum for entry in run])
-        oks = [True] * len(run)
+            return self._copy_fenced(views, extents, checksums)
+        oks = [True] * len(extents)
         picked = set(ssd)
-        dram = [i for i in range(len(run)) if i not in picked]
+        dram = [i for i in range(len(extents)) if i not in picked]
         if dram:
-            copied = fence.copy_verified_many([views[i] for i in dram], [run[i].extent for i in dram],
-                                              [run[i].checksum for i in dram], pipeline=self.transfers.verify_threads > 0)
+            copied = fence.copy_verified_many([views[i] for i in dram], [extents[i] for i in dram],
+                                              [checksums[i] for i in dram], pipeline=self.transfers.verify_threads > 0)
             for i, ok in zip(dram, copied):
                 oks[i] = ok
-        read = self.transfers.read_located([run[i].extent for i in ssd], [views[i] for i in ssd],
-                                           [run[i].checksum for i in ssd])
+        read = self.transfers.read_located([extents[i] for i in ssd], [views[i] for i in ssd],
+                                           [checksums[i] for i in ssd])
         for i, ok in zip(ssd, read):
             oks[i] = ok
-        return oks.index(False) if False in oks else len(run)
+        return oks.index(False) if False in oks else len(extents)
 
     def _copy_fenced(self, views: list[memoryview], extents: list[memoryview], checksums: list[int]) -> int:
         """Copy extents[i] into views[i] through the read fence (the copy hashed against checksums[i]): how many

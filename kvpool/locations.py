@@ -18,8 +18,8 @@ SSD records (`SsdLocation`): where a same-host get read an SSD record straight f
 key the record stores. A repeat get reads it again with one preadv into the caller's buffer and keeps it only where
 the record's own checks (key, size, header and payload checksums) and then the committed checksum hold, so an erased
 record, or one whose space now holds another object, is a stale entry, never another object's bytes. It is dated and
-vouched for by that node's arena like a DRAM entry (a node with no DRAM tier shares a one-page arena for its tail
-page: store/node.py), so removals and a dead node are handled as below.
+vouched for by that node's arena like a DRAM entry (a node with no DRAM tier shares an arena that holds no objects,
+for its tail page and its host index: store/node.py), so removals and a dead node are handled as below.
 
 Why no lease is needed: the fence is the guarantee, as for every same-host read (kvpool/fence.py). A returned
 buffer hashes to the checksum committed for its key, whatever happened to the extent since it was remembered

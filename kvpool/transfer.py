@@ -188,10 +188,11 @@ class Transfers:
             arenas = [r.arena for r in self._routes.values() if r.arena is not None]
         return {id(arena): arena.generation for arena in arenas}
 
-    def host_indexes(self) -> list[tuple[object, HostIndex]]:
-        """(arena, its node's HostIndex) of every mapped arena that has one (tiers/host_index.py)."""
+    def host_indexes(self) -> list[tuple[object, HostIndex, object]]:
+        """(arena, its node's HostIndex, the node's SSD data file open here or None) of every mapped arena that has
+        an index (tiers/host_index.py): an SSD row is read from that file (`read_located`)."""
         with self._lock:
-            return [(r.arena, r.index) for r in self._routes.values() if r.index is not None]
+            return [(r.arena, r.index, r.ssd) for r in self._routes.values() if r.index is not None]
 
     def mapped_nodes(self) -> tuple[str, ...]:
         """Ids of the nodes whose DRAM this client copies through their mapped arena (every route to them has it

@@ -1,10 +1,10 @@
 """HostIndexFeed: the master's half of the nodes' host indexes (tiers/host_index.py).
 
-    master.put_commit, master._republish (after a removal or a registration cleared the node's index)
-                      ─ committed(node, DRAM objects) ─┐
-    master.lookup (a use report's misses, a chain a reader found stale: then also its current DRAM rows)
-                                          ─ gone(node) ─┼─▶ per-node queue ─▶ one sender thread ─ Publish ─▶ node
-    master._tell_removed ─ removed(node) ───────────────┘    (coalesced)                           (its index)
+    master.put_commit, master.promote_pending, master._republish (after a removal or a registration cleared it)
+                      ─ committed(node, DRAM/SSD objects) ─┐
+    master.lookup (a use report's misses, a chain a reader found stale: then also its hits' current rows)
+                                              ─ gone(node) ─┼─▶ per-node queue ─▶ one sender thread ─ Publish ─▶ node
+    master._tell_removed ─ removed(node) ───────────────────┘    (coalesced)                           (its index)
 
 Commits are queued under the master's lock (an append) and sent by one thread, so no commit waits on a node. A
 same-host client that finds a chain in a node's index reads it with no Lookup at all (kvpool/client.py); one that
@@ -24,6 +24,7 @@ import threading
 from dataclasses import dataclass, field
 
 from kvpool.store.node import Publication, PublishOps
+from kvpool.tiers.types import Tier
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ class _Queue:
     sizes: list[int] = field(default_factory=list)
     checksums: list[int] = field(default_factory=list)
     gone: list[bytes] = field(default_factory=list)
+    tiers: list[Tier] = field(default_factory=list)
     send_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def take(self) -> list[Publication]:
@@ -48,8 +50,8 @@ class _Queue:
         while self.keys or self.gone:
             out.append(Publication(tuple(self.keys[:MAX_BATCH]), tuple(self.offsets[:MAX_BATCH]),
                                    tuple(self.sizes[:MAX_BATCH]), tuple(self.checksums[:MAX_BATCH]),
-                                   tuple(self.gone[:MAX_BATCH])))
-            for col in (self.keys, self.offsets, self.sizes, self.checksums, self.gone):
+                                   tuple(self.gone[:MAX_BATCH]), tuple(self.tiers[:MAX_BATCH])))
+            for col in (self.keys, self.offsets, self.sizes, self.checksums, self.gone, self.tiers):
                 del col[:MAX_BATCH]
         return out
 
@@ -70,17 +72,19 @@ class HostIndexFeed:
         self.dropped = 0
 
     def committed(self, node_id: str, ops: PublishOps, keys: list[bytes], offsets: list[int], sizes: list[int],
-                  checksums: list[int]) -> None:
-        """Objects just committed in `node_id`'s DRAM tier (called under the master's lock: appends only)."""
+                  checksums: list[int], tiers: list[Tier]) -> None:
+        """Objects just committed (or moved) in `node_id`'s DRAM or SSD tier, tiers[i] each (called under the
+        master's lock: appends only)."""
         with self._cond:
             q = self._queue(node_id, ops)
             q.keys += keys
             q.offsets += offsets
             q.sizes += sizes
             q.checksums += checksums
+            q.tiers += tiers
             if len(q.keys) > MAX_QUEUED:
                 cut = len(q.keys) - MAX_QUEUED
-                for col in (q.keys, q.offsets, q.sizes, q.checksums):
+                for col in (q.keys, q.offsets, q.sizes, q.checksums, q.tiers):
                     del col[:cut]
                 self.dropped += cut
             self._cond.notify()

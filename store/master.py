@@ -12,7 +12,7 @@
       ├─ Tenants, Quotas  store/tenants.py,   each tenant's key space (stored keys), usage, quota enforcement
       │                   store/quota.py
       ├─ LookupStats      store/stats.py      hit accounting (pool-wide and per tenant); `stats_record()`
-      ├─ HostIndexFeed    store/host_feed.py  DRAM commits published to their nodes' host indexes, off the lock
+      ├─ HostIndexFeed    store/host_feed.py  DRAM/SSD commits published to their nodes' host indexes, off the lock
       └─ Recorder         store/recorder.py   traffic recording (None = off: one attribute check per call)
 
 Plain records in and out (store/records.py), no callables; caller mistakes raise ValueError naming the argument
@@ -380,15 +380,16 @@ class Master:
             return ok
 
     def _publish(self, slots: list[int], keys: list[bytes]) -> None:
-        """Queue these committed objects' DRAM locations for their nodes' host indexes (lock held; sent off it)."""
+        """Queue these committed objects' locations (DRAM extents, SSD records) for their nodes' host indexes (lock
+        held; sent off it). A node with a shared arena shares its SSD file too (store/node.py ssd_share_path)."""
         index = self.index
         arr = np.array(slots, dtype=np.int64)
-        dram = (index.tier[arr] == Tier.DRAM).tolist()
+        tiers = index.tier[arr].tolist()
         numbers, offsets = index.node[arr].tolist(), index.offset[arr].tolist()
         sizes, sums = index.size[arr].tolist(), index.checksum[arr].tolist()
         by_node: dict[int, list[int]] = {}
-        for i, is_dram in enumerate(dram):
-            if is_dram:
+        for i, tier in enumerate(tiers):
+            if tier == Tier.DRAM or tier == Tier.SSD:
                 by_node.setdefault(numbers[i], []).append(i)
         by_number = self.placement.by_number
         for number, picked in by_node.items():
@@ -396,7 +397,17 @@ class Master:
             if node is None or not node.info.dram_path or not isinstance(node.ops, PublishOps):
                 continue
             self.host_feed.committed(node.node_id, node.ops, [keys[i] for i in picked], [offsets[i] for i in picked],
-                                     [sizes[i] for i in picked], [int(sums[i]) for i in picked])
+                                     [sizes[i] for i in picked], [int(sums[i]) for i in picked],
+                                     [Tier(tiers[i]) for i in picked])
+
+    def _publish_keys(self, keys: Sequence[bytes]) -> None:
+        """Queue the current locations of these keys' committed unscoped objects (lock held): after promotions,
+        so a same-host client's next get finds them in DRAM, not in the SSD record it was published as."""
+        index = self.index
+        slots = [slot for slot in (index.find(k, -1) for k in keys)
+                 if slot >= 0 and index.state[slot] == COMMITTED and index.tenant[slot] == UNSCOPED]
+        if slots:
+            self._publish(slots, [index.key_at(slot) for slot in slots])
 
     def put_abort(self, grant_ids: Sequence[int], *, tenant: str = "") -> int:
         with self._lock:
@@ -567,7 +578,10 @@ class Master:
                 log.warning("promotion on node %s failed: %s", batch.node.node_id, exc)
                 results = None
             with self._lock:
-                moved += self.promotions.finish(batch, results)
+                done = self.promotions.finish(batch, results)
+                if done:        # the host indexes name the promoted objects' DRAM extents from now on
+                    self._publish_keys([p.move.key for p in batch.items])
+                moved += done
                 self._flush()
         return moved
 
@@ -646,14 +660,15 @@ class Master:
         return n
 
     def _republish(self, node_ids: Collection[str]) -> None:
-        """Queue every committed unscoped DRAM object of these nodes for their host indexes (lock held): a removal
-        or a registration has just cleared them. One scan of the index's columns; removals are admin actions."""
+        """Queue every committed unscoped DRAM or SSD object of these nodes for their host indexes (lock held): a
+        removal or a registration has just cleared them. One scan of the index's columns; removals are admin
+        actions."""
         index = self.index
         for node_id in node_ids:
             node = self.placement.nodes.get(node_id)
             if node is None or not node.info.dram_path or not isinstance(node.ops, PublishOps):
                 continue
-            slots = np.flatnonzero((index.state == COMMITTED) & (index.tier == Tier.DRAM)
+            slots = np.flatnonzero((index.state == COMMITTED) & ((index.tier == Tier.DRAM) | (index.tier == Tier.SSD))
                                    & (index.node == node.number) & (index.tenant == UNSCOPED)).tolist()
             if slots:
                 self._publish(slots, [index.key_at(slot) for slot in slots])

@@ -32,19 +32,20 @@ import numpy as np
 
 from kvpool.store.config import NodeConfig
 from kvpool.store.records import NodeInfo, ObjectRecord
-from kvpool.tiers.host_index import HostIndex
+from kvpool.tiers.host_index import DRAM_ROW, SSD_ROW, HostIndex
 from kvpool.tiers.ssd import record_size
 from kvpool.tiers.types import Tier
 
 log = logging.getLogger(__name__)
 
-GENERATION_ONLY_BYTES = 4096  # an SSD-only node's arena: one page that holds no objects, then the tail page
-INDEX_BYTES_PER_SLOT = 32 << 10     # a shared arena's host index has a slot per 32 KiB of DRAM (64 B: 0.2%)
+GENERATION_ONLY_BYTES = 4096  # an SSD-only node's arena: one page that holds no objects, its host index, its tail
+INDEX_BYTES_PER_SLOT = 32 << 10     # a host index has a slot per 32 KiB of shared DRAM and SSD (64 B: 0.2%)
 
 
-def index_slots(dram_bytes: int) -> int:
-    """Host index slots for an arena of `dram_bytes`: a power of two >= dram_bytes / 32 KiB, in [256, 2**22]."""
-    want = max(1, dram_bytes // INDEX_BYTES_PER_SLOT)
+def index_slots(shared_bytes: int) -> int:
+    """Host index slots for `shared_bytes` of DRAM and SSD that same-host clients read: a power of two >=
+    shared_bytes / 32 KiB, in [256, 2**22] (at most 256 MiB of index, in the arena file)."""
+    want = max(1, shared_bytes // INDEX_BYTES_PER_SLOT)
     return 1 << min(22, max(8, (want - 1).bit_length()))
 
 
@@ -72,14 +73,16 @@ class Drop:
 
 @dataclass(slots=True, frozen=True)
 class Publication:
-    """What a node's host index (tiers/host_index.py) is to say: objects committed in its DRAM tier (keys[i] at
-    offsets[i], sizes[i] bytes, checksum checksums[i]), and keys it is to forget (`gone`)."""
+    """What a node's host index (tiers/host_index.py) is to say: objects committed in its DRAM or SSD tier (keys[i]
+    at offsets[i] of tiers[i], sizes[i] bytes, checksum checksums[i]; `tiers` empty: all DRAM), and keys it is to
+    forget (`gone`)."""
 
     keys: tuple[bytes, ...] = ()
     offsets: tuple[int, ...] = ()
     sizes: tuple[int, ...] = ()
     checksums: tuple[int, ...] = ()
     gone: tuple[bytes, ...] = ()
+    tiers: tuple[Tier, ...] = ()
 
 
 @runtime_checkable
@@ -135,8 +138,10 @@ class StorageNode:
             from kvpool.tiers.hbm import HbmArena
             self.hbm = HbmArena.create(config.hbm_bytes, config.hbm_device)
         self.host_index = None      # tiers/host_index.py: written under _gen_lock
+        # the host index has room for the objects of every tier same-host clients read themselves (DRAM, SSD)
+        shared = config.dram_bytes + (config.ssd_bytes if config.ssd_path is not None else 0)
         if config.dram_bytes > 0:
-            slots = index_slots(config.dram_bytes) if config.share_dram else 0
+            slots = index_slots(shared) if config.share_dram else 0
             self.dram = DramArena.create(config.dram_bytes, directory=config.shm_dir, index_slots=slots)
             if slots:
                 self.host_index = HostIndex(self.dram.index_region, writer=True)
@@ -148,9 +153,12 @@ class StorageNode:
                 self.dram.pin()  # HBM <-> DRAM moves are then DMA; False (logged, pin_error) still works, staged
         elif config.share_dram and config.ssd_path is not None:
             # No DRAM tier, but same-host clients read the SSD records themselves: a one-page arena that holds no
-            # objects (the master places none here: dram_bytes 0), for its tail page. Its removal generation and its
-            # owner's lock date and vouch for the SSD locations those clients remember (kvpool/locations.py).
-            self._marker = DramArena.create(GENERATION_ONLY_BYTES, directory=config.shm_dir)
+            # objects (the master places none here: dram_bytes 0), for its tail page and its host index (the node's
+            # SSD records). Its removal generation and its owner's lock date and vouch for the SSD locations those
+            # clients remember (kvpool/locations.py).
+            self._marker = DramArena.create(GENERATION_ONLY_BYTES, directory=config.shm_dir,
+                                            index_slots=index_slots(shared))
+            self.host_index = HostIndex(self._marker.index_region, writer=True)
         if config.ssd_path is not None:
             self.ssd = SsdFile.open(config.ssd_path, config.ssd_bytes, create=True)
         self.ssd_syncs = 0
@@ -271,8 +279,9 @@ class StorageNode:
             if publication.gone:
                 self.host_index.unpublish(publication.gone)
             if publication.keys:
+                places = [SSD_ROW if t == Tier.SSD else DRAM_ROW for t in publication.tiers]
                 self.host_index.publish(publication.keys, publication.offsets, publication.sizes,
-                                        publication.checksums)
+                                        publication.checksums, places)
         return len(publication.keys)
 
     def drop(self, drops: list[Drop]) -> int:
@@ -356,6 +365,7 @@ class StorageNode:
                 self.ssd = None
         if self._marker is not None:
             self._marker.unlink()
+            self.host_index = None      # its views of the index region go first: close() then drops the lock
             self._marker.close()
             self._marker = None
         if self.dram is not None:

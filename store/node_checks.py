@@ -72,11 +72,16 @@ def publication(node: StorageNode, p: Publication) -> None:
     for name, col in (("offsets", p.offsets), ("sizes", p.sizes), ("checksums", p.checksums)):
         if len(col) != n:
             raise ValueError(f"{name} must have one entry per key ({n}), got {len(col)}")
+    if len(p.tiers) not in (0, n):
+        raise ValueError(f"tiers must be empty or have one entry per key ({n}), got {len(p.tiers)}")
     for i, key in enumerate(p.keys):
         _key(key, f"keys[{i}]")
         if p.sizes[i] < 1:
             raise ValueError(f"sizes[{i}] must be >= 1, got {p.sizes[i]}")
-        _extent(node, Tier.DRAM, p.offsets[i], p.sizes[i], i, "", "keys")
+        tier = p.tiers[i] if p.tiers else Tier.DRAM
+        if tier not in (Tier.DRAM, Tier.SSD):
+            raise ValueError(f"tiers[{i}] must be DRAM or SSD (what a host index names), got {tier!r}")
+        _extent(node, tier, p.offsets[i], p.sizes[i], i, "", "tiers" if p.tiers else "keys")
     for i, key in enumerate(p.gone):
         _key(key, f"gone[{i}]")
 

@@ -303,12 +303,18 @@ def drops_from_msg(msg: pb.DropRequest) -> list[Drop]:
 
 
 def publication_to_msg(p: Publication) -> pb.PublishRequest:
-    return pb.PublishRequest(keys=p.keys, offsets=p.offsets, sizes=p.sizes, checksums=p.checksums, gone=p.gone)
+    return pb.PublishRequest(keys=p.keys, offsets=p.offsets, sizes=p.sizes, checksums=p.checksums, gone=p.gone,
+                             tiers=[int(t) for t in p.tiers])
 
 
 def publication_from_msg(msg: pb.PublishRequest) -> Publication:
+    """`tiers` empty (a master before SSD rows): every entry is a DRAM extent."""
     check_columns(msg, "keys", "offsets", "sizes", "checksums")
-    return Publication(tuple(msg.keys), tuple(msg.offsets), tuple(msg.sizes), tuple(msg.checksums), tuple(msg.gone))
+    if len(msg.tiers) not in (0, len(msg.keys)):
+        raise ValueError(f"tiers must be empty or have one entry per key ({len(msg.keys)}), got {len(msg.tiers)}")
+    tiers = tuple(tier_of(t, f"tiers[{i}]") for i, t in enumerate(msg.tiers))
+    return Publication(tuple(msg.keys), tuple(msg.offsets), tuple(msg.sizes), tuple(msg.checksums), tuple(msg.gone),
+                       tiers)
 
 
 # ---------------------------------------------------------------- objects

@@ -1,16 +1,19 @@
-"""HostIndex: a node's published index of the objects in its DRAM arena, read by same-host clients with no RPC.
+"""HostIndex: a node's published index of its objects (DRAM extents, SSD records), read by same-host clients with no
+RPC.
 
 Why: a same-host client that has never read a key must ask the master where it is (a Lookup: ~400 us on 2 cores,
 more than copying and hashing 32 x 64 KiB). The node publishes, in its arena file's index region (tiers/dram.py),
-where each object the master told it of lives; a client that maps the arena finds a whole chain there with one
+where each object the master told it of lives (an extent of its DRAM arena, or a record of its SSD data file, which
+same-host clients open and read themselves: kvpool/transfer.py); a client that maps the arena finds a whole chain there with one
 probe and copies it through the read fence, and the master hears of the get afterwards, off its path. The probe is
 C where it is built (tiers/_hostprobe.c: a 32-key chain in ~5 us quiet and ~25 us inside a get, against 55-90 and
 150-200 us for the numpy probe below, whose ~20 calls find their code and data evicted by the get's copies).
 
 ```
  region = slots x 64 bytes, buckets of WAYS = 4 slots (one 256-byte run); key k (16 bytes) lives in bucket b(k)
- slot  [k0 | k1 | offset | size | checksum | stamp | 0 | seal]     eight little-endian u64
-        seal = a 64-bit mix of the first six words, never 0; 0 marks an empty slot
+ slot  [k0 | k1 | offset | size | checksum | stamp | place | seal]     eight little-endian u64
+        place = 0: a DRAM extent at `offset` of the arena; 1: an SSD record at `offset` of the node's data file
+        seal = a 64-bit mix of the first seven words, never 0; 0 marks an empty slot
 ```
 
 Who writes: only the node (`writer=True`), serialised by its caller: `publish` (the master's commit feed,
@@ -49,19 +52,23 @@ KEY_BYTES = 16
 _SEAL = 7
 _M = (np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F))     # the bucket's two multipliers
 _WORD_MUL = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93,
-                      0x27D4EB2F165667C5, 0x94D049BB133111EB], dtype=np.uint64)
+                      0x27D4EB2F165667C5, 0x94D049BB133111EB, 0xBF58476D1CE4E5B9], dtype=np.uint64)
+_PLACE = 6
+DRAM_ROW, SSD_ROW = 0, 1     # a row's place word: where its offset points (a DRAM row's is 0, as before SSD rows)
 _ONE = np.uint64(1)
 _ARANGE = np.arange(4096)
 MIN_BUCKETS = 64
 
 
 def _seal(rows: np.ndarray) -> np.ndarray:
-    """The seal of rows (n, 8): words 0-5 each times its own odd constant, summed mod 2^64, | 1 (never 0). A row
+    """The seal of rows (n, 8): words 0-6 each times its own odd constant, summed mod 2^64, | 1 (never 0). A DRAM
+    row's place word is 0, so its seal is the six-word seal of the index before SSD rows; an older reader takes no
+    SSD row (its seal covers six words). A row
     torn between entries of two keys carries its asked-for key's words with another entry's words or seal: the
     sums differ by differences of random 64-bit words (keys, checksums) times odd constants, equal with chance
     2^-64. A row torn between two entries of the same key names that key's committed bytes either way, and the read
     fence checks them."""
-    return (rows[:, :6] * _WORD_MUL).sum(axis=1, dtype=np.uint64) | _ONE    # uint64 arrays wrap silently
+    return (rows[:, :_SEAL] * _WORD_MUL).sum(axis=1, dtype=np.uint64) | _ONE    # uint64 arrays wrap silently
 
 
 def _key_words(keys: Sequence[bytes]) -> np.ndarray:
@@ -112,10 +119,11 @@ class HostIndex:
 
     # ---------------------------------------------------------------- reader
 
-    def find(self, keys: Sequence[bytes]) -> tuple[list[int], list[int], list[int]]:
-        """(offsets, sizes, checksums) of the leading keys found, in order; stops at the first key not found."""
+    def find(self, keys: Sequence[bytes]) -> tuple[list[int], list[int], list[int], list[int]]:
+        """(offsets, sizes, checksums, places) of the leading keys found, in order; stops at the first key not found.
+        places[i]: DRAM_ROW (offsets[i] is in the arena) or SSD_ROW (a record at offsets[i] of the data file)."""
         if not keys:
-            return [], [], []
+            return [], [], [], []
         if self.native_probe:
             joined = b"".join(keys)
             if len(joined) == KEY_BYTES * len(keys):
@@ -128,19 +136,25 @@ class HostIndex:
         ok = (picked[:, _SEAL] == _seal(picked)) & (picked[:, 0] == kw[:, 0]) & (picked[:, 1] == kw[:, 1])
         hits = n if ok.all() else int(ok.argmin())
         if not hits:
-            return [], [], []
+            return [], [], [], []
         offsets, sizes, checksums = picked[:hits, 2:5].T.tolist()
-        return offsets, sizes, checksums
+        return offsets, sizes, checksums, picked[:hits, _PLACE].tolist()
 
     # ---------------------------------------------------------------- writer (the node)
 
     def publish(self, keys: Sequence[bytes], offsets: Sequence[int], sizes: Sequence[int],
-                checksums: Sequence[int]) -> None:
-        """keys[i] is committed at offsets[i] (sizes[i] bytes, xxh3_64 checksums[i]). Validated whole first."""
+                checksums: Sequence[int], places: Sequence[int] = ()) -> None:
+        """keys[i] is committed at offsets[i] (sizes[i] bytes, xxh3_64 checksums[i]) of the DRAM arena, or of the
+        SSD data file where places[i] is SSD_ROW (`places` empty: all DRAM). Validated whole first."""
         self._own()
         if not len(keys) == len(offsets) == len(sizes) == len(checksums):
             raise ValueError(f"offsets, sizes and checksums must have one entry per key ({len(keys)}), got "
                              f"{len(offsets)}, {len(sizes)}, {len(checksums)}")
+        if len(places) not in (0, len(keys)):
+            raise ValueError(f"places must be empty or have one entry per key ({len(keys)}), got {len(places)}")
+        for i, v in enumerate(places):
+            if isinstance(v, bool) or v not in (DRAM_ROW, SSD_ROW):
+                raise ValueError(f"places[{i}] must be {DRAM_ROW} (DRAM) or {SSD_ROW} (SSD), got {v!r}")
         kw = _key_words(keys)
         for name, col in (("offsets", offsets), ("sizes", sizes), ("checksums", checksums)):
             for i, v in enumerate(col):
@@ -164,6 +178,8 @@ class HostIndex:
         new[:, 3] = [sizes[i] for i in picked]
         new[:, 4] = [checksums[i] for i in picked]
         new[:, 5] = [self._stamps[s] for s in last]
+        if len(places):
+            new[:, _PLACE] = [places[i] for i in picked]
         new[:, _SEAL] = _seal(new)
         rows = self._rows
         rows[slots, _SEAL] = 0                  # readers see empty slots while the words change

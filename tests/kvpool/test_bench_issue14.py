@@ -55,11 +55,11 @@ def test_ssd_read_prints_a_ratio_per_size_and_path(tmp_path):
     out = "\n".join(lines)
     for size in ("64KiB", "512KiB", "2048KiB"):
         for what in ("SSD get", r"SSD get \(service\)", r"SSD get \(service, first get\)",
-                     r"SSD get \(service, TCP channel\)"):
+                     r"SSD get \(service, a Lookup per call\)", r"SSD get \(service, TCP channel\)"):
             assert any(re.fullmatch(rf"{what} {size}: {X} disk sequential read \(\d+\.\d\d GB/s vs \d+\.\d\d GB/s\)",
                                     line) for line in lines), out
     for what in ("SSD get", "SSD get through the service",
-                 r"SSD get through the service, another client's first get \(a Lookup per call\)"):
+                 r"SSD get through the service, another client's first get \(the node's host index\)"):
         assert has(lines, rf"goal \(issue 14\): {what} >= 0\.8x the disk's sequential read at every size: "
                           r"(met|NOT met) \(worst \d\.\d\dx\)"), out
 

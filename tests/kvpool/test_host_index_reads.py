@@ -12,6 +12,7 @@ from kvpool import PoolClient
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
 from kvpool.store.node import Publication
+from kvpool.tiers.host_index import DRAM_ROW, SSD_ROW
 from tests.conftest import SMALL_UP_OBJ as OBJ
 
 KEYS = [(0xD1 << 120 | i).to_bytes(16, "big") for i in range(8)]
@@ -66,7 +67,7 @@ def test_a_removed_object_is_never_served_and_what_stays_is_published_again(smal
     with PoolClient(small_up.address, release_linger_s=60) as c:
         c.warm(prefault=False)
         assert c.remove_many(KEYS[1:2]) == 1
-        assert index.find(KEYS[1:2]) == ([], [], [])       # the removal cleared the index before `remove` returned
+        assert index.find(KEYS[1:2]) == ([], [], [], [])       # the removal cleared the index before `remove` returned
         out = bufs(2)
         assert c.get_many_into(KEYS[:2], out) == 1 and out[0] == bytearray(DATAS[0])
         assert c.host_index_gets == 0
@@ -91,14 +92,17 @@ def test_an_extent_reused_since_it_was_published_is_stale_and_the_get_asks_the_m
         assert c.get_many_into(KEYS[:4], out, tiers_out=tiers) == 4
         assert out == [bytearray(d) for d in DATAS[:4]] and tiers == ["ssd"] * 4
         assert c.host_index_stale == 1 and c.host_index_gets == 0 and c.checksum_failures == 0
-    # that lookup said the index was stale: the node forgot the chain (its objects are on SSD now, no DRAM row)
+    # that lookup said the index was stale: the node's index now names the chain's SSD records, not the extents
     assert small_up.master.master.host_feed.flush(10)
-    assert index.find(KEYS[:1]) == ([], [], []) and len(index.find(OTHER_KEYS)[0]) == 4
+    assert index.find(KEYS[:4])[3] == [SSD_ROW] * 4 and index.find(OTHER_KEYS)[3] == [DRAM_ROW] * 4
+    calls = small_up.master.control.calls
+    base = calls["Lookup"]
     with PoolClient(small_up.address, release_linger_s=60) as c:
         c.warm(prefault=False)
-        out = bufs(4)
-        assert c.get_many_into(KEYS[:4], out) == 4 and out == [bytearray(d) for d in DATAS[:4]]
-        assert c.host_index_stale == 0          # no wasted copy: asked the master straight away
+        out, tiers = bufs(4), []
+        assert c.get_many_into(KEYS[:4], out, tiers_out=tiers) == 4 and out == [bytearray(d) for d in DATAS[:4]]
+        assert tiers == ["ssd"] * 4 and calls["Lookup"] == base     # read from the node's data file, no Lookup
+        assert c.host_index_stale == 0 and c.host_index_gets == 1 and c.transfers.direct_ssd_reads == 4
 
 
 def test_a_use_report_that_finds_keys_gone_has_the_node_forget_them(small_up):
@@ -110,7 +114,7 @@ def test_a_use_report_that_finds_keys_gone_has_the_node_forget_them(small_up):
     assert node.host_index.find([gone])[0] == [0]
     master.lookup([gone], lease=True, mapped_nodes={node.node_id}, uses=1, unpublish_misses=True)
     assert master.host_feed.flush(10)
-    assert node.host_index.find([gone]) == ([], [], [])      # flush returns once the node answered
+    assert node.host_index.find([gone]) == ([], [], [], [])      # flush returns once the node answered
     assert master.host_feed.gone_sent == 1
 
 
@@ -126,6 +130,16 @@ def test_publish_checks_every_entry_against_the_arena_before_changing_anything(s
         with pytest.raises(grpc.RpcError) as err:
             stub.Publish(short, timeout=10)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "offsets" in err.value.details()
+        unaligned = pb.PublishRequest(keys=KEYS[:2], offsets=[0, 100], sizes=[OBJ, OBJ], checksums=[1, 2],
+                                      tiers=[pb.DRAM, pb.SSD])
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Publish(unaligned, timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "offsets[1]" in err.value.details()
+        hbm = pb.PublishRequest(keys=KEYS[:2], offsets=[0, 0], sizes=[OBJ, OBJ], checksums=[1, 2],
+                                tiers=[pb.SSD, pb.HBM])
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Publish(hbm, timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "tiers[1]" in err.value.details()
     assert len(node.host_index) == 0
 
 
@@ -166,3 +180,37 @@ def test_a_lookup_that_found_a_stale_row_gets_the_node_the_current_location(smal
     master.lookup(KEYS[:2], lease=True, mapped_nodes={node.node_id}, optimistic=True, index_stale=True)
     assert master.host_feed.flush(10)
     assert node.host_index.find(KEYS[:2]) == right
+
+
+def test_a_promoted_objects_row_names_its_dram_extent_again(tmp_path, shm_path):
+    """With promotion on hit: objects pushed to SSD are read (a leased lookup), promoted by the master's promoter,
+    and the master publishes their new DRAM extents, so another client's first get reads them from DRAM, not from
+    the SSD copy the row named after the stale read."""
+    from kvpool.store.config import UpConfig
+    from kvpool.store.local_cluster import LocalCluster
+    from tests.conftest import free_port
+    from tests.store.test_control_channel import wait_until
+
+    cfg = UpConfig(listen=f"127.0.0.1:{free_port()}", http_listen="", shm_dir=str(shm_path), dram_bytes=4 * OBJ,
+                   ssd_path=str(tmp_path / "ssd"), ssd_bytes=64 * OBJ, promote_on_hit=True)
+    up = LocalCluster(cfg).start()
+    try:
+        index = up.node.node.host_index
+        put_and_publish(up, KEYS[:4], DATAS[:4])
+        put_and_publish(up, OTHER_KEYS, OTHER)          # DRAM holds four: the first four go to SSD
+        with PoolClient(up.address, location_cache_s=0, optimistic_reads=False) as reader:
+            reader.warm(prefault=False)
+            out, tiers = bufs(2), []
+            assert reader.get_many_into(KEYS[:2], out, tiers_out=tiers) == 2 and tiers == ["ssd"] * 2
+            assert out == [bytearray(d) for d in DATAS[:2]]
+            # the index's rows named the reused extents: its lookup queued the SSD rows before the promotion began
+            assert reader.host_index_stale == 1
+        wait_until(lambda: up.master.master.host_feed.flush(1) and index.find(KEYS[:2])[3] == [DRAM_ROW] * 2,
+                   "the promoted objects' DRAM rows")
+        with PoolClient(up.address, release_linger_s=60) as c:
+            c.warm(prefault=False)
+            out, tiers = bufs(2), []
+            assert c.get_many_into(KEYS[:2], out, tiers_out=tiers) == 2 and tiers == ["dram"] * 2
+            assert out == [bytearray(d) for d in DATAS[:2]] and c.host_index_gets == 1
+    finally:
+        up.stop()

@@ -13,6 +13,7 @@ import pytest
 
 from kvpool import PoolClient
 from kvpool.proto import kvpool_pb2 as pb
+from kvpool.tiers.host_index import SSD_ROW
 from kvpool.tiers.ssd import HEADER_BYTES
 from tests.conftest import free_port
 from tests.store.test_control_channel import wait_until
@@ -49,7 +50,7 @@ def test_an_ssd_only_node_shares_a_generation_only_arena_and_no_dram(ssd_up, shm
     node = ssd_up.node.node
     info = node.info()
     assert info.dram_bytes == 0 and node.dram is None
-    assert os.path.dirname(info.dram_path) == str(shm_path) and os.path.getsize(info.dram_path) == 2 * 4096
+    assert os.path.dirname(info.dram_path) == str(shm_path) and os.path.getsize(info.dram_path) == 2 * 4096 + 256 * 64
     with PoolClient(ssd_up.address) as c:
         tiers: list[str] = []
         assert c.put_many(KEYS[:2], DATAS[:2]) == ["stored"] * 2
@@ -65,7 +66,8 @@ def test_repeat_ssd_gets_read_the_nodes_file_with_no_round_trip(ssd_up):
         assert writer.put_many(KEYS[:4], DATAS[:4]) == ["stored"] * 4
     base = calls["Lookup"]
     # release_linger_s=60: no report is sent by the timer, so the counts below are exact; close() sends them
-    with PoolClient(ssd_up.address, location_cache_s=60, release_linger_s=60) as c:
+    # host_index_reads=False: the first get asks the master (the node's host index would name them too, below)
+    with PoolClient(ssd_up.address, location_cache_s=60, release_linger_s=60, host_index_reads=False) as c:
         c.warm(prefault=False)          # the node's arena mapped before the first lookup: its answer is dated
         tiers: list[str] = []
         out = bufs(4)
@@ -142,6 +144,54 @@ def test_a_record_evicted_for_room_and_its_space_reused_is_stale_never_another_o
         report = cache_report(a)
         assert report["stale"] == 1 and report["removed"] == 0 and report["gets"] == 0
         assert a.checksum_failures == 0                            # stale is not corrupt
+
+
+def test_another_clients_first_get_of_ssd_records_is_found_in_the_nodes_host_index(ssd_up):
+    """The master publishes SSD commits to the node's host index (in its generation-only arena): a same-host client
+    that never read these keys reads the records from the node's data file with no Lookup, and remembers them."""
+    calls = ssd_up.master.control.calls
+    index = ssd_up.node.node.host_index
+    with PoolClient(ssd_up.address, host_index_reads=False) as writer:
+        assert writer.put_many(KEYS[:4], DATAS[:4]) == ["stored"] * 4
+    assert ssd_up.master.master.host_feed.flush(10)
+    assert index.find(KEYS[:4])[3] == [SSD_ROW] * 4 and len(index) == 4
+    base = calls["Lookup"]
+    with PoolClient(ssd_up.address, location_cache_s=60, release_linger_s=60) as c:
+        c.warm(prefault=False)
+        out, tiers = bufs(4), []
+        assert c.get_many_into(KEYS[:4], out, tiers_out=tiers) == 4 and out == [bytearray(d) for d in DATAS[:4]]
+        assert tiers == ["ssd"] * 4 and calls["Lookup"] == base
+        assert c.host_index_gets == 1 and c.transfers.direct_ssd_reads == 4 and c.transfers.direct_ssd_retries == 0
+        out = bufs(2)
+        assert c.get_many_into(KEYS[:2], out) == 2 and out == [bytearray(d) for d in DATAS[:2]]
+        assert calls["Lookup"] == base and cache_report(c)["gets"] == 1     # the repeat get: from its cache
+    assert calls["Lookup"] == base + 2              # close() sent both chains' reports: the master counted the gets
+    with PoolClient(ssd_up.address) as admin:
+        assert admin.stats()["hit_keys"] == 6
+
+
+def test_an_ssd_row_whose_record_space_holds_another_object_is_stale_and_the_node_forgets_it(ssd_up):
+    """The SSD holds eight records; eight more objects push the first ones out and reuse their space while the
+    index still names it for the first keys. The read fails the record's key check: a miss after the master's
+    answer, never the other object's bytes, never a corruption, and the node's index forgets the keys."""
+    index = ssd_up.node.node.host_index
+    others = [(0x6F << 120 | i).to_bytes(16, "big") for i in range(8)]
+    with PoolClient(ssd_up.address, host_index_reads=False) as writer:
+        assert writer.put_many(KEYS[:2], DATAS[:2]) == ["stored"] * 2
+        assert ssd_up.master.master.host_feed.flush(10) and len(index.find(KEYS[:2])[0]) == 2
+        stale_offsets = index.find(KEYS[:2])[0]
+        assert writer.put_many(others, [bytes([0xB0 + i]) * OBJ for i in range(8)]) == ["stored"] * 8
+        assert writer.contains_many(KEYS[:2]) == [False, False]
+    assert ssd_up.master.master.host_feed.flush(10)
+    assert index.find(KEYS[:2])[0] == stale_offsets             # the rows outlived the records
+    with PoolClient(ssd_up.address, release_linger_s=60) as c:
+        c.warm(prefault=False)
+        out, tiers = bufs(2), []
+        assert c.get_many_into(KEYS[:2], out, tiers_out=tiers) == 0 and tiers == []
+        # 0 filled: the count is the answer (a buffer past it holds whatever the refused read left there)
+        assert c.host_index_stale == 1 and c.host_index_gets == 0 and c.checksum_failures == 0
+    assert ssd_up.master.master.host_feed.flush(10)
+    assert index.find(KEYS[:1]) == ([], [], [], []) and len(index.find(others)[0]) == 8
 
 
 def test_a_stopped_ssd_nodes_records_are_not_read_from_the_cache(ssd_up):

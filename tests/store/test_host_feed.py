@@ -7,6 +7,7 @@ import threading
 
 from kvpool.store.host_feed import HostIndexFeed
 from kvpool.store.node import NodeUnavailable, Publication
+from kvpool.tiers.types import Tier
 from tests.store.test_control_channel import wait_until
 
 
@@ -40,7 +41,7 @@ class Node:
 def test_commits_and_gone_keys_reach_the_node_in_order():
     feed, node = HostIndexFeed(), Node()
     try:
-        feed.committed("n1", node, [key(0), key(1)], [0, 64], [64, 64], [1, 2])
+        feed.committed("n1", node, [key(0), key(1)], [0, 64], [64, 64], [1, 2], [Tier.DRAM] * 2)
         feed.gone("n1", node, [key(9)])
         assert feed.flush(10)
         got = [(p.keys, p.offsets, p.sizes, p.checksums, p.gone) for p in node.got]
@@ -55,9 +56,9 @@ def test_a_removal_waits_for_the_send_in_flight_and_drops_what_was_queued_before
     feed, node = HostIndexFeed(), Node()
     try:
         node.hold.set()
-        feed.committed("n1", node, [key(0)], [0], [64], [1])            # taken by the sender, held in flight
+        feed.committed("n1", node, [key(0)], [0], [64], [1], [Tier.DRAM])            # taken by the sender, held in flight
         assert node.entered.wait(10)
-        feed.committed("n1", node, [key(1), key(2)], [64, 128], [64, 64], [2, 3])    # queued behind it
+        feed.committed("n1", node, [key(1), key(2)], [64, 128], [64, 64], [2, 3], [Tier.DRAM] * 2)    # queued behind it
         removal = threading.Thread(target=lambda: (feed.removed("n1"), node.events.append("removed")))
         removal.start()
         wait_until(lambda: feed.dropped == 2, "the queued entries dropped")
@@ -65,7 +66,7 @@ def test_a_removal_waits_for_the_send_in_flight_and_drops_what_was_queued_before
         node.release.set()
         removal.join(10)
         assert node.events == ["sent 1", "removed"]
-        feed.committed("n1", node, [key(3)], [192], [64], [4])            # after the removal: published
+        feed.committed("n1", node, [key(3)], [192], [64], [4], [Tier.DRAM])            # after the removal: published
         assert feed.flush(10)
         assert [p.keys for p in node.got] == [(key(0),), (key(3),)]
         assert feed.as_dict() == {"published": 2, "gone": 0, "failed": 0, "dropped": 2}
@@ -78,10 +79,10 @@ def test_a_node_that_does_not_answer_loses_the_publication_and_the_feed_goes_on(
     feed, node = HostIndexFeed(), Node()
     try:
         node.fail = True
-        feed.committed("n1", node, [key(0)], [0], [64], [1])
+        feed.committed("n1", node, [key(0)], [0], [64], [1], [Tier.DRAM])
         assert feed.flush(10)
         node.fail = False
-        feed.committed("n1", node, [key(1)], [64], [64], [2])
+        feed.committed("n1", node, [key(1)], [64], [64], [2], [Tier.DRAM])
         assert feed.flush(10)
         assert [p.keys for p in node.got] == [(key(1),)]
         assert feed.as_dict() == {"published": 1, "gone": 0, "failed": 1, "dropped": 0}
