@@ -1,6 +1,7 @@
 """HostIndexFeed: the master's half of the nodes' host indexes (tiers/host_index.py).
 
-    master.put_commit, master.promote_pending, master._republish (after a removal or a registration cleared it)
+    master.put_commit, master._publish_moved (demoted, promoted, drained), master._republish (after a removal or a
+    registration cleared it)
                       ─ committed(node, DRAM/SSD objects) ─┐
     master.lookup (a use report's misses, a chain a reader found stale: then also its hits' current rows)
                                               ─ gone(node) ─┼─▶ per-node queue ─▶ one sender thread ─ Publish ─▶ node

@@ -400,12 +400,13 @@ class Master:
                                      [sizes[i] for i in picked], [int(sums[i]) for i in picked],
                                      [Tier(tiers[i]) for i in picked])
 
-    def _publish_keys(self, keys: Sequence[bytes]) -> None:
-        """Queue the current locations of these keys' committed unscoped objects (lock held): after promotions,
-        so a same-host client's next get finds them in DRAM, not in the SSD record it was published as."""
+    def _publish_moved(self) -> None:
+        """Queue where the objects that changed extent since the last call are now (lock held): a promoted object's
+        DRAM extent, a demoted one's SSD record, a drained one's new node, so a same-host client's next get reads
+        them there instead of paying a stale row (a failed read, then a Lookup)."""
         index = self.index
-        slots = [slot for slot in (index.find(k, -1) for k in keys)
-                 if slot >= 0 and index.state[slot] == COMMITTED and index.tenant[slot] == UNSCOPED]
+        slots = [slot for slot in self.placement.take_moved()
+                 if index.state[slot] == COMMITTED and index.tenant[slot] == UNSCOPED]
         if slots:
             self._publish(slots, [index.key_at(slot) for slot in slots])
 
@@ -578,10 +579,7 @@ class Master:
                 log.warning("promotion on node %s failed: %s", batch.node.node_id, exc)
                 results = None
             with self._lock:
-                done = self.promotions.finish(batch, results)
-                if done:        # the host indexes name the promoted objects' DRAM extents from now on
-                    self._publish_keys([p.move.key for p in batch.items])
-                moved += done
+                moved += self.promotions.finish(batch, results)
                 self._flush()
         return moved
 
@@ -899,6 +897,8 @@ class Master:
                 | registry.suspect_numbers(self.clock(), self.config.suspect_s))
 
     def _flush(self) -> None:
+        """After each change under the lock: moved objects to the host indexes, changed slots to the journal."""
+        self._publish_moved()
         self.journal.flush(self.placement.record)
 
     def _load(self) -> None:

@@ -123,6 +123,7 @@ class Placement:
         self.track = None               # store.quota.TenantLists: per-tenant recency beside each policy (quotas)
         self.owner_of = lambda key: 0   # the tenant of a re-adopted object, by its stored key (store/tenants.py)
         self.tenant_name = lambda tenant: ""  # a tenant id's name, for records
+        self._moved: list[int] = []     # slots whose object changed extent since `take_moved` (demoted, relocated)
 
     def _new_policy(self, tier: Tier):
         policy = make_policy(self.policy_name)
@@ -539,6 +540,7 @@ class Placement:
             src.policy.remove(slot, key)
             index.set_tier(slot, dst_tier)
             index.offset[slot] = target
+            self._moved.append(slot)
             if own:                   # the copy is the object now
                 index.copy[slot] = NO_COPY
                 self.copies.dirty.pop(key, None)
@@ -578,7 +580,16 @@ class Placement:
             self.copies.dirty[key] = None
         node.spaces[tier].policy.insert_chain([new], [key])
         self.journal.touched(new)
+        self._moved.append(new)
         return new
+
+    def take_moved(self) -> list[int]:
+        """The slots whose object changed extent (a demotion, a promotion, a drain move) since the last call, once
+        each, in order: the master tells the nodes' host indexes where those objects are now."""
+        if not self._moved:
+            return []
+        moved, self._moved = self._moved, []
+        return list(dict.fromkeys(moved))
 
     # ---- recovery ----
 

@@ -79,21 +79,15 @@ def test_a_removed_object_is_never_served_and_what_stays_is_published_again(smal
         assert c.get_many_into(KEYS[2:3], out) == 1 and out == [bytearray(DATAS[2])] and c.host_index_gets == 1
 
 
-def test_an_extent_reused_since_it_was_published_is_stale_and_the_get_asks_the_master(small_up):
-    """small_up's DRAM holds exactly four objects: four more push the first four to SSD and take their extents,
-    while the index still names those extents for the first four keys."""
+def test_demoted_objects_rows_name_their_ssd_records(small_up):
+    """small_up's DRAM holds exactly four objects: four more push the first four to SSD and take their extents. The
+    master publishes each demotion, so another client's first get reads the first four from the node's data file
+    with no Lookup and no stale read of the reused extents."""
     put_and_publish(small_up, KEYS[:4], DATAS[:4])
-    put_and_publish(small_up, OTHER_KEYS, OTHER)
     index = small_up.node.node.host_index
-    assert sorted(index.find(KEYS[:4])[0]) == sorted(index.find(OTHER_KEYS)[0])     # the same extents, reused
-    with PoolClient(small_up.address, release_linger_s=60) as c:
-        c.warm(prefault=False)
-        out, tiers = bufs(4), []
-        assert c.get_many_into(KEYS[:4], out, tiers_out=tiers) == 4
-        assert out == [bytearray(d) for d in DATAS[:4]] and tiers == ["ssd"] * 4
-        assert c.host_index_stale == 1 and c.host_index_gets == 0 and c.checksum_failures == 0
-    # that lookup said the index was stale: the node's index now names the chain's SSD records, not the extents
-    assert small_up.master.master.host_feed.flush(10)
+    dram_offsets = index.find(KEYS[:4])[0]
+    put_and_publish(small_up, OTHER_KEYS, OTHER)
+    assert sorted(index.find(OTHER_KEYS)[0]) == sorted(dram_offsets)            # the same extents, reused
     assert index.find(KEYS[:4])[3] == [SSD_ROW] * 4 and index.find(OTHER_KEYS)[3] == [DRAM_ROW] * 4
     calls = small_up.master.control.calls
     base = calls["Lookup"]
@@ -103,6 +97,26 @@ def test_an_extent_reused_since_it_was_published_is_stale_and_the_get_asks_the_m
         assert c.get_many_into(KEYS[:4], out, tiers_out=tiers) == 4 and out == [bytearray(d) for d in DATAS[:4]]
         assert tiers == ["ssd"] * 4 and calls["Lookup"] == base     # read from the node's data file, no Lookup
         assert c.host_index_stale == 0 and c.host_index_gets == 1 and c.transfers.direct_ssd_reads == 4
+
+
+def test_an_extent_reused_since_it_was_published_is_stale_and_the_get_asks_the_master(small_up):
+    """A row that outlived its extent's reuse (its demotion's publication lost, as when the node did not answer):
+    the copy fails the fence, the get asks the master, and the master has the node's row name the SSD record."""
+    put_and_publish(small_up, KEYS[:4], DATAS[:4])
+    index, node = small_up.node.node.host_index, small_up.node.node
+    first = index.find(KEYS[:4])
+    put_and_publish(small_up, OTHER_KEYS, OTHER)
+    node.publish(Publication(tuple(KEYS[:4]), tuple(first[0]), tuple(first[1]), tuple(first[2])))   # the old rows
+    assert index.find(KEYS[:4]) == first and sorted(first[0]) == sorted(index.find(OTHER_KEYS)[0])
+    with PoolClient(small_up.address, release_linger_s=60) as c:
+        c.warm(prefault=False)
+        out, tiers = bufs(4), []
+        assert c.get_many_into(KEYS[:4], out, tiers_out=tiers) == 4
+        assert out == [bytearray(d) for d in DATAS[:4]] and tiers == ["ssd"] * 4
+        assert c.host_index_stale == 1 and c.host_index_gets == 0 and c.checksum_failures == 0
+    # that lookup said the index was stale: the node's index names the chain's SSD records again
+    assert small_up.master.master.host_feed.flush(10)
+    assert index.find(KEYS[:4])[3] == [SSD_ROW] * 4 and index.find(OTHER_KEYS)[3] == [DRAM_ROW] * 4
 
 
 def test_a_use_report_that_finds_keys_gone_has_the_node_forget_them(small_up):
@@ -183,9 +197,9 @@ def test_a_lookup_that_found_a_stale_row_gets_the_node_the_current_location(smal
 
 
 def test_a_promoted_objects_row_names_its_dram_extent_again(tmp_path, shm_path):
-    """With promotion on hit: objects pushed to SSD are read (a leased lookup), promoted by the master's promoter,
-    and the master publishes their new DRAM extents, so another client's first get reads them from DRAM, not from
-    the SSD copy the row named after the stale read."""
+    """With promotion on hit: objects pushed to SSD (their rows name their SSD records) are read from the index,
+    the reader's use report has the master promote them, and the master publishes their new DRAM extents, so another
+    client's first get reads them from DRAM, not from the SSD copy."""
     from kvpool.store.config import UpConfig
     from kvpool.store.local_cluster import LocalCluster
     from tests.conftest import free_port
@@ -198,13 +212,13 @@ def test_a_promoted_objects_row_names_its_dram_extent_again(tmp_path, shm_path):
         index = up.node.node.host_index
         put_and_publish(up, KEYS[:4], DATAS[:4])
         put_and_publish(up, OTHER_KEYS, OTHER)          # DRAM holds four: the first four go to SSD
-        with PoolClient(up.address, location_cache_s=0, optimistic_reads=False) as reader:
+        assert index.find(KEYS[:2])[3] == [SSD_ROW] * 2
+        with PoolClient(up.address, location_cache_s=0) as reader:
             reader.warm(prefault=False)
             out, tiers = bufs(2), []
             assert reader.get_many_into(KEYS[:2], out, tiers_out=tiers) == 2 and tiers == ["ssd"] * 2
-            assert out == [bytearray(d) for d in DATAS[:2]]
-            # the index's rows named the reused extents: its lookup queued the SSD rows before the promotion began
-            assert reader.host_index_stale == 1
+            assert out == [bytearray(d) for d in DATAS[:2]] and reader.host_index_gets == 1
+        # close() sent the get's use report: the master counted it, saw SSD hits and queued their promotion
         wait_until(lambda: up.master.master.host_feed.flush(1) and index.find(KEYS[:2])[3] == [DRAM_ROW] * 2,
                    "the promoted objects' DRAM rows")
         with PoolClient(up.address, release_linger_s=60) as c:
