@@ -401,9 +401,21 @@ class Master:
                                      [Tier(tiers[i]) for i in picked])
 
     def _publish_moved(self) -> None:
-        """Queue where the objects that changed extent since the last call are now (lock held): a promoted object's
-        DRAM extent, a demoted one's SSD record, a drained one's new node, so a same-host client's next get reads
-        them there instead of paying a stale row (a failed read, then a Lookup)."""
+        """Queue for the nodes' host indexes (lock held) where the objects that changed extent since the last call
+        are now (a promoted object's DRAM extent, a demoted one's SSD record, a drained one's new node) and which
+        objects were evicted for room (forgotten), so a same-host client's next get reads the right place or asks
+        the master at once, instead of paying a stale row (a failed read, then a Lookup)."""
+        evicted = self.placement.take_evicted()
+        if evicted:
+            by_number = self.placement.by_number
+            gone: dict[int, list[bytes]] = {}
+            for number, tenant, key in evicted:
+                if tenant == UNSCOPED:
+                    gone.setdefault(number, []).append(key)
+            for number, keys in gone.items():
+                node = by_number[number] if number < len(by_number) else None
+                if node is not None and node.info.dram_path and isinstance(node.ops, PublishOps):
+                    self.host_feed.gone(node.node_id, node.ops, keys)
         index = self.index
         slots = [slot for slot in self.placement.take_moved()
                  if index.state[slot] == COMMITTED and index.tenant[slot] == UNSCOPED]

@@ -124,6 +124,7 @@ class Placement:
         self.owner_of = lambda key: 0   # the tenant of a re-adopted object, by its stored key (store/tenants.py)
         self.tenant_name = lambda tenant: ""  # a tenant id's name, for records
         self._moved: list[int] = []     # slots whose object changed extent since `take_moved` (demoted, relocated)
+        self._evicted: list[tuple[int, int, bytes]] = []    # (node number, tenant id, key) since `take_evicted`
 
     def _new_policy(self, tier: Tier):
         policy = make_policy(self.policy_name)
@@ -471,7 +472,9 @@ class Placement:
 
     def _evict(self, node: NodeState, space: TierSpace, victims: list[int]) -> None:
         drops: list[Drop] = []
+        index = self.index
         for slot in victims:
+            self._evicted.append((node.number, int(index.tenant[slot]), index.key_at(slot)))
             self.forget(slot, drops=drops)
         if drops:
             node.ops.drop(drops)
@@ -532,6 +535,7 @@ class Placement:
             if not ok:
                 if target is not None and not own:
                     dst.allocator.free(target)
+                self._evicted.append((node.number, int(index.tenant[slot]), index.key_at(slot)))
                 self.forget(slot)  # frees a reserved copy with the object
                 self.count_evictions(src_tier, 1)
                 continue
@@ -590,6 +594,15 @@ class Placement:
             return []
         moved, self._moved = self._moved, []
         return list(dict.fromkeys(moved))
+
+    def take_evicted(self) -> list[tuple[int, int, bytes]]:
+        """(node number, tenant id, key) of each object evicted for room since the last call, in order: the master
+        has the nodes' host indexes forget them, so a same-host reader asks the master instead of reading a freed
+        extent or an erased record first."""
+        if not self._evicted:
+            return []
+        evicted, self._evicted = self._evicted, []
+        return evicted
 
     # ---- recovery ----
 

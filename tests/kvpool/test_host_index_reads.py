@@ -228,3 +228,28 @@ def test_a_promoted_objects_row_names_its_dram_extent_again(tmp_path, shm_path):
             assert out == [bytearray(d) for d in DATAS[:2]] and c.host_index_gets == 1
     finally:
         up.stop()
+
+
+def test_dram_objects_evicted_for_room_leave_the_index_at_once(shm_path):
+    """No SSD tier: four more objects evict the first four (their extents reused). The master has the node's index
+    forget them as it evicts them, so another client's get asks the master at once, with no stale copy first."""
+    from kvpool.store.config import UpConfig
+    from kvpool.store.local_cluster import LocalCluster
+    from tests.conftest import free_port
+
+    cfg = UpConfig(listen=f"127.0.0.1:{free_port()}", http_listen="", shm_dir=str(shm_path), dram_bytes=4 * OBJ,
+                   ssd_path=None)
+    up = LocalCluster(cfg).start()
+    try:
+        index, calls = up.node.node.host_index, up.master.control.calls
+        put_and_publish(up, KEYS[:4], DATAS[:4])
+        put_and_publish(up, OTHER_KEYS, OTHER)
+        assert index.find(KEYS[:1]) == ([], [], [], []) and index.find(OTHER_KEYS)[3] == [DRAM_ROW] * 4
+        assert up.master.master.host_feed.gone_sent == 4
+        base = calls["Lookup"]
+        with PoolClient(up.address, release_linger_s=60) as c:
+            c.warm(prefault=False)
+            assert c.get_many_into(KEYS[:4], bufs(4)) == 0 and calls["Lookup"] == base + 1
+            assert c.host_index_stale == 0 and c.host_index_gets == 0
+    finally:
+        up.stop()

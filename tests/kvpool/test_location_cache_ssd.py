@@ -13,8 +13,10 @@ import pytest
 
 from kvpool import PoolClient
 from kvpool.proto import kvpool_pb2 as pb
+from kvpool.store.node import Publication
 from kvpool.tiers.host_index import SSD_ROW
 from kvpool.tiers.ssd import HEADER_BYTES
+from kvpool.tiers.types import Tier
 from tests.conftest import free_port
 from tests.store.test_control_channel import wait_until
 
@@ -170,20 +172,40 @@ def test_another_clients_first_get_of_ssd_records_is_found_in_the_nodes_host_ind
         assert admin.stats()["hit_keys"] == 6
 
 
-def test_an_ssd_row_whose_record_space_holds_another_object_is_stale_and_the_node_forgets_it(ssd_up):
-    """The SSD holds eight records; eight more objects push the first ones out and reuse their space while the
-    index still names it for the first keys. The read fails the record's key check: a miss after the master's
-    answer, never the other object's bytes, never a corruption, and the node's index forgets the keys."""
+def test_records_evicted_for_room_leave_the_nodes_host_index(ssd_up):
+    """The SSD holds eight records; eight more objects push the first two out. The master has the node's index
+    forget them as it evicts them, so a reader asks the master at once instead of reading the reused space first."""
+    calls = ssd_up.master.control.calls
     index = ssd_up.node.node.host_index
     others = [(0x6F << 120 | i).to_bytes(16, "big") for i in range(8)]
     with PoolClient(ssd_up.address, host_index_reads=False) as writer:
         assert writer.put_many(KEYS[:2], DATAS[:2]) == ["stored"] * 2
-        assert ssd_up.master.master.host_feed.flush(10) and len(index.find(KEYS[:2])[0]) == 2
-        stale_offsets = index.find(KEYS[:2])[0]
         assert writer.put_many(others, [bytes([0xB0 + i]) * OBJ for i in range(8)]) == ["stored"] * 8
         assert writer.contains_many(KEYS[:2]) == [False, False]
     assert ssd_up.master.master.host_feed.flush(10)
-    assert index.find(KEYS[:2])[0] == stale_offsets             # the rows outlived the records
+    assert index.find(KEYS[:1]) == ([], [], [], []) and index.find(others)[3] == [SSD_ROW] * 8
+    base = calls["Lookup"]
+    with PoolClient(ssd_up.address, release_linger_s=60) as c:
+        c.warm(prefault=False)
+        assert c.get_many_into(KEYS[:2], bufs(2)) == 0 and calls["Lookup"] == base + 1
+        assert c.host_index_stale == 0 and c.transfers.direct_ssd_reads == 0
+
+
+def test_an_ssd_row_whose_record_space_holds_another_object_is_stale_and_the_node_forgets_it(ssd_up):
+    """A row that outlived its record (the eviction's `gone` lost, as when the node did not answer), whose space now
+    holds another object: the read fails the record's key check, a miss after the master's answer, never the other
+    object's bytes, never a corruption, and the node's index forgets the keys."""
+    index, node = ssd_up.node.node.host_index, ssd_up.node.node
+    others = [(0x6F << 120 | i).to_bytes(16, "big") for i in range(8)]
+    with PoolClient(ssd_up.address, host_index_reads=False) as writer:
+        assert writer.put_many(KEYS[:2], DATAS[:2]) == ["stored"] * 2
+        assert ssd_up.master.master.host_feed.flush(10) and len(index.find(KEYS[:2])[0]) == 2
+        old = index.find(KEYS[:2])
+        assert writer.put_many(others, [bytes([0xB0 + i]) * OBJ for i in range(8)]) == ["stored"] * 8
+        assert writer.contains_many(KEYS[:2]) == [False, False]
+    assert ssd_up.master.master.host_feed.flush(10)
+    node.publish(Publication(tuple(KEYS[:2]), tuple(old[0]), tuple(old[1]), tuple(old[2]), (), (Tier.SSD,) * 2))
+    assert index.find(KEYS[:2]) == old and set(old[0]) <= set(index.find(others)[0])   # their space, reused
     with PoolClient(ssd_up.address, release_linger_s=60) as c:
         c.warm(prefault=False)
         out, tiers = bufs(2), []
