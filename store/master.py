@@ -394,11 +394,16 @@ class Master:
         by_number = self.placement.by_number
         for number, picked in by_node.items():
             node = by_number[number] if number < len(by_number) else None
-            if node is None or not node.info.dram_path or not isinstance(node.ops, PublishOps):
+            if not self._indexed(node):
                 continue
             self.host_feed.committed(node.node_id, node.ops, [keys[i] for i in picked], [offsets[i] for i in picked],
                                      [sizes[i] for i in picked], [int(sums[i]) for i in picked],
                                      [Tier(tiers[i]) for i in picked])
+
+    @staticmethod
+    def _indexed(node) -> bool:
+        """Whether `node` keeps a host index same-host clients read (it shares an arena and takes publications)."""
+        return node is not None and bool(node.info.dram_path) and isinstance(node.ops, PublishOps)
 
     def _publish_moved(self) -> None:
         """Queue for the nodes' host indexes (lock held) where the objects that changed extent since the last call
@@ -414,7 +419,7 @@ class Master:
                     gone.setdefault(number, []).append(key)
             for number, keys in gone.items():
                 node = by_number[number] if number < len(by_number) else None
-                if node is not None and node.info.dram_path and isinstance(node.ops, PublishOps):
+                if self._indexed(node):
                     self.host_feed.gone(node.node_id, node.ops, keys)
         index = self.index
         slots = [slot for slot in self.placement.take_moved()
@@ -676,7 +681,7 @@ class Master:
         index = self.index
         for node_id in node_ids:
             node = self.placement.nodes.get(node_id)
-            if node is None or not node.info.dram_path or not isinstance(node.ops, PublishOps):
+            if not self._indexed(node):
                 continue
             slots = np.flatnonzero((index.state == COMMITTED) & ((index.tier == Tier.DRAM) | (index.tier == Tier.SSD))
                                    & (index.node == node.number) & (index.tenant == UNSCOPED)).tolist()
