@@ -360,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
              "service": "service", "service first": "svc first", "service lookup": "svc lookup",
              "service tcp": "svc TCP"}
     what_of = {"kvpool": "SSD get", "service": "SSD get (service)", "service first": "SSD get (service, first get)",
-               "service lookup": "SSD get (service, a Lookup per call)", "service tcp": "SSD get (service, TCP channel)"}
+               "service lookup": "SSD get (service, a Lookup per call)",
+               "service tcp": "SSD get (service, TCP channel)"}
     print(f"{'size':>8}  " + "  ".join(f"{label[n]:>10}" for n in limits + gets) + "  (GB/s)")
     for size in SIZES:
         print(f"{fmt_size(size):>8}  " + "  ".join(f"{gbps[(size, n)]:>10.2f}" for n in limits + gets))

@@ -4,8 +4,9 @@ RPC.
 Why: a same-host client that has never read a key must ask the master where it is (a Lookup: ~400 us on 2 cores,
 more than copying and hashing 32 x 64 KiB). The node publishes, in its arena file's index region (tiers/dram.py),
 where each object the master told it of lives (an extent of its DRAM arena, or a record of its SSD data file, which
-same-host clients open and read themselves: kvpool/transfer.py); a client that maps the arena finds a whole chain there with one
-probe and copies it through the read fence, and the master hears of the get afterwards, off its path. The probe is
+same-host clients open and read themselves: kvpool/transfer.py); a client that maps the arena finds a whole chain
+there with one probe and reads it (DRAM through the read fence, SSD records with their own checks), and the master
+hears of the get afterwards, off its path. The probe is
 C where it is built (tiers/_hostprobe.c: a 32-key chain in ~5 us quiet and ~25 us inside a get, against 55-90 and
 150-200 us for the numpy probe below, whose ~20 calls find their code and data evicted by the get's copies).
 
