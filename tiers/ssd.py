@@ -63,6 +63,9 @@ _HDR = struct.Struct("<4sHH16s16sQQ")        # everything the header checksum co
 _HDR_LEN = _HDR.size + 8                     # + header checksum
 _ERASED = bytes(_HDR_LEN)
 _SCAN_CHUNK = 256 * 1024                     # pages inspected per read while looking for headers
+_IOV_CAP = 1024                              # Linux's IOV_MAX: buffers one preadv may fill
+_MAX_GAP = 64 * 1024                         # unallocated bytes between two records read along rather than skipped
+_GAP_VIEW = memoryview(bytearray(_MAX_GAP))  # where those bytes land (never read back; shared by every thread)
 
 
 @dataclass(slots=True)
@@ -121,29 +124,63 @@ def read_record(fd: int, offset: int, key: bytes, payload: memoryview, ns_digest
 
 
 def read_records(fd: int, offsets, keys, payloads, ns_digest: bytes | None = None) -> list[int | None]:
-    """`read_record` of each (offset, key, payload) in turn, one list of results: one loop, one header buffer (at
-    64 KiB records the per-call Python around each preadv was a quarter of an SSD get's time)."""
-    head = bytearray(HEADER_BYTES)
-    iov = [head, None]
-    preadv, digest_of, unpack = os.preadv, xxhash.xxh3_64_intdigest, _unpack_header
-    out: list[int | None] = []
-    for offset, key, payload in zip(offsets, keys, payloads):
-        iov[1] = payload
+    """`read_record` of each (offset, key, payload), one list of results in the callers' order.
+
+    Records that lie one after the other in the file (a chain's blocks written together, the common case) are read
+    with one preadv per run: header page, payload, header page, payload..., each payload straight into its caller's
+    buffer, a gap of up to `_MAX_GAP` bytes between two records into a scratch buffer. At 64 KiB a preadv per record
+    cost ~18% of the read on the team machine (bench/ssd_read.py). A run that fails (an I/O error, a short read) is
+    read again record by record, so one bad record is one miss, as before."""
+    n = len(offsets)
+    out: list[int | None] = [None] * n
+    if n == 0:
+        return out
+    heads = memoryview(bytearray(HEADER_BYTES * n))
+    order = sorted(range(n), key=offsets.__getitem__) if n > 1 else [0]
+    preadv = os.preadv
+    at = 0
+    while at < n:
+        first = order[at]
+        start = offsets[first]
+        iov = [heads[first * HEADER_BYTES:(first + 1) * HEADER_BYTES], payloads[first]]
+        end = start + HEADER_BYTES + payloads[first].nbytes
+        stop = at + 1
+        while stop < n and len(iov) + 3 <= _IOV_CAP:
+            i = order[stop]
+            gap = offsets[i] - end
+            if gap < 0 or gap > _MAX_GAP:
+                break
+            if gap:
+                iov.append(_GAP_VIEW[:gap])
+            iov.append(heads[i * HEADER_BYTES:(i + 1) * HEADER_BYTES])
+            iov.append(payloads[i])
+            end = offsets[i] + HEADER_BYTES + payloads[i].nbytes
+            stop += 1
+        run = order[at:stop]
         try:
-            n = preadv(fd, iov, offset)
+            got = preadv(fd, iov, start)
         except OSError:
-            log.warning("SSD read failed at offset %d", offset, exc_info=True)
-            out.append(None)
-            continue
-        size = payload.nbytes
-        parsed = unpack(head) if n == HEADER_BYTES + size else None   # short: a truncated file
-        if parsed is None or parsed[0] != key or parsed[2] != size or (ns_digest is not None and
-                                                                       parsed[1] != ns_digest):
-            out.append(None)
-            continue
-        digest = digest_of(payload)
-        out.append(digest if digest == parsed[3] else None)
+            if len(run) == 1:
+                log.warning("SSD read failed at offset %d", start, exc_info=True)
+            got = -1
+        for i in run:
+            if got >= offsets[i] + HEADER_BYTES + payloads[i].nbytes - start:
+                out[i] = _verified(heads[i * HEADER_BYTES:(i + 1) * HEADER_BYTES], payloads[i], keys[i], ns_digest)
+            elif len(run) > 1:   # the run failed or came up short: this record alone decides
+                out[i] = read_records(fd, (offsets[i],), (keys[i],), (payloads[i],), ns_digest)[0]
+        at = stop
     return out
+
+
+def _verified(head: memoryview, payload: memoryview, key: bytes, ns_digest: bytes | None) -> int | None:
+    """The payload's xxh3_64 when `head` is a valid header of `key` (and `ns_digest`, when given) for exactly
+    `payload.nbytes` bytes and the payload hashes to its checksum; else None."""
+    parsed = _unpack_header(head)
+    if parsed is None or parsed[0] != key or parsed[2] != payload.nbytes or (ns_digest is not None and
+                                                                           parsed[1] != ns_digest):
+        return None
+    digest = xxhash.xxh3_64_intdigest(payload)
+    return digest if digest == parsed[3] else None
 
 
 class SsdReader:

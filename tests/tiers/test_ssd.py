@@ -267,3 +267,88 @@ def test_reader_in_another_process_reads_and_checks_records_like_the_owner(ssd):
     finally:
         reader.close()
     assert ssd.corrupt_reads == 0   # the reader's misses are its caller's to count
+
+
+@pytest.fixture
+def preadv_calls(monkeypatch):
+    """Every os.preadv the reads make, as (offset, number of buffers): what the coalescing is checked by."""
+    calls, real = [], os.preadv
+
+    def counting(fd, buffers, offset):
+        calls.append((offset, len(buffers)))
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", counting)
+    return calls
+
+
+def test_records_side_by_side_are_read_in_one_preadv_and_each_is_checked_alone(ssd, preadv_calls):
+    """Records one after the other (4 KiB-aligned, so a 5000-byte payload leaves a 3192-byte gap) are one preadv
+    whatever the order asked; a flipped byte, a wrong key and a wrong size stay misses of their own record only."""
+    sizes = [5000, 8192, 0, 12_000, 4096, 7000]
+    offsets, at = [], 0
+    for i, n in enumerate(sizes):
+        offsets.append(at)
+        ssd.write(at, key(i), NS, payload(i, n))
+        at += -(-record_size(n) // 4096) * 4096
+    with open(ssd.path, "r+b") as raw:             # record 3's payload: one byte flipped
+        raw.seek(offsets[3] + HEADER_BYTES + 77)
+        b = raw.read(1)
+        raw.seek(offsets[3] + HEADER_BYTES + 77)
+        raw.write(bytes([b[0] ^ 1]))
+    ask = [5, 0, 3, 1, 2, 4]
+    keys = [key(i) for i in ask]
+    keys[3] = key(9)                                # record 1 asked under another key
+    asked = [sizes[i] for i in ask]
+    asked[5] = 4095                                 # record 4 asked with a wrong size: a miss
+    outs = [bytearray(n) for n in asked]
+    preadv_calls.clear()
+    got = ssd.read_many_into([offsets[i] for i in ask], keys, asked, outs)
+    assert got == [True, True, False, False, True, False]
+    # one call: header + payload of each of the 6, and a gap buffer after records 0 (3192 B), 3 (288 B), 4 (1 B:
+    # asked as 4095 bytes, it ends a byte before the next record)
+    assert preadv_calls == [(0, 6 * 2 + 3)]
+    assert [bytes(outs[k]) for k in (0, 1, 4)] == [payload(5, 7000), payload(0, 5000), payload(2, 0)]
+    assert ssd.corrupt_reads == 3
+
+
+def test_a_far_record_starts_a_new_preadv_and_a_repeated_one_is_read_twice(ssd, preadv_calls):
+    ssd.write(0, key(1), NS, payload(1, 4096))
+    ssd.write(8192, key(2), NS, payload(2, 4096))
+    ssd.write(8192 + 4096 * 2 + 65536 + 4096, key(3), NS, payload(3, 4096))   # 69632 bytes past record 2: too far
+    outs = [bytearray(4096) for _ in range(4)]
+    offsets = [0, 8192, 8192 + 4096 * 2 + 65536 + 4096, 8192]
+    preadv_calls.clear()
+    got = ssd.read_many_into(offsets, [key(1), key(2), key(3), key(2)], [4096] * 4, outs)
+    assert got == [True, True, True, True]
+    assert preadv_calls == [(0, 4), (8192, 2), (offsets[2], 2)]
+    assert [bytes(o) for o in outs] == [payload(1, 4096), payload(2, 4096), payload(3, 4096), payload(2, 4096)]
+
+
+def test_a_run_cut_by_a_truncated_file_keeps_the_records_before_the_cut(tmp_path, preadv_calls):
+    f = SsdFile.open(str(tmp_path / "ssd"), CAP)
+    try:
+        for i in range(4):
+            f.write(i * 8192, key(i), NS, payload(i, 4096))
+        os.truncate(f.path, 2 * 8192 + HEADER_BYTES + 100)    # record 2's payload cut, record 3 gone
+        outs = [bytearray(4096) for _ in range(4)]
+        preadv_calls.clear()
+        got = f.read_many_into([0, 8192, 16384, 24576], [key(i) for i in range(4)], [4096] * 4, outs)
+        assert got == [True, True, False, False]
+        assert preadv_calls == [(0, 8), (16384, 2), (24576, 2)]   # the run, then each record past the cut alone
+        assert [bytes(o) for o in outs[:2]] == [payload(0, 4096), payload(1, 4096)]
+        assert f.corrupt_reads == 2
+    finally:
+        f.close()
+
+
+def test_a_run_stops_at_the_buffers_one_preadv_may_fill(tmp_path, preadv_calls):
+    """600 empty-payload records side by side: 1200 buffers, over Linux's IOV_MAX of 1024, so two preadv."""
+    with SsdFile.open(str(tmp_path / "ssd"), 600 * 4096) as f:
+        for i in range(600):
+            f.write(i * 4096, key(i), NS, b"")
+        outs = [bytearray(0) for _ in range(600)]
+        preadv_calls.clear()
+        got = f.read_many_into([i * 4096 for i in range(600)], [key(i) for i in range(600)], [0] * 600, outs)
+        assert got == [True] * 600
+        assert preadv_calls == [(0, 1022), (511 * 4096, 178)]
