@@ -46,6 +46,19 @@ class _Queue:
     tiers: list[Tier] = field(default_factory=list)
     send_lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def drop_committed(self, keys: list[bytes]) -> None:
+        """Forget the queued entries of `keys` (they are gone since)."""
+        cut = set(keys)
+        kept = [i for i, k in enumerate(self.keys) if k not in cut]
+        if len(kept) < len(self.keys):
+            for col in (self.keys, self.offsets, self.sizes, self.checksums, self.tiers):
+                col[:] = [col[i] for i in kept]
+
+    def drop_gone(self, keys: list[bytes]) -> None:
+        """Forget the queued gone of `keys` (committed again since: the new entry replaces the node's row)."""
+        cut = set(keys)
+        self.gone[:] = [k for k in self.gone if k not in cut]
+
     def take(self) -> list[Publication]:
         out = []
         while self.keys or self.gone:
@@ -78,6 +91,8 @@ class HostIndexFeed:
         master's lock: appends only)."""
         with self._cond:
             q = self._queue(node_id, ops)
+            if q.gone:                  # a commit after a gone wins: the node applies a batch's gone first
+                q.drop_gone(keys)
             q.keys += keys
             q.offsets += offsets
             q.sizes += sizes
@@ -93,7 +108,10 @@ class HostIndexFeed:
     def gone(self, node_id: str, ops: PublishOps, keys: list[bytes]) -> None:
         """Keys the master no longer has, which a same-host client of `node_id` may have found in its index."""
         with self._cond:
-            self._queue(node_id, ops).gone += keys
+            q = self._queue(node_id, ops)
+            if q.keys:                  # a gone after a commit wins: that commit's row is not published at all
+                q.drop_committed(keys)
+            q.gone += keys
             self._cond.notify()
 
     def reset(self, node_id: str) -> None:

@@ -124,7 +124,8 @@ class Placement:
         self.owner_of = lambda key: 0   # the tenant of a re-adopted object, by its stored key (store/tenants.py)
         self.tenant_name = lambda tenant: ""  # a tenant id's name, for records
         self._moved: list[int] = []     # slots whose object changed extent since `take_moved` (demoted, relocated)
-        self._evicted: list[tuple[int, int, bytes]] = []    # (node number, tenant id, key) since `take_evicted`
+        self._evicted: list[tuple[int, int, bytes]] = []    # (node number, tenant id, key) that left a node since
+                                                            # `take_evicted` (evicted, or drained elsewhere)
 
     def _new_policy(self, tier: Tier):
         policy = make_policy(self.policy_name)
@@ -571,6 +572,7 @@ class Placement:
         links = self.chains.take(slot)
         tenant = int(index.tenant[slot])
         pin = index.retained.get(slot)
+        left = int(index.node[slot])
         self.forget(slot)
         new = index.add(key, node=node.number, tier=tier, state=State.COMMITTED, offset=offset, size=size, ns=ns,
                         checksum=checksum, atime=atime, tenant=tenant)
@@ -585,6 +587,8 @@ class Placement:
         node.spaces[tier].policy.insert_chain([new], [key])
         self.journal.touched(new)
         self._moved.append(new)
+        if left != node.number:         # drained: the old node's host index forgets it (take_evicted)
+            self._evicted.append((left, tenant, key))
         return new
 
     def take_moved(self) -> list[int]:
@@ -596,9 +600,10 @@ class Placement:
         return list(dict.fromkeys(moved))
 
     def take_evicted(self) -> list[tuple[int, int, bytes]]:
-        """(node number, tenant id, key) of each object evicted for room since the last call, in order: the master
-        has the nodes' host indexes forget them, so a same-host reader asks the master instead of reading a freed
-        extent or an erased record first."""
+        """(node number, tenant id, key) of each object that left a node since the last call (evicted for room, or
+        relocated to another node by a drain), in order: the master has that node's host index forget it, so a
+        same-host reader asks the master (or reads the new node's row) instead of reading a freed extent or an
+        erased record first."""
         if not self._evicted:
             return []
         evicted, self._evicted = self._evicted, []

@@ -88,3 +88,33 @@ def test_a_node_that_does_not_answer_loses_the_publication_and_the_feed_goes_on(
         assert feed.as_dict() == {"published": 1, "gone": 0, "failed": 1, "dropped": 0}
     finally:
         feed.close()
+
+
+def test_within_one_batch_the_last_word_on_a_key_wins():
+    """A commit then an eviction of key 1, an eviction then a new commit of key 2, all queued while a send is in
+    flight (so they leave in one Publication): the node, which applies a batch's gone before its entries, must end
+    without key 1's row and with key 2's new one."""
+    feed, node = HostIndexFeed(), Node()
+    try:
+        node.hold.set()
+        feed.committed("n1", node, [key(0)], [0], [64], [1], [Tier.DRAM])
+        assert node.entered.wait(10)
+        feed.committed("n1", node, [key(1), key(3)], [64, 192], [64, 64], [2, 4], [Tier.DRAM, Tier.SSD])
+        feed.gone("n1", node, [key(1)])
+        feed.gone("n1", node, [key(2)])
+        feed.committed("n1", node, [key(2)], [128], [64], [3], [Tier.DRAM])
+        node.release.set()
+        assert feed.flush(10)
+        got = [(p.keys, p.offsets, p.sizes, p.checksums, p.gone, p.tiers) for p in node.got]
+        assert got == [((key(0),), (0,), (64,), (1,), (), (Tier.DRAM,)),
+                       ((key(3), key(2)), (192, 128), (64, 64), (4, 3), (key(1),), (Tier.SSD, Tier.DRAM))]
+        rows: dict[bytes, int] = {}
+        for p in node.got:                  # as StorageNode.publish applies them
+            for k in p.gone:
+                rows.pop(k, None)
+            rows.update(zip(p.keys, p.offsets))
+        assert rows == {key(0): 0, key(3): 192, key(2): 128}
+        assert feed.as_dict() == {"published": 3, "gone": 1, "failed": 0, "dropped": 0}
+    finally:
+        node.release.set()
+        feed.close()

@@ -28,14 +28,14 @@ def data(i: int) -> np.ndarray:
 def pool(tmp_path):
     made = []
 
-    def _make(n1_objects=4, n2_objects=4, n2_ssd_objects=0, metadata=None):
+    def _make(n1_objects=4, n2_objects=4, n2_ssd_objects=0, metadata=None, share=False):
         clock = Clock()
         master = Master(MasterConfig(grant_ttl_s=10, lease_ttl_s=10, node_ttl_s=100), metadata, clock=clock)
         nodes = {}
         for node_id, dram, ssd in (("n1", n1_objects, 0), ("n2", n2_objects, n2_ssd_objects)):
             node = StorageNode(NodeConfig(node_id=node_id, dram_bytes=dram * OBJ, shm_dir=str(tmp_path),
                                           ssd_path=str(tmp_path / f"ssd-{node_id}") if ssd else None,
-                                          ssd_bytes=ssd * 2 * OBJ))
+                                          ssd_bytes=ssd * 2 * OBJ, share_dram=share))
             made.append(node)
             nodes[node_id] = node
         master.register_node(nodes["n1"].info(), nodes["n1"], expires=False)
@@ -238,3 +238,22 @@ def test_migrate_next_pages_a_draining_node_by_cursor_and_bytes(pool):
     assert master.migrate_commit([m.move_id for m in moves], [copy(nodes, m) for m in moves]) == [True] * 5
     assert master.migrate_next("n1").keys == [] and master.begin_drain("n1") == (0, 0)
     assert [read(master, nodes, i) for i in range(1, 6)] == [data(i).tobytes() for i in range(1, 6)]
+
+
+def test_a_drained_object_leaves_the_source_nodes_host_index_and_enters_the_destinations(pool):
+    """Both nodes share their arenas, so each keeps a host index a same-host client reads with no Lookup: after the
+    move, the source's must not name the freed extent (a reader would pay a failed read first), the destination's
+    names the new one."""
+    master, nodes, _ = pool(share=True)
+    put(master, nodes, [1, 2], "n1")
+    master.register_node(nodes["n2"].info(), nodes["n2"], expires=False)
+    assert master.host_feed.flush(10)
+    offsets = [loc.offset for loc in master.inspect([key(1), key(2)])]
+    assert nodes["n1"].host_index.find([key(1), key(2)])[0] == offsets
+    assert master.begin_drain("n1") == (2, 0)
+    res = master.migrate_start([key(1)])
+    assert master.migrate_commit([res.moves[0].move_id], [copy(nodes, res.moves[0])]) == [True]
+    assert master.host_feed.flush(10)
+    assert nodes["n1"].host_index.find([key(1)]) == ([], [], [], [])
+    assert nodes["n1"].host_index.find([key(2)])[0] == offsets[1:]             # not moved yet: still there
+    assert nodes["n2"].host_index.find([key(1)])[0] == [res.moves[0].dest.offset]
