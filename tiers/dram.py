@@ -17,7 +17,8 @@ The arena knows nothing about which extents are in use; that is the allocator's 
 Crash hygiene: the creating process holds an exclusive `flock` on its arena file for the arena's life. The kernel
 drops it when the process dies, even by SIGKILL, so a file under the prefix that nobody holds is a leftover of a
 crashed node: `create` unlinks such files (`sweep_stale_arenas`) before reserving its own, or a node that crashed
-and restarted would keep its old arena's RAM pinned in /dev/shm until reboot. Peers that `attach` never lock.
+and restarted would keep its old arena's RAM pinned in /dev/shm until reboot. Peers that `attach` never lock. The
+lock is taken on a descriptor no mapping is made from, so `close` drops it even while views of the arena live on.
 `pin()` registers the mapping with CUDA (cudaHostRegister through CuPy, tiers/gpu.py) where a GPU exists so
 device copies are direct DMA; it reports whether that worked and never raises.
 
@@ -187,11 +188,18 @@ class DramArena:
                 if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
                     raise
                 os.ftruncate(fd, size)
-            tail = mmap.mmap(fd, index_bytes + _PAGE, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE,
-                             offset=_tail_offset(capacity))
-            tail[index_bytes:index_bytes + _GEN_AT] = _TAIL_MAGIC + capacity.to_bytes(8, "little")
-            tail[index_bytes + _SLOTS_AT:index_bytes + _SLOTS_AT + 8] = index_slots.to_bytes(8, "little")
-            mm = mmap.mmap(fd, capacity, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            # Mapped through a second open of the file: each mmap keeps a dup of the descriptor it was made from
+            # (so the flock's open file description would live as long as any view of the arena), and `close`
+            # must drop the lock even while a caller still holds a view (a host index, an engine's buffer).
+            map_fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                tail = mmap.mmap(map_fd, index_bytes + _PAGE, flags=mmap.MAP_SHARED,
+                                 prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=_tail_offset(capacity))
+                tail[index_bytes:index_bytes + _GEN_AT] = _TAIL_MAGIC + capacity.to_bytes(8, "little")
+                tail[index_bytes + _SLOTS_AT:index_bytes + _SLOTS_AT + 8] = index_slots.to_bytes(8, "little")
+                mm = mmap.mmap(map_fd, capacity, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            finally:
+                os.close(map_fd)
         except BaseException:
             os.close(fd)
             os.unlink(path)

@@ -10,7 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from kvpool.tiers.dram import DramArena
+from kvpool.tiers.dram import DramArena, sweep_stale_arenas
 from kvpool.tiers.gpu import filesystem_of
 from kvpool.tiers.hbm import cuda_available
 
@@ -279,6 +279,25 @@ def test_owner_alive_says_whether_the_creating_process_still_holds_the_arena(tmp
         owner.wait(10)
     with DramArena.create(1 << 20, directory=str(tmp_path)) as mine:
         assert mine.owner_alive() is True
+
+
+def test_close_drops_the_owners_lock_even_while_a_view_of_the_arena_lives_on(tmp_path):
+    """A host index (tiers/host_index.py) or an engine may still view the arena when its owner closes it: peers must
+    then see a gone owner at once, not when the last view is dropped (each mapping keeps a dup of the descriptor it
+    was made from, so the lock must not be on that one)."""
+    a = DramArena.create(1 << 20, directory=str(tmp_path), index_slots=64)
+    region, data = a.index_region, a.view(0, 4096)
+    peer = DramArena.attach(a.path)
+    try:
+        assert peer.owner_alive() is True
+        a.close()
+        assert peer.owner_alive() is False
+        assert region.nbytes == 64 * 64 and data.nbytes == 4096     # the views are still mapped
+        assert sweep_stale_arenas(str(tmp_path)) == [a.path]        # and the sweep sees a dead owner's file
+    finally:
+        peer.close()
+        region.release()
+        data.release()
 
 
 def _thread_faults() -> int:
