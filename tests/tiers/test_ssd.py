@@ -342,13 +342,19 @@ def test_a_run_cut_by_a_truncated_file_keeps_the_records_before_the_cut(tmp_path
         f.close()
 
 
-def test_a_run_stops_at_the_buffers_one_preadv_may_fill(tmp_path, preadv_calls):
-    """600 empty-payload records side by side: 1200 buffers, over Linux's IOV_MAX of 1024, so two preadv."""
+def test_a_run_stops_at_its_byte_cap_and_at_the_buffers_one_preadv_may_fill(tmp_path, preadv_calls, monkeypatch):
+    """600 empty-payload records side by side (one 4 KiB header page each): runs of 1 MiB (256 records) by default;
+    without that cap, 1200 buffers are over Linux's IOV_MAX of 1024, so two preadv all the same."""
+    import kvpool.tiers.ssd as ssd_module
+
     with SsdFile.open(str(tmp_path / "ssd"), 600 * 4096) as f:
         for i in range(600):
             f.write(i * 4096, key(i), NS, b"")
-        outs = [bytearray(0) for _ in range(600)]
+        offsets, keys = [i * 4096 for i in range(600)], [key(i) for i in range(600)]
         preadv_calls.clear()
-        got = f.read_many_into([i * 4096 for i in range(600)], [key(i) for i in range(600)], [0] * 600, outs)
-        assert got == [True] * 600
+        assert f.read_many_into(offsets, keys, [0] * 600, [bytearray(0) for _ in range(600)]) == [True] * 600
+        assert preadv_calls == [(0, 512), (256 * 4096, 512), (512 * 4096, 176)]
+        monkeypatch.setattr(ssd_module, "_MAX_RUN", 1 << 30)
+        preadv_calls.clear()
+        assert f.read_many_into(offsets, keys, [0] * 600, [bytearray(0) for _ in range(600)]) == [True] * 600
         assert preadv_calls == [(0, 1022), (511 * 4096, 178)]
