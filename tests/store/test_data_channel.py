@@ -10,7 +10,7 @@ import pytest
 import xxhash
 
 from kvpool.store import tokens
-from kvpool.store.data_channel import DENIED, NOT_FOUND, OK, OP_WRITE, REP, DataClient, DataServer, Extent
+from kvpool.store.data_channel import BAD_REQUEST, DENIED, NOT_FOUND, OK, OP_WRITE, REP, DataClient, DataServer, Extent
 
 SECRET = b"s" * 32
 
@@ -171,3 +171,107 @@ def test_connections_past_the_bound_are_refused_at_accept():
         for s in socks:
             s.close()
         server.close()
+
+
+def _real_node(tmp_path):
+    from kvpool.store.config import NodeConfig
+    from kvpool.store.node import StorageNode
+    from kvpool.store.node_server import NodeDataHandler
+
+    node = StorageNode(NodeConfig(node_id="n1", dram_bytes=1 << 20, ssd_path=str(tmp_path / "ssd"),
+                                  ssd_bytes=4 << 20))
+    handler = NodeDataHandler(node)
+    handler.secret = SECRET
+    return node, handler
+
+
+def tiered(kind, ident, tier, offset, size, key=b"k" * 16, secret=SECRET):
+    expires = tokens.now_ms() + 60_000
+    return Extent(ident, tier, offset, size, expires, tokens.sign(secret, kind, ident, tier, offset, size, expires),
+                  key)
+
+
+def test_a_window_of_reads_is_answered_in_one_sendmsg_each_read_with_its_own_outcome(tmp_path, monkeypatch):
+    """A real node's handler (read_views): 8 DRAM extents and 8 SSD records side by side, one record corrupted, one
+    read with a forged token and one past the SSD file's end, all in one window. The node answers them with one
+    sendmsg and reads the records with one preadv per run; every reply is the one its read would get alone."""
+    from kvpool.tiers.types import Tier
+
+    node, handler = _real_node(tmp_path)
+    server = DataServer(handler).start()
+    client = DataClient(server.address, timeout=5)
+    sendmsgs, preadvs = [], []
+    real_sendmsg, real_preadv = socket.socket.sendmsg, __import__("os").preadv
+    try:
+        data = [bytes([i + 1]) * 4096 for i in range(16)]
+        for i in range(8):
+            node.write(Tier.DRAM, i * 4096, b"", b"", data[i], None)
+            node.write(Tier.SSD, i * 8192, bytes([i]) * 16, bytes(16), data[8 + i], None)
+        with open(node.ssd.path, "r+b") as raw:          # record 5's payload: one byte flipped
+            raw.seek(5 * 8192 + 4096 + 10)
+            raw.write(b"\xff")
+        reads = [tiered(tokens.READ, 1, Tier.DRAM, i * 4096, 4096) for i in range(8)]
+        reads += [tiered(tokens.READ, 1, Tier.SSD, i * 8192, 4096, key=bytes([i]) * 16) for i in range(8)]
+        reads.insert(3, tiered(tokens.READ, 1, Tier.DRAM, 0, 4096, secret=b"x" * 32))
+        outs = [bytearray(4096) for _ in reads]
+        digests = [None] * len(reads)
+
+        def counting_sendmsg(sock, buffers, *args):
+            sendmsgs.append(len(buffers))
+            return real_sendmsg(sock, buffers, *args)
+
+        def counting_preadv(fd, buffers, offset):
+            preadvs.append((offset, len(buffers)))
+            return real_preadv(fd, buffers, offset)
+
+        monkeypatch.setattr(socket.socket, "sendmsg", counting_sendmsg)
+        monkeypatch.setattr(__import__("os"), "preadv", counting_preadv)
+        results = client.read_many_into(reads, [memoryview(o) for o in outs], digests=digests)
+        statuses = [r.status if r else None for r in results]
+        assert statuses == [None] * 3 + [DENIED] + [None] * 10 + [NOT_FOUND] + [None] * 2
+        assert results[14].message == "'checksum: SSD record failed verification (served as a miss)'"   # str(KeyError)
+        good = [i for i, s in enumerate(statuses) if s is None]
+        assert [bytes(outs[i]) for i in good] == [data[j] for j in range(16) if j != 13]
+        assert [digests[i] for i in good] == [xxhash.xxh3_64_intdigest(data[j]) for j in range(16) if j != 13]
+        assert sendmsgs == [17 + 15]            # 17 replies, 15 with a payload: one sendmsg
+        assert preadvs == [(0, 16)]             # 8 records side by side: one preadv
+        # a record past the file's end (the master never signs one) fails the batch's checks: each record is then
+        # read alone, for its own outcome
+        sendmsgs.clear()
+        preadvs.clear()
+        reads = [reads[9], tiered(tokens.READ, 1, Tier.SSD, 4 << 20, 4096, key=b"z" * 16), reads[10]]
+        outs = [bytearray(4096) for _ in reads]
+        results = client.read_many_into(reads, [memoryview(o) for o in outs])
+        assert [r.status if r else None for r in results] == [None, BAD_REQUEST, None]
+        assert results[1].message.startswith("offset")
+        assert [bytes(outs[0]), bytes(outs[2])] == [data[8], data[9]]
+        assert sendmsgs == [3 + 2] and preadvs == [(0, 2), (8192, 2)]
+    finally:
+        client.close()
+        server.close()
+        node.close()
+
+
+def test_frames_that_arrive_together_are_each_parsed_whole(node):
+    """The node reads requests in bulk: a WRITE's payload may arrive in the same read as its header and the next
+    frames (a refused one's too); every byte is the frame's it belongs to, replies in order."""
+    arena, client = node
+    good = ext(tokens.WRITE, 1, 0, 5000)
+    forged = ext(tokens.WRITE, 2, 8192, 3000, secret=b"x" * 32)
+    read = ext(tokens.READ, 3, 0, 5000)
+    again = ext(tokens.WRITE, 4, 16384, 7)
+    with socket.create_connection(client._addr, timeout=10) as sock:  # noqa: SLF001 - the node's data address
+        sock.sendall(good.header(OP_WRITE) + b"A" * 5000 + forged.header(OP_WRITE) + b"F" * 3000
+                     + read.header(2) + again.header(OP_WRITE) + b"again!!")
+        assert REP.unpack(recv_exact(sock, REP.size)) == (OK, 0, 5000)
+        status, msg_len, size = REP.unpack(recv_exact(sock, REP.size))
+        assert (status, size, recv_exact(sock, msg_len).decode().split(":")[0]) == (DENIED, 0, "token")
+        assert REP.unpack(recv_exact(sock, REP.size)) == (OK, 0, 5000)
+        assert recv_exact(sock, 5000) == b"A" * 5000
+        assert REP.unpack(recv_exact(sock, REP.size)) == (OK, 0, 7)
+        sock.sendall(b"JUNK" + bytes(84))                       # not a frame: refused, then closed
+        status, msg_len, _ = REP.unpack(recv_exact(sock, REP.size))
+        assert (status, recv_exact(sock, msg_len)) == (2, b"magic/op: not a kvpool data frame")
+        assert sock.recv(1) == b""
+    assert bytes(arena.buf[8192:11192]) == bytes(3000) and bytes(arena.buf[16384:16391]) == b"again!!"
+    assert arena.done == [(1, b"k" * 16), (4, b"k" * 16)]
