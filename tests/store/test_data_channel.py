@@ -275,3 +275,33 @@ def test_frames_that_arrive_together_are_each_parsed_whole(node):
         assert sock.recv(1) == b""
     assert bytes(arena.buf[8192:11192]) == bytes(3000) and bytes(arena.buf[16384:16391]) == b"again!!"
     assert arena.done == [(1, b"k" * 16), (4, b"k" * 16)]
+
+
+def test_reads_answered_together_stop_at_a_mebibyte(tmp_path, monkeypatch):
+    """Six 256 KiB reads in one window: answered four (1 MiB) then two, so a node reading SSD records sends the first
+    replies while it reads the next instead of reading the whole window first."""
+    from kvpool.tiers.types import Tier
+
+    node, handler = _real_node(tmp_path)
+    server = DataServer(handler).start()
+    client = DataClient(server.address, timeout=5)
+    sendmsgs, real_sendmsg = [], socket.socket.sendmsg
+    try:
+        size = 256 << 10
+        for i in range(4):
+            node.write(Tier.DRAM, i * size, b"", b"", bytes([i + 7]) * size, None)
+        reads = [tiered(tokens.READ, 1, Tier.DRAM, (i % 4) * size, size) for i in range(6)]
+        outs = [bytearray(size) for _ in reads]
+
+        def counting_sendmsg(sock, buffers, *args):
+            sendmsgs.append(len(buffers))
+            return real_sendmsg(sock, buffers, *args)
+
+        monkeypatch.setattr(socket.socket, "sendmsg", counting_sendmsg)
+        assert client.read_many_into(reads, [memoryview(o) for o in outs]) == [None] * 6
+        assert [bytes(o) for o in outs] == [bytes([i % 4 + 7]) * size for i in range(6)]
+        assert sendmsgs[0] == 8     # the first 4 replies together (all 6 would be 12 parts); then the other 2
+    finally:
+        client.close()
+        server.close()
+        node.close()
