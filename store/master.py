@@ -396,6 +396,10 @@ class Master:
             node = by_number[number] if number < len(by_number) else None
             if not self._indexed(node):
                 continue
+            if not node.info.ssd_index_rows:    # a node from before SSD rows would take them as DRAM extents
+                picked = [i for i in picked if tiers[i] == Tier.DRAM]
+                if not picked:
+                    continue
             self.host_feed.committed(node.node_id, node.ops, [keys[i] for i in picked], [offsets[i] for i in picked],
                                      [sizes[i] for i in picked], [int(sums[i]) for i in picked],
                                      [Tier(tiers[i]) for i in picked])

@@ -180,7 +180,7 @@ class StorageNode:
                         ssd_bytes=self.config.ssd_bytes if self.ssd is not None else 0,
                         ssd_record_overhead=overhead,
                         dram_path=str(self.shared_arena.path) if self.shared_arena is not None else "",
-                        hbm_bytes=self.hbm.capacity if self.hbm is not None else 0)
+                        hbm_bytes=self.hbm.capacity if self.hbm is not None else 0, ssd_index_rows=True)
 
     @property
     def shared_arena(self):

@@ -7,7 +7,7 @@ a lock or a numpy array: only str, bytes, int, float, bool, enums and lists of t
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from kvpool.tiers.types import Location, Tier
 
@@ -122,3 +122,10 @@ class NodeInfo:
     dram_path: str = ""
     incarnation: str = ""   # random per node process start: same value on re-registration = the node kept its DRAM
     hbm_bytes: int = 0      # device memory tier (only on a node with a CUDA device)
+    # its host index takes SSD records (nodes since 2026-11-28; else DRAM rows only). Said at each registration, never
+    # journalled (`persisted`): a master rolled back to an older version still loads the nodes a newer one stored
+    ssd_index_rows: bool = field(default=False, metadata={"persist": False})
+
+    def persisted(self) -> dict:
+        """The fields a metadata store keeps (JSON-able), without what a node says anew each time it registers."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("persist", True)}

@@ -215,7 +215,7 @@ class RedisMetadata:
 
     @_unavailable
     def put_node(self, info: NodeInfo) -> None:
-        self._r.hset(self._nodes_key, info.node_id, json.dumps(dataclasses.asdict(info)))
+        self._r.hset(self._nodes_key, info.node_id, json.dumps(info.persisted()))
         self._replicated()
 
     @_unavailable
@@ -229,7 +229,13 @@ class RedisMetadata:
 
     @_unavailable
     def load_nodes(self) -> list[NodeInfo]:
-        return [NodeInfo(**json.loads(v)) for _, v in sorted(self._r.hgetall(self._nodes_key).items())]
+        known = {f.name for f in dataclasses.fields(NodeInfo)}
+        nodes = []
+        for _, v in sorted(self._r.hgetall(self._nodes_key).items()):
+            stored = json.loads(v)
+            # fields a newer master stored that this version does not know are dropped (a rollback keeps working)
+            nodes.append(NodeInfo(**{k: x for k, x in stored.items() if k in known}))
+        return nodes
 
     @_unavailable
     def put_node_endpoint(self, node_id: str, data: bytes) -> None:

@@ -102,3 +102,25 @@ def test_a_pinned_record_keeps_its_pin_end_and_an_unpinned_one_stays_41_bytes(re
     assert sorted(len(v) for v in a._r.hvals("pins:obj:n1")) == [41, 49]
     assert sorted(RedisMetadata(redis_server.url, prefix="pins").load_objects(), key=lambda r: r.key) == \
         [pinned, _rec(2)]
+
+
+def test_a_nodes_registration_time_capabilities_are_not_stored_and_unknown_fields_are_dropped(redis_server):
+    """What a node says anew at each registration (`ssd_index_rows`) is not journalled, so a master rolled back to
+    an older version still loads what a newer one stored; and fields this version does not know (a newer master's)
+    are dropped as the nodes load, not a crash."""
+    import json
+
+    import redis
+
+    a = RedisMetadata(redis_server.url, prefix="caps")
+    a.put_node(NodeInfo(node_id="n1", dram_bytes=1 << 20, dram_path="/dev/shm/x", ssd_index_rows=True))
+    raw = redis.Redis.from_url(redis_server.url)
+    try:
+        stored = json.loads(raw.hget("caps:nodes", "n1"))
+        assert "ssd_index_rows" not in stored and stored["dram_path"] == "/dev/shm/x"
+        raw.hset("caps:nodes", "n2", json.dumps({**stored, "node_id": "n2", "from_the_future": 7}))
+    finally:
+        raw.close()
+    assert a.load_nodes() == [NodeInfo(node_id="n1", dram_bytes=1 << 20, dram_path="/dev/shm/x"),
+                              NodeInfo(node_id="n2", dram_bytes=1 << 20, dram_path="/dev/shm/x")]
+    a.close()

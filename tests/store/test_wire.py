@@ -1,5 +1,7 @@
 """store/wire.py: records <-> kvpool.v1 messages: exact round trips, and mismatched columns name the column."""
 
+import dataclasses
+
 import pytest
 
 from kvpool.proto import kvpool_pb2 as pb
@@ -26,6 +28,9 @@ def test_node_info_round_trips_through_the_endpoint():
     ep = wire.endpoint_from_info(info, host_id="H", data_address="h:2", ssd_path="/ssd")
     assert (ep.host_id, ep.data_address, wire.dram_path(ep)) == ("H", "h:2", "/dev/shm/kvpool-x")
     assert wire.info_from_endpoint(ep) == info
+    takes_ssd_rows = dataclasses.replace(info, ssd_index_rows=True)   # said at registration (a node since 2026-11-28)
+    assert wire.info_from_endpoint(wire.endpoint_from_info(takes_ssd_rows, host_id="H", data_address="h:2")) \
+        == takes_ssd_rows
 
 
 def test_mismatched_columns_and_unknown_tiers_name_the_field():

@@ -1,0 +1,67 @@
+"""What the master publishes to a node's host index depends on what the node said it takes: SSD records only to a
+node that takes SSD rows (`NodeInfo.ssd_index_rows`); a node from before them gets its DRAM extents alone (it would
+take an SSD record's offset for a DRAM extent). Real in-process StorageNodes sharing their arenas."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import xxhash
+
+from kvpool.store.config import MasterConfig, NodeConfig
+from kvpool.store.master import Master
+from kvpool.store.node import StorageNode
+from kvpool.store.records import PutStatus
+from kvpool.tiers.host_index import DRAM_ROW, SSD_ROW
+from tests.store.fakes import Clock, key
+
+OBJ = 4096
+
+
+@pytest.fixture
+def nodes(tmp_path):
+    made = {}
+    for node_id, dram, ssd in (("ssd-new", 0, 8), ("ssd-old", 0, 8), ("dram-old", 8, 0)):
+        made[node_id] = StorageNode(NodeConfig(node_id=node_id, dram_bytes=dram * OBJ, shm_dir=str(tmp_path),
+                                               ssd_path=str(tmp_path / node_id) if ssd else None,
+                                               ssd_bytes=ssd * 2 * OBJ, share_dram=True))
+    yield made
+    for node in made.values():
+        node.close()
+
+
+def put(master, nodes, indices, prefer):
+    results = master.put_start([key(i) for i in indices], [OBJ] * len(indices), prefer_node=prefer)
+    ids, sums = [], []
+    for i, r in zip(indices, results):
+        assert r.status == PutStatus.STORED and r.grant.location.node_id == prefer
+        data = np.full(OBJ, i, np.uint8)
+        loc = r.grant.location
+        nodes[prefer].write(loc.tier, loc.offset, key(i), b"\0" * 16, data, xxhash.xxh3_64_intdigest(data))
+        ids.append(r.grant.grant_id)
+        sums.append(xxhash.xxh3_64_intdigest(data))
+    assert master.put_commit(ids, sums) == [True] * len(ids)
+    return [r.grant.location.offset for r in results]
+
+
+def test_ssd_records_are_published_only_to_nodes_that_take_ssd_rows(nodes):
+    master = Master(MasterConfig(grant_ttl_s=10, lease_ttl_s=10, node_ttl_s=100), clock=Clock())
+    assert nodes["ssd-new"].info().ssd_index_rows is True          # this version's nodes say so
+    master.register_node(nodes["ssd-new"].info(), nodes["ssd-new"], expires=False)
+    new = put(master, nodes, [1, 2], "ssd-new")
+    for old, keys in (("ssd-old", [3, 4]), ("dram-old", [5, 6])):  # as nodes from before SSD rows: without the flag
+        master.register_node(dataclasses.replace(nodes[old].info(), ssd_index_rows=False), nodes[old], expires=False)
+        dram = put(master, nodes, keys, old)    # (placed on the node just registered: DRAM first, then the emptiest)
+    assert master.host_feed.flush(10)
+    offsets, _, _, places = nodes["ssd-new"].host_index.find([key(1), key(2)])
+    assert (offsets, places) == (new, [SSD_ROW, SSD_ROW])
+    assert nodes["ssd-old"].host_index.find([key(3)]) == ([], [], [], [])
+    offsets, _, _, places = nodes["dram-old"].host_index.find([key(5), key(6)])
+    assert (offsets, places) == (dram, [DRAM_ROW, DRAM_ROW])
+    assert master.host_feed.as_dict() == {"published": 4, "gone": 0, "failed": 0, "dropped": 0}
+    # the node upgraded in place registers again, saying it takes SSD rows: they are published from then on
+    master.register_node(nodes["ssd-old"].info(), nodes["ssd-old"], expires=False)
+    assert master.host_feed.flush(10)
+    assert nodes["ssd-old"].host_index.find([key(3), key(4)])[3] == [SSD_ROW, SSD_ROW]
