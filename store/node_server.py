@@ -106,26 +106,24 @@ class NodeDataHandler:
         records are read in one `read_ssd_many` (records side by side: one preadv, tiers/ssd.py) into slices of
         this thread's staging buffer."""
         out: list = [None] * len(extents)
-        ssd: list[int] = []
+        staged: list[int] = []          # SSD records and HBM extents: read into this thread's staging buffer
         node = self.node
         for i, e in enumerate(extents):
             try:
                 self._verify(tokens.READ, e)
                 if e.tier == Tier.DRAM and node.dram is not None:
                     out[i] = node.dram.view(e.offset, e.size)
-                elif e.tier == Tier.SSD and node.ssd is not None:
-                    ssd.append(i)
-                elif e.tier == Tier.HBM and node.hbm is not None:
-                    ssd.append(i)       # staged like an SSD record (below), one host copy each
+                elif (e.tier == Tier.SSD and node.ssd is not None) or (e.tier == Tier.HBM and node.hbm is not None):
+                    staged.append(i)
                 else:
                     raise ValueError(f"tier: {e.tier} is not a tier of node {node.node_id}")
             except Exception as exc:  # noqa: BLE001 - each refusal is its own extent's reply
                 out[i] = exc
-        if ssd:
-            bufs = self._staging_many([extents[i].size for i in ssd])
-            records = [(i, b) for i, b in zip(ssd, bufs) if extents[i].tier == Tier.SSD]
-            for i, buf in zip(ssd, bufs):
-                if extents[i].tier == Tier.HBM:
+        if staged:
+            bufs = self._staging_many([extents[i].size for i in staged])
+            records = [(i, b) for i, b in zip(staged, bufs) if extents[i].tier == Tier.SSD]
+            for i, buf in zip(staged, bufs):
+                if extents[i].tier == Tier.HBM:       # one host copy each
                     try:
                         node.hbm.read_into(extents[i].offset, buf)
                         out[i] = buf

@@ -234,7 +234,7 @@ def test_a_window_of_reads_is_answered_in_one_sendmsg_each_read_with_its_own_out
         assert [bytes(outs[i]) for i in good] == [data[j] for j in range(16) if j != 13]
         assert [digests[i] for i in good] == [xxhash.xxh3_64_intdigest(data[j]) for j in range(16) if j != 13]
         assert sendmsgs == [17 + 15]            # 17 replies, 15 with a payload: one sendmsg
-        assert preadvs == [(0, 16)]             # 8 records side by side: one preadv
+        assert preadvs == [(0, 24)]             # 8 records side by side: one preadv (3 buffers each)
         # a record past the file's end (the master never signs one) fails the batch's checks: each record is then
         # read alone, for its own outcome
         sendmsgs.clear()
@@ -245,7 +245,7 @@ def test_a_window_of_reads_is_answered_in_one_sendmsg_each_read_with_its_own_out
         assert [r.status if r else None for r in results] == [None, BAD_REQUEST, None]
         assert results[1].message.startswith("offset")
         assert [bytes(outs[0]), bytes(outs[2])] == [data[8], data[9]]
-        assert sendmsgs == [3 + 2] and preadvs == [(0, 2), (8192, 2)]
+        assert sendmsgs == [3 + 2] and preadvs == [(0, 3), (8192, 3)]
     finally:
         client.close()
         server.close()

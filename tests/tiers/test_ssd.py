@@ -305,9 +305,9 @@ def test_records_side_by_side_are_read_in_one_preadv_and_each_is_checked_alone(s
     preadv_calls.clear()
     got = ssd.read_many_into([offsets[i] for i in ask], keys, asked, outs)
     assert got == [True, True, False, False, True, False]
-    # one call: header + payload of each of the 6, and a gap buffer after records 0 (3192 B), 3 (288 B), 4 (1 B:
-    # asked as 4095 bytes, it ends a byte before the next record)
-    assert preadv_calls == [(0, 6 * 2 + 3)]
+    # one call: header, the rest of its page and payload of each of the 6, and a gap buffer after records 0
+    # (3192 B), 3 (288 B), 4 (1 B: asked as 4095 bytes, it ends a byte before the next record)
+    assert preadv_calls == [(0, 6 * 3 + 3)]
     assert [bytes(outs[k]) for k in (0, 1, 4)] == [payload(5, 7000), payload(0, 5000), payload(2, 0)]
     assert ssd.corrupt_reads == 3
 
@@ -321,7 +321,7 @@ def test_a_far_record_starts_a_new_preadv_and_a_repeated_one_is_read_twice(ssd, 
     preadv_calls.clear()
     got = ssd.read_many_into(offsets, [key(1), key(2), key(3), key(2)], [4096] * 4, outs)
     assert got == [True, True, True, True]
-    assert preadv_calls == [(0, 4), (8192, 2), (offsets[2], 2)]
+    assert preadv_calls == [(0, 6), (8192, 3), (offsets[2], 3)]
     assert [bytes(o) for o in outs] == [payload(1, 4096), payload(2, 4096), payload(3, 4096), payload(2, 4096)]
 
 
@@ -335,7 +335,7 @@ def test_a_run_cut_by_a_truncated_file_keeps_the_records_before_the_cut(tmp_path
         preadv_calls.clear()
         got = f.read_many_into([0, 8192, 16384, 24576], [key(i) for i in range(4)], [4096] * 4, outs)
         assert got == [True, True, False, False]
-        assert preadv_calls == [(0, 8), (16384, 2), (24576, 2)]   # the run, then each record past the cut alone
+        assert preadv_calls == [(0, 12), (16384, 3), (24576, 3)]  # the run, then each record past the cut alone
         assert [bytes(o) for o in outs[:2]] == [payload(0, 4096), payload(1, 4096)]
         assert f.corrupt_reads == 2
     finally:
@@ -343,8 +343,9 @@ def test_a_run_cut_by_a_truncated_file_keeps_the_records_before_the_cut(tmp_path
 
 
 def test_a_run_stops_at_its_byte_cap_and_at_the_buffers_one_preadv_may_fill(tmp_path, preadv_calls, monkeypatch):
-    """600 empty-payload records side by side (one 4 KiB header page each): runs of 1 MiB (256 records) by default;
-    without that cap, 1200 buffers are over Linux's IOV_MAX of 1024, so two preadv all the same."""
+    """600 empty-payload records side by side (one 4 KiB header page each, 3 buffers: header, the rest of its page,
+    payload): runs of 1 MiB (256 records) by default; without that cap, 1800 buffers are over Linux's IOV_MAX of 1024,
+    so runs of 341 records all the same."""
     import kvpool.tiers.ssd as ssd_module
 
     with SsdFile.open(str(tmp_path / "ssd"), 600 * 4096) as f:
@@ -353,8 +354,8 @@ def test_a_run_stops_at_its_byte_cap_and_at_the_buffers_one_preadv_may_fill(tmp_
         offsets, keys = [i * 4096 for i in range(600)], [key(i) for i in range(600)]
         preadv_calls.clear()
         assert f.read_many_into(offsets, keys, [0] * 600, [bytearray(0) for _ in range(600)]) == [True] * 600
-        assert preadv_calls == [(0, 512), (256 * 4096, 512), (512 * 4096, 176)]
+        assert preadv_calls == [(0, 768), (256 * 4096, 768), (512 * 4096, 264)]
         monkeypatch.setattr(ssd_module, "_MAX_RUN", 1 << 30)
         preadv_calls.clear()
         assert f.read_many_into(offsets, keys, [0] * 600, [bytearray(0) for _ in range(600)]) == [True] * 600
-        assert preadv_calls == [(0, 1022), (511 * 4096, 178)]
+        assert preadv_calls == [(0, 1023), (341 * 4096, 777)]
