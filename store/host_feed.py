@@ -43,23 +43,23 @@ class _Queue:
     sizes: list[int] = field(default_factory=list)
     checksums: list[int] = field(default_factory=list)
     gone: list[bytes] = field(default_factory=list)
+    gone_at: list[int] = field(default_factory=list)    # per gone key: how many entries were queued before it
     tiers: list[Tier] = field(default_factory=list)
     send_lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def drop_committed(self, keys: list[bytes]) -> None:
-        """Forget the queued entries of `keys` (they are gone since)."""
-        cut = set(keys)
-        kept = [i for i, k in enumerate(self.keys) if k not in cut]
-        if len(kept) < len(self.keys):
-            for col in (self.keys, self.offsets, self.sizes, self.checksums, self.tiers):
-                col[:] = [col[i] for i in kept]
-
-    def drop_gone(self, keys: list[bytes]) -> None:
-        """Forget the queued gone of `keys` (committed again since: the new entry replaces the node's row)."""
-        cut = set(keys)
-        self.gone[:] = [k for k in self.gone if k not in cut]
-
     def take(self) -> list[Publication]:
+        """Everything queued, as Publications. A node applies a Publication's `gone` before its entries, so the order
+        of the calls is settled here first: the last word on a key wins (an entry queued before a gone of its key
+        is dropped; a gone followed by a new entry of its key is, since that entry replaces the node's row)."""
+        if self.gone:
+            last_gone = dict(zip(self.gone, self.gone_at))
+            keep = [i for i, k in enumerate(self.keys) if i >= last_gone.get(k, 0)]
+            if len(keep) < len(self.keys):
+                for col in (self.keys, self.offsets, self.sizes, self.checksums, self.tiers):
+                    col[:] = [col[i] for i in keep]
+            again = {k for k in self.keys if k in last_gone}
+            self.gone = [k for k in last_gone if k not in again]
+            self.gone_at = []
         out = []
         while self.keys or self.gone:
             out.append(Publication(tuple(self.keys[:MAX_BATCH]), tuple(self.offsets[:MAX_BATCH]),
@@ -91,8 +91,6 @@ class HostIndexFeed:
         master's lock: appends only)."""
         with self._cond:
             q = self._queue(node_id, ops)
-            if q.gone:                  # a commit after a gone wins: the node applies a batch's gone first
-                q.drop_gone(keys)
             q.keys += keys
             q.offsets += offsets
             q.sizes += sizes
@@ -102,6 +100,7 @@ class HostIndexFeed:
                 cut = len(q.keys) - MAX_QUEUED
                 for col in (q.keys, q.offsets, q.sizes, q.checksums, q.tiers):
                     del col[:cut]
+                q.gone_at = [max(0, at - cut) for at in q.gone_at]
                 self.dropped += cut
             self._cond.notify()
 
@@ -109,9 +108,8 @@ class HostIndexFeed:
         """Keys the master no longer has, which a same-host client of `node_id` may have found in its index."""
         with self._cond:
             q = self._queue(node_id, ops)
-            if q.keys:                  # a gone after a commit wins: that commit's row is not published at all
-                q.drop_committed(keys)
             q.gone += keys
+            q.gone_at += [len(q.keys)] * len(keys)      # the order of the calls, settled when the queue is taken
             self._cond.notify()
 
     def reset(self, node_id: str) -> None:

@@ -118,3 +118,25 @@ def test_within_one_batch_the_last_word_on_a_key_wins():
     finally:
         node.release.set()
         feed.close()
+
+
+def test_a_full_queue_drops_its_oldest_entries_and_keeps_the_order_of_what_stays(monkeypatch):
+    """Past MAX_QUEUED the oldest entries go (counted); a gone queued after an entry that stays still wins over it."""
+    import kvpool.store.host_feed as host_feed
+
+    monkeypatch.setattr(host_feed, "MAX_QUEUED", 4)
+    feed, node = HostIndexFeed(), Node()
+    try:
+        node.hold.set()
+        feed.committed("n1", node, [key(0)], [0], [64], [1], [Tier.DRAM])
+        assert node.entered.wait(10)
+        feed.committed("n1", node, [key(1), key(2), key(3)], [64, 128, 192], [64] * 3, [2, 3, 4], [Tier.DRAM] * 3)
+        feed.gone("n1", node, [key(2)])
+        feed.committed("n1", node, [key(4), key(5)], [256, 320], [64] * 2, [5, 6], [Tier.DRAM] * 2)  # key(1) is cut
+        node.release.set()
+        assert feed.flush(10)
+        assert [(p.keys, p.gone) for p in node.got] == [((key(0),), ()), ((key(3), key(4), key(5)), (key(2),))]
+        assert feed.as_dict() == {"published": 4, "gone": 1, "failed": 0, "dropped": 1}
+    finally:
+        node.release.set()
+        feed.close()
