@@ -122,7 +122,7 @@ def test_within_one_batch_the_last_word_on_a_key_wins():
 
 def test_a_full_queue_drops_its_oldest_entries_and_keeps_the_order_of_what_stays(monkeypatch):
     """Past MAX_QUEUED the oldest entries go (counted); a gone queued after an entry that stays still wins over it."""
-    import kvpool.store.host_feed as host_feed
+    from kvpool.store import host_feed
 
     monkeypatch.setattr(host_feed, "MAX_QUEUED", 4)
     feed, node = HostIndexFeed(), Node()
