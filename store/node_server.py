@@ -53,17 +53,6 @@ class NodeDataHandler:
         self.secret: bytes | None = None  # set at registration; until then every request is refused
         self._scratch = threading.local()  # per serving thread: the buffer SSD/HBM reads are staged in
 
-    def _staging(self, size: int) -> memoryview:
-        """A buffer of `size` bytes owned by this thread until its next read_view: reused, so a read pays no
-        allocation and no first-touch page faults (a fresh 2 MiB bytearray costs both on every read). Objects
-        over _SCRATCH_MAX get a buffer of their own (a kept one would hold that much per connection thread)."""
-        if size > _SCRATCH_MAX:
-            return memoryview(bytearray(size))
-        buf = getattr(self._scratch, "buf", None)
-        if buf is None or len(buf) < size:
-            buf = self._scratch.buf = bytearray(1 << 20 if size <= 1 << 20 else _SCRATCH_MAX)
-        return memoryview(buf)[:size]
-
     def _verify(self, kind: bytes, e: Extent) -> None:
         secret = self.secret
         if secret is None:
@@ -86,19 +75,11 @@ class NodeDataHandler:
             self.node.hbm.write(e.offset, view)
 
     def read_view(self, e: Extent) -> memoryview:
-        self._verify(tokens.READ, e)
-        if e.tier == Tier.DRAM and self.node.dram is not None:
-            return self.node.dram.view(e.offset, e.size)
-        if e.tier == Tier.SSD and self.node.ssd is not None:
-            buf = self._staging(e.size)
-            if not self.node.read_into(Tier.SSD, e.offset, e.key, e.size, buf):
-                raise KeyError("checksum: SSD record failed verification (served as a miss)")
-            return buf
-        if e.tier == Tier.HBM and self.node.hbm is not None:
-            buf = self._staging(e.size)
-            self.node.hbm.read_into(e.offset, buf)
-            return buf
-        raise ValueError(f"tier: {e.tier} is not a tier of node {self.node.node_id}")
+        """The extent's bytes (the gRPC Read path and single reads): `read_views` of one, its error raised."""
+        view = self.read_views([e])[0]
+        if isinstance(view, Exception):
+            raise view
+        return view
 
     def read_views(self, extents: list[Extent]) -> list:
         """`read_view` of each extent (the exception it would raise in its place), all valid together until this
@@ -149,7 +130,8 @@ class NodeDataHandler:
 
     def _staging_many(self, sizes: list[int]) -> list[memoryview]:
         """A buffer per size, slices of this thread's staging buffer (grown to fit them, up to _SCRATCH_MAX) while
-        they fit, then buffers of their own."""
+        they fit, then buffers of their own: reused, so a read pays no allocation and no first-touch page faults (a
+        fresh 2 MiB bytearray costs both on every read), and a connection thread never keeps more than _SCRATCH_MAX."""
         total = sum(sizes)
         buf = getattr(self._scratch, "buf", None)
         if (buf is None or len(buf) < total) and total <= _SCRATCH_MAX:

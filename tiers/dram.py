@@ -36,7 +36,7 @@ master, so a same-host client's location cache (kvpool/locations.py) can tell, w
 no round trip, that something it remembers may have been removed since the master last told it where that object
 was. An aligned 8-byte store is atomic on every platform this runs on: a reader sees the old or the new value.
 
-One module of ~460 lines because it is one concept, the arena: its file, its mapping, and views into it.
+One module of ~500 lines because it is one concept, the arena: its file, its mapping, and views into it.
 """
 
 from __future__ import annotations
