@@ -305,3 +305,24 @@ def test_reads_answered_together_stop_at_a_mebibyte(tmp_path, monkeypatch):
         client.close()
         server.close()
         node.close()
+
+
+def test_a_large_read_is_received_in_pieces_of_at_most_recv_piece(node, monkeypatch):
+    from kvpool.store import sockets
+
+    arena, client = node
+    payload = bytes(range(256)) * (600 * 4)      # 600 KiB: more than four pieces
+    assert client.write_many([ext(tokens.WRITE, 1, 0, len(payload))], [memoryview(payload)]) == [None]
+    asked = []
+    real = socket.socket.recv_into
+
+    def recv_into(self, buffer, nbytes=0, flags=0):
+        asked.append(nbytes or len(buffer))
+        return real(self, buffer, nbytes, flags)
+
+    monkeypatch.setattr(socket.socket, "recv_into", recv_into)
+    out, digests = bytearray(len(payload)), [None]
+    assert client.read_many_into([ext(tokens.READ, 1, 0, len(payload))], [memoryview(out)], digests=digests) == [None]
+    assert bytes(out) == payload and digests == [xxhash.xxh3_64_intdigest(payload)]
+    assert max(asked) == sockets.RECV_PIECE == 128 << 10
+    assert sum(1 for n in asked if n == sockets.RECV_PIECE) >= len(payload) // sockets.RECV_PIECE
