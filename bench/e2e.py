@@ -32,7 +32,13 @@ case is the local hit, so a pool hit is exactly "instance B reuses what instance
 
 `--pairs N`: after the repeats, N pairs per length of the local hit (the instance that computed the prompt) and a
 fresh instance's service hit, seconds apart, alternating which runs first; the ratio line is the median of the pairs'
-ratios. On the shared 2-core box one TTFT swings +-20% from minute to minute, more than the pool hit costs, so the
+ratios. `--ssd-pairs N`: then N triples per length, seconds apart, in an order that rotates: a fresh instance's
+service-SSD hit (the data file dropped from the page cache first), the disk's sequential read of as many bytes, and
+the local hit of the instance that computed the prompt. Each triple gives a ceiling of its own (cold over its local
+hit + its disk read); the lines print the medians of the triples' TTFT ratio to cold and of their ratio to their own
+ceiling. The service-SSD load swung 103-436 ms against a disk read of 72-155 ms over minutes of scratch runs
+(2026-11-28, 179 MiB): three repeats cannot tell the pool from the disk's weather, a median of pairs with the disk
+can. On the shared 2-core box one TTFT swings +-20% from minute to minute, more than the pool hit costs, so the
 columns above (cases minutes apart) cannot settle a 0.9x goal; the pairs can.
 
 The "load" row under each length is the median of the pool case's load (the connector's load_kv: lookups, reads,
@@ -41,7 +47,7 @@ equal cold's (greedy). A pool case's engine is started, its connector's start-up
 and prefault the same-host arenas) included, before its first request is timed: as an instance is up before it
 takes traffic.
 Usage: python bench/e2e.py [--lengths 1024 4096] [--repeats 2] [--transfer auto|staged|direct] [--warm-start on|off]
-                          [--verify-threads 1|0|both] [--no-service] [--pairs 0]
+                          [--verify-threads 1|0|both] [--no-service] [--pairs 0] [--ssd-pairs 0]
 """
 
 from __future__ import annotations
@@ -125,13 +131,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--verify-threads", choices=["1", "0", "both"], default="1",
                     help="the connector's verify_threads in the service case; both: also a 'service 1 thread' case "
                          "(verify_threads=0) on the same stored blocks")
+    ap.add_argument("--ssd-pairs", type=int, default=0,
+                    help="then this many (service SSD hit, disk read, local hit) triples per length, seconds apart "
+                         "(needs the service)")
     ap.add_argument("--pairs", type=int, default=0,
                     help="after the repeats, this many (local hit, service hit) pairs per length, alternating which "
                          "runs first: the steadier measure of the service-vs-local-hit goal (needs the service)")
     args = ap.parse_args(argv)
-    if args.pairs < 0 or (args.pairs and args.no_service):
-        ap.error(f"--pairs must be >= 0 and needs the service case (got --pairs {args.pairs}"
-                 f"{' with --no-service' if args.no_service else ''})")
+    for name, n in (("--pairs", args.pairs), ("--ssd-pairs", args.ssd_pairs)):
+        if n < 0 or (n and args.no_service):
+            ap.error(f"{name} must be >= 0 and needs the service case (got {name} {n}"
+                     f"{' with --no-service' if args.no_service else ''})")
     global TRANSFER, WARM_START
     TRANSFER, WARM_START = args.transfer, args.warm_start == "on"
     rng = np.random.default_rng(0)
@@ -159,9 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     loads: dict[tuple[int, str], list[float]] = {}     # the connector's load_kv seconds in each pool case's TTFT
     mismatches: list[str] = []
     engine(max(args.lengths)).generate([[1, 2, 3, 4]], GREEDY)  # load weights + warm up once per process
-    total = len(args.lengths) * (args.repeats * len(cases) + args.pairs)
+    total = len(args.lengths) * (args.repeats * len(cases) + args.pairs + args.ssd_pairs)
     pair_times: dict[int, list[tuple[float, float]]] = {}     # length -> (local hit, service hit) seconds per pair
     disk: dict[int, list[tuple[int, float]]] = {}     # length -> (bytes, seconds): the disk's read of an SSD load's bytes
+    ssd_triples: dict[int, list[tuple[float, float, float, float]]] = {}  # length -> (SSD hit, its load, disk, local)
     try:
         with tqdm(total=total, desc="e2e TTFT", file=sys.stderr) as bar:
             for length in args.lengths:
@@ -246,6 +257,33 @@ def main(argv: list[str] | None = None) -> int:
                                                                                       ext == 0) else []
                     pair_times.setdefault(length, []).append((times["local"], times["service"]))
                     bar.update(1)
+            for length in args.lengths if args.ssd_pairs else ():
+                # the SSD service holds a prompt another instance computed; each triple: a fresh instance's SSD
+                # hit, the disk's read of as many bytes, the computing instance's local hit, in a rotating order
+                prompt = [4] + rng.integers(100, 40000, size=length - 1).tolist()
+                home = engine(length)
+                _, ref, _ = ttft(home, prompt)
+                ttft(engine(length, pool=ssd_addr), prompt)
+                nbytes = 0
+                for i in range(args.ssd_pairs):
+                    got: dict[str, float] = {}
+                    order = ["ssd", "disk", "local"]
+                    for case in order[i % 3:] + order[:i % 3]:
+                        if case == "ssd":
+                            b = engine(length, pool=ssd_addr)
+                            drop_page_cache(ssd_file)
+                            got["ssd"], out, ext = ttft(b, prompt)
+                            got["load"] = load_seconds(b)
+                            nbytes = b.engine.connector.stats.load_bytes or nbytes
+                            mismatches += [f"{length}/ssd pair {i}"] if out != ref or ext == 0 else []
+                            del b
+                        elif case == "disk":    # as many bytes as the SSD hits load (the first triple's goes first)
+                            got["disk"] = probe.seconds(nbytes) if nbytes else float("nan")
+                        else:
+                            got["local"], out, _ = ttft(home, prompt)
+                            mismatches += [f"{length}/ssd pair {i} local"] if out != ref else []
+                    ssd_triples.setdefault(length, []).append((got["ssd"], got["load"], got["disk"], got["local"]))
+                    bar.update(1)
     finally:
         for proc in (service, ssd_service):
             if proc is not None:
@@ -301,6 +339,20 @@ def main(argv: list[str] | None = None) -> int:
               f"{statistics.median(a / b for a, b in got):.2f}x (median of the pairs' ratios; medians "
               f"{statistics.median(svc) * 1e3:.1f} vs {statistics.median(local) * 1e3:.1f} ms, ratio of medians "
               f"{statistics.median(local) / statistics.median(svc):.2f}x; goal 0.9x)")
+    for length, triples in ssd_triples.items():
+        cold = statistics.median(results[(length, "cold")])
+        hits = [cold / t for t, _, _, _ in triples]
+        ceilings = [cold / (local + disk_s) for _, _, disk_s, local in triples]
+        print(f"ratio e2e_ttft {length} service_SSD, {len(triples)} triples: {statistics.median(hits):.1f}x cold "
+              f"(median of the triples; each {' '.join(f'{h:.1f}' for h in hits)}); its own ceiling "
+              f"{statistics.median(h / c for h, c in zip(hits, ceilings)):.2f}x (median; ceilings "
+              f"{' '.join(f'{c:.1f}' for c in ceilings)}); load {statistics.median(t[1] for t in triples) * 1e3:.1f} "
+              f"ms vs the disk's {statistics.median(t[2] for t in triples) * 1e3:.1f} ms, local hit "
+              f"{statistics.median(t[3] for t in triples) * 1e3:.1f} ms (medians)")
+        got = statistics.median(hits)
+        print(f"goal (issue 14): service SSD >= 40x cold at {length}, {len(triples)} triples: "
+              f"{'met' if got >= 40 else 'MISSED'} ({got:.1f}x; their ceilings' median "
+              f"{statistics.median(ceilings):.1f}x)")
     print("outputs identical to cold in every case: " + ("yes" if not mismatches else f"NO ({mismatches})"))
     return 0 if not mismatches else 1
 

@@ -77,7 +77,7 @@ def test_lookup_rate_prints_rows_and_the_redis_ratio():
 
 @pytest.mark.slow
 def test_e2e_prints_every_case_and_identical_outputs():
-    lines = run("e2e.py", "--lengths", "64", "--repeats", "1", "--pairs", "2")
+    lines = run("e2e.py", "--lengths", "64", "--repeats", "1", "--pairs", "2", "--ssd-pairs", "3")
     out = "\n".join(lines)
     for case in ("local_hit", "pool_DRAM", "pool_SSD", "pool_service", "service_SSD"):
         assert any(re.fullmatch(rf"ratio e2e_ttft 64 {case}: \d+\.\dx faster than cold", line) for line in lines), out
@@ -95,6 +95,12 @@ def test_e2e_prints_every_case_and_identical_outputs():
                       rf"\d+\.\d\d GB/s; the load took \d+\.\d ms, {X} the disk's speed\)$"), out
     assert has(lines, r"goal \(issue 14\): service SSD >= 40x cold at 64: (met|MISSED) \(\d+\.\dx; the disk allows "
                       r"\d+\.\dx in this run(, below the goal)?\)$"), out
+    # the SSD triples: each hit against its own disk read and local hit, three numbers each
+    assert has(lines, rf"ratio e2e_ttft 64 service_SSD, 3 triples: \d+\.\dx cold \(median of the triples; each "
+                      rf"\d+\.\d \d+\.\d \d+\.\d\); its own ceiling {X} \(median; ceilings \d+\.\d \d+\.\d \d+\.\d\); "
+                      rf"load \d+\.\d ms vs the disk's \d+\.\d ms, local hit \d+\.\d ms \(medians\)$"), out
+    assert has(lines, r"goal \(issue 14\): service SSD >= 40x cold at 64, 3 triples: (met|MISSED) \(\d+\.\dx; their "
+                      r"ceilings' median \d+\.\dx\)$"), out
     # the load row: a time under each pool case, none under cold and the local hit
     load = [line for line in lines if line.startswith("   load  ")]
     assert len(load) == 1 and len(re.findall(r"\d+\.\d ms", load[0])) == 4, out
@@ -102,11 +108,13 @@ def test_e2e_prints_every_case_and_identical_outputs():
 
 
 def test_e2e_pairs_need_the_service_and_a_count():
-    for args, why in ((["--pairs", "-1"], "got --pairs -1)"), (["--pairs", "3", "--no-service"],
-                                                                  "got --pairs 3 with --no-service)")):
+    for args, name, why in ((["--pairs", "-1"], "--pairs", "got --pairs -1)"),
+                            (["--pairs", "3", "--no-service"], "--pairs", "got --pairs 3 with --no-service)"),
+                            (["--ssd-pairs", "-2"], "--ssd-pairs", "got --ssd-pairs -2)"),
+                            (["--ssd-pairs", "1", "--no-service"], "--ssd-pairs", "got --ssd-pairs 1 with --no-service)")):
         res = subprocess.run([sys.executable, str(BENCH / "e2e.py"), *args], capture_output=True, text=True, check=False,
                              timeout=120)
-        assert res.returncode == 2 and f"--pairs must be >= 0 and needs the service case ({why}" in res.stderr
+        assert res.returncode == 2 and f"{name} must be >= 0 and needs the service case ({why}" in res.stderr
 
 
 @pytest.mark.slow
