@@ -169,8 +169,9 @@ class DirectTransfer:
 
         def acquire(s: int, ring: int, whole: bool) -> Any:
             e = len(keys) if whole else min(s + rows, len(keys))
+            # past the first read, the keys were asked for (and counted by the pool) by that read's lookup
             return pool.acquire_many(keys[s:e], [self.block_bytes] * (e - s), staging=self._ring_staging(ring),
-                                     max_staged=rows)
+                                     max_staged=rows, continued=s > 0)
 
         pending: Future | None = None
         s, ring, whole = 0, 0, True

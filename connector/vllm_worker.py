@@ -153,7 +153,7 @@ class WorkerTransfer:
             while got < n:
                 k = n - got if whole else min(chunk, n - got)
                 done, goes_on, whole = self._load_chunk(pool, spec.keys[got:got + k], spec.block_ids[got:got + k],
-                                                        tiers)
+                                                        tiers, continued=got > 0)
                 got += done
                 if got < n and not goes_on:
                     # Evicted since the lookup, or a block failed its checksum: recompute from there.
@@ -175,17 +175,18 @@ class WorkerTransfer:
         return got
 
     def _load_chunk(self, pool, keys: Sequence[bytes], block_ids: Sequence[int],
-                    tiers: list[str]) -> tuple[int, bool, bool]:
+                    tiers: list[str], continued: bool = False) -> tuple[int, bool, bool]:
         """Load the leading hits of `keys` into `block_ids`: (how many are valid, whether the hit goes on past
         them, whether every entry read was direct). Same-host DRAM objects are copied from the pool's mapped
         extents straight into vLLM's pages (one copy, not get-into-staging then scatter); others (TCP, SSD) arrive
         in rows of the staging buffer, checked as they land. The read stages at most the buffer's rows
-        (`max_staged`) and ends before the next entry that would need one (`staging_full`): the hit goes on there."""
+        (`max_staged`) and ends before the next entry that would need one (`staging_full`): the hit goes on there.
+        `continued`: an earlier read of this load asked for these keys (the pool counted them then)."""
         rows = iter(self._staging_np)
         # No namespace: the scheduler's lookup_prefix already counted these tokens in the pool's hit stats (a
         # namespaced read would count every loaded token a second time).
         read = pool.acquire_many(keys, [self.pages.object_bytes] * len(keys), staging=lambda nbytes: next(rows),
-                                 max_staged=len(self._staging_np))
+                                 max_staged=len(self._staging_np), continued=continued)
         try:
             if not read.count:
                 return 0, False, True

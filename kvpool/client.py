@@ -421,9 +421,9 @@ class PoolClient(PoolFront):
         return ExtentWrite(keys, statuses, buffers, [i in mapped for i in range(len(keys))], commit, abort)
 
     def _acquire(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging,
-                 max_staged: int | None) -> ExtentRead:
+                 max_staged: int | None, continued: bool) -> ExtentRead:
         req = pb.LookupRequest(namespace=_wire_digest(ns), block_tokens=ns.block_tokens, namespace_label=ns.label,
-                               lease=True, client_host_id=self.host_id)
+                               lease=True, client_host_id=self.host_id, continued=continued)
         req.keys.extend(bytes(k) for k in keys)
         req.expect_sizes.extend(sizes)
         try:

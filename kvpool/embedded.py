@@ -195,9 +195,9 @@ class EmbeddedPool(PoolFront):
         return ExtentWrite(keys, statuses, buffers, direct, commit, abort)
 
     def _acquire(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging,
-                 max_staged: int | None) -> ExtentRead:
+                 max_staged: int | None, continued: bool) -> ExtentRead:
         try:
-            result = self.master.lookup(keys, ns, lease=True, expect_sizes=sizes)
+            result = self.master.lookup(keys, ns, lease=True, expect_sizes=sizes, continued=continued)
         except SizeMismatch as e:
             raise ValueError(f"sizes[{e.position}] is {e.expected} bytes, object has {e.actual}") from None
         buffers: list[Any] = []

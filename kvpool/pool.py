@@ -46,7 +46,8 @@ class Pool(Protocol):
                      staging: Staging | None = None, pin_s: float = 0.0) -> ExtentWrite: ...
 
     def acquire_many(self, keys: Sequence[bytes], sizes: Sequence[int], *, namespace: Namespace | None = None,
-                     staging: Staging | None = None, max_staged: int | None = None) -> ExtentRead: ...
+                     staging: Staging | None = None, max_staged: int | None = None,
+                     continued: bool = False) -> ExtentRead: ...
 
     def pin_host_memory(self) -> dict[str, str]: ...
 
@@ -136,13 +137,16 @@ class PoolFront:
         return self._reserve(keys, sizes, ns, staging, pin_s)
 
     def acquire_many(self, keys: Sequence[bytes], sizes: Sequence[int], *, namespace: Namespace | None = None,
-                     staging: Staging | None = None, max_staged: int | None = None) -> ExtentRead:
+                     staging: Staging | None = None, max_staged: int | None = None,
+                     continued: bool = False) -> ExtentRead:
         """Lease the leading hits and hand out their bytes (`ExtentRead.buffers`: the extents themselves where
         reachable here, else staging buffers filled and verified), up to the first miss; `verify()` checks the
         direct ones, `release()` ends the lease. `sizes[i]` must be the object's size. See kvpool/extents.py.
         `max_staged`: at most this many entries go through `staging`; the read ends before the next one that would
         (`ExtentRead.staging_full`), so a caller with a fixed set of staging rows can ask for a whole chain and get
-        every direct hit up to the point its rows run out. None: no limit."""
+        every direct hit up to the point its rows run out. None: no limit. `continued`: this read goes on with keys
+        an earlier acquire_many of the same hit asked for already (the rest of a read that ended at `staging_full`);
+        the pool's lookup statistics and traffic trace count them once, at that first read."""
         self._check_open()
         check_keys(keys, "keys")
         sizes = self._sizes(keys, sizes)
@@ -150,10 +154,12 @@ class PoolFront:
         if max_staged is not None and (isinstance(max_staged, bool) or not isinstance(max_staged, int)
                                        or max_staged < 0):
             raise ValueError(f"max_staged must be None or an int >= 0, got {max_staged!r}")
+        if not isinstance(continued, bool):
+            raise ValueError(f"continued must be a bool, got {continued!r}")
         ns = self._ns(namespace)
         if not keys:
             return ExtentRead([], [], [], [], lambda n: n, lambda: None)
-        return self._acquire(keys, sizes, ns, staging, max_staged)
+        return self._acquire(keys, sizes, ns, staging, max_staged, continued)
 
     def pin_host_memory(self) -> dict[str, str]:
         """Register the host memory this process copies through (the in-process arena, or every same-host node
@@ -222,7 +228,7 @@ class PoolFront:
         raise NotImplementedError
 
     def _acquire(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging,
-                 max_staged: int | None) -> ExtentRead:
+                 max_staged: int | None, continued: bool) -> ExtentRead:
         raise NotImplementedError
 
     def _pin(self) -> dict[str, str]:

@@ -244,7 +244,7 @@ class PutAbortResponse(_message.Message):
     def __init__(self, aborted: _Optional[int] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
-    __slots__ = ("namespace", "block_tokens", "keys", "lease", "client_host_id", "namespace_label", "expect_sizes", "prefill_s_per_token", "mapped_nodes", "release_lease_ids", "uses", "optimistic", "unpublish_misses", "index_stale", "count_only")
+    __slots__ = ("namespace", "block_tokens", "keys", "lease", "client_host_id", "namespace_label", "expect_sizes", "prefill_s_per_token", "mapped_nodes", "release_lease_ids", "uses", "optimistic", "unpublish_misses", "index_stale", "count_only", "continued")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     BLOCK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
@@ -260,6 +260,7 @@ class LookupRequest(_message.Message):
     UNPUBLISH_MISSES_FIELD_NUMBER: _ClassVar[int]
     INDEX_STALE_FIELD_NUMBER: _ClassVar[int]
     COUNT_ONLY_FIELD_NUMBER: _ClassVar[int]
+    CONTINUED_FIELD_NUMBER: _ClassVar[int]
     namespace: bytes
     block_tokens: int
     keys: _containers.RepeatedScalarFieldContainer[bytes]
@@ -275,7 +276,8 @@ class LookupRequest(_message.Message):
     unpublish_misses: bool
     index_stale: bool
     count_only: bool
-    def __init__(self, namespace: _Optional[bytes] = ..., block_tokens: _Optional[int] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease: _Optional[bool] = ..., client_host_id: _Optional[str] = ..., namespace_label: _Optional[str] = ..., expect_sizes: _Optional[_Iterable[int]] = ..., prefill_s_per_token: _Optional[float] = ..., mapped_nodes: _Optional[_Iterable[str]] = ..., release_lease_ids: _Optional[_Iterable[int]] = ..., uses: _Optional[int] = ..., optimistic: _Optional[bool] = ..., unpublish_misses: _Optional[bool] = ..., index_stale: _Optional[bool] = ..., count_only: _Optional[bool] = ...) -> None: ...
+    continued: bool
+    def __init__(self, namespace: _Optional[bytes] = ..., block_tokens: _Optional[int] = ..., keys: _Optional[_Iterable[bytes]] = ..., lease: _Optional[bool] = ..., client_host_id: _Optional[str] = ..., namespace_label: _Optional[str] = ..., expect_sizes: _Optional[_Iterable[int]] = ..., prefill_s_per_token: _Optional[float] = ..., mapped_nodes: _Optional[_Iterable[str]] = ..., release_lease_ids: _Optional[_Iterable[int]] = ..., uses: _Optional[int] = ..., optimistic: _Optional[bool] = ..., unpublish_misses: _Optional[bool] = ..., index_stale: _Optional[bool] = ..., count_only: _Optional[bool] = ..., continued: _Optional[bool] = ...) -> None: ...
 
 class LookupResponse(_message.Message):
     __slots__ = ("hits", "lease_id", "node_index", "tiers", "offsets", "sizes", "checksums", "tokens", "nodes", "expires_unix_ms", "record_keys", "released")

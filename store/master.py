@@ -449,7 +449,8 @@ class Master:
                expect_sizes: Sequence[int] | None = None, tenant: str = "",
                s_per_token: float = 0.0, mapped_nodes: Collection[str] = (),
                release: Sequence[int] = (), uses: int = 1, optimistic: bool = False,
-               unpublish_misses: bool = False, index_stale: bool = False, count_only: bool = False) -> LookupResult:
+               unpublish_misses: bool = False, index_stale: bool = False, count_only: bool = False,
+               continued: bool = False) -> LookupResult:
         """Leading committed hits of a chain. With `lease`, pins them until `release` (or lease expiry) and returns
         their locations as columns: where each object is NOW. A leased hit on a slower tier than its node's fastest
         is queued for promotion (`promote_pending`, outside this call) when `promote_on_hit`. `expect_sizes` (one
@@ -471,12 +472,18 @@ class Master:
         `unpublish_misses` (a use report of gets served without asking): the keys after the hits leave the host
         index of every node in `mapped_nodes` (tiers/host_index.py), where the caller may have found them.
         `index_stale` (the caller's copy from a host index row failed the fence): those nodes' indexes forget the
-        chain's keys and get the current DRAM locations of its hits, so the next reader finds them right."""
+        chain's keys and get the current DRAM locations of its hits, so the next reader finds them right.
+        `continued` (with `lease`): the lookup continues a read whose first lookup asked for these keys already (a
+        load reading a long hit one ring of staging rows at a time): answered as usual, counted nowhere (stats,
+        per-tenant counts, the traffic recorder), since that first lookup counted them."""
         keys = checks.keys(keys, self.config.max_batch_keys)
         s_per_token = checks.seconds_per_token(s_per_token)
         uses = checks.uses(uses)
         if expect_sizes is not None:
             checks.same_length(expect_sizes, "expect_sizes", keys, "keys")
+        if continued and (not lease or count_only):
+            raise ValueError("continued: only a leased read's lookup continues an earlier one (lease=True, "
+                             "count_only=False)")
         with self._lock:
             now = self._tick()
             index = self.index
@@ -496,14 +503,15 @@ class Master:
                     i = next(i for i, (have, want) in enumerate(zip(sizes, expected)) if have != want)
                     raise SizeMismatch(i, expected[i], sizes[i])
             tiers = index.tier[slots].tolist()
-            if (rec := self.recorder) is not None:
+            if (rec := self.recorder) is not None and not continued:
                 chain, hit_tiers = list(keys), list(tiers)   # its own lists: read by its writer
                 for _ in range(uses):   # a trace has a row per get: a location cache's report is `uses` gets
                     rec.lookup(now, ns, chain, hit_tiers, lease)
             index.atime[slots] = self._ticks(now)  # a probe without a lease is a use too (someone wants it)
-            self.lookup_stats.count(ns, len(keys), tiers, s_per_token, uses)
-            if tid != UNSCOPED:
-                self._lookups_of(tid).count(ns, len(keys), tiers, s_per_token, uses)
+            if not continued:
+                self.lookup_stats.count(ns, len(keys), tiers, s_per_token, uses)
+                if tid != UNSCOPED:
+                    self._lookups_of(tid).count(ns, len(keys), tiers, s_per_token, uses)
             if release:
                 self._release_all(release, tenant)
                 self._flush()

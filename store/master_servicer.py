@@ -218,7 +218,8 @@ class MasterServicer(pbg.MasterServiceServicer):
                                     mapped_nodes=frozenset(request.mapped_nodes),
                                     release=list(request.release_lease_ids), uses=request.uses or 1,
                                     optimistic=request.optimistic, unpublish_misses=request.unpublish_misses,
-                                    index_stale=request.index_stale, count_only=request.count_only)
+                                    index_stale=request.index_stale, count_only=request.count_only,
+                                    continued=request.continued)
         return wire.lookup_reply(result, self.endpoint)
 
     @_rpc

@@ -322,11 +322,12 @@ class ThreadSpy:
     """A real pool that records which thread ran each acquire_many, and what each asked for and got."""
 
     def __init__(self, pool):
-        self.pool, self.threads, self.asked, self.got = pool, [], [], []
+        self.pool, self.threads, self.asked, self.got, self.continued = pool, [], [], [], []
 
     def acquire_many(self, keys, *args, **kwargs):
         self.threads.append(threading.current_thread().name)
         self.asked.append((len(keys), kwargs.get("max_staged")))
+        self.continued.append(kwargs.get("continued", False))
         read = self.pool.acquire_many(keys, *args, **kwargs)
         self.got.append((read.count, read.direct.count(False), read.staging_full))
         return read
@@ -346,7 +347,9 @@ def test_a_cpu_direct_load_acquires_the_next_chunk_while_it_copies_this_one(refe
         run(make_engine(pool, **DIRECT), QUESTION_A)
         spy = ThreadSpy(pool)
         b = make_engine(spy, layerwise_load="off", load_chunk_blocks=2, **DIRECT)
+        before = pool.stats()
         out = run(b, QUESTION_B)
+        counted = {n: pool.stats()[n] - before[n] for n in ("lookups", "hit_keys")}
         hit = out.num_cached_tokens_external // 16
         # three reads or more: ring 0, ring 1, then ring 0 again
         assert hit >= 6 and out.token_ids == reference_b
@@ -355,6 +358,10 @@ def test_a_cpu_direct_load_acquires_the_next_chunk_while_it_copies_this_one(refe
         assert spy.asked[0] == (hit, 2) and spy.got[0][1:] == (2, True)
         first = spy.got[0][0]
         assert all(asked == (min(2, hit - first - 2 * i), 2) for i, asked in enumerate(spy.asked[1:]))
+        # every read after the first goes on with keys the first asked for: the pool counts the hit once in the
+        # load (and once in the scheduler's lookup before it), not once more per ring of rows
+        assert spy.continued == [False] + [True] * (len(spy.asked) - 1)
+        assert counted == {"lookups": 2, "hit_keys": 2 * hit}, counted
         if copy_path == "one pass":
             assert all(t.startswith("kvpool-load-prefetch") for t in spy.threads[1:])
         else:
@@ -369,7 +376,7 @@ def test_a_cpu_direct_load_acquires_the_next_chunk_while_it_copies_this_one(refe
         loaded = out.num_cached_tokens_external // 16
         assert loaded >= 6 and out.token_ids == reference_b           # more than two rings' worth
         assert spy.threads == [threading.current_thread().name]
-        assert spy.asked == [(loaded, 3)] and spy.got == [(loaded, 0, False)]
+        assert spy.asked == [(loaded, 3)] and spy.got == [(loaded, 0, False)] and spy.continued == [False]
         b.engine.connector.close()
         assert pool.stats()["leases_open"] == 0
 

@@ -42,14 +42,16 @@ def ssd_pool(tmp_path):
 
 
 class ReadSpy:
-    """A real pool that records each acquire_many as (keys asked, entries read, staging_full, max_staged)."""
+    """A real pool that records each acquire_many as (keys asked, entries read, staging_full, max_staged), and
+    whether it said `continued`."""
 
     def __init__(self, pool) -> None:
-        self.pool, self.reads = pool, []
+        self.pool, self.reads, self.continued = pool, [], []
 
     def acquire_many(self, keys, sizes, **kwargs):
         read = self.pool.acquire_many(keys, sizes, **kwargs)
         self.reads.append((len(keys), read.count, read.staging_full, kwargs.get("max_staged")))
+        self.continued.append(kwargs.get("continued", False))
         return read
 
     def __getattr__(self, name):
@@ -264,9 +266,13 @@ def test_an_ssd_hit_is_read_a_buffer_of_rows_at_a_time_byte_exact(ssd_pool):
     cache = kv_cache(10, seed=7)
     w, stats = worker(spy, cache, load_chunk_blocks=2)
     w.begin_step()
+    before = ssd_pool.stats()
     w.load([LoadSpec("r", KEYS[:5], [5, 6, 7, 8, 9])])
     assert w.take_invalid_block_ids() == set() and stats.fallbacks == {}
     assert spy.reads == [(5, 2, True, 2), (2, 2, False, 2), (1, 1, False, 2)]
+    # the reads after the first go on with keys it asked for: the pool counts the 5 hits once, not 5 + 2 + 1
+    assert spy.continued == [False, True, True]
+    assert [ssd_pool.stats()[n] - before[n] for n in ("lookups", "requested_keys", "hit_keys")] == [1, 5, 5]
     for s, d in zip(range(5), [5, 6, 7, 8, 9]):
         assert [page(cache, l, d) for l in range(LAYERS)] == [page(src, l, s) for l in range(LAYERS)]
     assert stats.pool_hit_tokens == {"ssd": 5 * BT} and stats.loads == 1

@@ -292,3 +292,37 @@ def test_closed_pool_refuses_calls(tmp_path):
     with pytest.raises(ValueError, match="pool is closed"):
         pool.lookup_prefix([key(1)])
     assert not [f for f in os.listdir(tmp_path) if f.startswith("kvpool")]
+
+
+def test_a_read_continued_past_its_staging_rows_is_counted_once(make):
+    """A load reading a long SSD hit one ring of rows at a time: the first acquire_many asks for the whole chain and
+    stops at max_staged; the reads after it say `continued`, and the pool's lookup counters count the chain once.
+    Without it every later read counted its keys again."""
+    pool = make(dram_objects=1, ssd_objects=8, promote_on_hit=False)
+    keys = [key(i) for i in range(6)]
+    for k in keys:
+        assert pool.put_many([k], [value(k)]) == ["stored"]
+    on_ssd = where(pool, keys).count("ssd")
+    assert on_ssd == 5
+
+    def load(continued: bool) -> tuple[dict, list[bytes]]:
+        before = pool.stats()
+        got, s = [], 0
+        while s < len(keys):
+            read = pool.acquire_many(keys[s:], [OBJ] * (len(keys) - s), max_staged=2, continued=continued and s > 0)
+            with read:
+                got += [bytes(b) for b in read.buffers[:read.count]]
+                s += read.count
+                assert read.count and (read.staging_full or s == len(keys))
+        after = pool.stats()
+        return {name: after[name] - before[name] for name in ("lookups", "requested_keys", "hit_keys")}, got
+
+    counted, got = load(continued=True)
+    assert got == [value(k).tobytes() for k in keys]
+    assert counted == {"lookups": 1, "requested_keys": 6, "hit_keys": 6}
+    counted, got = load(continued=False)     # each read counted its keys again: 6 + 4 + 2
+    assert got == [value(k).tobytes() for k in keys]
+    assert counted["lookups"] == 3 and counted["requested_keys"] == counted["hit_keys"] == 6 + 4 + 2
+    assert pool.stats()["leases_open"] == 0
+    with pytest.raises(ValueError, match="continued must be a bool"):
+        pool.acquire_many(keys, [OBJ] * 6, continued=1)

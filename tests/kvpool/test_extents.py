@@ -302,6 +302,17 @@ def test_client_max_staged_ends_the_read_before_the_next_staged_hit(up):
         with client.acquire_many(keys, [SIZE] * 6, max_staged=4) as r:
             assert (r.count, r.staging_full, r.direct) == (4, True, [False] * 4)
             assert all(bytes(b) == data(i).tobytes() for i, b in enumerate(r.buffers))
+        # the rest of that read, `continued`: the master answers it and counts nothing (its keys were counted above)
+        before = up.master.stats()
+        with client.acquire_many(keys[4:], [SIZE] * 2, max_staged=4, continued=True) as r:
+            assert (r.count, r.staging_full) == (2, False)
+            assert all(bytes(b) == data(4 + i).tobytes() for i, b in enumerate(r.buffers))
+        after = up.master.stats()
+        assert [after[n] - before[n] for n in ("lookups", "requested_keys", "hit_keys")] == [0, 0, 0]
+        with client.acquire_many(keys[4:], [SIZE] * 2) as r:          # a read of its own is counted
+            assert r.count == 2
+        again = up.master.stats()
+        assert [again[n] - after[n] for n in ("lookups", "requested_keys", "hit_keys")] == [1, 2, 2]
     assert up.master.stats()["leases_open"] == 0
 
 

@@ -497,3 +497,20 @@ def test_a_lookup_stops_before_an_object_whose_u16_lease_count_is_full(make):
     with pytest.raises(NamespaceTableFull, match="^namespace: "):
         master.put_start([key(3)], [OBJ], NsRef(b"\xee" * 16, "new", 16))
     assert len(master.index) == before and master.lookup([key(3)], lease=False).hits == 0
+
+
+def test_a_continued_lookup_is_answered_with_a_lease_and_counted_nowhere(make):
+    master, node = make(dram_objects=3)
+    put(master, node, [key(1), key(2), key(3)])
+    first = master.lookup([key(1), key(2), key(3)], lease=True)
+    before = master.stats()
+    rest = master.lookup([key(2), key(3)], lease=True, continued=True)
+    assert rest.hits == 2 and rest.lease_id and rest.lease_id != first.lease_id
+    after = master.stats()
+    assert [after[n] - before[n] for n in ("lookups", "requested_keys", "hit_keys")] == [0, 0, 0]
+    assert after["leases_open"] == before["leases_open"] + 1
+    master.release([first.lease_id, rest.lease_id])
+    for kwargs in ({"lease": False}, {"lease": True, "count_only": True}):
+        with pytest.raises(ValueError, match=r"continued: only a leased read's lookup continues"):
+            master.lookup([key(1)], continued=True, **kwargs)
+    assert master.stats()["lookups"] == after["lookups"] and master.stats()["leases_open"] == 0

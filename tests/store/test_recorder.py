@@ -256,3 +256,15 @@ def test_a_writer_that_falls_behind_drops_and_counts_rows_never_blocks(tmp_path)
     status = rec.stop()
     assert (status.rows, status.dropped, status.recording) == (3, 2, False)
     assert [r["keys"] for r in rows_of(status)] == [key_ids(keys(2, str(i))).tolist() for i in range(3)]
+
+
+def test_a_continued_lookup_is_not_recorded(tmp_path):
+    m = master()
+    m.start_recording(tmp_path)
+    rec = m.recorder
+    m.lookup(keys(4), NS, lease=False)
+    m.lookup(keys(4)[2:], NS, lease=True, continued=True)
+    m.lookup(keys(4)[2:], NS, lease=True)
+    wait_for(lambda: rec.status.rows >= 2, "2 rows written")
+    final = m.stop_recording()
+    assert final.rows == 2 and final.dropped == 0
