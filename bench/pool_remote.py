@@ -16,8 +16,8 @@ For each object size (64 KiB, 512 KiB, 2 MiB), all measured in this one run on t
                      one in the same run
                      Each raw socket is received two ways, every recv_into asking for the whole rest of the object,
                      and in RAW_PIECE (128 KiB) pieces; the limit is the faster of the two in this run. Smaller
-                     receives ran 20-30% faster here (2026-11-28, 2-core box, medians of 20-30 interleaved rounds,
-                     2 MiB objects: 3.1-3.6 against 3.9-4.7 GB/s zero-page, 2.8-3.3 against 3.9-4.0 distinct);
+                     receives ran 9-30% faster here (2026-11-28, 2-core box, medians of 20-40 interleaved rounds,
+                     2 MiB objects, six A/Bs: zero-page 3.1-5.3 -> 3.9-5.8 GB/s, distinct 2.8-4.5 -> 3.9-5.2);
                      the data channel's client receives in the same pieces (store/sockets.py RECV_PIECE)
   redis              redis-server SET / GET of the same values, redis-py + hiredis, pipelined in the same batches
   mooncake           Mooncake Store (bench/mooncake_peer.py: mooncake_master + a storage process, batch_put_from /

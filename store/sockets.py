@@ -35,10 +35,11 @@ def tune_socket(sock: socket.socket) -> None:
 
 # No recv_into asks for more than this. Smaller receives kept loopback streams faster here; our reading of why: a
 # receive asked for a whole 2 MiB object holds the socket's lock while it copies, and the sender's ACKs queue behind
-# it. 128 KiB pieces are also hashed (recv_exact's hasher) while they are still in the core's cache. Raw loopback sockets, 2 MiB
-# objects, medians of 20-30 interleaved rounds on the 2-core box (2026-11-28): 3.1-3.6 -> 3.9-4.7 GB/s. The data
-# channel's verified reads gained less (+3-7%: 2.81 -> 3.01, 3.08 -> 3.24 GB/s): its sender reads every object from
-# DRAM, and that, not the receive, is most of its time.
+# it. 128 KiB pieces are also hashed (recv_exact's hasher) while they are still in the core's cache. Raw loopback
+# sockets, 2 MiB objects, medians of 20-40 interleaved rounds on the 2-core box (2026-11-28): +9-30% in six A/Bs
+# (3.1-5.3 -> 3.9-5.8 GB/s), for a sender of distinct buffers as much as for one of the zero page. The data channel's verified reads gained less
+# (+1-7% in five A/Bs: 2.81 -> 3.01, 3.08 -> 3.24 GB/s): they stay at ~0.75-0.9x the bare socket's 128 KiB receives,
+# for a reason not found (neither process is busy all the time: client ~74%, node ~86% of a core).
 RECV_PIECE = 128 << 10
 
 
