@@ -32,14 +32,15 @@ case is the local hit, so a pool hit is exactly "instance B reuses what instance
 
 `--pairs N`: after the repeats, N pairs per length of the local hit (the instance that computed the prompt) and a
 fresh instance's service hit, seconds apart, alternating which runs first; the ratio line is the median of the pairs'
-ratios. `--ssd-pairs N`: then N triples per length, seconds apart, in an order that rotates: a fresh instance's
-service-SSD hit (the data file dropped from the page cache first), the disk's sequential read of as many bytes, and
-the local hit of the instance that computed the prompt. Each triple gives a ceiling of its own (cold over its local
-hit + its disk read); the lines print the medians of the triples' TTFT ratio to cold and of their ratio to their own
-ceiling. The service-SSD load swung 103-436 ms against a disk read of 72-155 ms over minutes of scratch runs
-(2026-11-28, 179 MiB): three repeats cannot tell the pool from the disk's weather, a median of pairs with the disk
-can. On the shared 2-core box one TTFT swings +-20% from minute to minute, more than the pool hit costs, so the
+ratios. On the shared 2-core box one TTFT swings +-20% from minute to minute, more than the pool hit costs, so the
 columns above (cases minutes apart) cannot settle a 0.9x goal; the pairs can.
+
+`--ssd-pairs N`: then N triples per length, seconds apart, in an order that rotates: a fresh instance's service-SSD
+hit (the data file dropped from the page cache first), the disk's sequential read of as many bytes, and the local
+hit of the instance that computed the prompt. Each triple gives a ceiling of its own (cold over its local hit + its
+disk read); the lines print the medians of the triples' TTFT ratio to cold and of their ratio to their own ceiling.
+The service-SSD load swung 103-436 ms against a disk read of 72-155 ms over minutes of scratch runs (2026-11-28,
+179 MiB): three repeats cannot tell the pool from the disk's weather; triples, each with its own disk read, can.
 
 The "load" row under each length is the median of the pool case's load (the connector's load_kv: lookups, reads,
 copies and checks; with --transfer staged, its gets only), part of its TTFT. Every ratio is to cold, measured in the same run; outputs of every case must
