@@ -37,9 +37,10 @@ def tune_socket(sock: socket.socket) -> None:
 # receive asked for a whole 2 MiB object holds the socket's lock while it copies, and the sender's ACKs queue behind
 # it. 128 KiB pieces are also hashed (recv_exact's hasher) while they are still in the core's cache. Raw loopback
 # sockets, 2 MiB objects, medians of 20-40 interleaved rounds on the 2-core box (2026-11-28): +9-30% in six A/Bs
-# (3.1-5.3 -> 3.9-5.8 GB/s), for a sender of distinct buffers as much as for one of the zero page. The data channel's verified reads gained less
-# (+1-7% in five A/Bs: 2.81 -> 3.01, 3.08 -> 3.24 GB/s): they stay at ~0.75-0.9x the bare socket's 128 KiB receives,
-# for a reason not found (neither process is busy all the time: client ~74%, node ~86% of a core).
+# (3.1-5.3 -> 3.9-5.8 GB/s), for a sender of distinct buffers as much as for one of the zero page. The data channel's
+# verified reads gained less (+1-7% in five A/Bs: 2.81 -> 3.01, 3.08 -> 3.24 GB/s): they stay at ~0.75-0.9x the bare
+# socket's 128 KiB receives, for a reason not found (neither process is busy all the time: client ~74%, node ~86% of a
+# core).
 RECV_PIECE = 128 << 10
 
 

@@ -67,7 +67,7 @@ _IOV_CAP = 1024                              # Linux's IOV_MAX: buffers one prea
 _MAX_GAP = 64 * 1024                         # unallocated bytes between two records read along rather than skipped
 _MAX_RUN = 1 << 20                           # bytes one preadv reads (unless one record is larger): see read_records
 _GAP_VIEW = memoryview(bytearray(_MAX_GAP))  # where those bytes land (never read back; shared by every thread)
-_PAD_VIEW = memoryview(bytearray(HEADER_BYTES - _HDR_LEN))  # a header page's unused bytes, read and dropped the same way
+_PAD_VIEW = memoryview(bytearray(HEADER_BYTES - _HDR_LEN))  # a header page's unused bytes, read and dropped alike
 
 
 @dataclass(slots=True)
@@ -131,10 +131,10 @@ def read_records(fd: int, offsets, keys, payloads, ns_digest: bytes | None = Non
     Records that lie one after the other in the file (a chain's blocks written together, the common case) are read
     with one preadv per run: header, the rest of its page, payload, header..., each payload straight into its
     caller's buffer, a header page's unused bytes and a gap of up to `_MAX_GAP` bytes between two records into
-    scratch buffers shared by every call (64 bytes of header per record are all a call allocates). At 64 KiB a preadv per record
-    cost ~18% of the read on the team machine (bench/ssd_read.py). A run stops at `_MAX_RUN` bytes: each payload is
-    hashed right after its run's preadv, and a 1 MiB run is still in the core's cache then (2-core EPYC VM, 1 MiB
-    L2 per core, 2026-11-28, 192 MiB read with the page cache dropped, medians of 7 interleaved passes: 720 KiB
+    scratch buffers shared by every call (64 bytes of header per record are all a call allocates). At 64 KiB a preadv
+    per record cost ~18% of the read on the team machine (bench/ssd_read.py). A run stops at `_MAX_RUN` bytes: each
+    payload is hashed right after its run's preadv, and a 1 MiB run is still in the core's cache then (2-core EPYC VM,
+    1 MiB L2 per core, 2026-11-28, 192 MiB read with the page cache dropped, medians of 7 interleaved passes: 720 KiB
     records 2.33 GB/s with 1 MiB runs against 2.20 unbounded, 2.19 with 256 KiB; 64 KiB records 2.23 against
     2.10). A run that fails (an I/O error, a short read) is read again record by record, so one bad record is one
     miss, as before."""

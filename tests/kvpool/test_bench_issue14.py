@@ -111,7 +111,8 @@ def test_e2e_pairs_need_the_service_and_a_count():
     for args, name, why in ((["--pairs", "-1"], "--pairs", "got --pairs -1)"),
                             (["--pairs", "3", "--no-service"], "--pairs", "got --pairs 3 with --no-service)"),
                             (["--ssd-pairs", "-2"], "--ssd-pairs", "got --ssd-pairs -2)"),
-                            (["--ssd-pairs", "1", "--no-service"], "--ssd-pairs", "got --ssd-pairs 1 with --no-service)")):
+                            (["--ssd-pairs", "1", "--no-service"], "--ssd-pairs",
+                             "got --ssd-pairs 1 with --no-service)")):
         res = subprocess.run([sys.executable, str(BENCH / "e2e.py"), *args], capture_output=True, text=True, check=False,
                              timeout=120)
         assert res.returncode == 2 and f"{name} must be >= 0 and needs the service case ({why}" in res.stderr
