@@ -150,59 +150,52 @@ class DirectTransfer:
         (a stalled writer's bytes that landed during the copy are caught; the first bad entry stops the copy, and
         its block lies past the loaded prefix, so the engine recomputes it), then the read's lease released.
 
-        Each read asks for the whole rest of the hit but stages at most `chunk_blocks` entries (acquire_many's
-        `max_staged`: one ring's rows), so an all-direct hit (same-host DRAM) is one lease and one copy on two
-        threads, and SSD or TCP entries come `chunk_blocks` at a time. After a read that had staged entries the
-        next one asks for `chunk_blocks` keys only (the rest is likely staged too: no lease on keys it would not
-        read). When a read ended at its ring's rows (or its span), the next is acquired on the prefetch thread
-        while this one is copied, into the other ring: its lookup round trip, and its SSD or TCP reads, overlap
-        the copy. After a read with SSD or TCP entries that holds only where the copy runs on one core
-        (kvpool.copyhash on): reading the next records while torch's copy ran on both cores was slower (three
-        busy threads on two cores). With the one-pass copy it pays: a 4,096-token service-SSD load took 118.7 ms
-        against 156.3 ms reading after the copy (medians of 14 alternating rounds, 2026-11-28). One read for an
-        all-direct 4,096-token hit, not four of 64 with the next lease taken during each copy: its load took
-        19-25 ms against 31-37 ms (scratch, a fresh engine per load, 2026-11-28): the prefetch thread's RPC had
-        been competing with the two copy threads for the two cores."""
+        One lookup for the whole hit: the first read asks for all of it but stages at most `chunk_blocks` entries
+        (acquire_many's `max_staged`: one ring's rows), so an all-direct hit (same-host DRAM) is one lease and one
+        copy on two threads, and SSD or TCP entries come `chunk_blocks` at a time, each further ring read by
+        `ExtentRead.rest` under the first read's lease (no lookup between rings). The next ring is read on the
+        prefetch thread while this one is copied, into the other ring, so SSD or TCP reads overlap the copy. That
+        holds only where the copy runs on one core (kvpool.copyhash on): reading the next records while torch's copy
+        ran on both cores was slower (three busy threads on two cores). With the one-pass copy it pays: a
+        4,096-token service-SSD load took 118.7 ms against 156.3 ms reading after the copy (medians of 14
+        alternating rounds, 2026-11-28). Taking the rest under the same lease, not with a lookup per ring: the
+        disk idles 0.6-0.9 ms between rings instead of 1.6-2.7 ms (a 4,096-token service-SSD load's gaps between
+        ring reads, 2.3 against 6.2 ms in all, medians of 6 alternating loads each, 2026-11-29)."""
         out = LoadResult()
         start = time.perf_counter()
         rows = self.chunk_blocks
-
-        def acquire(s: int, ring: int, whole: bool) -> Any:
-            e = len(keys) if whole else min(s + rows, len(keys))
-            # past the first read, the keys were asked for (and counted by the pool) by that read's lookup
-            return pool.acquire_many(keys[s:e], [self.block_bytes] * (e - s), staging=self._ring_staging(ring),
-                                     max_staged=rows, continued=s > 0)
-
         pending: Future | None = None
-        s, ring, whole = 0, 0, True
+        read: Any = None
+        s, ring = 0, 0
         try:
-            while s < len(keys):
-                if pending is None:
-                    read = acquire(s, ring, whole)
-                else:
-                    fut, pending = pending, None
-                    read = fut.result()
-                try:
-                    n = read.count
-                    direct = all(read.direct[:n])
-                    # a hit goes on past this read: it stopped at its ring's rows, or read its whole span
-                    more = s + n < len(keys) and (read.staging_full or n == len(read.keys))
-                    ring, whole = ring ^ 1, direct
-                    if more and (direct or copyhash.simd()):
-                        pending = self._prefetcher().submit(acquire, s + n, ring, whole)
-                    # the extents as they are: scatter_blocks views them as objects only where it copies in two
-                    # passes (kernels/kv_transfer.py), the one-pass copy reads their bytes directly
-                    got = scatter_blocks(self.kv_cache, block_ids[s:s + n], read.buffers[:n],
-                                         after=read.verify_copy, hash_landed=read.needs_check,
-                                         helper=self._copier(read))
-                finally:
-                    read.release()
+            read = pool.acquire_many(keys, [self.block_bytes] * len(keys), staging=self._ring_staging(ring),
+                                     max_staged=rows)
+            while True:
+                n = read.count
+                # a hit goes on past this read only when it stopped at its ring's rows
+                more = s + n < len(keys) and read.staging_full
+                ring ^= 1
+                if more and (all(read.direct[:n]) or copyhash.simd()):
+                    pending = self._prefetcher().submit(read.rest, staging=self._ring_staging(ring),
+                                                        max_staged=rows)
+                # the extents as they are: scatter_blocks views them as objects only where it copies in two
+                # passes (kernels/kv_transfer.py), the one-pass copy reads their bytes directly
+                got = scatter_blocks(self.kv_cache, block_ids[s:s + n], read.buffers[:n],
+                                     after=read.verify_copy, hash_landed=read.needs_check,
+                                     helper=self._copier(read))
                 out.tiers += read.tiers[:got]
                 out.blocks += got
                 s += got
                 if got < n or not more:
                     out.partial = s < len(keys)
                     break
+                if pending is not None:
+                    fut, pending = pending, None
+                    after = fut.result()
+                else:
+                    after = read.rest(staging=self._ring_staging(ring), max_staged=rows)
+                read.release()          # the rest holds the lease on: released here, it ends with the last read
+                read = after
         except Exception as exc:  # noqa: BLE001 - a pool fault is a shorter hit, never an engine failure
             out.error = exc
         finally:
@@ -211,6 +204,8 @@ class DirectTransfer:
                     pending.result().release()
                 except Exception:  # noqa: BLE001 - a fault past the loaded prefix changes nothing
                     pass
+            if read is not None:
+                read.release()
         out.seconds = time.perf_counter() - start
         return out
 

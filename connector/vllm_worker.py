@@ -144,16 +144,25 @@ class WorkerTransfer:
         if pool is None:   # backing off after a fault: the scheduler's hit cannot be loaded in this process
             self.stats.add_fallback("unreachable")
             return 0
-        chunk = self._staging.shape[0]
         tiers: list[str] = []
         got = 0
-        whole = True    # ask for the rest of the hit; after a read with staged entries, for one buffer's rows
+        read = None
         start = self._clock()
         try:
+            # One lookup for the whole hit. A read that filled the staging buffer goes on under its lease
+            # (ExtentRead.rest, once its rows are copied out), so a long SSD or TCP hit is read buffer by buffer
+            # without asking the master again.
             while got < n:
-                k = n - got if whole else min(chunk, n - got)
-                done, goes_on, whole = self._load_chunk(pool, spec.keys[got:got + k], spec.block_ids[got:got + k],
-                                                        tiers, continued=got > 0)
+                if read is None:
+                    # No namespace: the scheduler's lookup_prefix already counted these tokens in the pool's hit
+                    # stats (a namespaced read would count every loaded token a second time).
+                    read = pool.acquire_many(spec.keys, [self.pages.object_bytes] * n, staging=self._rows(),
+                                             max_staged=len(self._staging_np))
+                else:
+                    after = read.rest(staging=self._rows(), max_staged=len(self._staging_np))
+                    read.release()
+                    read = after
+                done, goes_on = self._scatter(read, spec.block_ids[got:], tiers)
                 got += done
                 if got < n and not goes_on:
                     # Evicted since the lookup, or a block failed its checksum: recompute from there.
@@ -161,6 +170,9 @@ class WorkerTransfer:
                     break
         except Exception as exc:  # noqa: BLE001 - blocks scattered before the fault are valid; the rest recompute
             self.pool.fault(exc, "load")
+        finally:
+            if read is not None:
+                read.release()
         seconds = self._clock() - start
         if got:
             nbytes = got * self.pages.object_bytes
@@ -174,37 +186,31 @@ class WorkerTransfer:
                 self.stats.add_hit(tier, bt)
         return got
 
-    def _load_chunk(self, pool, keys: Sequence[bytes], block_ids: Sequence[int],
-                    tiers: list[str], continued: bool = False) -> tuple[int, bool, bool]:
-        """Load the leading hits of `keys` into `block_ids`: (how many are valid, whether the hit goes on past
-        them, whether every entry read was direct). Same-host DRAM objects are copied from the pool's mapped
-        extents straight into vLLM's pages (one copy, not get-into-staging then scatter); others (TCP, SSD) arrive
-        in rows of the staging buffer, checked as they land. The read stages at most the buffer's rows
-        (`max_staged`) and ends before the next entry that would need one (`staging_full`): the hit goes on there.
-        `continued`: an earlier read of this load asked for these keys (the pool counted them then)."""
+    def _rows(self):
+        """A read's staging: the staging buffer's rows in order (a read stages at most as many entries)."""
         rows = iter(self._staging_np)
-        # No namespace: the scheduler's lookup_prefix already counted these tokens in the pool's hit stats (a
-        # namespaced read would count every loaded token a second time).
-        read = pool.acquire_many(keys, [self.pages.object_bytes] * len(keys), staging=lambda nbytes: next(rows),
-                                 max_staged=len(self._staging_np), continued=continued)
-        try:
-            if not read.count:
-                return 0, False, True
-            direct = all(read.direct[:read.count])
-            # The same-host read fence, object by object: on host KV tensors each page is hashed after its copy
-            # (from cache; on the fence's helper thread while the next page copies, for loads of PIPELINE_MIN bytes
-            # or more), and the object's hash of what landed in vLLM's pages must be the committed checksum;
-            # on a device, the extent is hashed after its copy (only a change and its exact undo would pass). A
-            # mismatch (a stalled peer wrote the extent) ends the hit there: the blocks from it on are reported as
-            # not loaded, so vLLM recomputes them. The extents stay leased until release().
-            host = self.pages.host
-            pipeline = host and read.pipeline and read.count * self.pages.object_bytes >= fence.PIPELINE_MIN
-            done = self.pages.scatter_views(block_ids[:read.count], read.buffers[:read.count], after=read.verify_copy,
-                                            hash_landed=read.needs_check if host else None, pipeline=pipeline)
-            tiers += read.tiers[:done]
-            return done, done == read.count and (read.staging_full or read.count == len(keys)), direct
-        finally:
-            read.release()
+        return lambda nbytes: next(rows)
+
+    def _scatter(self, read, block_ids: Sequence[int], tiers: list[str]) -> tuple[int, bool]:
+        """Copy a read's entries into `block_ids`: (how many are valid, whether the hit goes on past them).
+        Same-host DRAM objects are copied from the pool's mapped extents straight into vLLM's pages (one copy, not
+        get-into-staging then scatter); others (TCP, SSD) arrive in rows of the staging buffer, checked as they
+        land. The read stages at most the buffer's rows (`max_staged`) and ends before the next entry that would
+        need one (`staging_full`): the hit goes on there, under the same lease (`rest`)."""
+        if not read.count:
+            return 0, False
+        # The same-host read fence, object by object: on host KV tensors each page is hashed after its copy
+        # (from cache; on the fence's helper thread while the next page copies, for loads of PIPELINE_MIN bytes
+        # or more), and the object's hash of what landed in vLLM's pages must be the committed checksum;
+        # on a device, the extent is hashed after its copy (only a change and its exact undo would pass). A
+        # mismatch (a stalled peer wrote the extent) ends the hit there: the blocks from it on are reported as
+        # not loaded, so vLLM recomputes them. The extents stay leased until release().
+        host = self.pages.host
+        pipeline = host and read.pipeline and read.count * self.pages.object_bytes >= fence.PIPELINE_MIN
+        done = self.pages.scatter_views(block_ids[:read.count], read.buffers[:read.count], after=read.verify_copy,
+                                        hash_landed=read.needs_check if host else None, pipeline=pipeline)
+        tiers += read.tiers[:done]
+        return done, done == read.count and read.staging_full
 
     def _on_saved(self, stored: int, skipped: int) -> None:
         self.stats.saved_blocks += stored

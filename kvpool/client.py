@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Sequence
 
 import xxhash
@@ -47,7 +48,7 @@ import xxhash
 from kvpool import fence
 from kvpool.buffers import as_writable_bytes
 from kvpool.credentials import Credentials
-from kvpool.extents import ExtentRead, ExtentWrite, Staging
+from kvpool.extents import REST_MARGIN_S, ExtentRead, ExtentWrite, SharedLease, Staging
 from kvpool.keys import KEY_BYTES
 from kvpool.locations import DEFAULT_TTL_S, MAX_TTL_S, LocationCache, SsdLocation
 from kvpool.pool import PoolFront
@@ -436,52 +437,75 @@ class PoolClient(PoolFront):
         if not reply.lease_id:
             return ExtentRead(keys, [], [], [], lambda n: n, lambda: None)
         batch = wire.hits_of(reply)
-        corrupt: set[int] = set()
+        corrupt: set[int] = set()       # positions read back wrong, by any read under the lease: reported at its end
+        lease = SharedLease(lambda: self._releaser.release(reply.lease_id, [bytes(keys[i]) for i in sorted(corrupt)]))
         try:
-            mapped = self.transfers.mapped_views(batch, range(reply.hits))
-            staged = [i for i in range(reply.hits) if i not in mapped]
-            hits = reply.hits
-            if max_staged is not None and len(staged) > max_staged:    # the read ends before the next staged hit
-                hits = staged[max_staged]
-                staged = staged[:max_staged]
-                mapped = {i: v for i, v in mapped.items() if i < hits}
-            buffers: list = [None] * hits
-            for i, view in mapped.items():
-                buffers[i] = view
-            for i in staged:
-                buffers[i] = as_writable_bytes(staging(reply.sizes[i]), f"staging({reply.sizes[i]})")
-            failed = self.transfers.read(batch, staged, keys, buffers, corrupt=corrupt) if staged else set()
+            every_mapped = self.transfers.mapped_views(batch, range(reply.hits))
+            return self._read_leased(keys, sizes, ns, batch, reply.hits, every_mapped, corrupt, lease, 0, staging,
+                                     max_staged)
         except BaseException:
-            self._releaser.release(reply.lease_id, [bytes(keys[i]) for i in sorted(corrupt)])
+            lease.leave()
             raise
-        count = min(failed) if failed else hits
+
+    def _read_leased(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, batch: wire.ExtentBatch, hits: int,
+                     every_mapped: dict[int, memoryview], corrupt: set[int], lease: SharedLease, start: int,
+                     staging: Staging, max_staged: int | None) -> ExtentRead:
+        """The hits of one leased lookup from position `start` on, as an ExtentRead holding `lease` (joined by the
+        caller): mapped extents handed out as they are, at most `max_staged` others read into `staging` (checked
+        as they arrive). Its `rest` reads on from where it ends, under the same lease while the lease has
+        REST_MARGIN_S to run, else with a lookup of the remaining keys of its own."""
+        mapped = {i: v for i, v in every_mapped.items() if i >= start}
+        staged = [i for i in range(start, hits) if i not in mapped]
+        end = hits
+        if max_staged is not None and len(staged) > max_staged:    # the read ends before the next staged hit
+            end = staged[max_staged]
+            staged = staged[:max_staged]
+            mapped = {i: v for i, v in mapped.items() if i < end}
+        buffers: list = [None] * end    # by position in the lookup: transfers.read fills buffers[i]
+        for i, view in mapped.items():
+            buffers[i] = view
+        for i in staged:
+            buffers[i] = as_writable_bytes(staging(batch.sizes[i]), f"staging({batch.sizes[i]})")
+        failed = self.transfers.read(batch, staged, keys, buffers, corrupt=corrupt) if staged else set()
+        stop = min(failed) if failed else end
 
         def verify(n: int) -> int:
-            bad = self.transfers.check_mapped(batch, {i: v for i, v in mapped.items() if i < n})
+            bad = self.transfers.check_mapped(batch, {i: v for i, v in mapped.items() if i < start + n})
             corrupt.update(bad)
-            return min(bad) if bad else n
+            return min(bad) - start if bad else n
 
         def verify_one(i: int) -> bool:
-            view = mapped.get(i)
+            view = mapped.get(start + i)
             if view is None:
                 return True     # staged: checked as it arrived
-            bad = self.transfers.check_mapped(batch, {i: view})
+            bad = self.transfers.check_mapped(batch, {start + i: view})
             corrupt.update(bad)
             return not bad
 
         def landed(i: int, digest: int) -> bool:
-            ok = self.transfers.check_landed(batch, i, digest)
+            ok = self.transfers.check_landed(batch, start + i, digest)
             if not ok:
-                corrupt.add(i)
+                corrupt.add(start + i)
             return ok
 
-        def release() -> None:
-            self._releaser.release(reply.lease_id, [bytes(keys[i]) for i in sorted(corrupt)])
+        def rest(staging: Staging, max_staged: int | None) -> ExtentRead:
+            # the clock the node checks the read tokens by, against the lease's end the master signed into them
+            if time.time() * 1000 >= batch.expires_ms - REST_MARGIN_S * 1000:
+                return self._acquire(keys[end:], sizes[end:], ns, staging, max_staged, True)
+            lease.join()
+            try:
+                return self._read_leased(keys, sizes, ns, batch, hits, every_mapped, corrupt, lease, end, staging,
+                                         max_staged)
+            except BaseException:
+                lease.leave()
+                raise
 
-        tiers = [Tier(int(t)).label for t in reply.tiers[:count]]
-        return ExtentRead(keys, buffers[:count], [i in mapped for i in range(count)], tiers, verify, release,
-                          verify_one, landed, self.transfers.fenced(i for i in mapped if i < count),
-                          pipeline=self.transfers.verify_threads > 0, staging_full=count < reply.hits and not failed)
+        tiers = [Tier(int(t)).label for t in batch.tiers[start:stop]]
+        return ExtentRead(keys[start:], buffers[start:stop], [i in mapped for i in range(start, stop)], tiers, verify,
+                          lease.leave, verify_one, landed,
+                          frozenset(i - start for i in self.transfers.fenced(i for i in mapped if i < stop)),
+                          pipeline=self.transfers.verify_threads > 0,
+                          staging_full=stop < hits and not failed, rest=rest)
 
     def _pin(self) -> dict[str, str]:
         self.transfers.pin_arenas = True

@@ -30,13 +30,13 @@ import xxhash
 
 from kvpool.buffers import as_writable_bytes
 from kvpool.config import load_config
-from kvpool.extents import ExtentRead, ExtentWrite, Staging
+from kvpool.extents import REST_MARGIN_S, ExtentRead, ExtentWrite, SharedLease, Staging
 from kvpool.pool import PoolFront
 from kvpool.store.config import EmbeddedConfig
 from kvpool.store.master import Master, SizeMismatch
 from kvpool.store.metadata import MemoryMetadata
 from kvpool.store.node import StorageNode
-from kvpool.store.records import NsRef, PutStatus
+from kvpool.store.records import LookupResult, NsRef, PutStatus
 from kvpool.store.writebehind import write_behind_loop
 from kvpool.tiers.types import Tier
 
@@ -200,45 +200,67 @@ class EmbeddedPool(PoolFront):
             result = self.master.lookup(keys, ns, lease=True, expect_sizes=sizes, continued=continued)
         except SizeMismatch as e:
             raise ValueError(f"sizes[{e.position}] is {e.expected} bytes, object has {e.actual}") from None
-        buffers: list[Any] = []
-        direct: list[bool] = []
-        tiers: list[str] = []
         if not result.lease_id:
             return ExtentRead(keys, [], [], [], lambda n: n, lambda: None)
-        hbm_views = getattr(self.node.hbm, "array", None)   # the real HbmArena: device views (DLPack)
-        staged, full = 0, False
-        try:
-            for i, (tier, offset, size) in enumerate(zip(result.tiers, result.offsets, result.sizes)):
-                if tier == _DRAM:
-                    buffers.append(self.node.dram.view(offset, size))
-                    direct.append(True)
-                elif tier == _HBM and hbm_views is not None:
-                    buffers.append(hbm_views(offset, size))
-                    direct.append(True)
-                else:
-                    if max_staged is not None and staged == max_staged:
-                        full = True
-                        break
-                    staged += 1
-                    buf = as_writable_bytes(staging(size), f"staging({size})")
-                    if not self.node.read_into(Tier(tier), offset, keys[i], size, buf):
-                        self.master.report_corrupt(result.lease_id, [keys[i]])
-                        break
-                    buffers.append(buf)
-                    direct.append(False)
-                tiers.append(_TIER_LABELS[tier])
-        except BaseException:
-            self.master.release([result.lease_id])
-            raise
 
-        def release() -> None:
+        def end_lease() -> None:
             self.master.release([result.lease_id])
             if self.master.promotion_wanted.is_set():
                 self.master.promote_pending()
 
+        lease = SharedLease(end_lease)
+        try:
+            return self._read_leased(keys, sizes, ns, result, lease, 0, staging, max_staged)
+        except BaseException:
+            lease.leave()
+            raise
+
+    def _read_leased(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, result: LookupResult,
+                     lease: SharedLease, start: int, staging: Staging, max_staged: int | None) -> ExtentRead:
+        """The hits of one leased lookup from position `start` on, as an ExtentRead holding `lease` (joined by the
+        caller); its `rest` reads on under the same lease while it has REST_MARGIN_S to run (else looks the
+        remaining keys up again)."""
+        buffers: list[Any] = []
+        direct: list[bool] = []
+        tiers: list[str] = []
+        hbm_views = getattr(self.node.hbm, "array", None)   # the real HbmArena: device views (DLPack)
+        staged, full = 0, False
+        for i in range(start, result.hits):
+            tier, offset, size = result.tiers[i], result.offsets[i], result.sizes[i]
+            if tier == _DRAM:
+                buffers.append(self.node.dram.view(offset, size))
+                direct.append(True)
+            elif tier == _HBM and hbm_views is not None:
+                buffers.append(hbm_views(offset, size))
+                direct.append(True)
+            else:
+                if max_staged is not None and staged == max_staged:
+                    full = True
+                    break
+                staged += 1
+                buf = as_writable_bytes(staging(size), f"staging({size})")
+                if not self.node.read_into(Tier(tier), offset, keys[i], size, buf):
+                    self.master.report_corrupt(result.lease_id, [keys[i]])
+                    break
+                buffers.append(buf)
+                direct.append(False)
+            tiers.append(_TIER_LABELS[tier])
+        end = start + len(buffers)
+
+        def rest(staging: Staging, max_staged: int | None) -> ExtentRead:
+            if self.master.clock() >= result.expires_at - REST_MARGIN_S:
+                return self._acquire(keys[end:], sizes[end:], ns, staging, max_staged, True)
+            lease.join()
+            try:
+                return self._read_leased(keys, sizes, ns, result, lease, end, staging, max_staged)
+            except BaseException:
+                lease.leave()
+                raise
+
         # In-process extents: no stalled peer can touch them under the lease (get_many_into does not hash them
         # either), so verification keeps every entry.
-        return ExtentRead(keys, buffers, direct, tiers, lambda n: n, release, staging_full=full)
+        return ExtentRead(keys[start:], buffers, direct, tiers, lambda n: n, lease.leave, staging_full=full,
+                          rest=rest)
 
     def _pin(self) -> dict[str, str]:
         arena = self.node.dram

@@ -15,6 +15,8 @@
                                            where r.needs_check(i) says the read wants one; r.verify_copy(i, digest)
                                            picks between the two)
         r.release()                        ends the lease: the extents may be reused from then on
+        r.rest(staging, max_staged)        a read that ended at staging_full goes on under the same lease (no
+                                           second lookup); the lease ends when every read made from it is released
 
 Which entries are direct (`direct[i]`): DRAM extents of a node on this host whose arena is mapped here (PoolClient),
 or of the in-process node (EmbeddedPool); and, in an EmbeddedPool with an HBM tier, an HBM hit is handed out as the
@@ -30,6 +32,7 @@ Both records are context managers: leaving one releases (read) or aborts (write,
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Sequence
 
 Staging = Callable[[int], Any]
@@ -37,6 +40,54 @@ Staging = Callable[[int], Any]
 
 def default_staging(nbytes: int) -> memoryview:
     return memoryview(bytearray(nbytes))
+
+
+def staging_of(staging: object) -> Staging:
+    """acquire_many's, reserve_many's and ExtentRead.rest's `staging`: None (default_staging) or a callable
+    nbytes -> writable buffer (ValueError naming it)."""
+    if staging is None:
+        return default_staging
+    if not callable(staging):
+        raise ValueError(f"staging must be a callable nbytes -> writable buffer, got {type(staging).__name__}")
+    return staging
+
+
+def check_max_staged(max_staged: object) -> None:
+    """acquire_many's and ExtentRead.rest's `max_staged`: None or an int >= 0 (ValueError naming it)."""
+    if max_staged is not None and (isinstance(max_staged, bool) or not isinstance(max_staged, int) or max_staged < 0):
+        raise ValueError(f"max_staged must be None or an int >= 0, got {max_staged!r}")
+
+
+# A read goes on under its lease (ExtentRead.rest) only while the lease has at least this long to run; closer to its
+# end the rest is looked up again under a lease of its own, so no read is made on tokens about to expire.
+REST_MARGIN_S = 2.0
+
+
+class SharedLease:
+    """One read lease held by an ExtentRead and the reads `rest()` made from it: `end` runs once, when the last of
+    them lets go (thread-safe: a prefetch thread may take the rest while the engine thread copies the first)."""
+
+    __slots__ = ("_end", "_holders", "_lock")
+
+    def __init__(self, end: Callable[[], None]) -> None:
+        self._end, self._holders, self._lock = end, 1, threading.Lock()
+
+    def join(self) -> None:
+        """One more holder (ValueError once the lease has ended)."""
+        with self._lock:
+            if not self._holders:
+                raise ValueError("the read's lease has ended")
+            self._holders += 1
+
+    def leave(self) -> None:
+        """One holder fewer; the last one ends the lease."""
+        with self._lock:
+            if not self._holders:
+                return
+            self._holders -= 1
+            last = not self._holders
+        if last:
+            self._end()
 
 
 class ExtentWrite:
@@ -79,22 +130,27 @@ class ExtentRead:
     """The leading `count` hits of a lookup, held by one read lease until `release()`."""
 
     __slots__ = ("keys", "count", "buffers", "direct", "tiers", "pipeline", "staging_full", "_verify", "_verify_one",
-                 "_landed", "_checked", "_release", "_released")
+                 "_landed", "_checked", "_release", "_released", "_span", "_rest")
 
     def __init__(self, keys: Sequence[bytes], buffers: list[Any], direct: list[bool], tiers: list[str],
                  verify: Callable[[int], int], release: Callable[[], None],
                  verify_one: Callable[[int], bool] | None = None,
                  landed: Callable[[int, int], bool] | None = None, checked: frozenset[int] = frozenset(),
-                 pipeline: bool = False, staging_full: bool = False) -> None:
+                 pipeline: bool = False, staging_full: bool = False,
+                 rest: Callable[[Staging, int | None], ExtentRead] | None = None) -> None:
         """`checked`: the entries the read fence covers (direct extents of a peer's arena); `landed(i, digest)`
         judges a caller's hash of its copy of one of them. `pipeline`: the pool hashes on a helper thread
         (PoolClient(verify_threads=1)), so a caller hashing its own copies may too (kvpool/fence.py HashPipe).
         `staging_full`: the read ended at `count` only because acquire_many's `max_staged` entries were staged;
-        the key at `count` was a hit too (not a miss, not a bad read): acquire again from there for the rest."""
+        the key at `count` was a hit too (not a miss, not a bad read): `rest()` reads on from there.
+        `rest(staging, max_staged)`: the pool's read of the hits after this one's (see `rest`); None: the pool
+        cannot go on under this lease (`rest` then acquires the remaining keys again)."""
         if checked and landed is None:
             raise ValueError("checked entries need a landed(i, digest) judge")
         self.keys = list(keys)
         self.count = len(buffers)
+        self._span = self.count
+        self._rest = rest
         self.buffers, self.direct, self.tiers = buffers, direct, tiers
         self._verify, self._release, self._released = verify, release, False
         self._verify_one = verify_one
@@ -153,6 +209,25 @@ class ExtentRead:
         for entries checked as they arrived). The judge a copy loop that hashes what landed hands each entry to."""
         return self.verify_landed(i, digest) if digest is not None else self.verify_entry(i)
 
+    def rest(self, *, staging: Staging | None = None, max_staged: int | None = None) -> ExtentRead:
+        """The hits after this read's entries, as acquire_many(keys[count:], ..., staging=, max_staged=) would hand
+        them out, but under this read's lease: no second lookup (no master round trip; the pool counts the hit
+        once). For a read that ended at `staging_full` with every entry good (ValueError otherwise, naming why):
+        a caller with one ring of staging rows reads a long hit ring by ring. This read stays valid; the lease
+        ends when it and every read made from it are released (each its own `release()`). Close to the lease's
+        end (REST_MARGIN_S) the rest is looked up again instead, under a lease of its own."""
+        if self._released:
+            raise ValueError("this ExtentRead was released")
+        if not self.staging_full:
+            raise ValueError("rest: this read did not end at staging_full; its hit ends at its last entry")
+        if self.count < self._span:
+            raise ValueError(f"rest: entry {self.count} of this read failed its check; the hit ends there")
+        staging = staging_of(staging)
+        check_max_staged(max_staged)
+        if self._rest is None:
+            raise ValueError("rest: this read cannot go on under its lease")
+        return self._rest(staging, max_staged)
+
     def release(self) -> None:
         """End the lease (idempotent). The buffers must not be used afterwards."""
         if not self._released:
@@ -166,4 +241,5 @@ class ExtentRead:
         self.release()
 
 
-__all__ = ["ExtentRead", "ExtentWrite", "Staging", "default_staging"]
+__all__ = ["REST_MARGIN_S", "ExtentRead", "ExtentWrite", "SharedLease", "Staging", "check_max_staged",
+           "default_staging", "staging_of"]

@@ -24,7 +24,7 @@ import threading
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 from kvpool.buffers import byte_views
-from kvpool.extents import ExtentRead, ExtentWrite, Staging, default_staging
+from kvpool.extents import ExtentRead, ExtentWrite, Staging, check_max_staged, staging_of
 from kvpool.keys import Namespace, check_keys
 from kvpool.store import checks
 from kvpool.store.checks import MAX_PIN_S, MAX_S_PER_TOKEN, pin_seconds  # noqa: F401 - re-exported for connectors
@@ -130,7 +130,7 @@ class PoolFront:
         pin_s = checks.pin_seconds(pin_s)
         check_keys(keys, "keys")
         sizes = self._sizes(keys, sizes)
-        staging = self._staging(staging)
+        staging = staging_of(staging)
         ns = self._ns(namespace)
         if not keys:
             return ExtentWrite([], [], [], [], list, lambda: None)
@@ -144,16 +144,15 @@ class PoolFront:
         direct ones, `release()` ends the lease. `sizes[i]` must be the object's size. See kvpool/extents.py.
         `max_staged`: at most this many entries go through `staging`; the read ends before the next one that would
         (`ExtentRead.staging_full`), so a caller with a fixed set of staging rows can ask for a whole chain and get
-        every direct hit up to the point its rows run out. None: no limit. `continued`: this read goes on with keys
-        an earlier acquire_many of the same hit asked for already (the rest of a read that ended at `staging_full`);
-        the pool's lookup statistics and traffic trace count them once, at that first read."""
+        every direct hit up to the point its rows run out; `ExtentRead.rest()` then reads on under the same lease.
+        None: no limit. `continued`: this read goes on with keys an earlier acquire_many of the same hit asked for
+        already (the rest of a read that ended at `staging_full`, looked up again); the pool's lookup statistics
+        and traffic trace count them once, at that first read."""
         self._check_open()
         check_keys(keys, "keys")
         sizes = self._sizes(keys, sizes)
-        staging = self._staging(staging)
-        if max_staged is not None and (isinstance(max_staged, bool) or not isinstance(max_staged, int)
-                                       or max_staged < 0):
-            raise ValueError(f"max_staged must be None or an int >= 0, got {max_staged!r}")
+        staging = staging_of(staging)
+        check_max_staged(max_staged)
         if not isinstance(continued, bool):
             raise ValueError(f"continued must be a bool, got {continued!r}")
         ns = self._ns(namespace)
@@ -272,14 +271,6 @@ class PoolFront:
                                  f"got {n!r}")
             out.append(int(n))
         return out
-
-    @staticmethod
-    def _staging(staging: Staging | None) -> Staging:
-        if staging is None:
-            return default_staging
-        if not callable(staging):
-            raise ValueError(f"staging must be a callable nbytes -> writable buffer, got {type(staging).__name__}")
-        return staging
 
     def _ns(self, namespace: Namespace | None) -> NsRef:
         if namespace is None:

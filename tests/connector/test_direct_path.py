@@ -266,28 +266,46 @@ def test_warm_start_maps_the_arena_before_the_first_request(up, reference_b, tra
 
 
 class FaultAfter:
-    """A real pool whose acquire_many fails from the `n`-th call on (a node dying mid-load, as the caller sees it)."""
+    """A real pool whose reads fail from the `n`-th on (a node dying mid-load, as the caller sees it): acquire_many
+    and the reads a load goes on with under the same lease (ExtentRead.rest) alike."""
 
     def __init__(self, pool, n):
         self.pool, self.n, self.calls = pool, n, 0
 
     def acquire_many(self, *args, **kwargs):
+        read = self._read(lambda: self.pool.acquire_many(*args, **kwargs))
+        self.first = (read.count, read.direct.count(False), read.staging_full)
+        return read
+
+    def _read(self, fn):
         self.calls += 1
         if self.calls >= self.n:
             raise PoolUnavailable("node n1 (127.0.0.1:1): connection reset")
-        read = self.pool.acquire_many(*args, **kwargs)
-        self.first = (read.count, read.direct.count(False), read.staging_full)
-        return read
+        return _FlakyRead(fn(), self)
 
     def __getattr__(self, name):
         return getattr(self.pool, name)
 
 
+class _FlakyRead:
+    """An ExtentRead whose `rest` counts as one of its FaultAfter's reads."""
+
+    def __init__(self, read, owner):
+        self.read, self.owner = read, owner
+
+    def rest(self, **kwargs):
+        return self.owner._read(lambda: self.read.rest(**kwargs))
+
+    def __getattr__(self, name):
+        return getattr(self.read, name)
+
+
 @pytest.mark.parametrize("layerwise", ["on", "off"])
 def test_a_fault_during_a_direct_load_recomputes_the_rest(reference_b, layerwise, tmp_path):
     """Layer-wise: the second chunk's acquire fails after the first was queued. Off (CPU copies at once): the hit
-    lies on SSD, so the first read ends at its ring's 3 rows and the next read fails (on the prefetch thread while
-    the first copies, or on the engine thread after it); the load ends there and no lease stays open."""
+    lies on SSD, so the first read ends at its ring's 3 rows and the next read (its rest, under the same lease)
+    fails (on the prefetch thread while the first copies, or on the engine thread after it); the load ends there
+    and no lease stays open."""
     ssd = dict(dram_bytes=1 << 20, ssd_path=str(tmp_path / "ssd"), ssd_bytes=64 << 20, promote_on_hit=False)
     with EmbeddedPool(**(ssd if layerwise == "off" else dict(dram_bytes=128 << 20))) as pool:
         run(make_engine(pool, **DIRECT), QUESTION_A)
@@ -319,29 +337,45 @@ def test_a_fault_during_an_all_direct_cpu_load_recomputes_it_all(reference_b):
 
 
 class ThreadSpy:
-    """A real pool that records which thread ran each acquire_many, and what each asked for and got."""
+    """A real pool that records each read a load makes (acquire_many, and ExtentRead.rest under its lease): which
+    thread ran it, what it asked for (keys, max_staged: keys None for a rest) and what it got."""
 
     def __init__(self, pool):
         self.pool, self.threads, self.asked, self.got, self.continued = pool, [], [], [], []
 
     def acquire_many(self, keys, *args, **kwargs):
-        self.threads.append(threading.current_thread().name)
-        self.asked.append((len(keys), kwargs.get("max_staged")))
         self.continued.append(kwargs.get("continued", False))
-        read = self.pool.acquire_many(keys, *args, **kwargs)
+        return self._read(len(keys), kwargs.get("max_staged"), lambda: self.pool.acquire_many(keys, *args, **kwargs))
+
+    def _read(self, keys, max_staged, fn):
+        self.threads.append(threading.current_thread().name)
+        self.asked.append((keys, max_staged))
+        read = fn()
         self.got.append((read.count, read.direct.count(False), read.staging_full))
-        return read
+        return _SpiedRead(read, self)
 
     def __getattr__(self, name):
         return getattr(self.pool, name)
 
 
+class _SpiedRead:
+    def __init__(self, read, spy):
+        self.read, self.spy = read, spy
+
+    def rest(self, **kwargs):
+        return self.spy._read(None, kwargs.get("max_staged"), lambda: self.read.rest(**kwargs))
+
+    def __getattr__(self, name):
+        return getattr(self.read, name)
+
+
 def test_a_cpu_direct_load_acquires_the_next_chunk_while_it_copies_this_one(reference_b, tmp_path, copy_path):
-    """SSD records, rings of 2 rows: the first read asks for the whole hit and ends at its ring's 2 rows; after it
-    the reads ask for 2 keys each. The first is acquired on the engine thread; every later one, where the copy runs
-    on one core (the one-pass copy), on the prefetch thread while the one before is copied, into the other ring;
-    with torch's copy, on both cores, on the engine thread once the copy is done. Same-host DRAM: the whole hit is
-    one read on the engine thread. The output is exact either way."""
+    """SSD records, rings of 2 rows: the first read asks for the whole hit and ends at its ring's 2 rows; every read
+    after it is that read's rest, under its lease (no lookup), 2 records at a time. The first is acquired on the
+    engine thread; every later one, where the copy runs on one core (the one-pass copy), on the prefetch thread
+    while the one before is copied, into the other ring; with torch's copy, on both cores, on the engine thread once
+    the copy is done. Same-host DRAM: the whole hit is one read on the engine thread. The output is exact either
+    way."""
     with EmbeddedPool(dram_bytes=1 << 20, ssd_path=str(tmp_path / "ssd"), ssd_bytes=64 << 20,
                       promote_on_hit=False) as pool:
         run(make_engine(pool, **DIRECT), QUESTION_A)
@@ -357,10 +391,11 @@ def test_a_cpu_direct_load_acquires_the_next_chunk_while_it_copies_this_one(refe
         # the first read: the hit's DRAM blocks (a leading one may still be there), then 2 SSD records
         assert spy.asked[0] == (hit, 2) and spy.got[0][1:] == (2, True)
         first = spy.got[0][0]
-        assert all(asked == (min(2, hit - first - 2 * i), 2) for i, asked in enumerate(spy.asked[1:]))
-        # every read after the first goes on with keys the first asked for: the pool counts the hit once in the
-        # load (and once in the scheduler's lookup before it), not once more per ring of rows
-        assert spy.continued == [False] + [True] * (len(spy.asked) - 1)
+        # every read after the first is the rest of the one before (keys None): 2 SSD records each, the last ones
+        # what is left; one lookup for the whole load, so the pool counts the hit once in the load (and once in
+        # the scheduler's lookup before it), not once more per ring of rows
+        assert spy.asked[1:] == [(None, 2)] * (len(spy.asked) - 1) and spy.continued == [False]
+        assert [got[:2] for got in spy.got[1:]] == [(min(2, hit - first - 2 * i),) * 2 for i in range(len(spy.got) - 1)]
         assert counted == {"lookups": 2, "hit_keys": 2 * hit}, counted
         if copy_path == "one pass":
             assert all(t.startswith("kvpool-load-prefetch") for t in spy.threads[1:])

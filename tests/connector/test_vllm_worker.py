@@ -42,20 +42,34 @@ def ssd_pool(tmp_path):
 
 
 class ReadSpy:
-    """A real pool that records each acquire_many as (keys asked, entries read, staging_full, max_staged), and
-    whether it said `continued`."""
+    """A real pool that records each read of a load as (keys asked, entries read, staging_full, max_staged):
+    acquire_many's, and each ExtentRead.rest (keys asked None: it goes on under the first read's lease), and whether
+    each acquire_many said `continued`."""
 
     def __init__(self, pool) -> None:
         self.pool, self.reads, self.continued = pool, [], []
 
     def acquire_many(self, keys, sizes, **kwargs):
-        read = self.pool.acquire_many(keys, sizes, **kwargs)
-        self.reads.append((len(keys), read.count, read.staging_full, kwargs.get("max_staged")))
         self.continued.append(kwargs.get("continued", False))
-        return read
+        return self._record(len(keys), kwargs, self.pool.acquire_many(keys, sizes, **kwargs))
+
+    def _record(self, asked, kwargs, read):
+        self.reads.append((asked, read.count, read.staging_full, kwargs.get("max_staged")))
+        return _SpiedRead(read, self)
 
     def __getattr__(self, name):
         return getattr(self.pool, name)
+
+
+class _SpiedRead:
+    def __init__(self, read, spy: ReadSpy) -> None:
+        self.read, self.spy = read, spy
+
+    def rest(self, **kwargs):
+        return self.spy._record(None, kwargs, self.read.rest(**kwargs))
+
+    def __getattr__(self, name):
+        return getattr(self.read, name)
 
 
 def worker(pool, cache, **kw):
@@ -251,6 +265,7 @@ def test_load_fault_recomputes_from_the_failed_read(ssd_pool, exc, at, reason, b
     loaded = 2 * (at - 1)
     assert w.take_invalid_block_ids() == set([5, 6, 7, 8, 9][loaded:])
     assert spy.reads == [(5, 2, True, 2)][:at - 1]              # the first read stopped at the 2 rows; then the fault
+    assert ssd_pool.stats()["leases_open"] == 0
     assert stats.fallbacks == {reason: 1} and stats.pool_hit_tokens == ({"ssd": loaded * BT} if loaded else {})
     assert h.backing_off is backs_off
     # Saves of that request in the same step are dropped: its new KV was computed over the failed blocks.
@@ -259,8 +274,8 @@ def test_load_fault_recomputes_from_the_failed_read(ssd_pool, exc, at, reason, b
 
 
 def test_an_ssd_hit_is_read_a_buffer_of_rows_at_a_time_byte_exact(ssd_pool):
-    """The first read asks for the whole hit and ends at the staging buffer's rows; each next read asks for that
-    many keys only (the rest is likely staged too)."""
+    """The first read asks for the whole hit and ends at the staging buffer's rows; each next read is the rest of
+    the one before, under the same lease: one lookup for the whole load."""
     src = _saved(ssd_pool)
     spy = ReadSpy(ssd_pool)
     cache = kv_cache(10, seed=7)
@@ -269,10 +284,11 @@ def test_an_ssd_hit_is_read_a_buffer_of_rows_at_a_time_byte_exact(ssd_pool):
     before = ssd_pool.stats()
     w.load([LoadSpec("r", KEYS[:5], [5, 6, 7, 8, 9])])
     assert w.take_invalid_block_ids() == set() and stats.fallbacks == {}
-    assert spy.reads == [(5, 2, True, 2), (2, 2, False, 2), (1, 1, False, 2)]
-    # the reads after the first go on with keys it asked for: the pool counts the 5 hits once, not 5 + 2 + 1
-    assert spy.continued == [False, True, True]
+    assert spy.reads == [(5, 2, True, 2), (None, 2, True, 2), (None, 1, False, 2)]
+    # the reads after the first go on under its lease: the pool counts the 5 hits once, not 5 + 3 + 1
+    assert spy.continued == [False]
     assert [ssd_pool.stats()[n] - before[n] for n in ("lookups", "requested_keys", "hit_keys")] == [1, 5, 5]
+    assert ssd_pool.stats()["leases_open"] == 0
     for s, d in zip(range(5), [5, 6, 7, 8, 9]):
         assert [page(cache, l, d) for l in range(LAYERS)] == [page(src, l, s) for l in range(LAYERS)]
     assert stats.pool_hit_tokens == {"ssd": 5 * BT} and stats.loads == 1
@@ -361,12 +377,11 @@ class LateWriter(ReadSpy):
         super().__init__(client)
         self.victim, self.direct = victim, []
 
-    def acquire_many(self, keys, sizes, **kwargs):
-        read = super().acquire_many(keys, sizes, **kwargs)
+    def _record(self, asked, kwargs, read):
         self.direct += read.direct
         if self.victim < read.count:
             np.frombuffer(read.buffers[self.victim], np.uint8)[:8] ^= 0xFF
-        return read
+        return super()._record(asked, kwargs, read)
 
 
 @pytest.mark.parametrize("transport, direct", [("auto", True), ("tcp", False)])
@@ -382,7 +397,8 @@ def test_load_is_byte_exact_from_the_arena_or_through_staging_rows(up, transport
         b.load([LoadSpec("q", KEYS[:5], [9, 8, 7, 6, 5])])
         assert b.take_invalid_block_ids() == set() and spy.direct == [direct] * 5
         # same host: one read straight from the arena; TCP: the rows' worth at a time, the first asking for all 5
-        assert spy.reads == ([(5, 5, False, 2)] if direct else [(5, 2, True, 2), (2, 2, False, 2), (1, 1, False, 2)])
+        rows = [(5, 2, True, 2), (None, 2, True, 2), (None, 1, False, 2)]      # the first, then its rests
+        assert spy.reads == ([(5, 5, False, 2)] if direct else rows)
         for src, dst in zip([3, 1, 4, 0, 2], [9, 8, 7, 6, 5]):
             assert [page(cache_b, l, dst) for l in range(LAYERS)] == [page(cache_a, l, src) for l in range(LAYERS)]
         assert stats.pool_hit_tokens == {"dram": 5 * BT} and stats.fallbacks == {}

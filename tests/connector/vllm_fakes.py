@@ -59,7 +59,9 @@ def handle(pool, stats: ConnectorStats, **kw) -> PoolHandle:
 
 
 class FaultyPool:
-    """A real pool whose `fail_on` method raises `exc` on call number `at` (1-based); everything else passes."""
+    """A real pool whose `fail_on` method raises `exc` on call number `at` (1-based); everything else passes. With
+    fail_on "acquire_many", a read's `rest` (ExtentRead.rest: the next read of a load, under the same lease)
+    counts as a call too: the load's reads fail from the `at`-th on, however they are made."""
 
     def __init__(self, pool, fail_on: str, exc: BaseException, at: int = 1) -> None:
         self.pool, self.fail_on, self.exc, self.at = pool, fail_on, exc, at
@@ -71,11 +73,28 @@ class FaultyPool:
             return target
 
         def call(*args, **kwargs):
-            self.calls[name] = self.calls.get(name, 0) + 1
-            if self.calls[name] == self.at:
-                raise self.exc
-            return target(*args, **kwargs)
+            return self._call(name, lambda: target(*args, **kwargs))
         return call
+
+    def _call(self, name: str, fn):
+        self.calls[name] = self.calls.get(name, 0) + 1
+        if self.calls[name] == self.at:
+            raise self.exc
+        out = fn()
+        return _FaultyRead(out, self) if name == "acquire_many" else out
+
+
+class _FaultyRead:
+    """A read whose `rest` goes through its FaultyPool's count of acquire_many calls."""
+
+    def __init__(self, read, owner: FaultyPool) -> None:
+        self.read, self.owner = read, owner
+
+    def rest(self, **kwargs):
+        return self.owner._call("acquire_many", lambda: self.read.rest(**kwargs))
+
+    def __getattr__(self, name: str):
+        return getattr(self.read, name)
 
     def close(self) -> None:
         pass

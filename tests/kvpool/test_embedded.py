@@ -326,3 +326,63 @@ def test_a_read_continued_past_its_staging_rows_is_counted_once(make):
     assert pool.stats()["leases_open"] == 0
     with pytest.raises(ValueError, match="continued must be a bool"):
         pool.acquire_many(keys, [OBJ] * 6, continued=1)
+
+
+def test_a_read_goes_on_under_its_lease_with_rest(make):
+    """ExtentRead.rest: a read that stopped at its staging rows goes on from there under the same lease, with no
+    second lookup: the chain is counted once, one lease is open however many rests are held, and it ends when the
+    last of them is released. Misuse is refused by name and changes nothing."""
+    pool = make(dram_objects=1, ssd_objects=8, promote_on_hit=False)
+    keys = [key(i) for i in range(6)]
+    for k in keys:
+        assert pool.put_many([k], [value(k)]) == ["stored"]
+    assert where(pool, keys).count("ssd") == 5
+    before = pool.stats()
+    reads = [pool.acquire_many(keys, [OBJ] * 6, max_staged=2)]
+    while reads[-1].staging_full:
+        reads.append(reads[-1].rest(max_staged=2))
+        assert pool.stats()["leases_open"] == 1          # every rest rides on the first read's lease
+    got = [bytes(b) for r in reads for b in r.buffers[:r.count]]
+    assert got == [value(k).tobytes() for k in keys]
+    assert [r.direct.count(False) for r in reads] == [2, 2, 1]
+    after = pool.stats()
+    assert {n: after[n] - before[n] for n in ("lookups", "requested_keys", "hit_keys")} == \
+        {"lookups": 1, "requested_keys": 6, "hit_keys": 6}
+    # the last read's hit ends with it; a released read cannot go on; bad arguments name themselves
+    with pytest.raises(ValueError, match="did not end at staging_full"):
+        reads[-1].rest()
+    with pytest.raises(ValueError, match="max_staged must be None or an int >= 0, got -1"):
+        reads[0].rest(max_staged=-1)
+    with pytest.raises(ValueError, match="staging must be a callable"):
+        reads[0].rest(staging=3)
+    assert pool.stats()["leases_open"] == 1
+    reads[0].release()
+    with pytest.raises(ValueError, match="was released"):
+        reads[0].rest()
+    for r in reads[1:-1]:
+        r.release()
+        r.release()                                      # idempotent: one release per read, whatever the count
+        assert pool.stats()["leases_open"] == 1
+    reads[-1].release()
+    assert pool.stats()["leases_open"] == 0
+
+
+def test_rest_close_to_the_lease_s_end_looks_the_rest_up_again(make):
+    """A lease with less than REST_MARGIN_S to run is not read on: the rest is looked up under a lease of its own
+    (said to be `continued`: the chain is still counted once). The bytes are the same."""
+    from kvpool.extents import REST_MARGIN_S
+
+    pool = make(dram_objects=1, ssd_objects=8, promote_on_hit=False, lease_ttl_s=REST_MARGIN_S / 2)
+    keys = [key(i) for i in range(6)]
+    for k in keys:
+        assert pool.put_many([k], [value(k)]) == ["stored"]
+    before = pool.stats()
+    with pool.acquire_many(keys, [OBJ] * 6, max_staged=2) as first:
+        with first.rest(max_staged=8) as rest:
+            assert pool.stats()["leases_open"] == 2
+            got = [bytes(b) for r in (first, rest) for b in r.buffers[:r.count]]
+    assert got == [value(k).tobytes() for k in keys]
+    after = pool.stats()
+    assert {n: after[n] - before[n] for n in ("lookups", "requested_keys", "hit_keys")} == \
+        {"lookups": 1, "requested_keys": 6, "hit_keys": 6}
+    assert pool.stats()["leases_open"] == 0

@@ -316,6 +316,81 @@ def test_client_max_staged_ends_the_read_before_the_next_staged_hit(up):
     assert up.master.stats()["leases_open"] == 0
 
 
+@pytest.mark.parametrize("transport", ["tcp", "auto"])
+def test_client_rest_reads_on_under_the_first_read_s_lease(up, transport, monkeypatch):
+    """ExtentRead.rest through the service: over TCP every hit is staged, 2 per read; on the same host the DRAM
+    hits are the arena's extents and the 2 SSD records are staged, 1 per read. Either way one lookup for the whole
+    chain (the master counts it once), one lease however many reads ride on it, ended by the last release. Close to
+    the lease's end (REST_MARGIN_S past the lease's lifetime here) the rest is looked up again, under a second lease
+    that is not counted either."""
+    from kvpool import client as client_module
+
+    keys = [key(i) for i in range(6)]
+    with PoolClient(up.address) as writer:
+        assert writer.put_many(keys, [data(i) for i in range(6)]) == ["stored"] * 6   # DRAM holds 4: 2 go to SSD
+    rows = 2 if transport == "tcp" else 1
+    with PoolClient(up.address, transport=transport) as client:
+        before = up.master.stats()
+        reads = [client.acquire_many(keys, [SIZE] * 6, max_staged=rows)]
+        while reads[-1].staging_full:
+            reads.append(reads[-1].rest(max_staged=rows))
+            assert up.master.stats()["leases_open"] == 1
+        assert [bytes(b) for r in reads for b in r.buffers[:r.count]] == [data(i).tobytes() for i in range(6)]
+        assert sum(r.direct.count(False) for r in reads) == (6 if transport == "tcp" else 2)
+        assert all(r.direct.count(False) <= rows for r in reads) and len(reads) == (3 if transport == "tcp" else 2)
+        assert all(r.verify() == r.count for r in reads)
+        after = up.master.stats()
+        assert [after[n] - before[n] for n in ("lookups", "requested_keys", "hit_keys")] == [1, 6, 6]
+        for r in reads[:-1]:
+            r.release()
+            assert up.master.stats()["leases_open"] == 1
+        reads[-1].release()             # (sent with the next lookup, or after the releaser's linger)
+        monkeypatch.setattr(client_module, "REST_MARGIN_S", 31.0)     # the lease (30 s) is always too close to its end
+        before = up.master.stats()
+        with client.acquire_many(keys, [SIZE] * 6, max_staged=rows) as first:
+            assert first.staging_full
+            with first.rest() as rest:
+                wait_for(lambda: up.master.stats()["leases_open"] == 2)
+                got = [bytes(b) for r in (first, rest) for b in r.buffers[:r.count]]
+        assert got == [data(i).tobytes() for i in range(6)]
+        after = up.master.stats()
+        assert [after[n] - before[n] for n in ("lookups", "requested_keys", "hit_keys")] == [1, 6, 6]
+    assert up.master.stats()["leases_open"] == 0       # the client's close sent what its releaser held
+
+
+def test_client_a_bad_entry_read_by_a_rest_is_reported_when_the_lease_ends(up):
+    """An object whose bytes changed in the node's arena (written through a same-host read's extent, as a stalled
+    peer would), read over TCP by a load's second read (a rest): that read ends before it (checked as it arrived),
+    and the master hears of it once the lease ends, with the last read's release, and forgets it."""
+    keys = [key(i) for i in range(6)]
+    with PoolClient(up.address) as writer:
+        assert writer.put_many(keys, [data(i) for i in range(6)]) == ["stored"] * 6   # DRAM holds 4: 2 go to SSD
+        with writer.acquire_many(keys, [SIZE] * 6) as r:
+            assert r.count == 6 and r.direct == [True] * 4 + [False] * 2
+            np.frombuffer(r.buffers[3], np.uint8)[:8] ^= 0xFF
+    with PoolClient(up.address, transport="tcp") as client:
+        first = client.acquire_many(keys, [SIZE] * 6, max_staged=2)
+        second = first.rest(max_staged=2)
+        assert [(r.count, r.staging_full) for r in (first, second)] == [(2, True), (1, False)]
+        assert [bytes(b) for r in (first, second) for b in r.buffers] == [data(i).tobytes() for i in range(3)]
+        assert client.checksum_failures == 1
+        first.release()
+        assert up.master.stats()["dram_corrupt"] == 0       # the lease is still held: nothing reported yet
+        second.release()
+        wait_for(lambda: up.master.stats()["dram_corrupt"] == 1)
+        assert client.contains_many(keys) == [True] * 3 + [False] + [True] * 2
+    assert up.master.stats()["leases_open"] == 0
+
+
+def wait_for(predicate, deadline_s: float = 10.0) -> None:
+    """Until `predicate()` holds (an AssertionError after `deadline_s`): the client's releaser sends on its own
+    thread."""
+    end = time.monotonic() + deadline_s
+    while not predicate():
+        assert time.monotonic() < end, "condition not reached in time"
+        time.sleep(0.01)
+
+
 def test_client_direct_write_past_its_grant_is_never_committed(up):
     with PoolClient(up.address) as client:
         w = client.reserve_many([key(7)], [SIZE])
