@@ -140,7 +140,9 @@ class PoolClient(PoolFront):
         self.optimistic_retries = 0     # unleased reads that found an extent reused and asked again with a lease
         self.host_index_reads = host_index_reads and verify == "all" and creds.token is None and creds.tls is None
         self.host_index_gets = 0        # gets served from a node's host index with no Lookup
-        self.host_index_stale = 0       # gets whose published extent no longer held the object (then asked)
+        self.host_index_stale = 0       # gets and acquires whose published extent no longer held the object
+        self.host_index_acquires = 0    # acquire_many reads served from a node's host index with no Lookup
+        self._acquire_index_stale = False   # a published acquire found a stale row: the next asks the master
         self._releaser = Releaser(self.rpc, float(release_linger_s), self._report_uses)
         try:
             self.rpc.wait_ready(connect_timeout or self.rpc.timeout)
@@ -423,8 +425,13 @@ class PoolClient(PoolFront):
 
     def _acquire(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging,
                  max_staged: int | None, continued: bool) -> ExtentRead:
+        if self.host_index_reads and not continued and not self._acquire_index_stale:
+            published = self._acquire_published(keys, sizes, ns, staging, max_staged)
+            if published is not None:
+                return published
+        index_stale, self._acquire_index_stale = self._acquire_index_stale, False
         req = pb.LookupRequest(namespace=_wire_digest(ns), block_tokens=ns.block_tokens, namespace_label=ns.label,
-                               lease=True, client_host_id=self.host_id, continued=continued)
+                               lease=True, client_host_id=self.host_id, continued=continued, index_stale=index_stale)
         req.keys.extend(bytes(k) for k in keys)
         req.expect_sizes.extend(sizes)
         try:
@@ -446,6 +453,105 @@ class PoolClient(PoolFront):
         except BaseException:
             lease.leave()
             raise
+
+    def _acquire_published(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging,
+                           max_staged: int | None) -> ExtentRead | None:
+        """acquire_many with no Lookup, when one same-host node's host index publishes the whole chain: its DRAM
+        extents handed out as they are (covered by the read fence: `needs_check`, the caller's hash of its copy
+        must be the published checksum), its SSD records read here from the node's data file (the record's own
+        checks, then the checksum). Nothing is pinned, so there is no lease: a mismatch means the extent was reused
+        (or the object is corrupt): the read ends before it, and its release asks the master under a lease
+        (`index_stale`, so the master sets the node's index right), which tells the two apart and reports a corrupt
+        object. The master hears of the read from the use report, as of a get served from the index. None: the
+        index does not hold the whole chain (or cannot be read here): the caller asks the master."""
+        indexes = self.transfers.host_indexes()
+        if not indexes or any(len(k) != KEY_BYTES for k in keys):
+            return None
+        n = len(keys)
+        for arena, index, ssd in indexes:
+            offsets, found, checksums, places = index.find(keys)
+            if len(offsets) < n:
+                continue
+            if found != sizes or not arena.owner_alive() or (ssd is None and SSD_ROW in places):
+                return None     # another size (the master's answer names it), a dead node, records not readable here
+            in_dram = [i for i in range(n) if places[i] != SSD_ROW]
+            try:
+                views = dict(zip(in_dram, arena.views([offsets[i] for i in in_dram], [sizes[i] for i in in_dram])))
+            except ValueError:
+                return None
+            self.host_index_acquires += 1
+            self._releaser.report_uses(ns, [bytes(k) for k in keys])
+            locations = {i: SsdLocation(ssd, offsets[i], sizes[i], bytes(keys[i])) for i in range(n) if i not in views}
+            return self._read_published(keys, sizes, ns, views, locations, checksums, 0, staging, max_staged)
+        return None
+
+    def _read_published(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, views: dict[int, memoryview],
+                        locations: dict[int, SsdLocation], checksums: list[int], start: int, staging: Staging,
+                        max_staged: int | None) -> ExtentRead:
+        """The published chain from position `start` on, as an ExtentRead with no lease (see _acquire_published)."""
+        n = len(keys)
+        staged = [i for i in range(start, n) if i in locations]
+        end = n
+        if max_staged is not None and len(staged) > max_staged:    # the read ends before the next staged entry
+            end = staged[max_staged]
+            staged = staged[:max_staged]
+        buffers: list = [views.get(i) for i in range(start, end)]
+        for i in staged:
+            buffers[i - start] = as_writable_bytes(staging(sizes[i]), f"staging({sizes[i]})")
+        oks = self.transfers.read_located([locations[i] for i in staged], [buffers[i - start] for i in staged],
+                                          [checksums[i] for i in staged]) if staged else []
+        bad = [i for i, ok in zip(staged, oks) if not ok]
+        stop = bad[0] if bad else end
+        mismatch: list[int] = bad[:1]   # the first position whose bytes were not the object's: asked again at release
+
+        def miss(i: int) -> None:
+            if not mismatch or i < mismatch[0]:
+                mismatch[:] = [i]
+
+        def verify(count: int) -> int:
+            picked = [i for i in range(start, start + count) if i in views]
+            oks = fence.verify_many([views[i] for i in picked], [checksums[i] for i in picked],
+                                    pipeline=self.transfers.verify_threads > 0)
+            if False in oks:
+                miss(picked[oks.index(False)])
+                return picked[oks.index(False)] - start
+            return count
+
+        def verify_one(i: int) -> bool:
+            view = views.get(start + i)
+            if view is None:
+                return True     # an SSD record: checked as it was read
+            ok = fence.verify_many([view], [checksums[start + i]])[0]
+            if not ok:
+                miss(start + i)
+            return ok
+
+        def landed(i: int, digest: int) -> bool:
+            if digest == checksums[start + i]:
+                return True
+            miss(start + i)
+            return False
+
+        def release() -> None:
+            if not mismatch:
+                return
+            self.host_index_stale += 1
+            self._acquire_index_stale = True
+            at = mismatch[0]
+            try:    # under a lease: a reused extent reads right, a corrupt object is reported and forgotten
+                self._get_located(keys[at:at + 1], [memoryview(bytearray(sizes[at]))], ns, None, optimistic=False,
+                                  index_stale=True)
+            except Exception as exc:  # noqa: BLE001 - the read itself is over; the next acquire asks the master
+                log.warning("re-reading key %s after a stale host index row failed: %s", bytes(keys[at]).hex(), exc)
+
+        def rest(staging: Staging, max_staged: int | None) -> ExtentRead:
+            return self._read_published(keys, sizes, ns, views, locations, checksums, end, staging, max_staged)
+
+        return ExtentRead(keys[start:], buffers[:stop - start], [i in views for i in range(start, stop)],
+                          [Tier.DRAM.label if i in views else Tier.SSD.label for i in range(start, stop)], verify,
+                          release, verify_one, landed,
+                          frozenset(i - start for i in self.transfers.fenced(i for i in views if start <= i < stop)),
+                          pipeline=self.transfers.verify_threads > 0, staging_full=stop < n and not bad, rest=rest)
 
     def _read_leased(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, batch: wire.ExtentBatch, hits: int,
                      every_mapped: dict[int, memoryview], corrupt: set[int], lease: SharedLease, start: int,
@@ -533,7 +639,8 @@ class PoolClient(PoolFront):
         out["client_late_writes_skipped"] = self.transfers.late_writes_skipped
         out["client_dead_owner_writes"] = self.transfers.dead_owner_writes
         out["client_optimistic_retries"] = self.optimistic_retries
-        out["client_host_index"] = {"gets": self.host_index_gets, "stale": self.host_index_stale}
+        out["client_host_index"] = {"gets": self.host_index_gets, "acquires": self.host_index_acquires,
+                                    "stale": self.host_index_stale}
         if self.locations is not None:
             out["client_location_cache"] = self.locations.report()
         return out

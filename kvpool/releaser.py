@@ -2,7 +2,8 @@
 
     release(lease_id, corrupt_keys)   a get is done with its read lease: the client's next Lookup carries it (`take`,
                                       `give_back`: LookupRequest.release_lease_ids), else one Release after the
-                                      linger time; keys read back wrong go at once in a Release of their own
+                                      linger time; keys read back wrong go at once in a Release of their own (a
+                                      linger under way is cut short)
     report_uses(ns, keys)             a get was served from the location cache (kvpool/locations.py): the gets of
                                       one chain within a linger coalesce into one `send_uses(ns, keys, uses)` call,
                                       whose leased Lookup also carries the pending releases
@@ -55,7 +56,7 @@ class Releaser:
                 self._reports.append((lease_id, corrupt_keys))
             else:
                 self._pending.append(lease_id)
-            if self._idle:
+            if self._idle or corrupt_keys:  # a corrupt report cuts the linger short: it goes now, the rest with it
                 self._idle = False
                 self._cond.notify()
 
@@ -120,8 +121,9 @@ class Releaser:
                 reports, self._reports = self._reports, []
             self._send([pb.ReleaseRequest(lease_ids=[lease_id], corrupt_keys=keys) for lease_id, keys in reports])
             with self._cond:
-                if (self._pending or self._uses) and not self._closing:
-                    self._cond.wait(self._linger_s)      # a lookup may take them meanwhile; only close() wakes this
+                if (self._pending or self._uses) and not (self._closing or self._reports):
+                    # a lookup may take them meanwhile; only close() or a corrupt report wakes this
+                    self._cond.wait(self._linger_s)
                 uses, self._uses = list(self._uses.values()), {}
                 self._sending = bool(uses)
             try:

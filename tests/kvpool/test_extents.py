@@ -21,6 +21,7 @@ from kvpool.embedded import EmbeddedPool
 from kvpool.store.config import UpConfig
 from kvpool.store.local_cluster import LocalCluster
 from kvpool.tiers.gpu import unavailable_reason
+from tests.store.test_control_channel import wait_until
 
 SIZE = 8192
 
@@ -329,7 +330,8 @@ def test_client_rest_reads_on_under_the_first_read_s_lease(up, transport, monkey
     with PoolClient(up.address) as writer:
         assert writer.put_many(keys, [data(i) for i in range(6)]) == ["stored"] * 6   # DRAM holds 4: 2 go to SSD
     rows = 2 if transport == "tcp" else 1
-    with PoolClient(up.address, transport=transport) as client:
+    # (no host index reads: on the same host the chain is published, and a published acquire takes no lease at all)
+    with PoolClient(up.address, transport=transport, host_index_reads=False) as client:
         before = up.master.stats()
         reads = [client.acquire_many(keys, [SIZE] * 6, max_staged=rows)]
         while reads[-1].staging_full:
@@ -350,7 +352,7 @@ def test_client_rest_reads_on_under_the_first_read_s_lease(up, transport, monkey
         with client.acquire_many(keys, [SIZE] * 6, max_staged=rows) as first:
             assert first.staging_full
             with first.rest() as rest:
-                wait_for(lambda: up.master.stats()["leases_open"] == 2)
+                wait_until(lambda: up.master.stats()["leases_open"] == 2, "both leases")
                 got = [bytes(b) for r in (first, rest) for b in r.buffers[:r.count]]
         assert got == [data(i).tobytes() for i in range(6)]
         after = up.master.stats()
@@ -377,18 +379,9 @@ def test_client_a_bad_entry_read_by_a_rest_is_reported_when_the_lease_ends(up):
         first.release()
         assert up.master.stats()["dram_corrupt"] == 0       # the lease is still held: nothing reported yet
         second.release()
-        wait_for(lambda: up.master.stats()["dram_corrupt"] == 1)
+        wait_until(lambda: up.master.stats()["dram_corrupt"] == 1, "the corrupt report")
         assert client.contains_many(keys) == [True] * 3 + [False] + [True] * 2
     assert up.master.stats()["leases_open"] == 0
-
-
-def wait_for(predicate, deadline_s: float = 10.0) -> None:
-    """Until `predicate()` holds (an AssertionError after `deadline_s`): the client's releaser sends on its own
-    thread."""
-    end = time.monotonic() + deadline_s
-    while not predicate():
-        assert time.monotonic() < end, "condition not reached in time"
-        time.sleep(0.01)
 
 
 def test_client_direct_write_past_its_grant_is_never_committed(up):

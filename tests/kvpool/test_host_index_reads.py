@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
+import xxhash
 
 from kvpool import PoolClient
 from kvpool.proto import kvpool_pb2 as pb
@@ -14,6 +15,7 @@ from kvpool.proto import kvpool_pb2_grpc as pbg
 from kvpool.store.node import Publication
 from kvpool.tiers.host_index import DRAM_ROW, SSD_ROW
 from tests.conftest import SMALL_UP_OBJ as OBJ
+from tests.store.test_control_channel import wait_until
 
 KEYS = [(0xD1 << 120 | i).to_bytes(16, "big") for i in range(8)]
 DATAS = [bytes([i + 1]) * OBJ for i in range(8)]
@@ -42,7 +44,8 @@ def test_another_clients_first_get_needs_no_lookup_and_is_still_counted(small_up
         assert c.get_many_into(KEYS[:4], out, tiers_out=tiers) == 4
         assert out == [bytearray(d) for d in DATAS[:4]] and tiers == ["dram"] * 4
         assert calls["Lookup"] == base and c.host_index_gets == 1 and c.checksum_failures == 0
-        assert c.stats()["client_host_index"] == {"gets": 1, "stale": 0}     # stats() sends the use report first
+        # stats() sends the use report first
+        assert c.stats()["client_host_index"] == {"gets": 1, "acquires": 0, "stale": 0}
         assert calls["Lookup"] == base + 1
     with PoolClient(small_up.address) as admin:
         s = admin.stats()
@@ -253,3 +256,61 @@ def test_dram_objects_evicted_for_room_leave_the_index_at_once(shm_path):
             assert c.host_index_stale == 0 and c.host_index_gets == 0
     finally:
         up.stop()
+
+
+def test_an_acquire_of_a_published_chain_needs_no_lookup_and_no_lease(small_up):
+    """acquire_many (the connectors' load) of a chain the host index holds: the DRAM extents handed out as they are,
+    covered by the fence, the SSD records read here and staged (`max_staged` at a time, `rest` going on), with no
+    Lookup and no lease; the master still counts the read once, from the use report."""
+    put_and_publish(small_up, KEYS[:4], DATAS[:4])
+    put_and_publish(small_up, OTHER_KEYS, OTHER)        # the first four go to SSD: 4 SSD rows, then 4 DRAM rows
+    chain, datas = KEYS[:4] + OTHER_KEYS, DATAS[:4] + OTHER
+    calls, master = small_up.master.control.calls, small_up.master.master
+    base, before = calls["Lookup"], master.stats()
+    with PoolClient(small_up.address, release_linger_s=60) as c:
+        c.warm(prefault=False)
+        first = c.acquire_many(chain, [OBJ] * 8, max_staged=3)
+        reads = [first, first.rest(max_staged=3)]
+        assert [(r.count, r.staging_full) for r in reads] == [(3, True), (5, False)]
+        assert reads[0].direct == [False] * 3 and reads[1].direct == [False] + [True] * 4
+        assert reads[0].tiers == ["ssd"] * 3 and reads[1].tiers == ["ssd"] + ["dram"] * 4
+        assert [bytes(b) for r in reads for b in r.buffers] == datas
+        # the DRAM extents are the caller's to copy and hash: the fence covers them, not the staged records
+        assert [reads[1].needs_check(i) for i in range(5)] == [False] + [True] * 4
+        assert all(reads[1].verify_landed(i, xxhash.xxh3_64_intdigest(datas[3 + i])) for i in range(1, 5))
+        assert reads[1].verify() == 5
+        assert calls["Lookup"] == base and master.stats()["leases_open"] == 0
+        for r in reads:
+            r.release()
+        assert c.host_index_acquires == 1 and c.host_index_stale == 0 and c.checksum_failures == 0
+        assert c.stats()["client_host_index"] == {"gets": 0, "acquires": 1, "stale": 0}  # sends the report first
+    after = master.stats()
+    assert [after[n] - before[n] for n in ("lookups", "requested_keys", "hit_keys")] == [1, 8, 8]
+    assert calls["Lookup"] == base + 1                  # the use report (a count-only Lookup), not a leased one
+
+
+def test_an_acquire_that_finds_a_published_extent_changed_asks_the_master_at_release(small_up):
+    """A DRAM extent of the published chain whose bytes changed (a stalled writer, as the fence sees it): the
+    caller's hash of its copy fails, the read ends before that entry, and its release reads the key again under a
+    lease with `index_stale`: the corrupt object is reported and forgotten, and the next acquire asks the master."""
+    put_and_publish(small_up, KEYS[:4], DATAS[:4])
+    calls = small_up.master.control.calls
+    with PoolClient(small_up.address, release_linger_s=60) as c:
+        c.warm(prefault=False)
+        base = calls["Lookup"]
+        read = c.acquire_many(KEYS[:4], [OBJ] * 4)
+        assert read.count == 4 and read.direct == [True] * 4 and calls["Lookup"] == base
+        read.buffers[2][:1] = b"\xee"                                    # the object's bytes, in the node's arena
+        landed = [read.verify_landed(i, xxhash.xxh3_64_intdigest(bytes(read.buffers[i]))) for i in range(3)]
+        assert landed == [True, True, False] and read.count == 2
+        read.release()
+        assert c.host_index_stale == 1 and c.checksum_failures == 1
+        # at once, though the client lingers 60 s over its releases: the master forgets the object
+        wait_until(lambda: small_up.master.master.stats()["dram_corrupt"] == 1, "the corrupt object's report", 5.0)
+        assert c.contains_many(KEYS[:4]) == [True, True, False, True]
+        assert calls["Lookup"] == base + 2          # the leased re-read, and the use report the corrupt one woke
+        with c.acquire_many(KEYS[:4], [OBJ] * 4) as again:             # the stale row sent this one to the master
+            assert calls["Lookup"] == base + 3 and again.count == 2
+            assert [bytes(b) for b in again.buffers] == DATAS[:2]
+        with c.acquire_many(KEYS[:2], [OBJ] * 2) as third:             # and the one after reads the index again
+            assert third.count == 2 and calls["Lookup"] == base + 3 and c.host_index_acquires == 2
