@@ -168,8 +168,10 @@ class DirectTransfer:
         read: Any = None
         s, ring = 0, 0
         try:
+            # lease=False: every direct block is hashed as it lands (scatter_blocks' hash_landed), so the pool may
+            # hand out a same-host chain unpinned, with no master round trip
             read = pool.acquire_many(keys, [self.block_bytes] * len(keys), staging=self._ring_staging(ring),
-                                     max_staged=rows)
+                                     max_staged=rows, lease=False)
             while True:
                 n = read.count
                 # a hit goes on past this read only when it stopped at its ring's rows

@@ -155,9 +155,10 @@ class WorkerTransfer:
             while got < n:
                 if read is None:
                     # No namespace: the scheduler's lookup_prefix already counted these tokens in the pool's hit
-                    # stats (a namespaced read would count every loaded token a second time).
+                    # stats (a namespaced read would count every loaded token a second time). lease=False: every
+                    # direct page is checked after its copy (_scatter), so a same-host chain may come unpinned.
                     read = pool.acquire_many(spec.keys, [self.pages.object_bytes] * n, staging=self._rows(),
-                                             max_staged=len(self._staging_np))
+                                             max_staged=len(self._staging_np), lease=False)
                 else:
                     after = read.rest(staging=self._rows(), max_staged=len(self._staging_np))
                     read.release()

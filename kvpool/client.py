@@ -424,8 +424,8 @@ class PoolClient(PoolFront):
         return ExtentWrite(keys, statuses, buffers, [i in mapped for i in range(len(keys))], commit, abort)
 
     def _acquire(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging,
-                 max_staged: int | None, continued: bool) -> ExtentRead:
-        if self.host_index_reads and not continued and not self._acquire_index_stale:
+                 max_staged: int | None, continued: bool, lease: bool = True) -> ExtentRead:
+        if not lease and self.host_index_reads and not continued and not self._acquire_index_stale:
             published = self._acquire_published(keys, sizes, ns, staging, max_staged)
             if published is not None:
                 return published
@@ -456,14 +456,15 @@ class PoolClient(PoolFront):
 
     def _acquire_published(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging,
                            max_staged: int | None) -> ExtentRead | None:
-        """acquire_many with no Lookup, when one same-host node's host index publishes the whole chain: its DRAM
-        extents handed out as they are (covered by the read fence: `needs_check`, the caller's hash of its copy
-        must be the published checksum), its SSD records read here from the node's data file (the record's own
-        checks, then the checksum). Nothing is pinned, so there is no lease: a mismatch means the extent was reused
-        (or the object is corrupt): the read ends before it, and its release asks the master under a lease
-        (`index_stale`, so the master sets the node's index right), which tells the two apart and reports a corrupt
-        object. The master hears of the read from the use report, as of a get served from the index. None: the
-        index does not hold the whole chain (or cannot be read here): the caller asks the master."""
+        """acquire_many(lease=False) with no Lookup, when one same-host node's host index publishes the whole
+        chain: its DRAM extents handed out as they are (covered by the read fence: `needs_check`, the caller's hash
+        of its copy must be the published checksum), its SSD records read here from the node's data file (the
+        record's own checks, then the checksum). Nothing is pinned, so there is no lease: a mismatch means the
+        extent was reused (or the object is corrupt): the read ends before it, and its release asks the master
+        under a lease (`index_stale`, so the master sets the node's index right), which tells the two apart and
+        reports a corrupt object. The master hears of the read from the use report, as of a get served from the
+        index. None: the index does not hold the whole chain (or cannot be read here): the caller asks the
+        master."""
         indexes = self.transfers.host_indexes()
         if not indexes or any(len(k) != KEY_BYTES for k in keys):
             return None

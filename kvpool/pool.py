@@ -47,7 +47,7 @@ class Pool(Protocol):
 
     def acquire_many(self, keys: Sequence[bytes], sizes: Sequence[int], *, namespace: Namespace | None = None,
                      staging: Staging | None = None, max_staged: int | None = None,
-                     continued: bool = False) -> ExtentRead: ...
+                     continued: bool = False, lease: bool = True) -> ExtentRead: ...
 
     def pin_host_memory(self) -> dict[str, str]: ...
 
@@ -138,7 +138,7 @@ class PoolFront:
 
     def acquire_many(self, keys: Sequence[bytes], sizes: Sequence[int], *, namespace: Namespace | None = None,
                      staging: Staging | None = None, max_staged: int | None = None,
-                     continued: bool = False) -> ExtentRead:
+                     continued: bool = False, lease: bool = True) -> ExtentRead:
         """Lease the leading hits and hand out their bytes (`ExtentRead.buffers`: the extents themselves where
         reachable here, else staging buffers filled and verified), up to the first miss; `verify()` checks the
         direct ones, `release()` ends the lease. `sizes[i]` must be the object's size. See kvpool/extents.py.
@@ -147,7 +147,11 @@ class PoolFront:
         every direct hit up to the point its rows run out; `ExtentRead.rest()` then reads on under the same lease.
         None: no limit. `continued`: this read goes on with keys an earlier acquire_many of the same hit asked for
         already (the rest of a read that ended at `staging_full`, looked up again); the pool's lookup statistics
-        and traffic trace count them once, at that first read."""
+        and traffic trace count them once, at that first read. `lease=False`: the caller checks every direct entry
+        after copying it (`verify_landed` / `verify_entry` right after the copy, never `verify()` before it), so the
+        pool may hand the extents out unpinned where that saves the master a round trip (PoolClient: a chain a
+        same-host node's host index holds whole): their bytes may then change under the caller, whose check after
+        the copy catches it. The default pins them until `release()`."""
         self._check_open()
         check_keys(keys, "keys")
         sizes = self._sizes(keys, sizes)
@@ -155,10 +159,12 @@ class PoolFront:
         check_max_staged(max_staged)
         if not isinstance(continued, bool):
             raise ValueError(f"continued must be a bool, got {continued!r}")
+        if not isinstance(lease, bool):
+            raise ValueError(f"lease must be a bool, got {lease!r}")
         ns = self._ns(namespace)
         if not keys:
             return ExtentRead([], [], [], [], lambda n: n, lambda: None)
-        return self._acquire(keys, sizes, ns, staging, max_staged, continued)
+        return self._acquire(keys, sizes, ns, staging, max_staged, continued, lease)
 
     def pin_host_memory(self) -> dict[str, str]:
         """Register the host memory this process copies through (the in-process arena, or every same-host node
@@ -227,7 +233,7 @@ class PoolFront:
         raise NotImplementedError
 
     def _acquire(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging,
-                 max_staged: int | None, continued: bool) -> ExtentRead:
+                 max_staged: int | None, continued: bool, lease: bool = True) -> ExtentRead:
         raise NotImplementedError
 
     def _pin(self) -> dict[str, str]:

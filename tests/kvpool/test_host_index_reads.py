@@ -259,9 +259,10 @@ def test_dram_objects_evicted_for_room_leave_the_index_at_once(shm_path):
 
 
 def test_an_acquire_of_a_published_chain_needs_no_lookup_and_no_lease(small_up):
-    """acquire_many (the connectors' load) of a chain the host index holds: the DRAM extents handed out as they are,
-    covered by the fence, the SSD records read here and staged (`max_staged` at a time, `rest` going on), with no
-    Lookup and no lease; the master still counts the read once, from the use report."""
+    """acquire_many(lease=False) (the connectors' load: they check every block after its copy) of a chain the host
+    index holds: the DRAM extents handed out as they are, covered by the fence, the SSD records read here and staged
+    (`max_staged` at a time, `rest` going on), with no Lookup and no lease; the master still counts the read once,
+    from the use report. The default (lease=True) still takes a lease: a caller may check before it copies."""
     put_and_publish(small_up, KEYS[:4], DATAS[:4])
     put_and_publish(small_up, OTHER_KEYS, OTHER)        # the first four go to SSD: 4 SSD rows, then 4 DRAM rows
     chain, datas = KEYS[:4] + OTHER_KEYS, DATAS[:4] + OTHER
@@ -269,7 +270,7 @@ def test_an_acquire_of_a_published_chain_needs_no_lookup_and_no_lease(small_up):
     base, before = calls["Lookup"], master.stats()
     with PoolClient(small_up.address, release_linger_s=60) as c:
         c.warm(prefault=False)
-        first = c.acquire_many(chain, [OBJ] * 8, max_staged=3)
+        first = c.acquire_many(chain, [OBJ] * 8, max_staged=3, lease=False)
         reads = [first, first.rest(max_staged=3)]
         assert [(r.count, r.staging_full) for r in reads] == [(3, True), (5, False)]
         assert reads[0].direct == [False] * 3 and reads[1].direct == [False] + [True] * 4
@@ -287,6 +288,13 @@ def test_an_acquire_of_a_published_chain_needs_no_lookup_and_no_lease(small_up):
     after = master.stats()
     assert [after[n] - before[n] for n in ("lookups", "requested_keys", "hit_keys")] == [1, 8, 8]
     assert calls["Lookup"] == base + 1                  # the use report (a count-only Lookup), not a leased one
+    with PoolClient(small_up.address, release_linger_s=60) as c:
+        c.warm(prefault=False)
+        with c.acquire_many(chain, [OBJ] * 8) as leased:
+            assert leased.count == 8 and master.stats()["leases_open"] == 1 and calls["Lookup"] == base + 2
+        assert c.host_index_acquires == 0
+    with PoolClient(small_up.address) as c, pytest.raises(ValueError, match="lease must be a bool, got 0"):
+        c.acquire_many(chain, [OBJ] * 8, lease=0)
 
 
 def test_an_acquire_that_finds_a_published_extent_changed_asks_the_master_at_release(small_up):
@@ -298,7 +306,7 @@ def test_an_acquire_that_finds_a_published_extent_changed_asks_the_master_at_rel
     with PoolClient(small_up.address, release_linger_s=60) as c:
         c.warm(prefault=False)
         base = calls["Lookup"]
-        read = c.acquire_many(KEYS[:4], [OBJ] * 4)
+        read = c.acquire_many(KEYS[:4], [OBJ] * 4, lease=False)
         assert read.count == 4 and read.direct == [True] * 4 and calls["Lookup"] == base
         read.buffers[2][:1] = b"\xee"                                    # the object's bytes, in the node's arena
         landed = [read.verify_landed(i, xxhash.xxh3_64_intdigest(bytes(read.buffers[i]))) for i in range(3)]
@@ -309,8 +317,10 @@ def test_an_acquire_that_finds_a_published_extent_changed_asks_the_master_at_rel
         wait_until(lambda: small_up.master.master.stats()["dram_corrupt"] == 1, "the corrupt object's report", 5.0)
         assert c.contains_many(KEYS[:4]) == [True, True, False, True]
         assert calls["Lookup"] == base + 2          # the leased re-read, and the use report the corrupt one woke
-        with c.acquire_many(KEYS[:4], [OBJ] * 4) as again:             # the stale row sent this one to the master
+        # the stale row sent this one to the master
+        with c.acquire_many(KEYS[:4], [OBJ] * 4, lease=False) as again:
             assert calls["Lookup"] == base + 3 and again.count == 2
             assert [bytes(b) for b in again.buffers] == DATAS[:2]
-        with c.acquire_many(KEYS[:2], [OBJ] * 2) as third:             # and the one after reads the index again
+        # and the one after reads the index again
+        with c.acquire_many(KEYS[:2], [OBJ] * 2, lease=False) as third:
             assert third.count == 2 and calls["Lookup"] == base + 3 and c.host_index_acquires == 2
