@@ -6,7 +6,9 @@
         w.commit()                         xxh3_64 of the bytes in place ─▶ commit: visible to readers
     acquire_many(keys, sizes) -> ExtentRead   a read lease, then r.buffers[i] IS the object's extent
                                            (max_staged=n: at most n staged entries, the read ends before the
-                                           next; r.staging_full says it did)
+                                           next; r.staging_full says it did; lease=False: a caller that checks
+                                           each direct entry after copying it may get them unpinned, with no
+                                           master round trip, where a same-host node's host index has the chain)
         r.buffers[i] ──caller's own copy (e.g. H2D DMA into the engine's KV blocks)──▶
         r.verify()                         xxh3_64 of the extents against the committed checksums (the same-host
                                            fence, kvpool/fence.py): the leading run that matches stays in r.count
