@@ -150,10 +150,11 @@ class DirectTransfer:
         (a stalled writer's bytes that landed during the copy are caught; the first bad entry stops the copy, and
         its block lies past the loaded prefix, so the engine recomputes it), then the read's lease released.
 
-        One lookup for the whole hit: the first read asks for all of it but stages at most `chunk_blocks` entries
-        (acquire_many's `max_staged`: one ring's rows), so an all-direct hit (same-host DRAM) is one lease and one
-        copy on two threads, and SSD or TCP entries come `chunk_blocks` at a time, each further ring read by
-        `ExtentRead.rest` under the first read's lease (no lookup between rings). The next ring is read on the
+        At most one lookup for the whole hit (none where a same-host node's host index holds it: `lease=False`):
+        the first read asks for all of it but stages at most `chunk_blocks` entries (acquire_many's `max_staged`:
+        one ring's rows), so an all-direct hit (same-host DRAM) is one read and one copy on two threads, and SSD or
+        TCP entries come `chunk_blocks` at a time, each further ring read by `ExtentRead.rest` under the first
+        read's lease, if it took one (no lookup between rings). The next ring is read on the
         prefetch thread while this one is copied, into the other ring, so SSD or TCP reads overlap the copy. That
         holds only where the copy runs on one core (kvpool.copyhash on): reading the next records while torch's copy
         ran on both cores was slower (three busy threads on two cores). With the one-pass copy it pays: a

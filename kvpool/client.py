@@ -13,7 +13,9 @@
                    same-host node's file: read there again, with the record's checks), with no Lookup, while their
                    arena's removal generation is unchanged; the gets are reported later (counted, no lease)
     reserve_many / acquire_many (kvpool/extents.py): the same RPCs, but the caller copies into / out of same-host
-                   arena extents itself; the rest is staged through the data channel
+                   arena extents itself; the rest is staged through the data channel. A read that stops at its
+                   staging rows goes on under the same lease (`ExtentRead.rest`); acquire_many(lease=False) of a
+                   chain a same-host node's host index holds takes no Lookup at all (the caller checks each copy)
 
 The layers it is built from, each usable on its own:
   kvpool/pool.py       PoolFront: argument checks, namespace, put counters (shared with EmbeddedPool)
@@ -22,8 +24,10 @@ The layers it is built from, each usable on its own:
   kvpool/releaser.py   Releaser: the background thread that ends read leases and sends the location cache's reports
   kvpool/locations.py  LocationCache: where same-host gets and puts found their objects (`location_cache_s`)
 `kvpool drain` moves objects with the same `rpc` and `transfers` (public attributes).
-One module of ~620 lines because it is one concept, the pool API over RPC: a backend method per PoolFront call,
-each a few lines over the layers above.
+One module of ~770 lines because it is one concept, the pool API over RPC: a backend method per PoolFront call,
+each a few lines over the layers above, but for acquire_many's ExtentRead builders (leased, and from the host index:
+~150 lines of closures over this client's transfers, releaser and lookups; a module of their own would need all
+three handed over).
 
 Faults: what is left after retries raises PoolUnavailable / PoolTimeout / PoolError (PoolAuthError: the master
 refused the credential); caller mistakes raise ValueError before anything is sent. A node failing mid-put fails

@@ -196,7 +196,7 @@ class EmbeddedPool(PoolFront):
 
     def _acquire(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, staging: Staging,
                  max_staged: int | None, continued: bool, lease: bool = True) -> ExtentRead:
-        # always leased (`lease` False allows no pin; in process, a lease costs no round trip)
+        # leased even with lease=False (which only permits an unpinned read): in process a lease costs no round trip
         try:
             result = self.master.lookup(keys, ns, lease=True, expect_sizes=sizes, continued=continued)
         except SizeMismatch as e:
