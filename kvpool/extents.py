@@ -145,8 +145,8 @@ class ExtentRead:
         (PoolClient(verify_threads=1)), so a caller hashing its own copies may too (kvpool/fence.py HashPipe).
         `staging_full`: the read ended at `count` only because acquire_many's `max_staged` entries were staged;
         the key at `count` was a hit too (not a miss, not a bad read): `rest()` reads on from there.
-        `rest(staging, max_staged)`: the pool's read of the hits after this one's (see `rest`); None: the pool
-        cannot go on under this lease (`rest` then acquires the remaining keys again)."""
+        `rest(staging, max_staged)`: the pool's read of the hits after this one's (see `rest`); None: this read
+        cannot be gone on from (`rest` refuses; the caller acquires the remaining keys itself)."""
         if checked and landed is None:
             raise ValueError("checked entries need a landed(i, digest) judge")
         self.keys = list(keys)
@@ -217,7 +217,8 @@ class ExtentRead:
         once). For a read that ended at `staging_full` with every entry good (ValueError otherwise, naming why):
         a caller with one ring of staging rows reads a long hit ring by ring. This read stays valid; the lease
         ends when it and every read made from it are released (each its own `release()`). Close to the lease's
-        end (REST_MARGIN_S) the rest is looked up again instead, under a lease of its own."""
+        end (REST_MARGIN_S) the rest is looked up again instead, under a lease of its own. A read taken with no
+        lease (acquire_many(lease=False) from a host index) goes on from the same index rows, unpinned too."""
         if self._released:
             raise ValueError("this ExtentRead was released")
         if not self.staging_full:
