@@ -316,13 +316,15 @@ class PoolClient(PoolFront):
         return oks.index(False) if False in oks else len(extents)
 
     def _get_located(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef,
-                     tiers_out: list[str] | None, *, optimistic: bool, index_stale: bool = False) -> int:
+                     tiers_out: list[str] | None, *, optimistic: bool, index_stale: bool = False,
+                     continued: bool = False) -> int:
         """One Lookup, then the bytes: unleased when the master found every hit in an arena mapped here and
         `optimistic` (copied and fenced here; a mismatch asks again with a lease from that key), else leased.
-        `index_stale`: a host index row of this chain did not hold its object (LookupRequest.index_stale)."""
+        `index_stale`: a host index row of this chain did not hold its object (LookupRequest.index_stale).
+        `continued`: these keys' use was counted already (LookupRequest.continued; only with optimistic False)."""
         req = pb.LookupRequest(namespace=_wire_digest(ns), block_tokens=ns.block_tokens, namespace_label=ns.label,
                                lease=True, client_host_id=self.host_id, optimistic=optimistic,
-                               index_stale=index_stale)
+                               index_stale=index_stale, continued=continued)
         req.keys.extend(bytes(k) for k in keys)
         req.expect_sizes.extend(v.nbytes for v in views)
         gens = self.transfers.generations() if self.locations is not None else None
@@ -543,9 +545,11 @@ class PoolClient(PoolFront):
             self.host_index_stale += 1
             self._acquire_index_stale = True
             at = mismatch[0]
-            try:    # under a lease: a reused extent reads right, a corrupt object is reported and forgotten
+            # Under a lease: a reused extent reads right, a corrupt object is reported and forgotten. `continued`:
+            # the use report sent when this read was made counted the key already.
+            try:
                 self._get_located(keys[at:at + 1], [memoryview(bytearray(sizes[at]))], ns, None, optimistic=False,
-                                  index_stale=True)
+                                  index_stale=True, continued=True)
             except Exception as exc:  # noqa: BLE001 - the read itself is over; the next acquire asks the master
                 log.warning("re-reading key %s after a stale host index row failed: %s", bytes(keys[at]).hex(), exc)
 

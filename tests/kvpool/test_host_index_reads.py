@@ -300,9 +300,12 @@ def test_an_acquire_of_a_published_chain_needs_no_lookup_and_no_lease(small_up):
 def test_an_acquire_that_finds_a_published_extent_changed_asks_the_master_at_release(small_up):
     """A DRAM extent of the published chain whose bytes changed (a stalled writer, as the fence sees it): the
     caller's hash of its copy fails, the read ends before that entry, and its release reads the key again under a
-    lease with `index_stale`: the corrupt object is reported and forgotten, and the next acquire asks the master."""
+    lease with `index_stale`: the corrupt object is reported and forgotten, and the next acquire asks the master.
+    The master counts each acquire's keys once: the use report sent when the read was made counted the key that
+    is re-read (`continued`)."""
     put_and_publish(small_up, KEYS[:4], DATAS[:4])
     calls = small_up.master.control.calls
+    before = small_up.master.master.stats()
     with PoolClient(small_up.address, release_linger_s=60) as c:
         c.warm(prefault=False)
         base = calls["Lookup"]
@@ -324,3 +327,8 @@ def test_an_acquire_that_finds_a_published_extent_changed_asks_the_master_at_rel
         # and the one after reads the index again
         with c.acquire_many(KEYS[:2], [OBJ] * 2, lease=False) as third:
             assert third.count == 2 and calls["Lookup"] == base + 3 and c.host_index_acquires == 2
+    # closed: every report was sent. Counted: the first acquire's report (4 keys), the second's leased lookup (4),
+    # the third's report (2); the re-read of the changed key is not counted again
+    after = small_up.master.master.stats()
+    assert after["lookups"] - before["lookups"] == 3
+    assert after["requested_keys"] - before["requested_keys"] == 10
