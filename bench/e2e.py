@@ -120,6 +120,15 @@ class DiskProbe:
         return seq_read(path, nbytes, [self.buf], direct=False)
 
 
+SSD_GOAL_LENGTH = 4096     # issue 14 sets the service-SSD goal (>= 40x cold) at 4K tokens
+
+
+def _goal_length_note(length: int) -> str:
+    """At other lengths the SSD goal line is printed for information: a shorter prompt's cold prefill is too short
+    for any load to be 40x faster (at 1,024 tokens the disk itself allowed ~13-15x in 2026-11 runs)."""
+    return "" if length == SSD_GOAL_LENGTH else f"; issue 14 sets this goal at {SSD_GOAL_LENGTH} tokens"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096])
@@ -333,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
               f"read sequentially from this disk in {seconds * 1e3:.1f} ms, {nbytes / seconds / 1e9:.2f} GB/s; the "
               f"load took {load * 1e3:.1f} ms, {seconds / load:.2f}x the disk's speed)")
         print(f"goal (issue 14): service SSD >= 40x cold at {length}: {'met' if got >= 40 else 'MISSED'} ({got:.1f}x; "
-              f"the disk allows {ceiling:.1f}x in this run{'' if ceiling >= 40 else ', below the goal'})")
+              f"the disk allows {ceiling:.1f}x in this run{'' if ceiling >= 40 else ', below the goal'}"
+              f"{_goal_length_note(length)})")
     for length, got in pair_times.items():
         local, svc = [p[0] for p in got], [p[1] for p in got]
         print(f"ratio e2e_ttft {length} pool_service vs local hit, {len(got)} alternating pairs: "
@@ -353,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         got = statistics.median(hits)
         print(f"goal (issue 14): service SSD >= 40x cold at {length}, {len(triples)} triples: "
               f"{'met' if got >= 40 else 'MISSED'} ({got:.1f}x; their ceilings' median "
-              f"{statistics.median(ceilings):.1f}x)")
+              f"{statistics.median(ceilings):.1f}x{_goal_length_note(length)})")
     print("outputs identical to cold in every case: " + ("yes" if not mismatches else f"NO ({mismatches})"))
     return 0 if not mismatches else 1
 

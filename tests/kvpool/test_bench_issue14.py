@@ -94,13 +94,13 @@ def test_e2e_prints_every_case_and_identical_outputs():
                       rf"ceiling: the local hit \d+\.\d ms \+ \d+\.\d MiB read sequentially from this disk in \d+\.\d ms, "
                       rf"\d+\.\d\d GB/s; the load took \d+\.\d ms, {X} the disk's speed\)$"), out
     assert has(lines, r"goal \(issue 14\): service SSD >= 40x cold at 64: (met|MISSED) \(\d+\.\dx; the disk allows "
-                      r"\d+\.\dx in this run(, below the goal)?\)$"), out
+                      r"\d+\.\dx in this run(, below the goal)?; issue 14 sets this goal at 4096 tokens\)$"), out
     # the SSD triples: each hit against its own disk read and local hit, three numbers each
     assert has(lines, rf"ratio e2e_ttft 64 service_SSD, 3 triples: \d+\.\dx cold \(median of the triples; each "
                       rf"\d+\.\d \d+\.\d \d+\.\d\); its own ceiling {X} \(median; ceilings \d+\.\d \d+\.\d \d+\.\d\); "
                       rf"load \d+\.\d ms vs the disk's \d+\.\d ms, local hit \d+\.\d ms \(medians\)$"), out
     assert has(lines, r"goal \(issue 14\): service SSD >= 40x cold at 64, 3 triples: (met|MISSED) \(\d+\.\dx; their "
-                      r"ceilings' median \d+\.\dx\)$"), out
+                      r"ceilings' median \d+\.\dx; issue 14 sets this goal at 4096 tokens\)$"), out
     # the load row: a time under each pool case, none under cold and the local hit
     load = [line for line in lines if line.startswith("   load  ")]
     assert len(load) == 1 and len(re.findall(r"\d+\.\d ms", load[0])) == 4, out
