@@ -98,6 +98,13 @@ def ttft(llm: LLM, prompt: list[int]) -> tuple[float, list[int], int]:
     return out.ttft, out.token_ids, out.num_cached_tokens_external
 
 
+def once(llm: LLM, prompt: list[int]) -> tuple[float, list[int], int]:
+    """`ttft` on an instance used for this one request, closed after it (its connector's threads end, so its KV
+    cache and arena mapping are freed: ~90 instances in a two-length run would not fit 24 GiB otherwise)."""
+    with llm:
+        return ttft(llm, prompt)
+
+
 def load_seconds(llm: LLM) -> float:
     """The seconds its connector spent in load_kv so far (a fresh engine per pool case: that case's load)."""
     return llm.engine.connector.stats.load_seconds
@@ -178,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[tuple[int, str], list[float]] = {}
     loads: dict[tuple[int, str], list[float]] = {}     # the connector's load_kv seconds in each pool case's TTFT
     mismatches: list[str] = []
-    engine(max(args.lengths)).generate([[1, 2, 3, 4]], GREEDY)  # load weights + warm up once per process
+    with engine(max(args.lengths)) as warm:     # load weights + warm up once per process
+        warm.generate([[1, 2, 3, 4]], GREEDY)
     total = len(args.lengths) * (args.repeats * len(cases) + args.pairs + args.ssd_pairs)
     pair_times: dict[int, list[tuple[float, float]]] = {}     # length -> (local hit, service hit) seconds per pair
     disk: dict[int, list[tuple[int, float]]] = {}     # length -> (bytes, seconds): the disk's read of an SSD load's bytes
@@ -197,9 +205,9 @@ def main(argv: list[str] | None = None) -> int:
                     mismatches += [f"{length}/local"] if out != ref else []
                     bar.update(1)
                     with EmbeddedPool(dram_bytes=1 << 30) as pool:
-                        ttft(engine(length, pool), prompt)
-                        b = engine(length, pool)
-                        t, out, ext = ttft(b, prompt)
+                        once(engine(length, pool), prompt)
+                        with engine(length, pool) as b:
+                            t, out, ext = ttft(b, prompt)
                         results.setdefault((length, "pool DRAM"), []).append(t)
                         loads.setdefault((length, "pool DRAM"), []).append(load_seconds(b))
                         mismatches += [f"{length}/dram"] if out != ref or ext == 0 else []
@@ -207,18 +215,18 @@ def main(argv: list[str] | None = None) -> int:
                     ssd_dir = work / f"ssd-{length}-{rep}"
                     with EmbeddedPool(dram_bytes=1 << 20, ssd_path=str(ssd_dir), ssd_bytes=1 << 30,
                                       promote_on_hit=False) as pool:
-                        ttft(engine(length, pool), prompt)
-                        b = engine(length, pool)
-                        drop_page_cache(ssd_dir / "kvpool.data")
-                        t, out, ext = ttft(b, prompt)
+                        once(engine(length, pool), prompt)
+                        with engine(length, pool) as b:
+                            drop_page_cache(ssd_dir / "kvpool.data")
+                            t, out, ext = ttft(b, prompt)
                         results.setdefault((length, "pool SSD"), []).append(t)
                         loads.setdefault((length, "pool SSD"), []).append(load_seconds(b))
                         mismatches += [f"{length}/ssd"] if out != ref or ext == 0 else []
                         bar.update(1)
                     if service is not None:
                         salted = [prompt[0] + 1] + prompt[1:]  # fresh keys in the long-lived service pool
-                        _, ref_s, _ = ttft(engine(length), salted)
-                        ttft(engine(length, pool=addr), salted)
+                        _, ref_s, _ = once(engine(length), salted)
+                        once(engine(length, pool=addr), salted)
                         # --verify-threads both: a fresh engine per setting on the same stored blocks, the
                         # first reader alternating (the second may find the arena's bytes still in cache)
                         settings = [1, 0] if args.verify_threads == "both" else [int(args.verify_threads)]
@@ -237,13 +245,14 @@ def main(argv: list[str] | None = None) -> int:
                                 t, out, _ = ttft(b, salted)
                                 results.setdefault((length, "service's local hit"), []).append(t)
                                 mismatches += [f"{length}/service's local hit"] if out != ref_s else []
+                            b.close()
                             bar.update(1)
                         salted = [prompt[0] + 2] + prompt[1:]
-                        _, ref_s, _ = ttft(engine(length), salted)
-                        ttft(engine(length, pool=ssd_addr), salted)
-                        b = engine(length, pool=ssd_addr)
-                        drop_page_cache(ssd_file)
-                        t, out, ext = ttft(b, salted)
+                        _, ref_s, _ = once(engine(length), salted)
+                        once(engine(length, pool=ssd_addr), salted)
+                        with engine(length, pool=ssd_addr) as b:
+                            drop_page_cache(ssd_file)
+                            t, out, ext = ttft(b, salted)
                         results.setdefault((length, "service SSD"), []).append(t)
                         loads.setdefault((length, "service SSD"), []).append(load_seconds(b))
                         mismatches += [f"{length}/service-ssd"] if out != ref_s or ext == 0 else []
@@ -251,42 +260,45 @@ def main(argv: list[str] | None = None) -> int:
                         if nbytes:      # (no load: a mismatch already, and nothing to compare with the disk)
                             disk.setdefault(length, []).append((nbytes, probe.seconds(nbytes)))
                         bar.update(1)
+                    cold.close()
             for length in args.lengths if args.pairs else ():
                 # one instance computed the prompt (the local hit's), another saved it to the service; then pairs
                 # of its local hit and a fresh instance's service hit, seconds apart, alternating which goes first
                 prompt = [3] + rng.integers(100, 40000, size=length - 1).tolist()
                 home = engine(length)
                 _, ref, _ = ttft(home, prompt)
-                ttft(engine(length, pool=addr), prompt)
+                once(engine(length, pool=addr), prompt)
                 for i in range(args.pairs):
                     times = {}
                     for case in (("local", "service") if i % 2 == 0 else ("service", "local")):
-                        llm = home if case == "local" else engine(length, pool=addr)
-                        times[case], out, ext = ttft(llm, prompt)
+                        if case == "local":
+                            times[case], out, ext = ttft(home, prompt)
+                        else:
+                            times[case], out, ext = once(engine(length, pool=addr), prompt)
                         mismatches += [f"{length}/pair {i} {case}"] if out != ref or (case == "service" and
                                                                                       ext == 0) else []
                     pair_times.setdefault(length, []).append((times["local"], times["service"]))
                     bar.update(1)
+                home.close()
             for length in args.lengths if args.ssd_pairs else ():
                 # the SSD service holds a prompt another instance computed; each triple: a fresh instance's SSD
                 # hit, the disk's read of as many bytes, the computing instance's local hit, in a rotating order
                 prompt = [4] + rng.integers(100, 40000, size=length - 1).tolist()
                 home = engine(length)
                 _, ref, _ = ttft(home, prompt)
-                ttft(engine(length, pool=ssd_addr), prompt)
+                once(engine(length, pool=ssd_addr), prompt)
                 nbytes = 0
                 for i in range(args.ssd_pairs):
                     got: dict[str, float] = {}
                     order = ["ssd", "disk", "local"]
                     for case in order[i % 3:] + order[:i % 3]:
                         if case == "ssd":
-                            b = engine(length, pool=ssd_addr)
-                            drop_page_cache(ssd_file)
-                            got["ssd"], out, ext = ttft(b, prompt)
+                            with engine(length, pool=ssd_addr) as b:
+                                drop_page_cache(ssd_file)
+                                got["ssd"], out, ext = ttft(b, prompt)
                             got["load"] = load_seconds(b)
                             nbytes = b.engine.connector.stats.load_bytes or nbytes
                             mismatches += [f"{length}/ssd pair {i}"] if out != ref or ext == 0 else []
-                            del b
                         elif case == "disk":    # as many bytes as the SSD hits load (the first triple's goes first)
                             got["disk"] = probe.seconds(nbytes) if nbytes else float("nan")
                         else:
@@ -294,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                             mismatches += [f"{length}/ssd pair {i} local"] if out != ref else []
                     ssd_triples.setdefault(length, []).append((got["ssd"], got["load"], got["disk"], got["local"]))
                     bar.update(1)
+                home.close()
     finally:
         for proc in (service, ssd_service):
             if proc is not None:

@@ -2,6 +2,7 @@
 
     llm = LLM()                                   # bundled SmolLM2; or LLM(model="/path/model.gguf", max_num_seqs=8)
     outs = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=16))
+    llm.close()                                   # or `with LLM(...) as llm:`: the connector's threads end
 """
 
 from __future__ import annotations
@@ -18,6 +19,16 @@ class LLM:
     def __init__(self, model: str | None = None, *, connector: KVConnectorBase | None = None, **config) -> None:
         self.engine = LLMEngine(EngineConfig(model=model, **config), connector=connector)
         self.tokenizer = self.engine.tokenizer
+
+    def close(self) -> None:
+        """LLMEngine.close: the connector's threads end and its leases are released; generate raises afterwards."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def generate(self, prompts: str | Sequence[str] | Sequence[list[int]],
                  params: SamplingParams | Sequence[SamplingParams] | None = None,

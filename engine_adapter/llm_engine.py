@@ -83,6 +83,7 @@ class LLMEngine:
                                          num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim))
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
+        self._closed = False
         log.info("engine ready: %s on %s, %d KV blocks of %d tokens, fingerprint %s", self.model_path, self.device,
                  num_blocks, bt, self.fingerprint)
 
@@ -113,6 +114,7 @@ class LLMEngine:
                     request_id: str | None = None, arrival_time: float | None = None,
                     kv_transfer_params: dict | None = None) -> str:
         """`kv_transfer_params`: per-request options for the KV connector (kvpool/hooks.py), e.g. {"pin_s": 600}."""
+        self._check_open("add_request")
         params = params if params is not None else SamplingParams()
         if kv_transfer_params is not None and not isinstance(kv_transfer_params, dict):
             raise ValueError(f"kv_transfer_params: expected a dict, got {type(kv_transfer_params).__name__}")
@@ -138,11 +140,26 @@ class LLMEngine:
         if req is not None and not req.is_finished:
             self.scheduler.finish(req, "abort")
 
+    def close(self) -> None:
+        """Close the connector: its threads end, its leases are released, a pool it opened itself is closed (a pool
+        the caller passed in stays open). Idempotent. Afterwards `add_request` and `step` raise RuntimeError;
+        requests still unfinished are not run. Without it, a connector's threads keep the engine (its KV cache, the
+        arena it mapped) alive for the life of the process."""
+        if self._closed:
+            return
+        self._closed = True
+        self.connector.close()
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise RuntimeError(f"{what}: the engine is closed")
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[RequestOutput]:
         """Run one batch; outputs for every request that got a token (finished ones are then forgotten)."""
+        self._check_open("step")
         scheduled = self.scheduler.schedule()
         if not scheduled:
             if self.scheduler.has_unfinished():  # a broken invariant; spinning forever would hide it

@@ -97,3 +97,7 @@ class KVConnectorBase:
 
     def flush(self, timeout: float = 30.0) -> bool:
         return True
+
+    def close(self) -> None:
+        """Release what the connector holds (its threads, leases, a pool it opened itself). The engine calls it
+        once, when it is closed (LLMEngine.close); a pool passed in by the caller stays open."""

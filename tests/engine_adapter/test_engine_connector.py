@@ -112,3 +112,22 @@ def test_raising_connector_falls_back_to_recompute(setup):
     assert out.num_cached_tokens_external == 0
     assert out.token_ids == baseline.token_ids
     assert not b.engine.has_unfinished_requests() and b.engine.block_manager.num_free_blocks == 64
+
+
+def test_close_closes_the_connector_once_and_refuses_work_after(model_path, prompts):
+    class Closing(DictConnector):
+        def close(self):
+            self.calls.append(("close",))
+
+    conn = Closing({})
+    with LLM(model_path, num_kv_blocks=64, max_model_len=256, connector=conn) as llm:
+        llm.generate(prompts[0], GREEDY)
+        req = llm.engine.add_request(prompts[1], GREEDY)    # left unfinished: close does not run it
+    llm.close()
+    assert [c for c in conn.calls if c[0] == "close"] == [("close",)]
+    assert ("finished", req) not in conn.calls
+    with pytest.raises(RuntimeError, match="^step: the engine is closed$"):
+        llm.engine.step()
+    with pytest.raises(RuntimeError, match="^add_request: the engine is closed$"):
+        llm.generate(prompts[0], GREEDY)
+    KVConnectorBase().close()                               # the no-op default
