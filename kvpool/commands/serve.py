@@ -80,6 +80,5 @@ def _run(args: argparse.Namespace) -> int:
         pass
     finally:
         server.httpd.server_close()
-        if connector is not None and hasattr(connector, "close"):
-            connector.close()
+        engine.close()      # the connector's saves, loads and leases end with the engine
     return 0
