@@ -42,6 +42,8 @@ order for each request:
  5. request_finished(request)       when the request finishes or is aborted (its blocks are freed after this call).
  6. flush(timeout) -> bool          from any thread (the engine server's POST /v1/kvpool/flush): wait until the saves
                                     offered so far have reached the store; True if they did within `timeout`.
+ 7. close()                         once, when the engine is closed (LLMEngine.close, LLM.close): release threads,
+                                    leases and a store the connector opened itself; no hook is called after it.
 
 `request` is an engine_adapter.request.Request: request_id, token_ids (prompt + output), prompt_token_ids,
 num_prompt_tokens, num_computed_tokens, block_ids, kv_transfer_params (None or the dict the caller gave
