@@ -46,27 +46,28 @@ def test_b_reuses_what_a_saved_with_identical_output(reference_b):
 def test_closing_an_engine_ends_its_connectors_threads_and_leaves_a_pool_passed_in_open(reference_b):
     """LLM.close(): the connector's threads (saver, load copies, prefetch) are gone when it returns, so nothing
     keeps the engine's KV cache alive; closing again is a no-op; the closed engine refuses requests by name; the
-    pool the caller passed in stays open and serves the next engine what the first saved."""
+    pool the caller passed in stays open and serves the next engine every block saved before."""
     with EmbeddedPool(dram_bytes=128 << 20) as pool:
-        with make_engine(pool) as warm:     # the pool's own threads start at its first use, not in the count
-            run(warm, QUESTION_A)
-        before = {t.ident for t in threading.enumerate()}
+        for question in (QUESTION_A, QUESTION_B):   # a save, then a load: the pool's own threads start at its first
+            with make_engine(pool) as warm:         # use of each, and are not counted below
+                run(warm, question)
+        before = set(threading.enumerate())         # Thread objects, not idents (the OS reuses those)
         a = make_engine(pool)
         run(a, QUESTION_A)
         b = make_engine(pool)
-        out_b = run(b, QUESTION_B)              # a load: b's load threads run too
+        out_b = run(b, QUESTION_B)                  # a load: b's load threads run too
         assert out_b.num_cached_tokens_external > 0 and out_b.token_ids == reference_b
-        assert {t.ident for t in threading.enumerate()} - before     # the connectors' threads
+        assert set(threading.enumerate()) - before  # the connectors' threads
         for engine in (a, b):
             engine.close()
         b.close()
-        assert {t.ident for t in threading.enumerate()} - before == set()
+        assert set(threading.enumerate()) - before == set()
         with pytest.raises(RuntimeError, match="^add_request: the engine is closed$"):
             b.generate([PREFIX + QUESTION_B], GREEDY)
         with make_engine(pool) as c:
             out_c = run(c, QUESTION_B)
             whole = (len(c.engine.tokenizer.encode(PREFIX + QUESTION_B)) - 1) // 16 * 16
-        assert out_c.num_cached_tokens_external == whole      # every full block of the prompt, saved by b
+        assert out_c.num_cached_tokens_external == whole      # every full block of the prompt, still in the pool
         assert out_c.token_ids == reference_b
 
 
