@@ -56,7 +56,7 @@ from kvpool.store.auth.config import Identity, Role
 from kvpool.store.auth.methods import METHOD_RULES
 from kvpool.store.auth.server import identity_from_cert, role_refusal, serving_as
 from kvpool.store.auth.table import TokenStore
-from kvpool.store.sockets import ConnectionPool, ThreadedServer, recv_exact, tune_socket
+from kvpool.store.sockets import ConnectionPool, ThreadedServer, kernel_timeouts, recv_exact, tune_socket
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class ControlServer(ThreadedServer):
 
     def serve(self, conn: socket.socket) -> None:
         cert_ident: list[Identity | None] = []
-        conn.settimeout(self.idle_timeout_s)
+        kernel_timeouts(conn, self.idle_timeout_s)    # no poll before each call (store/sockets.py)
         conn.sendall(GREETING.pack(MAGIC, VERSION, self.instance))
         head = bytearray(REQ.size)
         hview = memoryview(head)

@@ -33,7 +33,9 @@ header makes the node allocate nothing of its announced size (the token is check
 Bounds: at most `max_connections` connections are served at once (one thread each; more are closed at accept), and a
 connection that sends nothing for `idle_timeout_s` (between requests or mid-frame: a half-open or stalled peer) is
 closed, so no peer holds a thread forever. Clients drop pooled connections the node closed (readable while idle) or
-that sat idle longer than `max_idle_s`, before they reuse one.
+that sat idle longer than `max_idle_s`, before they reuse one. Both ends leave plaintext sockets blocking and let the
+kernel keep these timeouts (store/sockets.py `kernel_timeouts`: Python's own timeouts poll before every call and
+cost 9-26% of a read); a client's stalled read or write raises TimeoutError.
 
 TLS (optional, store/tls.py builds the contexts): `DataServer(ssl_context=...)` wraps each accepted connection
 (the handshake runs on the connection's thread with a deadline, so a silent peer cannot stall the accept loop);
@@ -53,7 +55,7 @@ from typing import Protocol, Sequence
 
 import xxhash
 
-from kvpool.store.sockets import ConnectionPool, ThreadedServer, recv_exact, tune_socket
+from kvpool.store.sockets import ConnectionPool, ThreadedServer, kernel_timeouts, recv_exact, tune_socket
 from kvpool.store.tokens import TokenError
 
 log = logging.getLogger(__name__)
@@ -176,7 +178,7 @@ class DataServer(ThreadedServer):
         them): the READs found one after another in what arrived are answered together, their replies in one
         sendmsg (with a handler that has `read_views`; one at a time otherwise)."""
         tls = isinstance(conn, ssl.SSLSocket)
-        conn.settimeout(self.idle_timeout_s)  # a silent peer (between requests or mid-frame) loses its connection
+        kernel_timeouts(conn, self.idle_timeout_s)  # a silent peer (between requests or mid-frame) loses its connection
         read_views = getattr(self.handler, "read_views", None)
         inbox = _Inbox(conn)
         scratch: memoryview | None = None
@@ -306,6 +308,7 @@ class DataClient:
             except BaseException:
                 sock.close()
                 raise
+        kernel_timeouts(sock, self.timeout)
         return sock
 
     def close(self) -> None:
@@ -355,6 +358,9 @@ class DataClient:
                             hasher = xxhash.xxh3_64()
                             recv_exact(sock, bufs[i], hasher)
                             digests[i] = hasher.intdigest()
+        except BlockingIOError as exc:  # the kernel's timeout (store/sockets.py kernel_timeouts): a stalled node
+            sock.close()
+            raise TimeoutError(f"data channel {self._addr[0]}:{self._addr[1]}: no progress in {self.timeout}s") from exc
         except BaseException:
             sock.close()
             raise

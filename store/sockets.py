@@ -6,7 +6,7 @@ control channel (store/control_channel.py).
                      deadline, `close()` that shuts every live connection; a subclass serves one connection
     ConnectionPool   a client's idle connections to one server (one per concurrent caller): a pooled connection the
                      server closed (readable while idle: EOF) or that idled past `max_idle_s` is dropped, not reused
-    tune_socket / recv_exact / readable   socket helpers both channels use
+    tune_socket / kernel_timeouts / recv_exact / readable   socket helpers both channels use
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import logging
 import select
 import socket
 import ssl
+import struct
 import threading
 import time
 from typing import Callable
@@ -31,6 +32,29 @@ def tune_socket(sock: socket.socket) -> None:
             sock.setsockopt(socket.SOL_SOCKET, opt, SOCK_BUF)
         except OSError:
             pass
+
+
+_TIMEVAL = struct.Struct("@ll")  # struct timeval: seconds, microseconds
+
+
+def kernel_timeouts(sock: socket.socket, seconds: float | None) -> None:
+    """Put a plaintext socket in blocking mode and let the kernel keep its timeout (SO_RCVTIMEO / SO_SNDTIMEO): a
+    send or receive that makes no progress for `seconds` fails with BlockingIOError (EAGAIN), an OSError, as a
+    stalled peer should. A TLS socket keeps Python's timeout (an SSLSocket's blocking reads would report a kernel
+    timeout as SSLWantReadError). None: blocking with no timeout, as `settimeout(None)`.
+
+    Why not `settimeout`: Python then runs the socket non-blocking and polls before every send and receive, and a
+    large send returns each time the socket buffer fills, to poll again. Measured 2026-11-29 on the 2-core box
+    (scratch, bare DataServer and DataClient, 32-read windows, verified reads, medians of 400 interleaved rounds):
+    blocking on both ends read 4.61 against 4.23 GB/s at 2 MiB (+9%), 4.40 against 3.93 at 512 KiB (+12%), 3.66
+    against 2.91 at 64 KiB (+26%); a raw loopback socket with no timeout read 4.58 / 5.02 / 2.90."""
+    if seconds is None or isinstance(sock, ssl.SSLSocket):
+        sock.settimeout(seconds)
+        return
+    timeval = _TIMEVAL.pack(*divmod(max(round(seconds * 1e6), 1), 1_000_000))  # 0 / 0 would mean "never time out"
+    sock.settimeout(None)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
 
 
 # No recv_into asks for more than this. Smaller receives kept loopback streams faster here; our reading of why: a
@@ -190,4 +214,4 @@ class ConnectionPool:
             sock.close()
 
 
-__all__ = ["ConnectionPool", "ThreadedServer", "readable", "recv_exact", "tune_socket"]
+__all__ = ["ConnectionPool", "ThreadedServer", "kernel_timeouts", "readable", "recv_exact", "tune_socket"]

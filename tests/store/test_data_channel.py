@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
 import tracemalloc
 
@@ -10,7 +11,18 @@ import pytest
 import xxhash
 
 from kvpool.store import tokens
-from kvpool.store.data_channel import BAD_REQUEST, DENIED, NOT_FOUND, OK, OP_WRITE, REP, DataClient, DataServer, Extent
+from kvpool.store.data_channel import (
+    BAD_REQUEST,
+    DENIED,
+    NOT_FOUND,
+    OK,
+    OP_READ,
+    OP_WRITE,
+    REP,
+    DataClient,
+    DataServer,
+    Extent,
+)
 
 SECRET = b"s" * 32
 
@@ -49,6 +61,14 @@ def node():
     yield arena, client
     client.close()
     server.close()
+
+
+def wait_until(condition, deadline_s=10.0):
+    """Until `condition()` holds (the node's connection threads act on their own); fails past the deadline."""
+    end = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < end, "the condition did not hold within the deadline"
+        time.sleep(0.02)
 
 
 def recv_exact(sock, n):
@@ -139,11 +159,7 @@ def test_idle_connections_are_closed_by_the_node_and_clients_reconnect():
             started = time.monotonic()
             assert half_open.recv(1) == b""  # EOF: the node gave up on it
             assert time.monotonic() - started < 5
-        for _ in range(100):  # the pooled connection is closed by the node too (same timeout)
-            if not server._conns:
-                break
-            time.sleep(0.05)
-        assert not server._conns
+        wait_until(lambda: server.connections() == 0)  # the pooled connection is closed by the node too (same timeout)
         out = bytearray(4)
         assert client.read_many_into([ext(tokens.READ, 2, 0, 4)], [memoryview(out)]) == [None] and out == b"abcd"
     finally:
@@ -160,10 +176,7 @@ def test_connections_past_the_bound_are_refused_at_accept():
         assert socks[2].recv(1) == b""  # the third is closed right away
         client = DataClient(server.address, timeout=5)
         socks[0].close()  # one slot frees up: a client gets in again
-        for _ in range(100):
-            if len(server._conns) < 2:
-                break
-            time.sleep(0.05)
+        wait_until(lambda: server.connections() < 2)
         assert client.write_many([ext(tokens.WRITE, 1, 0, 4)], [memoryview(b"abcd")]) == [None]
         client.close()
         assert server.refused_connections == 1
@@ -326,3 +339,85 @@ def test_a_large_read_is_received_in_pieces_of_at_most_recv_piece(node, monkeypa
     assert bytes(out) == payload and digests == [xxhash.xxh3_64_intdigest(payload)]
     assert max(asked) == sockets.RECV_PIECE == 128 << 10
     assert sum(1 for n in asked if n == sockets.RECV_PIECE) >= len(payload) // sockets.RECV_PIECE
+
+
+class StalledArena(Arena):
+    """A node whose handler hangs until released (a stalled node process: alive, its socket open, answering nothing)."""
+
+    def __init__(self, size=1 << 20):
+        super().__init__(size)
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def _stall(self):
+        self.entered.set()
+        assert self.release.wait(30)
+
+    def read_view(self, e):
+        if not self.release.is_set():
+            self._stall()
+        return super().read_view(e)
+
+    def write_view(self, e):
+        if not self.release.is_set():
+            self._stall()
+        return super().write_view(e)
+
+
+def test_a_stalled_node_makes_a_read_raise_timeout_error_and_its_connection_is_never_reused():
+    """The client's sockets block in the kernel (store/sockets.py kernel_timeouts), so a node that stops answering must
+    still raise TimeoutError (not hang, not another OSError: the write path maps it to PoolTimeout), and the timed-out
+    connection must be closed: reused, the next read would get the stalled read's late reply (other bytes)."""
+    arena = StalledArena()
+    arena.buf[0:4], arena.buf[8:12] = b"AAAA", b"BBBB"
+    server = DataServer(arena).start()
+    client = DataClient(server.address, timeout=0.3)
+    try:
+        with pytest.raises(TimeoutError, match=r"^data channel 127\.0\.0\.1:\d+: no progress in 0\.3s$"):
+            client.read_many_into([ext(tokens.READ, 2, 0, 4)], [memoryview(bytearray(4))])
+        assert arena.entered.is_set()
+        arena.release.set()    # the stalled read is answered now, on a connection the client has closed
+        out = bytearray(4)
+        assert client.read_many_into([ext(tokens.READ, 3, 8, 4)], [memoryview(out)]) == [None]
+        assert out == b"BBBB"
+    finally:
+        arena.release.set()
+        client.close()
+        server.close()
+
+
+def test_a_node_that_stops_reading_makes_a_large_write_raise_timeout_error():
+    """64 MiB is more than both loopback socket buffers hold, so the client's send blocks until its kernel timeout."""
+    arena = StalledArena()
+    server = DataServer(arena, max_object_bytes=128 << 20).start()
+    client = DataClient(server.address, timeout=0.3)
+    size = 64 << 20
+    try:
+        with pytest.raises(TimeoutError, match=r"no progress in 0\.3s$"):
+            client.write_many([ext(tokens.WRITE, 1, 0, size)], [memoryview(bytearray(size))])
+        assert arena.entered.is_set() and arena.done == []
+    finally:
+        arena.release.set()
+        client.close()
+        server.close()
+
+
+def test_a_client_that_stops_receiving_a_large_read_loses_its_connection_and_the_node_serves_on():
+    """The node's send blocks in the kernel too: a reader that asks for 32 MiB and never receives is cut off after
+    idle_timeout_s (its connection thread ends), and a well-behaved client is served after it."""
+    size = 32 << 20
+    arena = Arena(size)
+    arena.buf[:4] = b"late"
+    server = DataServer(arena, idle_timeout_s=0.3).start()
+    client = DataClient(server.address, timeout=5)
+    host, port = server.address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=5) as greedy:
+            greedy.sendall(ext(tokens.READ, 1, 0, size).header(OP_READ))   # then never receives
+            wait_until(lambda: server.connections() == 1)
+            wait_until(lambda: server.connections() == 0)   # the node gave up on it: its send made no progress
+        out = bytearray(4)
+        assert client.read_many_into([ext(tokens.READ, 2, 0, 4)], [memoryview(out)]) == [None] and out == b"late"
+    finally:
+        client.close()
+        server.close()
