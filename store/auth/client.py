@@ -49,16 +49,16 @@ class TokenSource:
         return token
 
     def token(self) -> str:
-        if self._watch.due() and self._lock.acquire(blocking=False):
-            try:
+        """The token to present now. When a check of the file is due, a caller waits for a check another thread is
+        making rather than presenting the token that check may be replacing (a rotated-out token is refused)."""
+        if self._watch.due():
+            with self._lock:
                 if self._watch.due() and self._watch.changed():
                     try:
                         self._token = self._load()
                     except ValueError as exc:
                         self._watch.mark({})
                         log.error("token reload failed, keeping the previous token: %s", exc)
-            finally:
-                self._lock.release()
         return self._token
 
 

@@ -11,8 +11,10 @@ tokens. `hmac.compare_digest` against every configured token would be safe too, 
 
 Reloading (rotation without restart): `identify` first asks the SourceWatch whether a check is due (one clock
 read); at most every `reload_interval_s` one thread stats the token files and, if one changed, reloads the whole
-table (under the same key) and swaps it in one assignment. A reload that fails (file missing, bad entry, duplicate
-token) keeps the previous table and logs an error, once per distinct error; it is retried when a file changes again.
+table (under the same key) and swaps it in one assignment. Other calls go on with the current table meanwhile; one
+whose token that table does not know waits for the check and looks again (`identify`). A reload that fails (file
+missing, bad entry, duplicate token) keeps the previous table and logs an error, once per distinct error; it is
+retried when a file changes again.
 """
 
 from __future__ import annotations
@@ -52,10 +54,21 @@ class TokenStore:
         return {ident.tenant for ident in self._table.values() if ident.tenant}
 
     def identify(self, token: str | bytes) -> Identity | None:
-        """The identity `token` names, or None. Checks for changed token files first when a check is due."""
+        """The identity `token` names, or None. Checks for changed token files first when a check is due.
+
+        A token the table does not know waits for a check another thread is making (this call skipped it: the lock
+        was taken) and, if a check is still due, makes it, then looks again: a token added to its file before the
+        call is never refused because another call was reloading at that moment. Known tokens never wait."""
         if self._watch.due():
             self._maybe_reload()
-        return self._table.get(digest(self._key, token))
+        d = digest(self._key, token)
+        ident = self._table.get(d)
+        if ident is None and self._watch.files:
+            with self._lock:
+                if self._watch.due() and self._watch.changed():
+                    self._reload_locked()
+            ident = self._table.get(d)
+        return ident
 
     def _maybe_reload(self) -> None:
         if not self._lock.acquire(blocking=False):

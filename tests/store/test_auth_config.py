@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 
 import pytest
 
@@ -198,3 +199,81 @@ def test_token_source_presents_the_first_entry_and_follows_the_file(tmp_path):
     with pytest.raises(ValueError, match=r"^auth_token: expected file:PATH or env:NAME"):
         TokenSource(ACME, field="auth_token")
     assert TokenSource("env:T", env={"T": ADMIN}).token() == ADMIN
+
+
+class Gate:
+    """Wraps a loader so that its next call signals `entered` and blocks until `go`: a reload another thread is in
+    the middle of, frozen there."""
+
+    def __init__(self, real):
+        self.real = real
+        self.entered = threading.Event()
+        self.go = threading.Event()
+        self.armed = False
+
+    def __call__(self, *args, **kwargs):
+        if self.armed:
+            self.armed = False
+            self.entered.set()
+            assert self.go.wait(30)
+        return self.real(*args, **kwargs)
+
+
+def _race(first, second, gate):
+    """`first` runs into the gated reload; `second` runs while that reload is frozen. Returns both results. A second
+    call that does not wait for the reload returns at once (the stale answer); one that waits is still blocked."""
+    results = {}
+    a = threading.Thread(target=lambda: results.__setitem__("first", first()))
+    b = threading.Thread(target=lambda: results.__setitem__("second", second()))
+    gate.armed = True
+    a.start()
+    assert gate.entered.wait(30)
+    b.start()
+    b.join(2.0)         # without the wait, the second call answers well within this from the table it has
+    waited = b.is_alive()
+    gate.go.set()
+    a.join(30)
+    b.join(30)
+    return results, waited
+
+
+def test_a_new_token_is_not_refused_while_another_call_is_reloading_the_table(files, monkeypatch):
+    """Rotation races: a call whose token was added to its file just before it must not be refused because another
+    call holds the reload lock at that moment (found in CI: a rotated client token refused UNAUTHENTICATED)."""
+    from kvpool.store.auth import table as table_mod
+
+    store = TokenStore(config(files, reload_interval_s=0))
+    gate = Gate(table_mod.load_entries)
+    monkeypatch.setattr(table_mod, "load_entries", gate)
+    write(files["client"], f"acme:{ACME}\nacme:{NODE_B}\n")     # a second acme token, added by rotation
+    results, waited = _race(lambda: store.identify(NODE_B), lambda: store.identify(NODE_B), gate)
+    assert results == {"first": Identity(Role.CLIENT, "acme", "client_tokens[0]"),
+                       "second": Identity(Role.CLIENT, "acme", "client_tokens[0]")}
+    assert waited and store.version == 2
+    gate.armed = False
+    assert store.identify(ACME).tenant == "acme" and store.identify(OTHER) is None
+
+
+def test_a_known_token_does_not_wait_for_a_reload_in_progress(files, monkeypatch):
+    from kvpool.store.auth import table as table_mod
+
+    store = TokenStore(config(files, reload_interval_s=0))
+    gate = Gate(table_mod.load_entries)
+    monkeypatch.setattr(table_mod, "load_entries", gate)
+    write(files["client"], f"acme:{ACME}\n")
+    results, waited = _race(lambda: store.identify(OTHER), lambda: store.identify(ACME), gate)
+    assert not waited       # ACME is in the current table: answered from it while the reload is frozen
+    assert results == {"first": None, "second": Identity(Role.CLIENT, "acme", "client_tokens[0]")}
+
+
+def test_a_token_source_never_presents_the_token_a_reload_in_progress_is_replacing(tmp_path, monkeypatch):
+    from kvpool.store.auth import client as client_mod
+
+    path = tmp_path / "client.token"
+    write(path, f"{ACME}\n")
+    src = TokenSource(f"file:{path}", reload_interval_s=0)
+    gate = Gate(client_mod.read_source)
+    monkeypatch.setattr(client_mod, "read_source", gate)
+    write(path, f"{NODE_B}\n")                    # rotated: the old token is about to be revoked at the master
+    results, waited = _race(src.token, src.token, gate)
+    assert results == {"first": NODE_B, "second": NODE_B} and waited
