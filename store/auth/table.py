@@ -64,15 +64,15 @@ class TokenStore:
         d = digest(self._key, token)
         ident = self._table.get(d)
         if ident is None and self._watch.files:
-            with self._lock:
-                if self._watch.due() and self._watch.changed():
-                    self._reload_locked()
+            self._maybe_reload(wait=True)
             ident = self._table.get(d)
         return ident
 
-    def _maybe_reload(self) -> None:
-        if not self._lock.acquire(blocking=False):
-            return  # another thread is checking; this call uses the current table
+    def _maybe_reload(self, *, wait: bool = False) -> None:
+        """Reload if a check is due and a file changed. A check another thread is making: `wait` False, this call
+        goes on with the current table; True, it waits for that check (then makes its own if one is still due)."""
+        if not self._lock.acquire(blocking=wait):
+            return
         try:
             if self._watch.due() and self._watch.changed():
                 self._reload_locked()

@@ -23,6 +23,7 @@ from kvpool.store.data_channel import (
     DataServer,
     Extent,
 )
+from tests.faults.harness import wait_until
 
 SECRET = b"s" * 32
 
@@ -61,14 +62,6 @@ def node():
     yield arena, client
     client.close()
     server.close()
-
-
-def wait_until(condition, deadline_s=10.0):
-    """Until `condition()` holds (the node's connection threads act on their own); fails past the deadline."""
-    end = time.monotonic() + deadline_s
-    while not condition():
-        assert time.monotonic() < end, "the condition did not hold within the deadline"
-        time.sleep(0.02)
 
 
 def recv_exact(sock, n):
@@ -159,7 +152,7 @@ def test_idle_connections_are_closed_by_the_node_and_clients_reconnect():
             started = time.monotonic()
             assert half_open.recv(1) == b""  # EOF: the node gave up on it
             assert time.monotonic() - started < 5
-        wait_until(lambda: server.connections() == 0)  # the pooled connection is closed by the node too (same timeout)
+        wait_until(lambda: server.connections() == 0, 10, "the node to close the pooled connection too (same timeout)")
         out = bytearray(4)
         assert client.read_many_into([ext(tokens.READ, 2, 0, 4)], [memoryview(out)]) == [None] and out == b"abcd"
     finally:
@@ -176,7 +169,7 @@ def test_connections_past_the_bound_are_refused_at_accept():
         assert socks[2].recv(1) == b""  # the third is closed right away
         client = DataClient(server.address, timeout=5)
         socks[0].close()  # one slot frees up: a client gets in again
-        wait_until(lambda: server.connections() < 2)
+        wait_until(lambda: server.connections() < 2, 10, "a connection slot to free up")
         assert client.write_many([ext(tokens.WRITE, 1, 0, 4)], [memoryview(b"abcd")]) == [None]
         client.close()
         assert server.refused_connections == 1
@@ -414,8 +407,8 @@ def test_a_client_that_stops_receiving_a_large_read_loses_its_connection_and_the
     try:
         with socket.create_connection((host, int(port)), timeout=5) as greedy:
             greedy.sendall(ext(tokens.READ, 1, 0, size).header(OP_READ))   # then never receives
-            wait_until(lambda: server.connections() == 1)
-            wait_until(lambda: server.connections() == 0)   # the node gave up on it: its send made no progress
+            wait_until(lambda: server.connections() == 1, 10, "the greedy reader's connection")
+            wait_until(lambda: server.connections() == 0, 10, "the node to give up on it (its send made no progress)")
         out = bytearray(4)
         assert client.read_many_into([ext(tokens.READ, 2, 0, 4)], [memoryview(out)]) == [None] and out == b"late"
     finally:
