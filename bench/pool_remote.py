@@ -43,9 +43,14 @@ the hash fused with the copy on the calling thread (`verify_threads=0`), fused w
 has landed while the next chunk copies (these three with the one-pass copy turned off), and the one-pass copy
 (kvpool/copyhash.py: each stripe stored and hashed from one load; the default where it is built).
 
-    python bench/pool_remote.py [--total 256MiB] [--batch 32] [--rounds 3] [--index-objects 1000000] [--fence]
+`--shm-dir DIR` puts the nodes' arenas in DIR instead of /dev/shm: on a tmpfs mounted with huge=within_size the
+arenas are 2 MiB pages (tiers/dram.py `huge_pages`; bench/arena_pages.py measures that alone, side by side). The
+header line says which pages the run's arenas had.
 
-One file of ~670 lines: its columns must run interleaved in one process, batch by batch, to be comparable on a
+    python bench/pool_remote.py [--total 256MiB] [--batch 32] [--rounds 3] [--index-objects 1000000] [--fence]
+                                [--shm-dir /dev/shm]
+
+One file of ~690 lines: its columns must run interleaved in one process, batch by batch, to be comparable on a
 shared machine; the pools, the peers and the limits are set up and torn down together.
 """
 
@@ -72,6 +77,7 @@ from tqdm import tqdm
 from kvpool import PoolClient
 from kvpool.config import parse_size
 from kvpool.launcher import free_port
+from kvpool.tiers.dram import huge_pages
 
 SIZES = [64 << 10, 512 << 10, 2 << 20]
 
@@ -124,9 +130,9 @@ class Pool:
     `node_args`: the security flags of the auth-on and TLS-on pools; `tls`: how to check their health."""
 
     def __init__(self, dram_bytes: int, workdir: str, name: str = "plain", master_args=(), node_args=(),
-                 tls=None) -> None:
+                 tls=None, shm_dir: str = "/dev/shm") -> None:
         self.workdir = workdir
-        self.shm = tempfile.mkdtemp(prefix="kvpool-bench-", dir="/dev/shm")
+        self.shm = tempfile.mkdtemp(prefix="kvpool-bench-", dir=shm_dir)
         self.address = f"127.0.0.1:{free_port()}"
         node_addr = f"127.0.0.1:{free_port()}"
         env = {k: v for k, v in os.environ.items() if not k.startswith("KVPOOL_")}
@@ -504,7 +510,12 @@ def main(argv=None) -> int:
     ap.add_argument("--index-objects", type=int, default=1_000_000,
                     help="objects for the master-memory figure; 0 skips it")
     ap.add_argument("--fence", action="store_true", help="also time a same-host get under each fence candidate")
+    ap.add_argument("--shm-dir", default="/dev/shm",
+                    help="where the nodes' arenas live (a tmpfs mounted huge=within_size: 2 MiB pages, "
+                         "bench/arena_pages.py)")
     args = ap.parse_args(argv)
+    if not os.path.isdir(args.shm_dir):
+        ap.error(f"--shm-dir {args.shm_dir!r} is not a directory")
     total = parse_size(args.total, "--total")
     workdir = tempfile.mkdtemp(prefix="kvpool-bench-")
     redis_reason = None if shutil.which("redis-server") else "redis-server not on PATH"
@@ -517,9 +528,10 @@ def main(argv=None) -> int:
     rows = {}
     sec = Security(workdir)
     dram = 2 * total + (64 << 20)
-    pool = Pool(dram, workdir)
-    pool_auth = Pool(dram, workdir, "auth", sec.master_args, sec.node_args)
-    pool_tls = Pool(dram, workdir, "tls", sec.master_args + sec.tls_args, sec.node_args + sec.tls_args, tls=sec.tls)
+    pool = Pool(dram, workdir, shm_dir=args.shm_dir)
+    pool_auth = Pool(dram, workdir, "auth", sec.master_args, sec.node_args, shm_dir=args.shm_dir)
+    pool_tls = Pool(dram, workdir, "tls", sec.master_args + sec.tls_args, sec.node_args + sec.tls_args, tls=sec.tls,
+                    shm_dir=args.shm_dir)
     pools = {"": (pool.address, {}), "auth ": (pool_auth.address, {"token": sec.token}),
              "tls ": (pool_tls.address, {"token": sec.token, "tls": sec.tls})}
     redis = Redis(workdir) if redis_reason is None else None
@@ -570,7 +582,9 @@ def main(argv=None) -> int:
 
     print(f"\nkvpool bench/pool_remote.py  {datetime.date.today()}  {platform.machine()} "
           f"{os.cpu_count()} cores  {platform.processor() or platform.platform()}  python {platform.python_version()}")
-    print(f"batch {args.batch} keys per call, {total >> 20} MiB per size per round, best of {args.rounds}; GB/s")
+    pages = huge_pages(args.shm_dir)
+    print(f"batch {args.batch} keys per call, {total >> 20} MiB per size per round, best of {args.rounds}; GB/s; "
+          f"arenas in {args.shm_dir}: {'2 MiB pages, ' + pages if pages else 'base pages'}")
     head = f"{'size':>8} | {'shm put':>8} {'shm get':>8} | {'tcp put':>8} {'tcp get':>8} | {'memcpy':>7} " \
            f"{'raw sock':>8} | {'redis SET':>9} {'redis GET':>9} | {'mc put':>7} {'mc get':>7}"
     print(head)

@@ -44,7 +44,7 @@ what would be valid. All of them load through `kvpool.config.load_config` (defau
 < kwargs). A default may differ per process (a node process shares its DRAM arena, the embedded pool does not): the
 process class redeclares the default, never the validation.
 
-Why one module of ~530 lines: the groups compose into one another (a process config is a subclass of each), so
+Why one module of ~550 lines: the groups compose into one another (a process config is a subclass of each), so
 every field's single definition, its validation and the table above stay in one place; splitting them by group
 would put the cooperative `__post_init__` chain across files.
 """

@@ -26,7 +26,7 @@ tier still has room (the most free first), so with N equal nodes nothing is evic
 With tenant quotas (store/quota.py) every policy is wrapped so each tenant's own recency lists follow it, and `shed`
 moves a tenant's own victims one tier down without evicting anyone else's objects there.
 
-Why one module of ~630 lines: placement, the eviction rounds, demotion and promotion moves, drain targets and the
+Why one module of ~660 lines: placement, the eviction rounds, demotion and promotion moves, drain targets and the
 adoption of a restarted node's records all change the same per-node allocators and policies, in one order, under
 the master's lock; the inclusive copies' bookkeeping is already apart (store/copies.py).
 """

@@ -12,6 +12,7 @@ import tempfile
 import pytest
 
 from kvpool import PoolClient
+from kvpool.tiers.dram import huge_pages
 from tests.store.cluster import free_port, pattern, wait_serving
 
 
@@ -42,7 +43,9 @@ def up(tmp_path):
 def test_up_serves_clients_and_the_admin_commands_then_stops_cleanly(up):
     proc, address, shm = up
     banner = proc.stdout.readline()
-    assert banner.startswith(f"kvpool pool up at {address} (DRAM 4 MiB, SSD 8 MiB at ")
+    pages = huge_pages(shm)         # /dev/shm: base pages unless the machine mounts it with huge=
+    pages = "base pages" if pages is None else f"2 MiB pages, {pages}"
+    assert banner.startswith(f"kvpool pool up at {address} (DRAM 4 MiB on {pages}, SSD 8 MiB at ")
     url = banner.split("dashboard ", 1)[1].split(";", 1)[0]
     keys = [bytes([i]) * 16 for i in range(3)]
     with PoolClient(address, timeout=5) as c:
