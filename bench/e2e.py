@@ -48,7 +48,7 @@ equal cold's (greedy). A pool case's engine is started, its connector's start-up
 and prefault the same-host arenas) included, before its first request is timed: as an instance is up before it
 takes traffic.
 Usage: python bench/e2e.py [--lengths 1024 4096] [--repeats 2] [--transfer auto|staged|direct] [--warm-start on|off]
-                          [--verify-threads 1|0|both] [--no-service] [--pairs 0] [--ssd-pairs 0]
+                          [--verify-threads 1|0|both] [--no-service] [--pairs 0] [--ssd-pairs 0] [--shm-dir /dev/shm]
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ from kvpool.connector.connector import PoolConnector
 from kvpool.embedded import EmbeddedPool
 from kvpool.engine_adapter.llm import LLM
 from kvpool.engine_adapter.sampling import SamplingParams
+from kvpool.tiers.dram import huge_pages
 
 GREEDY = SamplingParams(temperature=0, max_tokens=2)
 
@@ -154,7 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", type=int, default=0,
                     help="after the repeats, this many (local hit, service hit) pairs per length, alternating which "
                          "runs first: the steadier measure of the service-vs-local-hit goal (needs the service)")
+    ap.add_argument("--shm-dir", default="/dev/shm",
+                    help="the services' shm_dir: a tmpfs mounted huge=within_size gives their arenas 2 MiB pages "
+                         "(README 'Huge pages for the arena')")
     args = ap.parse_args(argv)
+    if not os.path.isdir(args.shm_dir):
+        ap.error(f"--shm-dir {args.shm_dir!r} is not a directory")
     for name, n in (("--pairs", args.pairs), ("--ssd-pairs", args.ssd_pairs)):
         if n < 0 or (n and args.no_service):
             ap.error(f"{name} must be >= 0 and needs the service case (got {name} {n}"
@@ -169,13 +175,14 @@ def main(argv: list[str] | None = None) -> int:
 
         addr = f"127.0.0.1:{free_port()}"
         service = spawn("pool", ["up", "--listen", addr, "--dram-bytes", "2GiB", "--ssd-path", "none",
-                                 "--http-listen", ""], work)
+                                 "--http-listen", "", "--shm-dir", args.shm_dir], work)
         wait_grpc_serving(addr, 60, service)
         ssd_addr = f"127.0.0.1:{free_port()}"
         ssd_file = work / "svc-ssd" / "kvpool.data"
         ssd_service = spawn("pool-ssd", ["up", "--listen", ssd_addr, "--dram-bytes", "0", "--ssd-path",
                                          str(ssd_file.parent), "--ssd-bytes", "3GiB", "--promote-on-hit", "false",
-                                         "--write-behind", "false", "--http-listen", ""], work)
+                                         "--write-behind", "false", "--http-listen", "", "--shm-dir", args.shm_dir],
+                            work)
         wait_grpc_serving(ssd_addr, 60, ssd_service)
         probe = DiskProbe(work)
     cases = ["cold", "local hit", "pool DRAM", "pool SSD"] + ([] if service is None else
@@ -312,8 +319,11 @@ def main(argv: list[str] | None = None) -> int:
             if proc is not None:
                 proc.stop()
         shutil.rmtree(work, ignore_errors=True)   # the SSD files: 1 GiB per embedded case, 3 GiB for the service
+    pages = huge_pages(args.shm_dir)
     print(f"\nTTFT, median of {args.repeats} (fresh engine per pool case, transfer {args.transfer}, warm start "
-          f"{args.warm_start}; SmolLM2-135M fp32, CPU, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')})")
+          f"{args.warm_start}; SmolLM2-135M fp32, CPU, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}"
+          + ("" if service is None else f"; service arenas in {args.shm_dir}: "
+             + (f"2 MiB pages, {pages}" if pages else "base pages")) + ")")
     print(f"{'prompt':>7}  " + "  ".join(f"{c:>13}" for c in cases))
     for length in args.lengths:
         meds = {c: statistics.median(results[(length, c)]) for c in cases}

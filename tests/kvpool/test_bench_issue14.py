@@ -30,6 +30,7 @@ def test_pool_remote_prints_every_ratio_line():
     lines = run("pool_remote.py", "--total", "8MiB", "--rounds", "1", "--lookups", "5", "--chain", "50",
                 "--index-objects", "0")
     out = "\n".join(lines)
+    assert has(lines, r"^batch 32 keys per call, .*; arenas in /dev/shm: (base pages|2 MiB pages, .+)$"), out
     for size in ("64KiB", "512KiB", "2048KiB"):
         assert has(lines, rf"\s*{size}: same-host get \(fence on\) {X} memcpy, put {X}; tcp get {X} raw socket "
                           rf"\({X} one sending distinct buffers\)"), out
@@ -79,6 +80,7 @@ def test_lookup_rate_prints_rows_and_the_redis_ratio():
 def test_e2e_prints_every_case_and_identical_outputs():
     lines = run("e2e.py", "--lengths", "64", "--repeats", "1", "--pairs", "2", "--ssd-pairs", "3")
     out = "\n".join(lines)
+    assert has(lines, r"^TTFT, median of 1 \(.*; service arenas in /dev/shm: (base pages|2 MiB pages, .+)\)$"), out
     for case in ("local_hit", "pool_DRAM", "pool_SSD", "pool_service", "service_SSD"):
         assert any(re.fullmatch(rf"ratio e2e_ttft 64 {case}: \d+\.\dx faster than cold", line) for line in lines), out
     assert any(re.fullmatch(rf"ratio e2e_ttft 64 pool_service vs local hit: {X} the local hit's speed \(goal 0\.9x\)",
@@ -116,6 +118,9 @@ def test_e2e_pairs_need_the_service_and_a_count():
         res = subprocess.run([sys.executable, str(BENCH / "e2e.py"), *args], capture_output=True, text=True, check=False,
                              timeout=120)
         assert res.returncode == 2 and f"{name} must be >= 0 and needs the service case ({why}" in res.stderr
+    res = subprocess.run([sys.executable, str(BENCH / "e2e.py"), "--shm-dir", "/nonexistent/kvpool"],
+                         capture_output=True, text=True, check=False, timeout=120)
+    assert res.returncode == 2 and "--shm-dir '/nonexistent/kvpool' is not a directory" in res.stderr
 
 
 @pytest.mark.slow
