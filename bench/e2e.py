@@ -72,7 +72,7 @@ from kvpool.connector.connector import PoolConnector
 from kvpool.embedded import EmbeddedPool
 from kvpool.engine_adapter.llm import LLM
 from kvpool.engine_adapter.sampling import SamplingParams
-from kvpool.tiers.dram import huge_pages
+from kvpool.tiers.dram import page_kind
 
 GREEDY = SamplingParams(temperature=0, max_tokens=2)
 
@@ -319,11 +319,9 @@ def main(argv: list[str] | None = None) -> int:
             if proc is not None:
                 proc.stop()
         shutil.rmtree(work, ignore_errors=True)   # the SSD files: 1 GiB per embedded case, 3 GiB for the service
-    pages = huge_pages(args.shm_dir)
     print(f"\nTTFT, median of {args.repeats} (fresh engine per pool case, transfer {args.transfer}, warm start "
           f"{args.warm_start}; SmolLM2-135M fp32, CPU, {os.cpu_count()} cores, {time.strftime('%Y-%m-%d')}"
-          + ("" if service is None else f"; service arenas in {args.shm_dir}: "
-             + (f"2 MiB pages, {pages}" if pages else "base pages")) + ")")
+          + ("" if service is None else f"; service arenas in {args.shm_dir}: {page_kind(args.shm_dir)}") + ")")
     print(f"{'prompt':>7}  " + "  ".join(f"{c:>13}" for c in cases))
     for length in args.lengths:
         meds = {c: statistics.median(results[(length, c)]) for c in cases}

@@ -77,7 +77,7 @@ from tqdm import tqdm
 from kvpool import PoolClient
 from kvpool.config import parse_size
 from kvpool.launcher import free_port
-from kvpool.tiers.dram import huge_pages
+from kvpool.tiers.dram import page_kind
 
 SIZES = [64 << 10, 512 << 10, 2 << 20]
 
@@ -582,9 +582,8 @@ def main(argv=None) -> int:
 
     print(f"\nkvpool bench/pool_remote.py  {datetime.date.today()}  {platform.machine()} "
           f"{os.cpu_count()} cores  {platform.processor() or platform.platform()}  python {platform.python_version()}")
-    pages = huge_pages(args.shm_dir)
     print(f"batch {args.batch} keys per call, {total >> 20} MiB per size per round, best of {args.rounds}; GB/s; "
-          f"arenas in {args.shm_dir}: {'2 MiB pages, ' + pages if pages else 'base pages'}")
+          f"arenas in {args.shm_dir}: {page_kind(args.shm_dir)}")
     head = f"{'size':>8} | {'shm put':>8} {'shm get':>8} | {'tcp put':>8} {'tcp get':>8} | {'memcpy':>7} " \
            f"{'raw sock':>8} | {'redis SET':>9} {'redis GET':>9} | {'mc put':>7} {'mc get':>7}"
     print(head)

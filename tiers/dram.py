@@ -214,9 +214,7 @@ class DramArena:
             os.close(fd)
             os.unlink(path)
             raise
-        pages = huge_pages(directory)
-        log.info("created DRAM arena %s (%d bytes, %s)", path, capacity,
-                 f"2 MiB pages: {pages}" if pages else "base pages: its file system gives no huge pages")
+        log.info("created DRAM arena %s (%d bytes, %s)", path, capacity, page_kind(directory))
         return cls(path, fd, mm, capacity, owner=True, tail=tail, index_bytes=index_bytes)
 
     @classmethod
@@ -537,6 +535,13 @@ def huge_pages(directory: str, *, mountinfo: str | None = None, shmem_enabled: s
         return "tmpfs (shmem_enabled force)"
     huge = next((o.split("=", 1)[1] for o in options if o.startswith("huge=")), "never")
     return f"tmpfs huge={huge}" if huge in _HUGE_TMPFS else None
+
+
+def page_kind(directory: str) -> str:
+    """`huge_pages` in words, as the banner, the node's log and the benches print it: "2 MiB pages, tmpfs
+    huge=within_size" (say), or "base pages"."""
+    pages = huge_pages(directory)
+    return f"2 MiB pages, {pages}" if pages else "base pages"
 
 
 def _read_text(path: str) -> str:

@@ -19,7 +19,7 @@ def run(args) -> int:
     from kvpool.process import config_from_args, run_until_signal
     from kvpool.services import UpProcess
     from kvpool.store.config import UpConfig
-    from kvpool.tiers.dram import huge_pages
+    from kvpool.tiers.dram import page_kind
 
     try:
         cluster = UpProcess(config_from_args(UpConfig, args, "KVPOOL_")).start()
@@ -29,8 +29,7 @@ def run(args) -> int:
     c = cluster.config
     ssd = f"SSD {c.ssd_bytes >> 20} MiB at {c.ssd_path}" if c.ssd_path else "no SSD tier"
     dashboard = f"dashboard {cluster.dashboard_url}" if cluster.dashboard_url else "no dashboard"
-    pages = huge_pages(c.shm_dir)
-    dram = f"DRAM {c.dram_bytes >> 20} MiB on {'2 MiB pages, ' + pages if pages else 'base pages'}"
+    dram = f"DRAM {c.dram_bytes >> 20} MiB on {page_kind(c.shm_dir)}"
     print(f"kvpool pool up at {cluster.address} ({dram}, {ssd}); {dashboard}; Ctrl-C to stop", flush=True)
     code = run_until_signal(cluster.stop)
     print("kvpool pool stopped", flush=True)
