@@ -34,7 +34,9 @@ any client's first get of keys it did not put cost before the host index), a def
 before each get (exactly another client's first get: since 2026-11-27 (evening) found in the node's host index,
 tiers/host_index.py, with no lookup; the locations remembered for the next one) and `location_cache_s=0,
 optimistic_reads=False, host_index_reads=False` (a leased lookup, as every get before 2026-11-27); ratio lines
-against memcpy and between them.
+against memcpy and between them. TCP repeat gets (since 2026-11-29): the TCP client reading its objects a third
+time onwards (its location cache: dated reads, kvpool/locations.py) against a TCP client with `location_cache_s=0`
+(a Lookup per get), batch by batch; ratio lines against the raw socket, between them, and against redis GET.
 
 The same-host columns run with the client's default fence (every read checked against the committed xxh3_64,
 kvpool/fence.py). `--fence` adds, interleaved in the same rounds, a same-host get of the same objects under each
@@ -262,6 +264,7 @@ def measure_size(pools: dict[str, tuple[str, dict]], size: int, count: int, batc
     first = PoolClient(pools[""][0], timeout=60)     # the default client, its location cache emptied before each get
     leased = PoolClient(pools[""][0], timeout=60, location_cache_s=0, optimistic_reads=False,
                         host_index_reads=False)
+    tcp_uncached = PoolClient(pools[""][0], transport="tcp", timeout=60, location_cache_s=0)
     raw = RawSocket(size)
     raw_distinct = RawSocket(size, distinct=count)
     if mc is not None:
@@ -323,17 +326,36 @@ def measure_size(pools: dict[str, tuple[str, dict]], size: int, count: int, batc
             again = {"repeat get": 0.0, "repeat get, leased": 0.0, "repeat get, no cache": 0.0, "first get": 0.0}
             orders = list(itertools.permutations((("repeat get", clients["auto"]), ("repeat get, leased", leased),
                                                   ("repeat get, no cache", uncached), ("first get", first))))
+
+            def timed_get(name: str, c: PoolClient, k: list[bytes], i: int) -> None:
+                t0 = time.perf_counter()
+                got = c.get_many_into(k[i:i + batch], dst[i:i + batch])
+                again[name] += time.perf_counter() - t0
+                assert got == len(k[i:i + batch])
+                assert all(np.array_equal(src[j], dst[j]) for j in range(i, i + got)), f"{name}: bytes differ"
+                for d in dst[i:i + got]:
+                    d[:1] = 0
+
             for i in range(0, count, batch):
                 for name, c in orders[(r * 7 + i // batch) % len(orders)]:
                     if c is first:
                         first.locations.clear()
-                    t0 = time.perf_counter()
-                    got = c.get_many_into(k[i:i + batch], dst[i:i + batch])
-                    again[name] += time.perf_counter() - t0
-                    assert got == len(k[i:i + batch])
-                    assert all(np.array_equal(src[j], dst[j]) for j in range(i, i + got)), f"{name}: bytes differ"
-                    for d in dst[i:i + got]:
-                        d[:1] = 0
+                    timed_get(name, c, k, i)
+            # Repeat gets of the auth-off TCP objects: the putting client (its location cache: it learnt the node's
+            # removal stamp at its first get, remembered the locations at the second, so the rest are dated reads
+            # with no master round trip) and one with location_cache_s=0 (a Lookup per get), batch by batch, the
+            # order swapped every batch.
+            k = keys["tcp"]
+            for warm in (clients["tcp"], clients["tcp"], tcp_uncached):
+                for i in range(0, count, batch):
+                    assert warm.get_many_into(k[i:i + batch], dst[i:i + batch]) == len(k[i:i + batch])
+                check()
+            pair = (("tcp repeat get", clients["tcp"]), ("tcp repeat get, no cache", tcp_uncached))
+            for name, _ in pair:
+                again[name] = 0.0
+            for i in range(0, count, batch):
+                for name, c in pair[::-1] if (r + i // batch) % 2 else pair:
+                    timed_get(name, c, k, i)
             for name, dt in again.items():
                 times.setdefault(name, []).append(dt)
             bar.update(len(again))
@@ -390,6 +412,7 @@ def measure_size(pools: dict[str, tuple[str, dict]], size: int, count: int, batc
         uncached.close()
         first.close()
         leased.close()
+        tcp_uncached.close()
         if unchecked is not None:
             unchecked.close()
             one_thread.close()
@@ -523,7 +546,7 @@ def main(argv=None) -> int:
     import mooncake_peer
 
     mooncake_reason = mooncake_peer.unavailable()
-    steps = len(SIZES) * args.rounds * (4 * len(MODES) + 7 + (len(FENCE_CANDIDATES) if args.fence else 0)
+    steps = len(SIZES) * args.rounds * (4 * len(MODES) + 9 + (len(FENCE_CANDIDATES) if args.fence else 0)
                                         + (2 if redis_reason is None else 0) + (2 if mooncake_reason is None else 0))
     rows = {}
     sec = Security(workdir)
@@ -554,7 +577,8 @@ def main(argv=None) -> int:
                             "raw distinct": max(g["raw distinct"], g["raw distinct pieces"]),
                             "raw whole": g["raw"], "raw pieces": g["raw pieces"], "repeat": g["repeat get"],
                             "repeat leased": g["repeat get, leased"], "repeat uncached": g["repeat get, no cache"],
-                            "first": g["first get"]})
+                            "first": g["first get"], "tcp repeat": g["tcp repeat get"],
+                            "tcp repeat uncached": g["tcp repeat get, no cache"]})
                 if "redis get" in g:
                     row["redis"] = {"put": g["redis put"], "get": g["redis get"]}
                 if "mooncake get" in g:
@@ -614,6 +638,15 @@ def main(argv=None) -> int:
               f"cached / uncached {row['repeat'] / row['repeat uncached']:.2f}x; first get of keys it did not put, "
               f"default client (its cache emptied before each get: the node's host index, no lookup) "
               f"{row['first'] / row['memcpy']:.2f}x; first / uncached {row['first'] / row['repeat uncached']:.2f}x")
+    for size, row in rows.items():
+        line = (f"{size >> 10:>5}KiB: tcp repeat get, default client (location cache: dated reads, no master round "
+                f"trip) {row['tcp repeat'] / row['raw']:.2f}x raw socket; without the cache (location_cache_s=0: a "
+                f"lookup per get) {row['tcp repeat uncached'] / row['raw']:.2f}x; cached / uncached "
+                f"{row['tcp repeat'] / row['tcp repeat uncached']:.2f}x")
+        if row.get("redis"):
+            line += (f"; cached {row['tcp repeat'] / row['redis']['get']:.2f}x, uncached "
+                     f"{row['tcp repeat uncached'] / row['redis']['get']:.2f}x redis GET")
+        print(line)
     for size, row in rows.items():
         print(f"{size >> 10:>5}KiB: same-host repeat get without the cache, optimistic (no lease) "
               f"{row['repeat uncached'] / row['memcpy']:.2f}x memcpy; leased (optimistic_reads=False) "

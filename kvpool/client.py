@@ -24,7 +24,7 @@ The layers it is built from, each usable on its own:
   kvpool/releaser.py   Releaser: the background thread that ends read leases and sends the location cache's reports
   kvpool/locations.py  LocationCache: where same-host gets and puts found their objects (`location_cache_s`)
 `kvpool drain` moves objects with the same `rpc` and `transfers` (public attributes).
-One module of ~770 lines because it is one concept, the pool API over RPC: a backend method per PoolFront call,
+One module of ~800 lines because it is one concept, the pool API over RPC: a backend method per PoolFront call,
 each a few lines over the layers above, but for acquire_many's ExtentRead builders (leased, and from the host index:
 ~150 lines of closures over this client's transfers, releaser and lookups; a module of their own would need all
 three handed over).
@@ -54,7 +54,7 @@ from kvpool.buffers import as_writable_bytes
 from kvpool.credentials import Credentials
 from kvpool.extents import REST_MARGIN_S, ExtentRead, ExtentWrite, SharedLease, Staging
 from kvpool.keys import KEY_BYTES
-from kvpool.locations import DEFAULT_TTL_S, MAX_TTL_S, LocationCache, SsdLocation
+from kvpool.locations import DEFAULT_TTL_S, MAX_TTL_S, LocationCache, SsdLocation, TcpLocation, tier_of
 from kvpool.pool import PoolFront
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.releaser import Releaser
@@ -278,34 +278,45 @@ class PoolClient(PoolFront):
         n = len(run)
         good = self._read_run(views, [entry.extent for entry in run], [entry.checksum for entry in run])
         if good < n:
-            cache.forget(digest, keys[good:good + 1], stale=True)
-            return _STALE
+            bad = run[good]
+            if type(bad.extent) is not TcpLocation:
+                cache.forget(digest, keys[good:good + 1], stale=True)
+                return _STALE       # the node's host index most likely names that extent too: the lookup says so
+            refused = bad.arena.generation != bad.generation    # the node's stamp moved: a removal since
+            cache.forget(digest, keys[good:good + 1], stale=not refused, removed=refused)
+            return 0
         cache.count(good)
         self._releaser.report_uses(ns, [bytes(k) for k in keys])
         if tiers_out is not None:
-            tiers_out.extend(Tier.SSD.label if type(entry.extent) is SsdLocation else Tier.DRAM.label
-                             for entry in run)
+            tiers_out.extend(Tier(tier_of(entry.extent)).label for entry in run)
         return good
 
     def _read_run(self, views: list[memoryview], extents: list, checksums: list[int]) -> int:
         """Read extents[i] into views[i]: a DRAM extent (a view of a mapped arena) copied through the read fence, an
-        SsdLocation read from the node's data file with the record's own checks, each against the committed
-        checksums[i]. How many leading reads are good."""
+        SsdLocation read from the node's data file with the record's own checks, a TcpLocation as a dated read
+        through the node's data channel, each against the committed checksums[i]. How many leading reads are
+        good."""
         ssd = [i for i, extent in enumerate(extents) if type(extent) is SsdLocation]
-        if not ssd:
+        tcp = [i for i, extent in enumerate(extents) if type(extent) is TcpLocation]
+        if not ssd and not tcp:
             return self._copy_fenced(views, extents, checksums)
         oks = [True] * len(extents)
-        picked = set(ssd)
+        if tcp:
+            for i, ok in zip(tcp, self.transfers.read_dated([extents[i] for i in tcp], [views[i] for i in tcp],
+                                                            [checksums[i] for i in tcp])):
+                oks[i] = ok
+        picked = set(ssd) | set(tcp)
         dram = [i for i in range(len(extents)) if i not in picked]
         if dram:
             copied = fence.copy_verified_many([views[i] for i in dram], [extents[i] for i in dram],
                                               [checksums[i] for i in dram], pipeline=self.transfers.verify_threads > 0)
             for i, ok in zip(dram, copied):
                 oks[i] = ok
-        read = self.transfers.read_located([extents[i] for i in ssd], [views[i] for i in ssd],
-                                           [checksums[i] for i in ssd])
-        for i, ok in zip(ssd, read):
-            oks[i] = ok
+        if ssd:
+            read = self.transfers.read_located([extents[i] for i in ssd], [views[i] for i in ssd],
+                                               [checksums[i] for i in ssd])
+            for i, ok in zip(ssd, read):
+                oks[i] = ok
         return oks.index(False) if False in oks else len(extents)
 
     def _copy_fenced(self, views: list[memoryview], extents: list[memoryview], checksums: list[int]) -> int:
@@ -352,6 +363,7 @@ class PoolClient(PoolFront):
             tiers_out.extend(Tier(int(t)).label for t in reply.tiers[:filled])
         if self.locations is not None and filled:
             self._remember(_wire_digest(ns), keys, reply, filled, gens)
+            self.transfers.learn_stamps(wire.hits_of(reply))    # dates the next lookups of TCP-read nodes
         return filled
 
     def _read_unleased(self, keys: Sequence[bytes], views: list[memoryview], ns: NsRef,
@@ -638,8 +650,11 @@ class PoolClient(PoolFront):
     def _remove(self, keys: Sequence[bytes]) -> int:
         if self.locations is not None:
             self.locations.clear()      # no namespace comes with a remove: forget everything, not just these keys
-        return self.rpc.call("Remove", pb.RemoveRequest(keys=[bytes(k) for k in keys]), retry=True,
-                             what="remove").removed
+        removed = self.rpc.call("Remove", pb.RemoveRequest(keys=[bytes(k) for k in keys]), retry=True,
+                                what="remove").removed
+        if self.locations is not None and removed:
+            self.transfers.forget_stamps()  # every node's stamp moved: the next located get of each asks anew
+        return removed
 
     def _stats(self) -> dict:
         self._releaser.flush_uses(self.timeout)     # the hit counts include this client's cached gets
@@ -648,6 +663,7 @@ class PoolClient(PoolFront):
         out["client_late_writes_skipped"] = self.transfers.late_writes_skipped
         out["client_dead_owner_writes"] = self.transfers.dead_owner_writes
         out["client_optimistic_retries"] = self.optimistic_retries
+        out["client_dated_reads"] = {"reads": self.transfers.dated_reads, "refused": self.transfers.stamp_refusals}
         out["client_host_index"] = {"gets": self.host_index_gets, "acquires": self.host_index_acquires,
                                     "stale": self.host_index_stale}
         if self.locations is not None:
@@ -690,12 +706,15 @@ class PoolClient(PoolFront):
         read, or a removal the master made between its answer and that read would go unseen). The rest of the
         `count` keys are forgotten (on a node whose files this client cannot read, an arena mapped by this very
         get, say). `mapped`: the reply's `mapped_extents`, where the caller has them."""
+        gens = gens or {}
         if mapped is None:
             batch = wire.hits_of(reply)
             mapped = self.transfers.mapped_extents(batch, range(count))
             if len(mapped) < count:     # SSD records read here, dated by their node's arena
                 mapped.update(self.transfers.ssd_locations(batch, [i for i in range(count) if i not in mapped], keys))
-        gens = gens or {}
+            if len(mapped) < count:     # read over TCP, dated by the node's removal stamp as last heard
+                mapped.update(self.transfers.tcp_locations(batch, [i for i in range(count) if i not in mapped], keys,
+                                                           gens))
         n = 0
         while n < count and n in mapped and id(mapped[n][0]) in gens:
             n += 1

@@ -21,6 +21,16 @@ record, or one whose space now holds another object, is a stale entry, never ano
 vouched for by that node's arena like a DRAM entry (a node with no DRAM tier shares an arena that holds no objects,
 for its tail page and its host index: store/node.py), so removals and a dead node are handled as below.
 
+TCP (`TcpLocation`): where a get read objects through a node's data channel (another host, or transport "tcp"),
+the entry is the extent the master named with the read token it signed (valid to the token's expiry, less
+TOKEN_MARGIN_S for the clocks), and the entry's "arena" is that node's `transfer.NodeStamp`, which dates it with the
+node's *removal stamp* as this client last heard it (store/data_channel.py STAMP). A repeat get sends one pipelined
+window of READ_DATED frames carrying those dates, the bytes hashed as they land: the node refuses every read whose
+date is not its stamp now (a removal since, or another node process), so the removal rule below holds over TCP too,
+checked at the node instead of by an 8-byte load here. A refused date makes this client forget the node's stamp and
+every entry dated by it; its next located get learns the stamp again (one round trip, after the read) and the one
+after that is remembered. The first get of a node's objects is never remembered: nothing dated it before its lookup.
+
 Why no lease is needed: the fence is the guarantee, as for every same-host read (kvpool/fence.py). A returned
 buffer hashes to the checksum committed for its key, whatever happened to the extent since it was remembered
 (evicted, moved, reused by another object, being rewritten): a mismatch means the entry is stale, and it is
@@ -52,7 +62,8 @@ call (Releaser.flush_uses), so its eviction order, hit counts and recorded trace
 cache; another client sees them one linger later.
 
 Why it is on by default (PoolClient location_cache_s=None: DEFAULT_TTL_S with verify "all"): a 64 KiB x 32
-same-host get is ~0.3x memcpy through a Lookup and ~0.6-0.9x without one (bench/pool_remote.py).
+same-host get is ~0.3x memcpy through a Lookup and ~0.6-0.9x without one (bench/pool_remote.py); over TCP the
+Lookup is a quarter of a 64 KiB x 32 get (bench/pool_remote.py prints the cached / uncached ratio).
 """
 
 from __future__ import annotations
@@ -65,6 +76,7 @@ from typing import Any, Sequence
 from kvpool.tiers.types import Tier
 
 _DRAM, _SSD = int(Tier.DRAM), int(Tier.SSD)
+TOKEN_MARGIN_S = 2.0      # a TCP entry is not used this close to its read token's expiry (the node's clock decides)
 MAX_ENTRIES = 65536      # remembered objects per client, oldest dropped first (a 4K-token prompt is 256 blocks)
 MAX_TTL_S = 3600.0
 DEFAULT_TTL_S = 10.0     # PoolClient's default: each cached get's report refreshes its entries well before that
@@ -82,17 +94,42 @@ class SsdLocation:
     key: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class TcpLocation:
+    """Where a node reached over its data channel keeps an object: `extent` (store.data_channel.Extent: tier,
+    offset, size, the read token the master signed and its expiry, the key an SSD record stores, and in `ns` the
+    removal stamp that dates it), read through `node`'s data channel (transfer.NodeStamp) as a READ_DATED."""
+
+    node: Any
+    extent: Any
+
+    @property
+    def nbytes(self) -> int:
+        return self.extent.size
+
+    @property
+    def tier(self) -> int:
+        return self.extent.tier
+
+
+def tier_of(extent: Any) -> int:
+    """The tier (tiers.types.Tier value) a remembered extent is in."""
+    kind = type(extent)
+    return extent.tier if kind is TcpLocation else _SSD if kind is SsdLocation else _DRAM
+
+
 @dataclass(slots=True)
 class Cached:
     """One remembered object: `extent` is the object's bytes in `arena` (a mapped tiers.dram.DramArena), or the
     SsdLocation of its record in the data file of the node that owns `arena` (then the arena only dates and
-    vouches: its removal generation and its owner's lock)."""
+    vouches: its removal generation and its owner's lock), or a TcpLocation on the node whose NodeStamp `arena` is
+    (its `generation` is the stamp this client last heard from the node)."""
 
     arena: Any
-    extent: memoryview | SsdLocation
+    extent: memoryview | SsdLocation | TcpLocation
     checksum: int
     expires: float          # time.monotonic() after which the entry is not used
-    generation: int         # the arena's removal generation read before the lookup that located it
+    generation: int | bytes  # the arena's removal generation (a node's stamp) read before the lookup that located it
 
 
 class LocationCache:
@@ -146,15 +183,17 @@ class LocationCache:
                 entry = entries.pop(k, None)
                 if entry is None:
                     continue
-                if tiers is not None and tiers[i] != (_SSD if type(entry.extent) is SsdLocation else _DRAM):
+                if tiers is not None and tiers[i] != tier_of(entry.extent):
                     continue
                 entry.expires = expires
                 entries[k] = entry
 
     def run(self, ns: bytes, keys: Sequence[bytes], sizes: Sequence[int]) -> list[Cached]:
         """The remembered entries of the leading keys: fresh, each of the size the caller's buffer has, and located
-        since the last removal its arena was told of (an entry older than that is forgotten, counted `removed`)."""
+        since the last removal its arena was told of (an entry older than that is forgotten, counted `removed`), a
+        TCP entry's read token valid TOKEN_MARGIN_S longer."""
         now = time.monotonic()
+        token_cutoff = 0            # a TCP entry's read token must be valid past this (unix ms), computed once
         out: list[Cached] = []
         entries = self._entries
         arena, gen = None, 0        # the last entry's arena and its generation now (a get's keys share few arenas)
@@ -164,6 +203,12 @@ class LocationCache:
                 entry = entries.get(k)
                 if entry is None or entry.expires <= now or entry.extent.nbytes != size:
                     break
+                if type(entry.extent) is TcpLocation:
+                    if not token_cutoff:
+                        token_cutoff = int((time.time() + TOKEN_MARGIN_S) * 1000)
+                    if entry.extent.extent.expires_ms <= token_cutoff:
+                        del entries[k]
+                        break
                 if entry.arena is not arena:
                     arena = entry.arena
                     gen = arena.generation
@@ -179,11 +224,14 @@ class LocationCache:
             self.gets += 1
             self.objects += objects
 
-    def forget(self, ns: bytes, keys: Sequence[bytes], *, stale: bool = False) -> None:
+    def forget(self, ns: bytes, keys: Sequence[bytes], *, stale: bool = False, removed: bool = False) -> None:
+        """Drop these entries; `stale` / `removed` counts them as found not holding their object / dated before a
+        removal (a node refused a TCP entry's date)."""
         with self._lock:
             for key in keys:
-                if self._entries.pop((ns, bytes(key)), None) is not None and stale:
-                    self.stale += 1
+                if self._entries.pop((ns, bytes(key)), None) is not None:
+                    self.stale += stale
+                    self.removed += removed
 
     def forget_arena(self, arena: Any) -> None:
         """Drop every entry in `arena` (its node died)."""
@@ -201,4 +249,5 @@ class LocationCache:
                     "removed": self.removed}
 
 
-__all__ = ["LocationCache", "Cached", "SsdLocation", "MAX_ENTRIES", "MAX_TTL_S", "DEFAULT_TTL_S"]
+__all__ = ["LocationCache", "Cached", "SsdLocation", "TcpLocation", "tier_of", "MAX_ENTRIES", "MAX_TTL_S",
+           "DEFAULT_TTL_S", "TOKEN_MARGIN_S"]

@@ -28,6 +28,10 @@ caller's own hash of its copy), `owners_gone` (the write-side owner check), and 
 The location cache (kvpool/locations.py) takes `mapped_extents` and `ssd_locations` (the SSD records this client
 reads itself, each with the node's arena that dates it) from a reply, and reads its SSD entries with
 `read_located` (the record's checks and the committed checksum; a failure is stale, neither retried nor reported).
+Over TCP it takes `tcp_locations` (the extents a read sends through a node's data channel, with their read tokens,
+dated by the node's `NodeStamp`: its removal stamp as this client last heard it, `learn_stamps` after a located get)
+and reads them with `read_dated` (one window of READ_DATED frames per node, hashed as they land; a refused date
+makes the stamp unknown).
 `pin_arenas = True` registers every mapped arena with CUDA (`DramArena.pin`). A read that failed its checksum is
 added to `corrupt` so the caller can report it. A node that cannot be reached fails only its own entries; a write
 where nothing could be written anywhere raises PoolUnavailable / PoolTimeout (an outage, not "no space").
@@ -36,7 +40,7 @@ Thread-safe: routes are shared read-mostly, data connections are pooled per call
 TLS: a node that advertises `data_tls` is reached over TLS (`ssl_context`, else the system's CAs; `server_name`
 overrides the name checked in its certificate). Shared memory needs none: it never leaves the machine.
 
-One module of ~460 lines because it is one concept, the client's data movement with its read fence; the channels,
+One module of ~570 lines because it is one concept, the client's data movement with its read fence; the channels,
 the arenas and the fence itself live in their own modules.
 """
 
@@ -47,14 +51,15 @@ import math
 import os
 import ssl
 import threading
+import time
 from typing import Sequence
 
 from kvpool import fence
 from kvpool.errors import PoolTimeout, PoolUnavailable
-from kvpool.locations import SsdLocation
+from kvpool.locations import SsdLocation, TcpLocation
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.store import wire
-from kvpool.store.data_channel import NOT_FOUND, DataClient, Extent
+from kvpool.store.data_channel import NOT_FOUND, STAMP_REFUSED, DataChannelError, DataClient, Extent
 from kvpool.store.wire import ExtentBatch
 from kvpool.tiers.host_index import HostIndex
 from kvpool.tiers.types import Tier
@@ -64,12 +69,36 @@ log = logging.getLogger(__name__)
 VERIFY_MODES = ("remote", "all", "none")
 _DRAM = int(Tier.DRAM)
 _SSD = int(Tier.SSD)
+STAMP_RETRY_S = 30.0    # a node that did not answer STAMP (an older node) is asked again this much later
+
+
+class NodeStamp:
+    """A node read through its data channel, as the location cache sees it: the TCP counterpart of a mapped arena
+    (kvpool/locations.py). `generation` is the node's removal stamp as this client last heard it (None: not known;
+    a located get asks for it after its read, `Transfers.learn_stamps`), and it dates the TcpLocations remembered
+    from lookups sent while it was known. The node itself checks each dated read against its stamp now, so
+    `owner_alive` has nothing to check here: a dead node fails the read, and the get asks the master."""
+
+    __slots__ = ("node_id", "data", "generation", "retry_at")
+
+    def __init__(self, node_id: str, data: DataClient) -> None:
+        self.node_id, self.data = node_id, data
+        self.generation: bytes | None = None
+        self.retry_at = 0.0      # time.monotonic() before which a failed STAMP is not asked again
+
+    def owner_alive(self) -> bool:
+        return True
+
+    def refused(self, stamp: bytes) -> None:
+        """A dated read naming `stamp` was refused: the node's stamp moved (or it is another process)."""
+        if self.generation == stamp:
+            self.generation = None
 
 
 class Route:
     """How to reach one node: its arena mapped here (same host) and/or its data channel."""
 
-    __slots__ = ("node_id", "arena", "ssd", "data", "data_address", "owner_gone", "index")
+    __slots__ = ("node_id", "arena", "ssd", "data", "data_address", "owner_gone", "index", "stamp")
 
     def __init__(self, node_id: str, arena, data: DataClient | None, data_address: str, ssd=None) -> None:
         self.node_id, self.arena, self.data, self.data_address = node_id, arena, data, data_address
@@ -77,6 +106,7 @@ class Route:
         self.owner_gone = False  # logged once: the arena's node died
         region = arena.index_region if arena is not None else None
         self.index = HostIndex(region) if region is not None else None    # the node's published objects
+        self.stamp = NodeStamp(node_id, data) if data is not None else None   # dates what was read over TCP
 
 
 class Transfers:
@@ -101,6 +131,8 @@ class Transfers:
         self.dead_owner_writes = 0      # same-host copies failed because the arena's node died meanwhile
         self.direct_ssd_reads = 0       # SSD records read here from a same-host node's data file (not its channel)
         self.direct_ssd_retries = 0     # ... of which failed here and were read again through the node's channel
+        self.dated_reads = 0            # remembered TCP locations read (READ_DATED), good or not
+        self.stamp_refusals = 0         # ... that a node refused: its removal stamp had moved
         self.ssl_context = ssl_context
         self.server_name = server_name
         self._routes: dict[tuple[str, str, str], Route] = {}
@@ -150,9 +182,7 @@ class Transfers:
         this client reads itself (a same-host node whose data file it has open) of a node whose arena is mapped here:
         that arena's removal generation dates them for the location cache. `keys`: the caller's keys (a tenant's
         batch carries the stored ones)."""
-        routes = [self._route(ep) for ep in batch.nodes]
-        stored = batch.keys if len(batch.keys) else keys
-        node_index, tiers, offsets, sizes = batch.node_index, batch.tiers, batch.offsets, batch.sizes
+        routes, stored, node_index, tiers, offsets, sizes = self._columns(batch, keys)
         out: dict[int, tuple[object, SsdLocation]] = {}
         for i in positions:
             route = routes[node_index[i]]
@@ -181,12 +211,86 @@ class Transfers:
             self.direct_ssd_reads += len(group)
         return oks
 
-    def generations(self) -> dict[int, int]:
-        """{id(arena): its removal generation now} for every arena mapped here (tiers/dram.py). Read before a
+    def generations(self) -> dict[int, int | bytes]:
+        """{id(arena): its removal generation now} for every arena mapped here (tiers/dram.py), and {id(NodeStamp):
+        the node's removal stamp as last heard} for every node read over TCP whose stamp is known. Read before a
         lookup, it dates what that lookup's answer may be remembered as (kvpool/locations.py)."""
         with self._lock:
-            arenas = [r.arena for r in self._routes.values() if r.arena is not None]
-        return {id(arena): arena.generation for arena in arenas}
+            routes = list(self._routes.values())
+        out: dict[int, int | bytes] = {id(r.arena): r.arena.generation for r in routes if r.arena is not None}
+        for r in routes:
+            if r.stamp is not None and r.stamp.generation is not None:
+                out[id(r.stamp)] = r.stamp.generation
+        return out
+
+    def tcp_locations(self, batch: ExtentBatch, positions: Sequence[int], keys: Sequence[bytes],
+                      dates: dict[int, int | bytes]) -> dict[int, tuple[NodeStamp, TcpLocation]]:
+        """{position: (the node's NodeStamp, TcpLocation)} for the entries among `positions` that a read sends
+        through the node's data channel, of a node whose stamp is in `dates` (`generations()` before the lookup):
+        each extent is dated with that stamp. `keys`: the caller's keys (a tenant's batch carries the stored ones)."""
+        routes, stored, node_index, tiers, offsets, sizes = self._columns(batch, keys)
+        out: dict[int, tuple[NodeStamp, TcpLocation]] = {}
+        for i in positions:
+            route = routes[node_index[i]]
+            stamp = route.stamp
+            if stamp is None or id(stamp) not in dates or (route.arena is not None and tiers[i] == _DRAM) \
+                    or (route.ssd is not None and tiers[i] == _SSD):
+                continue
+            extent = Extent(batch.ids[i], tiers[i], offsets[i], sizes[i], batch.expires_ms, batch.tokens[i],
+                            bytes(stored[i]), dates[id(stamp)])
+            out[i] = (stamp, TcpLocation(stamp, extent))
+        return out
+
+    def forget_stamps(self) -> None:
+        """Forget every node's removal stamp (this client's own remove moved them all)."""
+        with self._lock:
+            for route in self._routes.values():
+                if route.stamp is not None:
+                    route.stamp.generation = None
+
+    def learn_stamps(self, batch: ExtentBatch) -> None:
+        """Ask each node of `batch` read over TCP whose removal stamp this client does not know for it (one round
+        trip each; a node that does not answer it is asked again STAMP_RETRY_S later). Called after a located
+        get's read: what it learns dates the lookups sent from now on."""
+        now = time.monotonic()
+        for ep in batch.nodes:
+            stamp = self._route(ep).stamp
+            if stamp is None or stamp.generation is not None or stamp.retry_at > now:
+                continue
+            try:
+                stamp.generation = stamp.data.removal_stamp()
+            except (OSError, DataChannelError) as exc:
+                stamp.retry_at = now + STAMP_RETRY_S
+                log.info("node %s: no removal stamp (%s); its objects are not remembered for %.0f s", ep.node_id,
+                         exc, STAMP_RETRY_S)
+
+    def read_dated(self, locations: Sequence[TcpLocation], views: Sequence[memoryview],
+                   checksums: Sequence[int]) -> list[bool]:
+        """Read each remembered TCP location into views[i] as one window of dated reads per node, each hashed as it
+        lands against `checksums[i]` (the committed one): which reads are good. A bad one is not retried or
+        reported here (its extent may hold another object by now: the caller asks the master again); a refused
+        date makes the node's stamp unknown, so every entry it dated is dropped at its next use."""
+        oks = [False] * len(locations)
+        by_node: dict[int, list[int]] = {}
+        for i, loc in enumerate(locations):
+            by_node.setdefault(id(loc.node), []).append(i)
+        for group in by_node.values():
+            node = locations[group[0]].node
+            digests: list = [None] * len(group)
+            self.dated_reads += len(group)
+            try:
+                results = node.data.read_dated_into([locations[i].extent for i in group], [views[i] for i in group],
+                                                     digests=digests)
+            except OSError as exc:
+                log.info("node %s: a remembered read failed (%s); the get asks the master", node.node_id, exc)
+                continue
+            for j, (i, err) in enumerate(zip(group, results)):
+                if err is None:
+                    oks[i] = digests[j] == checksums[i]
+                elif err.status == NOT_FOUND and err.message.startswith(STAMP_REFUSED):
+                    node.refused(locations[i].extent.ns)
+                    self.stamp_refusals += 1
+        return oks
 
     def host_indexes(self) -> list[tuple[object, HostIndex, object]]:
         """(arena, its node's HostIndex, the node's SSD data file open here or None) of every mapped arena that has
@@ -387,6 +491,12 @@ class Transfers:
             raise kind(f"node {route.node_id} ({route.data_address}): {exc}") from exc
         return failed
 
+    def _columns(self, batch: ExtentBatch, keys: Sequence[bytes]) -> tuple:
+        """(routes by node position, the stored keys, node_index, tiers, offsets, sizes) of a batch: what the
+        location passes read (a tenant's batch carries the stored keys; else the caller's are)."""
+        return ([self._route(ep) for ep in batch.nodes], batch.keys if len(batch.keys) else keys, batch.node_index,
+                batch.tiers, batch.offsets, batch.sizes)
+
     def _reopen_if_replaced(self, route: Route) -> None:
         """A direct read failed: if the node's data file is another file now than the one this reader holds open,
         read the new one from now on."""
@@ -458,4 +568,4 @@ class Transfers:
         return existing
 
 
-__all__ = ["Transfers", "Route", "VERIFY_MODES"]
+__all__ = ["Transfers", "Route", "NodeStamp", "VERIFY_MODES", "STAMP_RETRY_S"]

@@ -682,7 +682,7 @@ class Master:
                     self.placement.forget(slot)
                     n += 1
             self._flush()
-            told = self._dram_nodes() if n else []
+            told = self._told_nodes() if n else []
         self._tell_removed(told)
         return n
 
@@ -700,24 +700,24 @@ class Master:
             if slots:
                 self._publish(slots, [index.key_at(slot) for slot in slots])
 
-    def _dram_nodes(self) -> list[tuple[str, NodeOps]]:
-        """(id, ops) of every node with a DRAM tier or a shared arena (an SSD-only node's generation-only arena
-        dates the SSD locations same-host clients remember) (lock held)."""
-        return [(node_id, node.ops) for node_id, node in self.placement.nodes.items()
-                if Tier.DRAM in node.spaces or node.info.dram_path]
+    def _told_nodes(self) -> list[tuple[str, NodeOps]]:
+        """(id, ops) of every node: each dates what location caches remember of it, same-host ones by its arena's
+        removal generation, TCP ones by its removal stamp (lock held)."""
+        return [(node_id, node.ops) for node_id, node in self.placement.nodes.items()]
 
     def _tell_removed(self, nodes: list[tuple[str, NodeOps]]) -> None:
-        """After a removal (outside the lock): every DRAM node bumps its arena's removal generation before the
-        caller hears back, so no same-host location cache serves a removed object after `remove` returned. Every
-        node, not just the ones that held the objects: an extent an object left (a drain, a promotion) can still
-        hold its bytes. A node that does not answer is logged: a same-host cache there may serve a removed object
-        until the reply to that get's use report forgets it (one linger), as for an object evicted for room."""
+        """After a removal (outside the lock): every node bumps its arena's removal generation and its removal stamp
+        before the caller hears back, so no location cache (same-host or TCP) serves a removed object after `remove`
+        returned. Every node, not just the ones that held the objects: an extent an object left (a drain, a
+        promotion) can still hold its bytes. A node that does not answer is logged: a location cache may serve a
+        removed object of it until the reply to that get's use report forgets it (one linger), as for an object
+        evicted for room."""
         for node_id, ops in nodes:
             self.host_feed.removed(node_id)
             try:
                 ops.objects_removed()
             except Exception as exc:  # noqa: BLE001 - the removal itself is done and stays done
-                log.warning("node %s not told of a removal (a same-host location cache there may serve a "
+                log.warning("node %s not told of a removal (a location cache may serve a "
                             "removed object until its use report's reply, one linger): %s", node_id, exc)
         if nodes:
             with self._lock:        # the node cleared its host index: what it still holds goes back in
@@ -757,7 +757,7 @@ class Master:
             older = None if older_than_s is None else queries.idle_ticks(older_than_s, ATIME_TICKS_PER_S)
             n = queries.evict(self.index, self.placement, bytes(ns_digest), older, self._ticks(now))
             self._flush()
-            told = self._dram_nodes() if n else []
+            told = self._told_nodes() if n else []
         self._tell_removed(told)
         return n
 

@@ -110,8 +110,9 @@ class NodeOps(Protocol):
     def drop(self, drops: list[Drop]) -> int: ...
 
     def objects_removed(self) -> None:
-        """The master removed objects (`remove`, an admin `evict`): bump the DRAM arena's removal generation so
-        same-host location caches stop serving what they remember (tiers/dram.py). Returns once it is bumped."""
+        """The master removed objects (`remove`, an admin `evict`): bump the DRAM arena's removal generation and the
+        removal stamp so location caches (same-host, TCP) stop serving what they remember (tiers/dram.py,
+        kvpool/locations.py). Returns once both are bumped."""
         ...
 
 
@@ -128,6 +129,8 @@ class StorageNode:
         self.config = config
         self.node_id = config.node_id
         self.incarnation = os.urandom(8).hex()
+        self._removals = 0          # removals the master told this node of, and its registrations (removal_stamp)
+        self._stamp = bytes.fromhex(self.incarnation) + bytes(8)
         self.dram = None
         self._marker = None         # an SSD-only node's generation-only arena (below), never a DRAM tier
         self._dram_np = None
@@ -264,11 +267,21 @@ class StorageNode:
 
     def objects_removed(self) -> None:
         arena = self.dram if self.dram is not None else self._marker
-        if arena is not None:
-            with self._gen_lock:
+        with self._gen_lock:
+            if arena is not None:
                 if self.host_index is not None:
                     self.host_index.clear()     # before the bump: a client that sees the new generation finds none
                 arena.bump_generation()
+            self._removals += 1
+            self._stamp = bytes.fromhex(self.incarnation) + self._removals.to_bytes(8, "little")
+
+    def removal_stamp(self) -> bytes:
+        """16 bytes that change whenever the master tells this node of a removal (or it registers with a master)
+        and differ between two node processes: the incarnation's 8 random bytes, then that count (u64 LE). What a
+        TCP client's location cache dates its entries with; the data channel refuses a dated read whose stamp is not
+        this one (store/data_channel.py READ_DATED), as a same-host client drops entries older than the arena's
+        removal generation."""
+        return self._stamp
 
     def publish(self, publication: Publication) -> int:
         """Apply a Publication to the host index (checked by the caller: store/node_checks.py): `gone` first, then

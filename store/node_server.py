@@ -74,6 +74,10 @@ class NodeDataHandler:
         elif e.tier == Tier.HBM:
             self.node.hbm.write(e.offset, view)
 
+    def removal_stamp(self) -> bytes:
+        """The node's removal stamp (StorageNode.removal_stamp): the data channel's STAMP and READ_DATED."""
+        return self.node.removal_stamp()
+
     def read_view(self, e: Extent) -> memoryview:
         """The extent's bytes (the gRPC Read path and single reads): `read_views` of one, its error raised."""
         view = self.read_views([e])[0]

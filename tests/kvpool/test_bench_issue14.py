@@ -39,6 +39,9 @@ def test_pool_remote_prints_every_ratio_line():
                           rf"default client \(its cache emptied before each get: .*\) {X}; first / uncached {X}$"), out
         assert has(lines, rf"\s*{size}: same-host repeat get without the cache, optimistic \(no lease\) {X} memcpy; "
                           rf"leased \(optimistic_reads=False\) {X}; optimistic / leased {X}$"), out
+        assert has(lines, rf"\s*{size}: tcp repeat get, default client \(location cache: dated reads, .*\) {X} raw "
+                          rf"socket; without the cache \(location_cache_s=0: .*\) {X}; cached / uncached {X}; cached "
+                          rf"{X}, uncached {X} redis GET$"), out
     assert has(lines, r"goals at 2 MiB: same-host get \(fence on\) >= 0\.6x memcpy: (met|MISSED); tcp get >= 0\.6x "
                       r"raw socket: (met|MISSED)"), out
     assert has(lines, r"goals \(issue 14\): same-host get >= 0\.9x memcpy at 2 MiB: (met|MISSED); same-host get "
