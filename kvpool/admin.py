@@ -98,6 +98,7 @@ class AdminClient:
             rows.append({"node": node_id, "address": ep.get("control_address", ""),
                          "data_address": ep.get("data_address", ""),
                          "state": "draining" if node_id in draining else "alive",
+                         "dram_pages": ep.get("dram_pages", ""),
                          "tiers": {t: dict(tiers[t]) for t in sorted(tiers, key=_tier_order)}})
         return rows
 

@@ -301,7 +301,7 @@ class MasterServicer(pbg.MasterServiceServicer):
             # from the metadata backend that has not registered with this master process yet.
             record.extra["endpoints"] = {
                 n: {"data_address": e.data_address, "control_address": e.control_address, "host_id": e.host_id,
-                    "connected": self.master.is_connected(n)}
+                    "connected": self.master.is_connected(n), "dram_pages": e.dram_pages}
                 for n, e in self._endpoints.items() if n in known}
         record.nodes_alive = len(record.nodes)
         if self.security:

@@ -123,7 +123,7 @@ class StorageNode:
     def __init__(self, config: NodeConfig, *, hbm=None) -> None:
         """`hbm`: an arena with the HbmArena interface (capacity, write, read_into, close) to use instead of creating
         one from config.hbm_bytes; the node owns and closes it."""
-        from kvpool.tiers.dram import DramArena
+        from kvpool.tiers.dram import DramArena, page_kind
         from kvpool.tiers.ssd import SsdFile
 
         self.config = config
@@ -134,6 +134,7 @@ class StorageNode:
         self.dram = None
         self._marker = None         # an SSD-only node's generation-only arena (below), never a DRAM tier
         self._dram_np = None
+        self._dram_pages = ""
         self.ssd = None
         self.ssd_damaged_headers = 0  # records whose header failed verification at a scan (erased, reported)
         self.hbm = hbm
@@ -149,6 +150,7 @@ class StorageNode:
             if slots:
                 self.host_index = HostIndex(self.dram.index_region, writer=True)
             self._dram_np = self.dram.array(0, config.dram_bytes)  # sliced per object: no per-call checks
+            self._dram_pages = page_kind(config.shm_dir)    # the node says it at registration (`kvpool nodes`)
             if not config.share_dram:
                 # Nobody else maps it: unlink now so a killed process leaves nothing behind in /dev/shm.
                 self.dram.unlink()
@@ -183,7 +185,8 @@ class StorageNode:
                         ssd_bytes=self.config.ssd_bytes if self.ssd is not None else 0,
                         ssd_record_overhead=overhead,
                         dram_path=str(self.shared_arena.path) if self.shared_arena is not None else "",
-                        hbm_bytes=self.hbm.capacity if self.hbm is not None else 0, ssd_index_rows=True)
+                        hbm_bytes=self.hbm.capacity if self.hbm is not None else 0, ssd_index_rows=True,
+                        dram_pages=self._dram_pages)
 
     @property
     def shared_arena(self):

@@ -125,6 +125,8 @@ class NodeInfo:
     # its host index takes SSD records (nodes since 2026-11-28; else DRAM rows only). Said at each registration, never
     # journalled (`persisted`): a master rolled back to an older version still loads the nodes a newer one stored
     ssd_index_rows: bool = field(default=False, metadata={"persist": False})
+    # its DRAM arena's pages in words (tiers/dram.py page_kind), "" without a DRAM tier; said at each registration
+    dram_pages: str = field(default="", metadata={"persist": False})
 
     def persisted(self) -> dict:
         """The fields a metadata store keeps (JSON-able), without what a node says anew each time it registers."""

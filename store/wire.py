@@ -83,7 +83,7 @@ def endpoint_from_info(info: NodeInfo, *, host_id: str, data_address: str, ssd_p
     return pb.NodeEndpoint(node_id=info.node_id, host_id=host_id, data_address=data_address,
                            control_address=info.address, tiers=tiers, ssd_record_overhead=info.ssd_record_overhead,
                            alignment=info.alignment, incarnation=info.incarnation, data_tls=data_tls,
-                           ssd_index_rows=info.ssd_index_rows)
+                           ssd_index_rows=info.ssd_index_rows, dram_pages=info.dram_pages)
 
 
 def info_from_endpoint(ep: pb.NodeEndpoint) -> NodeInfo:
@@ -100,7 +100,8 @@ def info_from_endpoint(ep: pb.NodeEndpoint) -> NodeInfo:
                     dram_bytes=dram.capacity_bytes if dram else 0, ssd_bytes=ssd.capacity_bytes if ssd else 0,
                     ssd_record_overhead=ep.ssd_record_overhead, alignment=ep.alignment or 4096,
                     dram_path=dram.path if dram else "", incarnation=ep.incarnation,
-                    hbm_bytes=hbm.capacity_bytes if hbm else 0, ssd_index_rows=ep.ssd_index_rows)
+                    hbm_bytes=hbm.capacity_bytes if hbm else 0, ssd_index_rows=ep.ssd_index_rows,
+                    dram_pages=ep.dram_pages)
 
 
 def dram_path(ep: pb.NodeEndpoint) -> str:

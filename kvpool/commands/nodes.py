@@ -8,9 +8,12 @@ import json
 EPILOG = """\
 examples:
   kvpool nodes
-  kvpool nodes --master 10.0.0.5:50051 --json   # [{"node", "address", "data_address", "state", "tiers": {...}}]
+  kvpool nodes --master 10.0.0.5:50051 --json   # [{"node", "address", "data_address", "state", "dram_pages",
+                                                #   "tiers": {...}}]
 
 address is the node's gRPC control address, data the raw TCP data channel clients read and write through.
+The DRAM tier says what pages its arena has: "on 2 MiB pages, tmpfs huge=within_size" (a --shm-dir on a huge-page
+mount, README "Huge pages for the arena") or "on base pages"; nothing from a node older than 2026-11-29.
 state is "alive" (registered, heartbeating). A node that misses heartbeats past the master's node TTL, or that
 was drained (`kvpool drain NODE`), is no longer listed.
 exit codes: 0 ok, 1 master unreachable or failing, 2 bad argument."""
@@ -37,6 +40,7 @@ def render(rows: list[dict]) -> list[str]:
     lines = [f"{'NODE':<{width}}  {'ADDRESS':<{addr}}  {'STATE':<8}  TIERS (objects, used / capacity)"]
     for r in rows:
         tiers = "   ".join(f"{t} {u['objects']} obj, {human_bytes(u['bytes'])} / {human_bytes(u['capacity'])}"
+                           + (f" on {r['dram_pages']}" if t == "dram" and r.get("dram_pages") else "")
                            for t, u in r["tiers"].items())
         lines.append(f"{r['node']:<{width}}  {r['address']:<{addr}}  {r['state']:<8}  {tiers}")
     return lines

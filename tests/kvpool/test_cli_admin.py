@@ -23,6 +23,7 @@ import xxhash
 from kvpool import Namespace, PoolClient, block_keys
 from kvpool.cli import main
 from kvpool.launcher import free_port, spawn, wait_grpc_serving
+from kvpool.tiers.dram import page_kind
 
 NS_A = Namespace(model="cli-a", fingerprint="f", kv_dtype="float16", block_tokens=16, num_layers=1,
                  num_kv_heads=1, head_dim=8)    # 512-byte blocks
@@ -155,14 +156,17 @@ def test_nodes_lists_each_node_with_per_tier_usage(pool, capsys):
     rows = run_json(capsys, "nodes", "--master", address)
     data_address = rows[0]["data_address"]
     assert re.fullmatch(r"127\.0\.0\.1:\d+", data_address)
+    # the node's arena is in a /dev/shm directory: its pages as the node found them (base pages on a default mount)
+    pages = page_kind("/dev/shm")
     assert rows == [{"node": "cli-node", "address": node_address, "data_address": data_address, "state": "alive",
-                     "tiers": {"dram": EXPECTED_TIERS["dram"], "ssd": EXPECTED_TIERS["ssd"]}}]
+                     "dram_pages": pages, "tiers": {"dram": EXPECTED_TIERS["dram"], "ssd": EXPECTED_TIERS["ssd"]}}]
     code, out, err = run(capsys, "nodes", "--master", address)
     assert (code, err) == (0, "")
     pad = " " * (len(node_address) - len("ADDRESS"))
     assert out.splitlines() == [
         f"NODE      ADDRESS{pad}  STATE     TIERS (objects, used / capacity)",
-        f"cli-node  {node_address}  alive     dram 6 obj, 24.0 KiB / 8.0 MiB   ssd 6 obj, 48.0 KiB / 64.0 MiB"]
+        f"cli-node  {node_address}  alive     dram 6 obj, 24.0 KiB / 8.0 MiB on {pages}   "
+        f"ssd 6 obj, 48.0 KiB / 64.0 MiB"]
 
 
 # ---------------------------------------------------------------------- ls / inspect

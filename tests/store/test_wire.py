@@ -31,6 +31,10 @@ def test_node_info_round_trips_through_the_endpoint():
     takes_ssd_rows = dataclasses.replace(info, ssd_index_rows=True)   # said at registration (a node since 2026-11-28)
     assert wire.info_from_endpoint(wire.endpoint_from_info(takes_ssd_rows, host_id="H", data_address="h:2")) \
         == takes_ssd_rows
+    paged = dataclasses.replace(info, dram_pages="2 MiB pages, tmpfs huge=within_size")   # since 2026-11-29
+    ep = wire.endpoint_from_info(paged, host_id="H", data_address="h:2")
+    assert ep.dram_pages == "2 MiB pages, tmpfs huge=within_size" and wire.info_from_endpoint(ep) == paged
+    assert "dram_pages" not in paged.persisted()      # said anew at each registration, never journalled
 
 
 def test_mismatched_columns_and_unknown_tiers_name_the_field():

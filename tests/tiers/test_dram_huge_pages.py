@@ -96,3 +96,27 @@ def test_an_arena_on_a_real_tmpfs_gets_2mib_pages_where_huge_pages_says(tmp_path
         finally:
             arena.close()
             arena.unlink()
+
+
+@pytest.mark.parametrize("huge, expected", [("within_size", "2 MiB pages, tmpfs huge=within_size"),
+                                            ("never", "base pages")])
+def test_a_node_says_what_pages_its_arena_got_when_it_registers(tmp_path, huge, expected):
+    """NodeInfo.dram_pages (the endpoint's, `kvpool nodes`): the node's arena on a real mount made here."""
+    from kvpool.store.config import NodeConfig
+    from kvpool.store.node import StorageNode
+
+    with open("/sys/kernel/mm/transparent_hugepage/shmem_enabled") as f:
+        mode = re.search(r"\[(\w+)\]", f.read())
+    if mode is None or mode.group(1) in ("force", "deny"):
+        pytest.skip(f"shmem_enabled {mode and mode.group(1)!r} overrides every tmpfs mount's huge= (or no THP)")
+    with _tmpfs(tmp_path / "mnt", huge) as directory:
+        node = StorageNode(NodeConfig(node_id="n1", dram_bytes=8 << 20, shm_dir=directory))
+        try:
+            assert node.info().dram_pages == expected
+        finally:
+            node.close()
+    ssd_only = StorageNode(NodeConfig(node_id="n2", dram_bytes=0, ssd_path=str(tmp_path / "ssd"), ssd_bytes=1 << 20))
+    try:
+        assert ssd_only.info().dram_pages == ""           # no DRAM tier: nothing to say
+    finally:
+        ssd_only.close()
