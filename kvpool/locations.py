@@ -47,7 +47,7 @@ remembered in another tier than it is in now (promoted, demoted), is forgotten t
 entry's generation still dates the lookup that located it).
 
 Removals: nothing removed is served once `remove` returned. Each node's DRAM arena carries a removal generation
-in its tail page (tiers/dram.py); the master has every DRAM node bump it after a Remove or an admin Evict and before
+in its tail page (tiers/dram.py); the master has every node bump it after a Remove or an admin Evict and before
 it answers, and a node bumps it when it registers with a master (one that restarted without its index). An entry is
 dated with its arena's generation read *before* the lookup that located it, and `run` drops an entry whose arena's
 generation has moved since: one 8-byte load from the client's own mapping, no round trip. What is still served: an

@@ -1,4 +1,4 @@
-"""The removal generation (tiers/dram.py tail page, kvpool/locations.py): the master has every DRAM node bump it
+"""The removal generation (tiers/dram.py tail page, kvpool/locations.py): the master has every node bump it
 after a Remove or an admin Evict, before it answers; a node bumps it when it registers with a master. Real
 EmbeddedPool (Master + StorageNode in this process) and a real `kvpool up` pool (LocalCluster, over gRPC)."""
 
