@@ -194,3 +194,48 @@ def test_location_cache_s_0_remembers_nothing_over_tcp_either(small_up):
         for _ in range(3):
             assert c.get_many_into(KEYS[:2], bufs(2)) == 2
         assert calls["Lookup"] == base + 3 and c.locations is None and c.transfers.dated_reads == 0
+
+
+def test_a_node_from_before_dated_reads_is_asked_once_per_retry_period_and_nothing_of_it_is_dated():
+    """A node from before 2026-11-29 answers any frame but READ / WRITE with INVALID_ARGUMENT "magic/op" and closes
+    the connection (its serve loop). A real socket server that does exactly that: the client's stamp stays unknown,
+    it does not ask again within STAMP_RETRY_S, and so no lookup dates anything of that node."""
+    import socket
+    import threading
+
+    from kvpool.proto import kvpool_pb2 as pb
+    from kvpool.store.data_channel import BAD_REQUEST, REP, REQ
+    from kvpool.store.wire import ExtentBatch
+    from kvpool.transfer import STAMP_RETRY_S, Transfers
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    accepted: list[int] = []
+
+    def old_node() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                accepted.append(1)
+                header = conn.recv(REQ.size, socket.MSG_WAITALL)
+                assert REQ.unpack(header)[1] == 4               # the client's STAMP frame
+                msg = b"magic/op: not a kvpool data frame"
+                conn.sendall(REP.pack(BAD_REQUEST, len(msg), 0) + msg)
+
+    thread = threading.Thread(target=old_node, daemon=True)
+    thread.start()
+    transfers = Transfers("this-host", transport="tcp", timeout=5)
+    try:
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        ep = pb.NodeEndpoint(node_id="old", host_id="elsewhere", data_address=address)
+        batch = ExtentBatch(nodes=[ep], node_index=[], tiers=[], offsets=[], sizes=[], ids=[], tokens=[],
+                            checksums=[], expires_ms=0)
+        transfers.learn_stamps(batch)
+        assert len(accepted) == 1 and transfers.generations() == {}     # asked, not known: nothing is dated
+        transfers.learn_stamps(batch)       # within STAMP_RETRY_S (30 s) of the refusal: not asked again
+        assert len(accepted) == 1 and transfers.generations() == {} and STAMP_RETRY_S == 30.0
+    finally:
+        transfers.close()
+        listener.close()
