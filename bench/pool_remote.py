@@ -52,7 +52,7 @@ header line says which pages the run's arenas had.
     python bench/pool_remote.py [--total 256MiB] [--batch 32] [--rounds 3] [--index-objects 1000000] [--fence]
                                 [--shm-dir /dev/shm]
 
-One file of ~690 lines: its columns must run interleaved in one process, batch by batch, to be comparable on a
+One file of ~730 lines: its columns must run interleaved in one process, batch by batch, to be comparable on a
 shared machine; the pools, the peers and the limits are set up and torn down together.
 """
 
