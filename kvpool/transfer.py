@@ -108,6 +108,16 @@ class Route:
         self.index = HostIndex(region) if region is not None else None    # the node's published objects
         self.stamp = NodeStamp(node_id, data) if data is not None else None   # dates what was read over TCP
 
+    def path(self, tier: int, *, write: bool = False) -> str:
+        """Where an access to an extent on `tier` of this node goes: "ssd" (its data file, read here; reads only),
+        "arena" (its DRAM arena, mapped here) or "channel" (its data channel): the one rule that `_move` follows and
+        that `ssd_locations` and `tcp_locations` remember by."""
+        if not write and self.ssd is not None and tier == _SSD:
+            return "ssd"
+        if self.arena is not None and tier == _DRAM:
+            return "arena"
+        return "channel"
+
 
 class Transfers:
     def __init__(self, host_id: str, *, transport: str = "auto", timeout: float = 10.0,
@@ -186,7 +196,7 @@ class Transfers:
         out: dict[int, tuple[object, SsdLocation]] = {}
         for i in positions:
             route = routes[node_index[i]]
-            if tiers[i] == _SSD and route.ssd is not None and route.arena is not None:
+            if route.path(tiers[i]) == "ssd" and route.arena is not None:
                 out[i] = (route.arena, SsdLocation(route.ssd, offsets[i], sizes[i], bytes(stored[i])))
         return out
 
@@ -233,8 +243,7 @@ class Transfers:
         for i in positions:
             route = routes[node_index[i]]
             stamp = route.stamp
-            if stamp is None or id(stamp) not in dates or (route.arena is not None and tiers[i] == _DRAM) \
-                    or (route.ssd is not None and tiers[i] == _SSD):
+            if stamp is None or id(stamp) not in dates or route.path(tiers[i]) != "channel":
                 continue
             extent = Extent(batch.ids[i], tiers[i], offsets[i], sizes[i], batch.expires_ms, batch.tokens[i],
                             bytes(stored[i]), dates[id(stamp)])
@@ -404,9 +413,10 @@ class Transfers:
         for i in positions:
             n = node_index[i]
             route = routes[n]
-            if not write and route.ssd is not None and tiers[i] == _SSD:
+            path = route.path(tiers[i], write=write)
+            if path == "ssd":
                 direct_ssd.setdefault(n, []).append(i)
-            elif route.arena is not None and tiers[i] == _DRAM:
+            elif path == "arena":
                 if write:
                     if fence.now() >= deadline:  # the grant may be gone: the extent may be someone else's
                         self.late_writes_skipped += 1

@@ -94,6 +94,10 @@ def test_e2e_prints_every_case_and_identical_outputs():
                       rf"\d+\.\d\d; \d+\.\d vs \d+\.\d ms; goal 0\.9x\)$"), out
     assert has(lines, rf"ratio e2e_ttft 64 pool_service vs local hit, 2 alternating pairs: {X} \(median of the "
                       rf"pairs' ratios; medians \d+\.\d vs \d+\.\d ms, ratio of medians {X}; goal 0\.9x\)$"), out
+    # the pairs against what memcpy allows: each pair's own ceiling, from one memcpy of the bytes its hit loaded
+    assert has(lines, rf"ratio e2e_ttft 64 pool_service pairs vs what memcpy allows: {X} \(median; ceilings "
+                      rf"\d\.\d\d \d\.\d\d: the local hit \+ one memcpy of \d+\.\d MiB in \d+\.\d ms, \d+\.\d\d GB/s; "
+                      rf"the load took \d+\.\d ms, {X} memcpy's speed; medians\)$"), out
     # the SSD hit against what the disk allows: the disk's read of the very bytes the load read, measured in the run
     assert has(lines, rf"ratio e2e_ttft 64 service_SSD vs what the disk allows: {X} \(\d+\.\dx cold of a \d+\.\dx "
                       rf"ceiling: the local hit \d+\.\d ms \+ \d+\.\d MiB read sequentially from this disk in \d+\.\d ms, "
