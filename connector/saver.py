@@ -108,11 +108,9 @@ class SaveBuffers:
     def take(self, n: int) -> torch.Tensor:
         """A uint8 buffer of at least n rows (the smallest spare that fits, else a new one)."""
         with self._lock:
-            fits = [b for b in self._spares if b.shape[0] >= n]
-            if fits:
-                buf = min(fits, key=lambda b: b.shape[0])
-                self._spares.remove(buf)
-                return buf
+            fits = [i for i, b in enumerate(self._spares) if b.shape[0] >= n]
+            if fits:    # by position: `list.remove` would compare tensors with ==, element by element
+                return self._spares.pop(min(fits, key=lambda i: self._spares[i].shape[0]))
         return torch.empty((n, self._row_bytes), dtype=torch.uint8)
 
     def give_back(self, buf: torch.Tensor) -> None:

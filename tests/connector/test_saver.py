@@ -26,6 +26,21 @@ def test_a_buffer_is_reused_only_after_its_last_batch_is_done_and_within_the_bou
     assert bufs.take(1).data_ptr() == a.data_ptr()
 
 
+def test_a_spare_is_taken_from_among_others_of_any_shape():
+    # the vLLM worker keeps a 2-row spare (a short prompt's save) beside a 32-row one (a 4K prompt's): taking the
+    # larger must not compare the tensors (list.remove did: the second 4K save raised and was dropped, 2026-11-29)
+    bufs = SaveBuffers(row_bytes=8, keep_rows=70)
+    small, large, same = bufs.take(2), bufs.take(32), bufs.take(32)
+    for buf in (small, large, same):
+        bufs.give_back(buf)
+    got = bufs.take(20)
+    assert got.data_ptr() == large.data_ptr() and got.shape == (32, 8)
+    got2 = bufs.take(32)                                   # the other 32-row spare, not a new buffer
+    assert got2.data_ptr() == same.data_ptr()
+    assert bufs.take(1).data_ptr() == small.data_ptr()
+    assert bufs.take(1).data_ptr() not in {small.data_ptr(), large.data_ptr(), same.data_ptr()}   # none left
+
+
 class _Pool:
     def __init__(self, fail: bool) -> None:
         self.fail, self.puts = fail, []

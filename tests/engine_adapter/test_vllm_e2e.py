@@ -108,9 +108,22 @@ def namespace_stats(client, tenant):
 def test_fresh_instance_loads_what_another_saved_with_identical_tokens(env, prompts):
     a = env["start"]("A", pool=env["p1"])
     assert run(a, prompts, (1, "A"))["num_cached_tokens"] == 0
+    # Two longer prompts, new to A, saved after it: a ~9-block save, then a ~7-block one, which reuses the 9-row
+    # copy-out buffer while the 4-row one of the first save is spare beside it (2026-11-29: picking it compared the
+    # two tensors, the save raised and every save after the first size change was dropped).
+    ids = prompts["ids"]
+    longer = {"large": ids[(2, "A")] + ids[(3, "A")], "middle": ids[(3, "B")] + ids[(4, "B")][:300]}
+    blocks = [len(ids[(1, "A")]) // BS] + [len(p) // BS for p in longer.values()]
+    assert blocks[0] < blocks[2] < blocks[1], blocks
+    reference = {}
+    for name, tokens in longer.items():
+        out = a.generate(tokens, MAX_TOKENS)
+        assert out["num_cached_tokens"] == 0, name
+        reference[name] = out["token_ids"]
     assert a.flush()
     saved = a.metrics()
-    assert saved["vllm:kvpool_saved_blocks"] >= prompts["full"][1] // BS
+    assert not [k for k in saved if k.startswith("vllm:kvpool_fallbacks")], saved
+    assert saved["vllm:kvpool_saved_blocks"] >= prompts["full"][1] // BS + sum(blocks[1:])
     b = env["start"]("B", pool=env["p1"])
     out = run(b, prompts, (1, "B"))
     assert out["num_cached_tokens"] == prompts["full"][1]
@@ -120,6 +133,13 @@ def test_fresh_instance_loads_what_another_saved_with_identical_tokens(env, prom
     assert not [k for k in m if k.startswith("vllm:kvpool_fallbacks")]
     ns = namespace_stats(env["clients"]["p1"], "default")   # what `kvpool status` shows per namespace
     assert ns["hit_tokens_by_tier"]["dram"] >= prompts["full"][1]
+    hits = prompts["full"][1]
+    for name, tokens in longer.items():     # each loaded in full by the same B, A's tokens exactly
+        out = b.generate(tokens, MAX_TOKENS)
+        assert out["token_ids"] == reference[name], name
+        assert out["num_cached_tokens"] == (len(tokens) - 1) // BS * BS, name
+        hits += (len(tokens) - 1) // BS * BS
+    assert b.metrics()["vllm:kvpool_hit_tokens{tier=dram}"] == hits
     env["B"] = b
     a.stop()
 
