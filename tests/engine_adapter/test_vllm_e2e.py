@@ -4,6 +4,7 @@ starts of ~30 s each, one after another, plus their prefills).
     P1 = `kvpool up` (master + node in one process)     P2 = `kvpool master` + `kvpool node` (the node gets killed)
     R  no connector: the reference outputs
     A  P1: runs prefix1 + question A and saves      ->  B  fresh, P1: prefix1 + question B loads it
+       A also saves two longer prompts (saves of 4, 9, then 7 blocks) ->  B loads both in full, A's tokens exactly
     T  P1, tenant "other-team": never hits A's blocks, and B never hits T's
     C  P2, chunked prefill (128-token steps): saves prefix2 and prefix3  ->  D  fresh, chunked, P2: loads prefix2;
        then P2's storage node is killed  ->  D runs prefix3 + question B: recomputes, same tokens, fault counted
