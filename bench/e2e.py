@@ -53,6 +53,8 @@ copies and checks; with --transfer staged, its gets only), part of its TTFT. Eve
 equal cold's (greedy). A pool case's engine is started, its connector's start-up warm-up (`warm_start`: connect, map
 and prefault the same-host arenas) included, before its first request is timed: as an instance is up before it
 takes traffic.
+One module of ~430 lines because it is one bench: its cases share the engines, the service processes and the prompts,
+and each case's limit (the disk's read, one memcpy) is measured beside it.
 Usage: python bench/e2e.py [--lengths 1024 4096] [--repeats 2] [--transfer auto|staged|direct] [--warm-start on|off]
                           [--verify-threads 1|0|both] [--no-service] [--pairs 0] [--ssd-pairs 0] [--shm-dir /dev/shm]
 """
