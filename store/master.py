@@ -37,6 +37,7 @@ reclaims expired grants, leases and silent nodes (tests drive it with a fake clo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -287,58 +288,68 @@ class Master:
             tid = self.tenants.intern(tenant)
             keys = self.tenants.stored_keys(tid, keys)
             exclude = self._unplaceable()
-            find, leases, placement, quotas = self.index.find, self.leases, self.placement, self.quotas
-            # The new objects that fit in free room, placed in one step (a quota admits object by object); the
-            # rest, one by one below. Nothing moved meanwhile, so every key's EXISTS answer is as it was.
-            fast = placement.place_new(keys, sizes, prefer_node, exclude) if quotas is None else []
-            taken = 0
-            copies = placement.copies.enabled
-            out: list[PutStartResult] = []
-            prev = -1   # the slot of the key before this one: a batch is one chain (store/chains.py)
-            prev_key = b""
-            for key, size in zip(keys, sizes):
-                if (slot := find(key, -1)) >= 0:
-                    out.append(PutStartResult(_EXISTS))
-                    prev, prev_key = slot, key
-                    if hold is not None and hold(slot, pin_until, pin_cap) and self.index.state[slot] == COMMITTED:
-                        self.journal.touched(slot)      # its journalled record carries the pin's new end
-                    continue
-                skip = ANY_TIER if quotas is None else quotas.admit(tid, size)
-                if taken < len(fast):
-                    placed = fast[taken]
-                    taken += 1
-                else:
-                    placed = None if skip is None else placement.place(size, prefer_node, exclude, skip=skip)
-                    if prev >= 0 and placed is not None and find(prev_key, -1) != prev:
-                        # Making room evicted (or moved) the key before this one; its slot may even be the one
-                        # this key is about to get. Gone: this key cannot be reached (an orphan, not a root).
-                        prev = find(prev_key, -1)
-                        if prev < 0:
-                            prev = -2
-                if placed is None:
-                    if skip is not None:
-                        self.tenants.counters[tid].no_space += 1
-                    out.append(PutStartResult(_NO_SPACE))
-                    prev = -2   # the chain has a hole here: the keys after it cannot be reached
-                    continue
-                node, tier, offset = placed
-                slot = self.index.add(key, node=node.number, tier=tier, state=PENDING, offset=offset, size=size,
-                                      ns=ns_id, tenant=tid)
-                if prev != -1:
-                    placement.chains.link(slot, prev if prev >= 0 else None)
-                if copies:
-                    placement.copies.reserve(slot, node)
-                prev, prev_key = slot, key
-                if hold is not None:
-                    hold(slot, pin_until, pin_cap)
-                grant_id = leases.grant(slot, expires_at)
-                token = leases.sign(tokens.WRITE, grant_id, tier, offset, size, expires_at)
-                out.append(PutStartResult(_STORED, Grant(grant_id, bytes(key), Location(node.node_id, tier, offset,
-                                                                                       size), expires_at, token)))
+            placement = self.placement
+            # Without quotas (whose own evictions call nodes directly), the demotions and drops that making room
+            # takes are sent per node when the loop ends, not per object (store/node_calls.py).
+            with placement.batched_ops() if self.quotas is None else contextlib.nullcontext():
+                out = self._grant(keys, sizes, ns_id, tid, prefer_node, exclude, hold, pin_cap, pin_until, expires_at)
             if (rec := self.recorder) is not None:
                 rec.put(now, ns, list(keys), out)
             self._flush()
             return out
+
+    def _grant(self, keys: list[bytes], sizes: Sequence[int], ns_id: int, tid: int, prefer_node: str | None,
+               exclude: set[int], hold, pin_cap: int, pin_until: float, expires_at: float) -> list[PutStartResult]:
+        """put_start's placements and grants, key by key, under the lock."""
+        placement, quotas, find, leases = self.placement, self.quotas, self.index.find, self.leases
+        # The new objects that fit in free room, placed in one step (a quota admits object by object); the rest, one
+        # by one below. Nothing moved meanwhile, so every key's EXISTS answer is as it was.
+        fast = placement.place_new(keys, sizes, prefer_node, exclude) if quotas is None else []
+        taken = 0
+        copies = placement.copies.enabled
+        out: list[PutStartResult] = []
+        prev = -1   # the slot of the key before this one: a batch is one chain (store/chains.py)
+        prev_key = b""
+        for key, size in zip(keys, sizes):
+            if (slot := find(key, -1)) >= 0:
+                out.append(PutStartResult(_EXISTS))
+                prev, prev_key = slot, key
+                if hold is not None and hold(slot, pin_until, pin_cap) and self.index.state[slot] == COMMITTED:
+                    self.journal.touched(slot)      # its journalled record carries the pin's new end
+                continue
+            skip = ANY_TIER if quotas is None else quotas.admit(tid, size)
+            if taken < len(fast):
+                placed = fast[taken]
+                taken += 1
+            else:
+                placed = None if skip is None else placement.place(size, prefer_node, exclude, skip=skip)
+                if prev >= 0 and placed is not None and find(prev_key, -1) != prev:
+                    # Making room evicted (or moved) the key before this one; its slot may even be the one
+                    # this key is about to get. Gone: this key cannot be reached (an orphan, not a root).
+                    prev = find(prev_key, -1)
+                    if prev < 0:
+                        prev = -2
+            if placed is None:
+                if skip is not None:
+                    self.tenants.counters[tid].no_space += 1
+                out.append(PutStartResult(_NO_SPACE))
+                prev = -2   # the chain has a hole here: the keys after it cannot be reached
+                continue
+            node, tier, offset = placed
+            slot = self.index.add(key, node=node.number, tier=tier, state=PENDING, offset=offset, size=size,
+                                  ns=ns_id, tenant=tid)
+            if prev != -1:
+                placement.chains.link(slot, prev if prev >= 0 else None)
+            if copies:
+                placement.copies.reserve(slot, node)
+            prev, prev_key = slot, key
+            if hold is not None:
+                hold(slot, pin_until, pin_cap)
+            grant_id = leases.grant(slot, expires_at)
+            token = leases.sign(tokens.WRITE, grant_id, tier, offset, size, expires_at)
+            out.append(PutStartResult(_STORED, Grant(grant_id, bytes(key), Location(node.node_id, tier, offset,
+                                                                                   size), expires_at, token)))
+        return out
 
     def put_commit(self, grant_ids: Sequence[int], checksums: Sequence[int], *, tenant: str = "") -> list[bool]:
         """Make granted objects visible. False for a grant that is unknown or expired (the key is not stored), or
@@ -598,7 +609,8 @@ class Master:
         copy per node without it, then the switch under the lock again. Returns how many objects moved."""
         self.promotion_wanted.clear()
         with self._lock:
-            batches = self.promotions.start(self._unplaceable(), self.drains.moving)
+            with self.placement.batched_ops():     # the room made: one Demote / Drop call per node, sent here
+                batches = self.promotions.start(self._unplaceable(), self.drains.moving)
             self._flush()  # making room may have demoted or evicted objects
         moved = 0
         for batch in batches:

@@ -34,8 +34,9 @@ the master's lock; the inclusive copies' bookkeeping is already apart (store/cop
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -44,6 +45,7 @@ from kvpool.store.copies import Copies
 from kvpool.store.index import COMMITTED, MAX_SIZE, NO_COPY, PENDING, Index, State
 from kvpool.store.journal import Journal
 from kvpool.store.node import Drop, Move, NodeOps
+from kvpool.store.node_calls import Demotion, NodeCalls
 from kvpool.store.records import NodeInfo, ObjectRecord
 from kvpool.store.retention import Retention
 from kvpool.tiers.allocator import OffsetAllocator
@@ -126,6 +128,7 @@ class Placement:
         self._moved: list[int] = []     # slots whose object changed extent since `take_moved` (demoted, relocated)
         self._evicted: list[tuple[int, int, bytes]] = []    # (node number, tenant id, key) that left a node since
                                                             # `take_evicted` (evicted, or drained elsewhere)
+        self._calls: dict[int, NodeCalls] | None = None     # per node number, inside `batched_ops`
 
     def _new_policy(self, tier: Tier):
         policy = make_policy(self.policy_name)
@@ -434,6 +437,12 @@ class Placement:
             victims = self._pick_victims(space, extent, max_atime)
             if not victims:
                 return None
+            if self._calls is not None and (calls := self._calls.get(node.number)) and \
+                    not calls.slots.isdisjoint(victims):
+                # a victim moved in this batch: its move goes first, and its answer may have evicted it already
+                self._send(calls)
+                offset = space.allocator.allocate(extent)
+                continue
             lower = _slower(node, tier)
             if lower is not None:
                 self._demote(node, tier, lower, victims, max_atime)
@@ -478,7 +487,7 @@ class Placement:
             self._evicted.append((node.number, int(index.tenant[slot]), index.key_at(slot)))
             self.forget(slot, drops=drops)
         if drops:
-            node.ops.drop(drops)
+            self._drop(node, drops)
         self.count_evictions(space.tier, len(victims))
 
     def count_evictions(self, tier: Tier, n: int) -> None:
@@ -529,6 +538,8 @@ class Placement:
         moves = [Move(index.key_at(s), index.ns_digest(int(index.ns[s])), int(index.size[s]),
                       int(index.checksum[s]), src_tier, int(index.offset[s]), dst_tier, t)
                  for s, t, c in zip(victims, targets, clean) if t is not None and not c]
+        if self._calls is not None:
+            return self._queue_demotions(node, src_tier, dst_tier, victims, targets, reserved, clean, moves)
         results = iter(node.ops.demote(moves) if moves else [])
         moved = 0
         for slot, target, own, done in zip(victims, targets, reserved, clean):
@@ -554,6 +565,98 @@ class Placement:
             self.counters.count(self.counters.demotions, src_tier)
             moved += 1
         return moved
+
+    # ---- node calls batched per operation (store/node_calls.py) ----
+
+    @contextmanager
+    def batched_ops(self) -> Iterator[None]:
+        """Inside it, the drops and demotions that making room decides are queued per node and sent when it ends
+        (one Drop and one Demote call per node, unless the order forces more); their state is applied as they are
+        decided and settled by the nodes' answers (store/node_calls.py). Nested: the outermost one sends."""
+        if self._calls is not None:
+            yield
+            return
+        self._calls = {}
+        try:
+            yield
+        finally:
+            calls = self._calls
+            try:
+                for node_calls in calls.values():
+                    self._send(node_calls)
+            finally:
+                self._calls = None
+
+    def _drop(self, node: NodeState, drops: list[Drop]) -> None:
+        """Erase these SSD records on the node: now, or queued in the batch. None of them is a queued move's target:
+        an object moved in the batch is settled before it can be a victim (`allocate`)."""
+        if self._calls is None:
+            node.ops.drop(drops)
+            return
+        calls = self._calls.get(node.number)
+        if calls is None:
+            calls = self._calls[node.number] = NodeCalls(node)
+        calls.drops.extend(drops)
+
+    def _queue_demotions(self, node: NodeState, src_tier: Tier, dst_tier: Tier, victims: list[int],
+                         targets: list[int | None], reserved: list[bool], clean: list[bool], moves: list[Move]) -> int:
+        """`_demote` inside `batched_ops`: each victim is indexed at its target now, as if its move succeeded; the
+        moves are queued (a clean copy needs none: done). A victim with no target is evicted, as before."""
+        index = self.index
+        src = node.spaces[src_tier]
+        dst = node.spaces[dst_tier]
+        calls = self._calls.get(node.number)
+        if calls is None:
+            calls = self._calls[node.number] = NodeCalls(node)
+        queued = iter(moves)
+        moved = 0
+        for slot, target, own, done in zip(victims, targets, reserved, clean):
+            if target is None:
+                self._evicted.append((node.number, int(index.tenant[slot]), index.key_at(slot)))
+                self.forget(slot)
+                self.count_evictions(src_tier, 1)
+                continue
+            key = index.key_at(slot)
+            src.allocator.free(int(index.offset[slot]))
+            src.policy.remove(slot, key)
+            index.set_tier(slot, dst_tier)
+            index.offset[slot] = target
+            if own:
+                index.copy[slot] = NO_COPY
+                self.copies.dirty.pop(key, None)
+            dst.policy.insert_chain([slot], [key])
+            if done:
+                self._demoted(slot, src_tier)
+            else:
+                calls.add_move(Demotion(slot, next(queued), src_tier, own))
+            moved += 1
+        return moved
+
+    def _demoted(self, slot: int, src_tier: Tier) -> None:
+        self._moved.append(slot)
+        self.journal.touched(slot)
+        self.counters.count(self.counters.demotions, src_tier)
+
+    def _send(self, calls: NodeCalls) -> None:
+        """Send one node's queued calls (drops, then moves) and settle the moves by its answers: a move the node
+        did not make evicts its object, as a failed per-object move did."""
+        drops, demotions = calls.take()
+        node = calls.node
+        if drops:
+            node.ops.drop(drops)
+        if not demotions:
+            return
+        results = node.ops.demote([d.move for d in demotions])
+        index = self.index
+        for d, ok in zip(demotions, results):
+            if ok:
+                self._demoted(d.slot, d.src_tier)
+                continue
+            # the object sits, in the index, at its target: forgetting it frees that extent (erasing the record a
+            # failed write may have begun there) and its policy entry
+            self._evicted.append((node.number, int(index.tenant[d.slot]), index.key_at(d.slot)))
+            self.forget(d.slot)
+            self.count_evictions(d.src_tier, 1)
 
     def relocate(self, slot: int, node: NodeState, tier: Tier, offset: int) -> int:
         """Re-index a committed object at a new extent (its bytes were copied there): a new slot with the same key,

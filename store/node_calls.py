@@ -1,0 +1,62 @@
+"""NodeCalls: the drops and demotions one locked master operation decides, sent per node in as few calls as their
+order allows.
+
+Making room for a put on a full tier used to cost a node call per victim: one Demote (and, with the SSD tier full
+too, one Drop) for every object placed, each a gRPC round trip to a node in another process, all under the master's
+lock. `Placement.batched_ops()` collects them here instead and sends them when the operation ends: per node, every
+pending drop in one call, then every pending move in one call, in the order they were decided.
+
+Why that order is the per-object order: a drop erases an SSD record and frees its extent, which a later move may
+write; so drops must precede the moves that follow them, and sending all drops first keeps that. The other way
+round (a move writes an extent a later drop erases) happens only when an object moved in this batch leaves again in
+it; Placement sends the node's batch, and settles it, before such an object can be a victim (`Placement.allocate`),
+so that drop is never queued behind the move it must follow, and a refused move's object is never evicted twice.
+
+The state a move brings (the object indexed at its new tier and extent) is applied when the move is decided, as if
+it succeeded, so the rest of the batch is decided exactly as the per-object calls decided it; the node's answers
+settle it afterwards (`Placement._send`: a refused move evicts its object, as a refused per-object move did;
+what the batch decided after it may then differ from what the per-object calls would have decided, never its
+consistency).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvpool.store.node import Drop, Move
+from kvpool.tiers.types import Tier
+
+
+@dataclass(slots=True)
+class Demotion:
+    """One queued move and what settling its answer needs: the slot it moved (already indexed at the target), the
+    tier it left, and whether the target was the object's own SSD copy."""
+
+    slot: int
+    move: Move
+    src_tier: Tier
+    own: bool
+
+
+@dataclass(slots=True)
+class NodeCalls:
+    """One node's queued calls (see the module docstring). `slots`: the objects a queued move has moved."""
+
+    node: object                    # placement.NodeState
+    drops: list[Drop] = field(default_factory=list)
+    demotions: list[Demotion] = field(default_factory=list)
+    slots: set[int] = field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        return bool(self.drops or self.demotions)
+
+    def add_move(self, demotion: Demotion) -> None:
+        self.demotions.append(demotion)
+        self.slots.add(demotion.slot)
+
+    def take(self) -> tuple[list[Drop], list[Demotion]]:
+        """The queued drops and moves, in sending order; empties the queue."""
+        drops, demotions = self.drops, self.demotions
+        self.drops, self.demotions = [], []
+        self.slots.clear()
+        return drops, demotions

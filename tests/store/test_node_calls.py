@@ -1,0 +1,273 @@
+"""Node calls batched per locked operation (store/node_calls.py, Placement.batched_ops): a put on a full tier makes its
+room with one Drop and one Demote call per node instead of one per object, and ends exactly where the per-object
+calls ended: the same objects on the same tiers at the same offsets, the same copies, the same counters, after every
+step of random workloads (chains with shared prefixes, lookups that promote, leases held across puts, removals, the
+inclusive SSD tier, several policies, a tiny SSD tier whose victims are objects demoted in the same batch) over real
+StorageNodes, whose bytes are read back and compared. A node that refuses moves loses exactly those objects."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+
+import numpy as np
+import pytest
+import xxhash
+
+from kvpool.store.config import MasterConfig, NodeConfig
+from kvpool.store.master import Master
+from kvpool.store.node import StorageNode
+from kvpool.store.records import PutStatus
+from kvpool.tiers.types import Tier
+from tests.store.fakes import Clock
+
+K = 4096
+
+
+class Counted:
+    """A real StorageNode whose Demote / Drop calls are counted; `refuse(key)` True: that move is answered False
+    without being made (a node whose write failed)."""
+
+    def __init__(self, node: StorageNode, refuse=lambda key: False) -> None:
+        self.node = node
+        self.refuse = refuse
+        self.demote_calls = 0
+        self.drop_calls = 0
+        self.moves = 0
+
+    def demote(self, moves):
+        self.demote_calls += 1
+        self.moves += len(moves)
+        keep = [m for m in moves if not self.refuse(m.key)]
+        done = iter(self.node.demote(keep) if keep else [])
+        return [False if self.refuse(m.key) else next(done) for m in moves]
+
+    def promote(self, moves):
+        return self.node.promote(moves)
+
+    def drop(self, drops):
+        self.drop_calls += 1
+        return self.node.drop(drops)
+
+    def objects_removed(self):
+        self.node.objects_removed()
+
+
+def payload(key: bytes, size: int) -> np.ndarray:
+    return np.frombuffer(np.random.default_rng(int.from_bytes(key[:8], "big")).bytes(size), np.uint8)
+
+
+class Pool:
+    """A master over real nodes (name, DRAM objects, SSD objects); `batched` False: every node call is made per
+    object, as before batching."""
+
+    def __init__(self, tmp_path, tag: str, nodes, *, batched: bool, refuse=lambda key: False, **cfg) -> None:
+        (tmp_path / tag).mkdir()
+        self.master = Master(MasterConfig(**cfg), None, clock=Clock())
+        if not batched:
+            self.master.placement.batched_ops = contextlib.nullcontext
+        self.nodes: dict[str, StorageNode] = {}
+        self.ops: dict[str, Counted] = {}
+        for name, dram, ssd in nodes:
+            node = StorageNode(NodeConfig(node_id=name, dram_bytes=dram * K, shm_dir=str(tmp_path / tag),
+                                          ssd_path=str(tmp_path / tag / f"ssd-{name}") if ssd else None,
+                                          ssd_bytes=ssd * 2 * K))
+            self.nodes[name] = node
+            self.ops[name] = Counted(node, refuse)
+            self.master.register_node(node.info(), self.ops[name], expires=False)
+
+    def put(self, keys: list[bytes], size: int = K) -> list[PutStatus]:
+        out = self.master.put_start(keys, [size] * len(keys))
+        ids, sums = [], []
+        for k, r in zip(keys, out):
+            if r.grant is not None:
+                data = payload(k, size)
+                loc = r.grant.location
+                self.nodes[loc.node_id].write(loc.tier, loc.offset, k, b"\0" * 16, data, None)
+                ids.append(r.grant.grant_id)
+                sums.append(xxhash.xxh3_64_intdigest(data))
+        assert self.master.put_commit(ids, sums) == [True] * len(ids)
+        return [r.status for r in out]
+
+    def state(self, keys: list[bytes]) -> list:
+        index = self.master.index
+        rows = []
+        for k, r in zip(keys, self.master.inspect(keys)):
+            slot = index.find(k, -1)
+            rows.append(None if r is None else (r.node_id, r.tier.label, r.offset, r.size, int(index.copy[slot]),
+                                                int(index.parent[slot]) < -1))
+        stats = self.master.stats()
+        return [rows, stats["evictions"], stats["demotions"], stats["promotions"]]
+
+    def check_bytes(self, keys: list[bytes]) -> int:
+        """Every stored object's bytes, read from where the master says it is, are the bytes put. Returns how many."""
+        n = 0
+        for k, r in zip(keys, self.master.inspect(keys)):
+            if r is None:
+                continue
+            out = bytearray(r.size)
+            assert self.nodes[r.node_id].read_into(r.tier, r.offset, k, r.size, out), k.hex()
+            assert bytes(out) == payload(k, r.size).tobytes(), k.hex()
+            n += 1
+        return n
+
+    def calls(self) -> tuple[int, int, int]:
+        return (sum(o.demote_calls for o in self.ops.values()), sum(o.drop_calls for o in self.ops.values()),
+                sum(o.moves for o in self.ops.values()))
+
+    def close(self) -> None:
+        for node in self.nodes.values():
+            node.close()
+
+
+def chain_key(chain: int, i: int) -> bytes:
+    return chain.to_bytes(8, "big") + i.to_bytes(8, "big")
+
+
+def workload(a: Pool, b: Pool, rng: random.Random, steps: int, sizes=(K,)) -> list[bytes]:
+    """The same random steps on both pools, compared after each one. Returns every key used."""
+    keys: list[bytes] = []
+    held: list[tuple[Pool, int]] = []
+    for step in range(steps):
+        roll = rng.random()
+        chain = rng.randrange(12)
+        if roll < 0.6:      # a chain of KV blocks, often extending one put before (its prefix: EXISTS)
+            length = rng.randint(1, 24)
+            start = rng.choice([0, 0, rng.randrange(8)])
+            ks = [chain_key(chain * 1000 + step // 40, i) for i in range(start, start + length)]
+            size = rng.choice(sizes)
+            keys.extend(k for k in ks if k not in keys)
+            assert a.put(ks, size) == b.put(ks, size)
+        elif roll < 0.8:    # a lookup: touches the hits (and queues the slow-tier ones for promotion)
+            ks = [chain_key(chain * 1000 + rng.randrange(max(1, step // 40 + 1)), i) for i in range(rng.randint(1, 16))]
+            ra, rb = a.master.lookup(ks), b.master.lookup(ks)
+            assert (ra.hits, ra.tiers, ra.offsets) == (rb.hits, rb.tiers, rb.offsets)
+            if rng.random() < 0.3:
+                held.append((a, ra.lease_id))
+                held.append((b, rb.lease_id))      # leased objects are skipped as victims until released
+            else:
+                a.master.release([ra.lease_id])
+                b.master.release([rb.lease_id])
+        elif roll < 0.88:
+            assert a.master.promote_pending() == b.master.promote_pending()
+        elif roll < 0.94:
+            assert a.master.copy_pending() == b.master.copy_pending()
+        elif keys:
+            gone = rng.sample(keys, min(len(keys), rng.randint(1, 6)))
+            assert a.master.remove(gone) == b.master.remove(gone)
+        if held and rng.random() < 0.3:
+            for pool, lease in held:
+                pool.master.release([lease])
+            held.clear()
+        assert a.state(keys) == b.state(keys), f"step {step}"
+    for pool, lease in held:
+        pool.master.release([lease])
+    return keys
+
+
+NODES = [("n1", 12, 20), ("n2", 8, 28)]
+
+
+@pytest.mark.parametrize("policy", ["lru", "s3fifo", "clru"])
+@pytest.mark.parametrize("write_behind", [False, True])
+def test_batched_calls_end_exactly_where_per_object_calls_end(tmp_path, policy, write_behind):
+    a = Pool(tmp_path, "a", NODES, batched=True, policy=policy, write_behind=write_behind)
+    b = Pool(tmp_path, "b", NODES, batched=False, policy=policy, write_behind=write_behind)
+    try:
+        keys = workload(a, b, random.Random(f"{policy}-{write_behind}"), 400)
+        assert a.check_bytes(keys) == b.check_bytes(keys) > 0
+        a.master.index.check_invariants()
+        demotes_a, drops_a, moves_a = a.calls()
+        demotes_b, drops_b, moves_b = b.calls()
+        assert moves_a == moves_b > 0                       # the same bytes moved ...
+        assert demotes_a < demotes_b and drops_a < drops_b  # ... in fewer calls
+    finally:
+        a.close()
+        b.close()
+
+
+def test_mixed_sizes_and_a_tiny_ssd_tier_whose_victims_were_demoted_in_the_same_batch(tmp_path):
+    """SSD tiers of a few objects: a put of 24 pushes objects it demoted out of the SSD tier again, so the batch is
+    sent before each of them is touched (the order a per-object call had); sizes of 1-3 pages leave holes."""
+    nodes = [("n1", 6, 5), ("n2", 4, 3)]
+    a = Pool(tmp_path, "a", nodes, batched=True)
+    b = Pool(tmp_path, "b", nodes, batched=False)
+    try:
+        keys = workload(a, b, random.Random(3), 300, sizes=(K, K, 2 * K, 3 * K - 100))
+        assert a.check_bytes(keys) == b.check_bytes(keys) > 0
+        a.master.index.check_invariants()
+        assert a.calls()[2] == b.calls()[2] > 0
+        assert a.calls()[0] < b.calls()[0]
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_put_on_a_full_pool_makes_one_demote_and_one_drop_call(tmp_path):
+    a = Pool(tmp_path, "a", [("n1", 8, 16)], batched=True, write_behind=False)
+    try:
+        for chain in range(3):          # 24 objects: DRAM (8) and SSD (16) full
+            assert a.put([chain_key(chain, i) for i in range(8)]) == [PutStatus.STORED] * 8
+        before = a.calls()
+        assert a.put([chain_key(9, i) for i in range(8)]) == [PutStatus.STORED] * 8
+        demotes, drops, moves = (x - y for x, y in zip(a.calls(), before))
+        assert (demotes, drops, moves) == (1, 1, 8)     # per object: 8 and 8
+        stats = a.master.stats()
+        assert stats["evictions"]["ssd"] == 8 and stats["demotions"] == 24
+        # the oldest chain left the SSD tier, the next one moved down, the new one is in DRAM
+        keys = [chain_key(c, i) for c in (0, 1, 2, 9) for i in range(8)]
+        tiers = [None if r is None else r.tier for r in a.master.inspect(keys)]
+        assert tiers == [None] * 8 + [Tier.SSD] * 16 + [Tier.DRAM] * 8
+        assert a.check_bytes(keys) == 24
+    finally:
+        a.close()
+
+
+def test_a_refused_move_evicts_that_object_and_no_other(tmp_path):
+    """The node answers False for the moves of two keys (its write failed): those objects are evicted when the
+    answers come, as a refused per-object move was; every other object moved, and every byte still stored is the
+    byte put."""
+    refused = {chain_key(1, 2), chain_key(1, 5)}
+    a = Pool(tmp_path, "a", [("n1", 8, 32)], batched=True, refuse=refused.__contains__, write_behind=False)
+    try:
+        for chain in range(3):
+            assert a.put([chain_key(chain, i) for i in range(8)]) == [PutStatus.STORED] * 8
+        keys = [chain_key(c, i) for c in range(3) for i in range(8)]
+        stored = [k for k, r in zip(keys, a.master.inspect(keys)) if r is not None]
+        assert stored == [k for k in keys if k not in refused]
+        stats = a.master.stats()
+        assert stats["evictions"]["dram"] == 2 and stats["demotions"] == 14
+        assert a.check_bytes(keys) == 22
+        a.master.index.check_invariants()
+        # the freed extents are used again: the next put finds its room without losing anything more
+        assert a.put([chain_key(7, i) for i in range(8)]) == [PutStatus.STORED] * 8
+        assert a.check_bytes(keys + [chain_key(7, i) for i in range(8)]) == 30
+    finally:
+        a.close()
+
+
+def test_refused_moves_of_objects_demoted_in_the_same_batch_leave_a_consistent_index(tmp_path):
+    """A tiny SSD tier whose victims are objects demoted earlier in the same put, and a node refusing one move in
+    five: the batch is sent (and its refusals evict their objects) before such a victim is touched again, so an
+    object is never evicted twice and never indexed where its bytes are not."""
+    refuse = lambda k: k[-1] % 5 == 0    # noqa: E731
+    a = Pool(tmp_path, "a", [("n1", 6, 5), ("n2", 4, 3)], batched=True, refuse=refuse)
+    rng = random.Random(11)
+    keys: list[bytes] = []
+    try:
+        for step in range(200):
+            chain = rng.randrange(6)
+            if rng.random() < 0.75:
+                ks = [chain_key(chain * 1000 + step // 30, i) for i in range(rng.randint(1, 24))]
+                keys.extend(k for k in ks if k not in keys)
+                a.put(ks, rng.choice((K, 2 * K)))
+            else:
+                res = a.master.lookup([chain_key(chain * 1000 + step // 30, i) for i in range(8)])
+                a.master.release([res.lease_id])
+                a.master.promote_pending()
+            a.master.index.check_invariants()
+            a.check_bytes(keys)
+        stats = a.master.stats()
+        assert stats["evictions"]["dram"] > 0 and stats["demotions"] > 0     # refusals and moves both happened
+    finally:
+        a.close()
