@@ -1,0 +1,256 @@
+"""Puts on a full pool: what making room costs a put, and what it costs other clients' lookups meanwhile.
+
+A cache runs full: past its first minutes every put pushes older objects a tier down or out. This bench starts a
+master and a node as separate processes (`kvpool master`, `kvpool node` with a DRAM and an SSD tier, its defaults
+otherwise: the inclusive SSD tier with write-behind), then one client process puts chains of `--batch` objects of
+`--size` bytes until both tiers have been full for a while. Each put is classed by what it made the master do,
+from the pool's counters read after it (outside the timed call):
+
+  room        nothing moved: the DRAM tier had room. The limit: what a put costs when making room costs nothing
+  DRAM full   objects were demoted to the SSD tier to make room
+  both full   objects were also evicted from the SSD tier
+
+Meanwhile another client process looks up a resident 64-key chain every 2 ms (an engine's lookup before a
+prefill), recording each lookup's latency; a lookup is classed by the put it started during (idle: before the first
+put). Prints, per round, the median put per phase and lookup p50 / p99 per phase, then the medians over rounds:
+
+  ratio put on a full pool vs with room: how much slower a put is when it makes room (1.00x: making room is free)
+  ratio lookup p99 during full-pool puts vs during room puts: how much longer other clients wait on the master
+
+The bench uses only the public client API and the CLI, so the same file measures any build (`--python` picks the
+interpreter of the build: master, node and clients run under it; `bench/ab.py` runs two builds alternately):
+
+    python bench/full_pool.py [--rounds 3] [--size 64KiB] [--batch 32] [--transport auto|tcp] [--python PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from tqdm import tqdm
+
+PHASES = ("idle", "room", "DRAM full", "both full")
+CHAIN = 64                  # the lookup chain's keys (4 KiB objects)
+LOOKUP_EVERY_S = 0.002
+MAX_PUTS = 2000             # per round, whatever the sizes; the round also ends at --seconds
+
+
+def _parse_size(text: str) -> int:
+    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+    low = text.strip().lower()
+    for unit, mult in units.items():
+        if low.endswith(unit):
+            return int(float(low[:-len(unit)]) * mult)
+    return int(low)
+
+
+def _lookup_keys() -> list[bytes]:
+    return [b"L" + i.to_bytes(15, "big") for i in range(CHAIN)]      # 16-byte keys
+
+
+def _prober(address: str, max_s: float) -> None:
+    """Child: put the chain, then look it up every 2 ms until stdin closes (or max_s); print [[start, seconds,
+    hits], ...]."""
+    import threading
+
+    from kvpool import PoolClient
+
+    stop = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    keys = _lookup_keys()
+    rows = []
+    with PoolClient(address, timeout=30) as pool:
+        assert pool.put_many(keys, [bytes(4096)] * CHAIN, pin_s=3600) == ["stored"] * CHAIN  # kept resident
+        assert pool.lookup_prefix(keys) == CHAIN
+        print("ready", flush=True)
+        end = time.monotonic() + max_s
+        nxt = time.monotonic()
+        while not stop.is_set() and time.monotonic() < end and len(rows) < max_s / LOOKUP_EVERY_S:
+            t0 = time.monotonic()
+            hits = pool.lookup_prefix(keys)
+            rows.append((t0, time.monotonic() - t0, hits))
+            nxt = max(nxt + LOOKUP_EVERY_S, time.monotonic())
+            stop.wait(nxt - time.monotonic())      # paced: one lookup per period, like an engine's requests
+    print(json.dumps(rows), flush=True)
+
+
+def _putter(address: str, size: int, batch: int, transport: str, seconds: float, full_puts: int) -> None:
+    """Child: put chains until `full_puts` puts found both tiers full (or MAX_PUTS, or `seconds`); print
+    [[start, seconds, phase], ...]."""
+    import numpy as np
+
+    from kvpool import PoolClient
+
+    rng = np.random.default_rng(size)
+    values = [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(batch)]
+    rows = []
+    with PoolClient(address, timeout=60, transport=transport) as pool:
+        def counters():
+            s = pool.stats()
+            return s["demotions"], s["evictions"]["ssd"]
+
+        before = counters()
+        end = time.monotonic() + seconds
+        both = 0
+        for n in range(MAX_PUTS):
+            if both >= full_puts or time.monotonic() > end:
+                break
+            keys = [b"P" + n.to_bytes(8, "big") + i.to_bytes(7, "big") for i in range(batch)]
+            t0 = time.monotonic()
+            statuses = pool.put_many(keys, values)
+            dt = time.monotonic() - t0
+            assert statuses == ["stored"] * batch, statuses
+            after = counters()
+            phase = "both full" if after[1] > before[1] else "DRAM full" if after[0] > before[0] else "room"
+            both += phase == "both full"
+            rows.append((t0, dt, phase))
+            before = after
+    print(json.dumps(rows), flush=True)
+
+
+class Pool:
+    """Master and node processes of the build under test."""
+
+    def __init__(self, python: str, workdir: str, dram: int, ssd: int) -> None:
+        from kvpool.launcher import free_port, wait_grpc_serving
+
+        self.shm = tempfile.mkdtemp(prefix="kvpool-bench-", dir="/dev/shm")
+        self.address = f"127.0.0.1:{free_port()}"
+        node = f"127.0.0.1:{free_port()}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KVPOOL_")}
+        log = open(os.path.join(workdir, "pool.log"), "ab")
+        cli = [python, "-m", "kvpool.cli"]  # run in workdir: `-m` puts the cwd first on sys.path (a checkout: kvpool/)
+        self.procs = [subprocess.Popen(cli + ["master", "--listen", self.address], stdout=log, stderr=log, env=env,
+                                       cwd=workdir)]
+        wait_grpc_serving(self.address, 30, self.procs[0])
+        self.procs.append(subprocess.Popen(cli + ["node", "--master", self.address, "--listen", node,
+                                                  "--dram-bytes", str(dram), "--shm-dir", self.shm,
+                                                  "--ssd-path", os.path.join(workdir, "ssd"), "--ssd-bytes", str(ssd),
+                                                  "--node-id", "bench"], stdout=log, stderr=log, env=env, cwd=workdir))
+        wait_grpc_serving(node, 30, self.procs[1])
+
+    def close(self) -> None:
+        for p in reversed(self.procs):
+            p.terminate()
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        shutil.rmtree(self.shm, ignore_errors=True)
+
+
+def one_round(args, workdir: str) -> dict:
+    """One fresh pool: the prober, an idle second, the putter. Returns per phase: put medians, lookup latencies."""
+    pool = Pool(args.python, workdir, args.dram, args.ssd)
+    try:
+        max_s = args.seconds + 60
+        prober = subprocess.Popen([args.python, __file__, "--prober", pool.address, str(max_s)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert prober.stdout.readline().strip() == "ready"
+        time.sleep(1.0)         # the idle phase: lookups with nothing else running (a fixed span, not a wait)
+        putter = subprocess.run([args.python, __file__, "--putter", pool.address, str(args.size), str(args.batch),
+                                 args.transport, str(args.seconds), str(args.full_puts)],
+                                stdout=subprocess.PIPE, text=True, timeout=args.seconds + 120, check=True)
+        puts = json.loads(putter.stdout.strip().splitlines()[-1])
+        out, _ = prober.communicate("", timeout=120)
+        lookups = json.loads(out.strip().splitlines()[-1])
+    finally:
+        pool.close()
+    by_phase: dict[str, dict] = {p: {"puts": [], "lookups": [], "misses": 0} for p in PHASES}
+    for _, dt, phase in puts:
+        by_phase[phase]["puts"].append(dt)
+    starts = [p[0] for p in puts]
+    j = 0
+    for t0, dt, hits in lookups:
+        while j < len(puts) and puts[j][0] + puts[j][1] < t0:
+            j += 1
+        if not starts or t0 < starts[0]:
+            phase = "idle"
+        elif j < len(puts) and puts[j][0] <= t0:
+            phase = puts[j][2]
+        else:
+            continue            # between two puts (the putter reading counters) or after the last one
+        by_phase[phase]["lookups"].append(dt)
+        by_phase[phase]["misses"] += hits != CHAIN
+    return by_phase
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3, help="fresh pools; the medians over rounds are printed")
+    ap.add_argument("--size", type=_parse_size, default=64 << 10, help="bytes per object (e.g. 64KiB)")
+    ap.add_argument("--batch", type=int, default=32, help="objects per put_many")
+    ap.add_argument("--dram", type=_parse_size, default=64 << 20, help="the node's DRAM tier")
+    ap.add_argument("--ssd", type=_parse_size, default=256 << 20, help="the node's SSD tier")
+    ap.add_argument("--full-puts", type=int, default=100, help="puts to time once both tiers are full")
+    ap.add_argument("--seconds", type=float, default=60.0, help="the most a round's puts may take")
+    ap.add_argument("--transport", choices=("auto", "tcp"), default="auto",
+                    help="the putting client's data path: auto (same host: shared memory) or tcp")
+    ap.add_argument("--python", default=sys.executable, help="interpreter of the build to measure")
+    args = ap.parse_args(argv)
+    if args.rounds < 1 or args.size < 1 or args.batch < 1 or args.full_puts < 1 or args.seconds <= 0:
+        ap.error("--rounds, --size, --batch and --full-puts must be >= 1, --seconds > 0")
+    if args.size * args.batch > args.dram // 4:
+        ap.error("--size x --batch must be at most a quarter of --dram (a put must find several rounds of room)")
+    print(f"kvpool bench/full_pool.py  {datetime.date.today()}  {platform.machine()} {os.cpu_count()} cores  "
+          f"python {args.python}", flush=True)
+    print(f"puts of {args.batch} x {args.size >> 10} KiB ({args.transport}), DRAM {args.dram >> 20} MiB, "
+          f"SSD {args.ssd >> 20} MiB; a lookup of a {CHAIN}-key chain every {LOOKUP_EVERY_S * 1e3:.0f} ms from "
+          f"another client", flush=True)
+    per_round = []
+    for r in tqdm(range(args.rounds), desc="full pool", unit="round"):
+        workdir = tempfile.mkdtemp(prefix="kvpool-full-pool-")
+        try:
+            res = one_round(args, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        per_round.append(res)
+        line = "  ".join(f"{p}: put {statistics.median(res[p]['puts']) * 1e3:.2f} ms ({len(res[p]['puts'])})"
+                         for p in PHASES[1:] if res[p]["puts"])
+        look = "  ".join(f"{p} {_pct(res[p]['lookups'], 0.5) * 1e3:.2f} / {_pct(res[p]['lookups'], 0.99) * 1e3:.2f}"
+                         for p in PHASES if res[p]["lookups"])
+        tqdm.write(f"round {r + 1}: {line}; lookup p50 / p99 ms: {look}")
+
+    def med(phase: str, f) -> float:
+        vals = [f(res[phase]) for res in per_round if res[phase]["puts" if phase != "idle" else "lookups"]]
+        return statistics.median(vals) if vals else float("nan")
+
+    put = {p: med(p, lambda x: statistics.median(x["puts"])) for p in PHASES[1:]}
+    p50 = {p: med(p, lambda x: _pct(x["lookups"], 0.5)) for p in PHASES}
+    p99 = {p: med(p, lambda x: _pct(x["lookups"], 0.99)) for p in PHASES}
+    mb = args.size * args.batch / 1e6
+    print("put per call (median over rounds): " + ", ".join(
+        f"{p} {put[p] * 1e3:.2f} ms ({mb / put[p] / 1e3:.2f} GB/s)" for p in PHASES[1:]))
+    print(f"ratio put on a full pool vs with room: DRAM full {put['room'] / put['DRAM full']:.2f}x, both full "
+          f"{put['room'] / put['both full']:.2f}x the room put's speed (1.00x: making room costs a put nothing)")
+    print("lookup p50 / p99 (ms): " + ", ".join(f"{p} {p50[p] * 1e3:.2f} / {p99[p] * 1e3:.2f}" for p in PHASES))
+    print(f"ratio lookup p99 during full-pool puts vs during room puts: DRAM full {p99['DRAM full'] / p99['room']:.2f}x,"
+          f" both full {p99['both full'] / p99['room']:.2f}x (1.00x: making room holds the master no longer)")
+    misses = sum(res[p]["misses"] for res in per_round for p in PHASES)
+    if misses:
+        print(f"WARNING: {misses} lookups of the resident chain missed")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--prober":
+        _prober(sys.argv[2], float(sys.argv[3]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--putter":
+        _putter(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], float(sys.argv[6]), int(sys.argv[7]))
+    else:
+        sys.exit(main())
