@@ -230,7 +230,8 @@ class Master:
         keys = checks.keys(keys, self.config.max_batch_keys)
         with self._lock:
             now = self._tick()
-            result = self.drains.start(keys, now + self.config.grant_ttl_s, self.registry.disconnected_numbers())
+            with self.placement.batched_ops():     # the room made on destinations: one Demote / Drop per node
+                result = self.drains.start(keys, now + self.config.grant_ttl_s, self.registry.disconnected_numbers())
             self._flush()  # placing may have evicted or demoted objects on the destination
             return result
 

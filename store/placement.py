@@ -642,12 +642,16 @@ class Placement:
         did not make evicts its object, as a failed per-object move did."""
         drops, demotions = calls.take()
         node = calls.node
-        if drops:
-            node.ops.drop(drops)
+        self._erase(node, drops)
         if not demotions:
             return
-        results = node.ops.demote([d.move for d in demotions])
+        try:
+            results = node.ops.demote([d.move for d in demotions])
+        except Exception:  # noqa: BLE001 - the operation goes on; the objects the node did not move are evicted
+            log.exception("node %s: demotion of %d objects failed", node.node_id, len(demotions))
+            results = [False] * len(demotions)
         index = self.index
+        erase: list[Drop] = []
         for d, ok in zip(demotions, results):
             if ok:
                 self._demoted(d.slot, d.src_tier)
@@ -655,8 +659,18 @@ class Placement:
             # the object sits, in the index, at its target: forgetting it frees that extent (erasing the record a
             # failed write may have begun there) and its policy entry
             self._evicted.append((node.number, int(index.tenant[d.slot]), index.key_at(d.slot)))
-            self.forget(d.slot)
+            self.forget(d.slot, drops=erase)
             self.count_evictions(d.src_tier, 1)
+        self._erase(node, erase)
+
+    @staticmethod
+    def _erase(node: NodeState, drops: list[Drop]) -> None:
+        if not drops:
+            return
+        try:
+            node.ops.drop(drops)
+        except Exception:  # noqa: BLE001 - as RemoteNodeOps.drop does: logged, the operation goes on
+            log.exception("node %s: drop of %d records failed", node.node_id, len(drops))
 
     def relocate(self, slot: int, node: NodeState, tier: Tier, offset: int) -> int:
         """Re-index a committed object at a new extent (its bytes were copied there): a new slot with the same key,

@@ -3,7 +3,8 @@ room with one Drop and one Demote call per node instead of one per object, and e
 calls ended: the same objects on the same tiers at the same offsets, the same copies, the same counters, after every
 step of random workloads (chains with shared prefixes, lookups that promote, leases held across puts, removals, the
 inclusive SSD tier, several policies, a tiny SSD tier whose victims are objects demoted in the same batch) over real
-StorageNodes, whose bytes are read back and compared. A node that refuses moves loses exactly those objects."""
+StorageNodes, whose bytes are read back and compared; drains onto full nodes. A node that refuses moves loses exactly
+those objects; one whose call raises loses what it was to move, and the put goes on."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import xxhash
 
 from kvpool.store.config import MasterConfig, NodeConfig
 from kvpool.store.master import Master
+from kvpool.store.migration import MigrateStatus
 from kvpool.store.node import StorageNode
 from kvpool.store.records import PutStatus
 from kvpool.tiers.types import Tier
@@ -34,9 +36,12 @@ class Counted:
         self.demote_calls = 0
         self.drop_calls = 0
         self.moves = 0
+        self.broken = False         # True: every Demote / Drop call raises (a node whose handler failed)
 
     def demote(self, moves):
         self.demote_calls += 1
+        if self.broken:
+            raise RuntimeError("the node's handler failed")
         self.moves += len(moves)
         keep = [m for m in moves if not self.refuse(m.key)]
         done = iter(self.node.demote(keep) if keep else [])
@@ -47,6 +52,8 @@ class Counted:
 
     def drop(self, drops):
         self.drop_calls += 1
+        if self.broken:
+            raise RuntimeError("the node's handler failed")
         return self.node.drop(drops)
 
     def objects_removed(self):
@@ -76,8 +83,8 @@ class Pool:
             self.ops[name] = Counted(node, refuse)
             self.master.register_node(node.info(), self.ops[name], expires=False)
 
-    def put(self, keys: list[bytes], size: int = K) -> list[PutStatus]:
-        out = self.master.put_start(keys, [size] * len(keys))
+    def put(self, keys: list[bytes], size: int = K, prefer: str | None = None) -> list[PutStatus]:
+        out = self.master.put_start(keys, [size] * len(keys), prefer_node=prefer)
         ids, sums = [], []
         for k, r in zip(keys, out):
             if r.grant is not None:
@@ -269,5 +276,63 @@ def test_refused_moves_of_objects_demoted_in_the_same_batch_leave_a_consistent_i
             a.check_bytes(keys)
         stats = a.master.stats()
         assert stats["evictions"]["dram"] > 0 and stats["demotions"] > 0     # refusals and moves both happened
+    finally:
+        a.close()
+
+
+def test_a_drain_onto_a_full_node_makes_its_room_in_one_call_per_kind(tmp_path):
+    """migrate_start of 8 objects onto a node whose DRAM and SSD tiers are full: one Demote and one Drop call to it,
+    the same destinations and the same evictions as the per-object calls, and the moved bytes read back."""
+    pools = [Pool(tmp_path, tag, [("n1", 8, 0), ("n2", 8, 16)], batched=batched, write_behind=False)
+             for tag, batched in (("a", True), ("b", False))]
+    try:
+        results = []
+        for pool in pools:
+            # chain 0 fills n1 (DRAM only); chains 1-3 fill n2: 3 in its DRAM, 1 and 2 on its SSD
+            assert pool.put([chain_key(0, i) for i in range(8)], prefer="n1") == [PutStatus.STORED] * 8
+            for chain in (1, 2, 3):
+                assert pool.put([chain_key(chain, i) for i in range(8)], prefer="n2") == [PutStatus.STORED] * 8
+            assert [r.node_id for r in pool.master.inspect([chain_key(0, i) for i in range(8)])] == ["n1"] * 8
+            assert pool.master.begin_drain("n1") == (8, 0)
+            before = pool.ops["n2"].demote_calls, pool.ops["n2"].drop_calls
+            res = pool.master.migrate_start([chain_key(0, i) for i in range(8)])
+            calls = pool.ops["n2"].demote_calls - before[0], pool.ops["n2"].drop_calls - before[1]
+            assert [m.status for m in res.moves] == [MigrateStatus.MOVING] * 8
+            for i, mv in enumerate(res.moves):      # what the draining client does: read the source, write the dest
+                buf = bytearray(mv.source.size)
+                assert pool.nodes["n1"].read_into(mv.source.tier, mv.source.offset, chain_key(0, i), K, buf)
+                pool.nodes["n2"].write(mv.dest.tier, mv.dest.offset, chain_key(0, i), mv.ns_digest, buf, None)
+            sums = [xxhash.xxh3_64_intdigest(payload(chain_key(0, i), K)) for i in range(8)]
+            assert pool.master.migrate_commit([m.move_id for m in res.moves], sums) == [True] * 8
+            keys = [chain_key(c, i) for c in range(4) for i in range(8)]
+            results.append((calls, [(m.dest.tier, m.dest.offset) for m in res.moves], pool.state(keys)))
+            assert pool.check_bytes(keys) == 24     # chain 1 evicted; 0 in n2's DRAM, 2 and 3 on its SSD
+            assert [None if r is None else (r.node_id, r.tier) for r in pool.master.inspect(keys)] == \
+                [("n2", Tier.DRAM)] * 8 + [None] * 8 + [("n2", Tier.SSD)] * 16
+            pool.master.index.check_invariants()
+        assert results[0][0] == (1, 1) and results[1][0] == (8, 8)
+        assert results[0][1:] == results[1][1:]
+    finally:
+        for pool in pools:
+            pool.close()
+
+
+def test_a_node_call_that_raises_evicts_what_it_was_to_move_and_the_put_goes_on(tmp_path):
+    a = Pool(tmp_path, "a", [("n1", 8, 8)], batched=True, write_behind=False)
+    try:
+        for chain in range(2):          # chain 0 on the SSD tier, chain 1 in DRAM: both tiers full
+            assert a.put([chain_key(chain, i) for i in range(8)]) == [PutStatus.STORED] * 8
+        a.ops["n1"].broken = True
+        assert a.put([chain_key(2, i) for i in range(8)]) == [PutStatus.STORED] * 8
+        keys = [chain_key(c, i) for c in range(3) for i in range(8)]
+        # chain 0 evicted from the SSD tier for room (its erase failed: logged), chain 1 evicted from DRAM since it
+        # could not move down; the new chain in DRAM
+        assert [None if r is None else r.tier for r in a.master.inspect(keys)] == [None] * 16 + [Tier.DRAM] * 8
+        assert a.master.stats()["evictions"] == {"dram": 8, "ssd": 8}
+        a.ops["n1"].broken = False
+        assert a.check_bytes(keys) == 8
+        assert a.put([chain_key(3, i) for i in range(8)]) == [PutStatus.STORED] * 8     # and the pool goes on
+        assert a.check_bytes(keys + [chain_key(3, i) for i in range(8)]) == 16
+        a.master.index.check_invariants()
     finally:
         a.close()
