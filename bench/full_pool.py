@@ -17,10 +17,12 @@ put). Prints, per round, the median put per phase and lookup p50 / p99 per phase
   ratio put on a full pool vs with room: how much slower a put is when it makes room (1.00x: making room is free)
   ratio lookup p99 during full-pool puts vs during room puts: how much longer other clients wait on the master
 
-The bench uses only the public client API and the CLI, so the same file measures any build (`--python` picks the
-interpreter of the build: master, node and clients run under it; `bench/ab.py` runs two builds alternately):
+The bench uses only the public client API and the CLI (its master and node processes are bench/pool_remote.py's),
+so the same file measures any build: master, node and clients run under the interpreter that runs it, and
+`bench/ab.py` runs two builds alternately:
 
-    python bench/full_pool.py [--rounds 3] [--size 64KiB] [--batch 32] [--transport auto|tcp] [--python PATH]
+    python bench/full_pool.py [--rounds 3] [--size 64KiB] [--batch 32] [--dram 64MiB] [--ssd 256MiB]
+                              [--full-puts 100] [--transport auto|tcp]
 """
 
 from __future__ import annotations
@@ -39,19 +41,22 @@ import time
 
 from tqdm import tqdm
 
+from kvpool.config import parse_size
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pool_remote import Pool  # noqa: E402 - the master and node processes bench/pool_remote.py runs
+
 PHASES = ("idle", "room", "DRAM full", "both full")
 CHAIN = 64                  # the lookup chain's keys (4 KiB objects)
 LOOKUP_EVERY_S = 0.002
 MAX_PUTS = 2000             # per round, whatever the sizes; the round also ends at --seconds
 
 
-def _parse_size(text: str) -> int:
-    units = {"kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
-    low = text.strip().lower()
-    for unit, mult in units.items():
-        if low.endswith(unit):
-            return int(float(low[:-len(unit)]) * mult)
-    return int(low)
+def _size(flag: str):
+    """An argparse type: "64KiB", "256MiB", bytes (kvpool.config.parse_size)."""
+    def size(value: str) -> int:
+        return parse_size(value, flag)
+    return size
 
 
 def _lookup_keys() -> list[bytes]:
@@ -118,47 +123,17 @@ def _putter(address: str, size: int, batch: int, transport: str, seconds: float,
     print(json.dumps(rows), flush=True)
 
 
-class Pool:
-    """Master and node processes of the build under test."""
-
-    def __init__(self, python: str, workdir: str, dram: int, ssd: int) -> None:
-        from kvpool.launcher import free_port, wait_grpc_serving
-
-        self.shm = tempfile.mkdtemp(prefix="kvpool-bench-", dir="/dev/shm")
-        self.address = f"127.0.0.1:{free_port()}"
-        node = f"127.0.0.1:{free_port()}"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KVPOOL_")}
-        log = open(os.path.join(workdir, "pool.log"), "ab")
-        cli = [python, "-m", "kvpool.cli"]  # run in workdir: `-m` puts the cwd first on sys.path (a checkout: kvpool/)
-        self.procs = [subprocess.Popen(cli + ["master", "--listen", self.address], stdout=log, stderr=log, env=env,
-                                       cwd=workdir)]
-        wait_grpc_serving(self.address, 30, self.procs[0])
-        self.procs.append(subprocess.Popen(cli + ["node", "--master", self.address, "--listen", node,
-                                                  "--dram-bytes", str(dram), "--shm-dir", self.shm,
-                                                  "--ssd-path", os.path.join(workdir, "ssd"), "--ssd-bytes", str(ssd),
-                                                  "--node-id", "bench"], stdout=log, stderr=log, env=env, cwd=workdir))
-        wait_grpc_serving(node, 30, self.procs[1])
-
-    def close(self) -> None:
-        for p in reversed(self.procs):
-            p.terminate()
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        shutil.rmtree(self.shm, ignore_errors=True)
-
-
 def one_round(args, workdir: str) -> dict:
     """One fresh pool: the prober, an idle second, the putter. Returns per phase: put medians, lookup latencies."""
-    pool = Pool(args.python, workdir, args.dram, args.ssd)
+    pool = Pool(args.dram, workdir, "full-pool",
+                node_args=["--ssd-path", os.path.join(workdir, "ssd"), "--ssd-bytes", str(args.ssd)])
     try:
         max_s = args.seconds + 60
-        prober = subprocess.Popen([args.python, __file__, "--prober", pool.address, str(max_s)],
+        prober = subprocess.Popen([sys.executable, __file__, "--prober", pool.address, str(max_s)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert prober.stdout.readline().strip() == "ready"
         time.sleep(1.0)         # the idle phase: lookups with nothing else running (a fixed span, not a wait)
-        putter = subprocess.run([args.python, __file__, "--putter", pool.address, str(args.size), str(args.batch),
+        putter = subprocess.run([sys.executable, __file__, "--putter", pool.address, str(args.size), str(args.batch),
                                  args.transport, str(args.seconds), str(args.full_puts)],
                                 stdout=subprocess.PIPE, text=True, timeout=args.seconds + 120, check=True)
         puts = json.loads(putter.stdout.strip().splitlines()[-1])
@@ -193,22 +168,21 @@ def _pct(values: list[float], q: float) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3, help="fresh pools; the medians over rounds are printed")
-    ap.add_argument("--size", type=_parse_size, default=64 << 10, help="bytes per object (e.g. 64KiB)")
+    ap.add_argument("--size", type=_size("--size"), default=64 << 10, help="bytes per object (e.g. 64KiB)")
     ap.add_argument("--batch", type=int, default=32, help="objects per put_many")
-    ap.add_argument("--dram", type=_parse_size, default=64 << 20, help="the node's DRAM tier")
-    ap.add_argument("--ssd", type=_parse_size, default=256 << 20, help="the node's SSD tier")
+    ap.add_argument("--dram", type=_size("--dram"), default=64 << 20, help="the node's DRAM tier")
+    ap.add_argument("--ssd", type=_size("--ssd"), default=256 << 20, help="the node's SSD tier")
     ap.add_argument("--full-puts", type=int, default=100, help="puts to time once both tiers are full")
     ap.add_argument("--seconds", type=float, default=60.0, help="the most a round's puts may take")
     ap.add_argument("--transport", choices=("auto", "tcp"), default="auto",
                     help="the putting client's data path: auto (same host: shared memory) or tcp")
-    ap.add_argument("--python", default=sys.executable, help="interpreter of the build to measure")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.size < 1 or args.batch < 1 or args.full_puts < 1 or args.seconds <= 0:
         ap.error("--rounds, --size, --batch and --full-puts must be >= 1, --seconds > 0")
     if args.size * args.batch > args.dram // 4:
         ap.error("--size x --batch must be at most a quarter of --dram (a put must find several rounds of room)")
     print(f"kvpool bench/full_pool.py  {datetime.date.today()}  {platform.machine()} {os.cpu_count()} cores  "
-          f"python {args.python}", flush=True)
+          f"python {sys.executable}", flush=True)
     print(f"puts of {args.batch} x {args.size >> 10} KiB ({args.transport}), DRAM {args.dram >> 20} MiB, "
           f"SSD {args.ssd >> 20} MiB; a lookup of a {CHAIN}-key chain every {LOOKUP_EVERY_S * 1e3:.0f} ms from "
           f"another client", flush=True)
@@ -239,8 +213,9 @@ def main(argv=None) -> int:
     print(f"ratio put on a full pool vs with room: DRAM full {put['room'] / put['DRAM full']:.2f}x, both full "
           f"{put['room'] / put['both full']:.2f}x the room put's speed (1.00x: making room costs a put nothing)")
     print("lookup p50 / p99 (ms): " + ", ".join(f"{p} {p50[p] * 1e3:.2f} / {p99[p] * 1e3:.2f}" for p in PHASES))
-    print(f"ratio lookup p99 during full-pool puts vs during room puts: DRAM full {p99['DRAM full'] / p99['room']:.2f}x,"
-          f" both full {p99['both full'] / p99['room']:.2f}x (1.00x: making room holds the master no longer)")
+    print(f"ratio lookup p99 during full-pool puts vs during room puts: DRAM full "
+          f"{p99['DRAM full'] / p99['room']:.2f}x, both full {p99['both full'] / p99['room']:.2f}x (1.00x: making room "
+          f"holds the master no longer)")
     misses = sum(res[p]["misses"] for res in per_round for p in PHASES)
     if misses:
         print(f"WARNING: {misses} lookups of the resident chain missed")

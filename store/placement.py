@@ -547,24 +547,32 @@ class Placement:
             if not ok:
                 if target is not None and not own:
                     dst.allocator.free(target)
-                self._evicted.append((node.number, int(index.tenant[slot]), index.key_at(slot)))
-                self.forget(slot)  # frees a reserved copy with the object
-                self.count_evictions(src_tier, 1)
+                self._evict_one(node, slot, src_tier)  # frees a reserved copy with the object
                 continue
-            key = index.key_at(slot)
-            src.allocator.free(int(index.offset[slot]))
-            src.policy.remove(slot, key)
-            index.set_tier(slot, dst_tier)
-            index.offset[slot] = target
-            self._moved.append(slot)
-            if own:                   # the copy is the object now
-                index.copy[slot] = NO_COPY
-                self.copies.dirty.pop(key, None)
-            dst.policy.insert_chain([slot], [key])
-            self.journal.touched(slot)
-            self.counters.count(self.counters.demotions, src_tier)
+            self._move_index(slot, src, dst, target, own)
+            self._demoted(slot, src_tier)
             moved += 1
         return moved
+
+    def _move_index(self, slot: int, src: TierSpace, dst: TierSpace, target: int, own: bool) -> None:
+        """Index a demoted object at its target extent of the tier below (`own`: its SSD copy, which is the object
+        now): the source extent freed, the policies switched."""
+        index = self.index
+        key = index.key_at(slot)
+        src.allocator.free(int(index.offset[slot]))
+        src.policy.remove(slot, key)
+        index.set_tier(slot, dst.tier)
+        index.offset[slot] = target
+        if own:
+            index.copy[slot] = NO_COPY
+            self.copies.dirty.pop(key, None)
+        dst.policy.insert_chain([slot], [key])
+
+    def _evict_one(self, node: NodeState, slot: int, tier: Tier, drops: list[Drop] | None = None) -> None:
+        """An object that could not be moved down leaves the pool."""
+        self._evicted.append((node.number, int(self.index.tenant[slot]), self.index.key_at(slot)))
+        self.forget(slot, drops=drops)
+        self.count_evictions(tier, 1)
 
     # ---- node calls batched per operation (store/node_calls.py) ----
 
@@ -592,39 +600,29 @@ class Placement:
         an object moved in the batch is settled before it can be a victim (`allocate`)."""
         if self._calls is None:
             node.ops.drop(drops)
-            return
+        else:
+            self._queue(node).drops.extend(drops)
+
+    def _queue(self, node: NodeState) -> NodeCalls:
         calls = self._calls.get(node.number)
         if calls is None:
             calls = self._calls[node.number] = NodeCalls(node)
-        calls.drops.extend(drops)
+        return calls
 
     def _queue_demotions(self, node: NodeState, src_tier: Tier, dst_tier: Tier, victims: list[int],
                          targets: list[int | None], reserved: list[bool], clean: list[bool], moves: list[Move]) -> int:
         """`_demote` inside `batched_ops`: each victim is indexed at its target now, as if its move succeeded; the
         moves are queued (a clean copy needs none: done). A victim with no target is evicted, as before."""
-        index = self.index
         src = node.spaces[src_tier]
         dst = node.spaces[dst_tier]
-        calls = self._calls.get(node.number)
-        if calls is None:
-            calls = self._calls[node.number] = NodeCalls(node)
+        calls = self._queue(node)
         queued = iter(moves)
         moved = 0
         for slot, target, own, done in zip(victims, targets, reserved, clean):
             if target is None:
-                self._evicted.append((node.number, int(index.tenant[slot]), index.key_at(slot)))
-                self.forget(slot)
-                self.count_evictions(src_tier, 1)
+                self._evict_one(node, slot, src_tier)
                 continue
-            key = index.key_at(slot)
-            src.allocator.free(int(index.offset[slot]))
-            src.policy.remove(slot, key)
-            index.set_tier(slot, dst_tier)
-            index.offset[slot] = target
-            if own:
-                index.copy[slot] = NO_COPY
-                self.copies.dirty.pop(key, None)
-            dst.policy.insert_chain([slot], [key])
+            self._move_index(slot, src, dst, target, own)
             if done:
                 self._demoted(slot, src_tier)
             else:
@@ -650,7 +648,6 @@ class Placement:
         except Exception:  # noqa: BLE001 - the operation goes on; the objects the node did not move are evicted
             log.exception("node %s: demotion of %d objects failed", node.node_id, len(demotions))
             results = [False] * len(demotions)
-        index = self.index
         erase: list[Drop] = []
         for d, ok in zip(demotions, results):
             if ok:
@@ -658,9 +655,7 @@ class Placement:
                 continue
             # the object sits, in the index, at its target: forgetting it frees that extent (erasing the record a
             # failed write may have begun there) and its policy entry
-            self._evicted.append((node.number, int(index.tenant[d.slot]), index.key_at(d.slot)))
-            self.forget(d.slot, drops=erase)
-            self.count_evictions(d.src_tier, 1)
+            self._evict_one(node, d.slot, d.src_tier, erase)
         self._erase(node, erase)
 
     @staticmethod
