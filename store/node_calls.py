@@ -29,13 +29,12 @@ from kvpool.tiers.types import Tier
 
 @dataclass(slots=True)
 class Demotion:
-    """One queued move and what settling its answer needs: the slot it moved (already indexed at the target), the
-    tier it left, and whether the target was the object's own SSD copy."""
+    """One queued move and what settling its answer needs: the slot it moved (already indexed at the target) and
+    the tier it left."""
 
     slot: int
     move: Move
     src_tier: Tier
-    own: bool
 
 
 @dataclass(slots=True)
@@ -46,9 +45,6 @@ class NodeCalls:
     drops: list[Drop] = field(default_factory=list)
     demotions: list[Demotion] = field(default_factory=list)
     slots: set[int] = field(default_factory=set)
-
-    def __bool__(self) -> bool:
-        return bool(self.drops or self.demotions)
 
     def add_move(self, demotion: Demotion) -> None:
         self.demotions.append(demotion)

@@ -12,7 +12,8 @@ a victim is demoted to the node's next slower tier (HBM -> DRAM -> SSD) when it 
 Victims are taken in rounds of "just enough bytes", so with equal-sized objects the order of eviction is exactly
 the policy order; orphans (blocks whose parent left the pool, store/chains.py) come first; objects with a live
 retention hint (store/retention.py) come last, only when the unpinned ones cannot make the room. Every byte move goes
-through the node's `NodeOps`, batched per round.
+through the node's `NodeOps`, batched per round, and inside `batched_ops` (a put_start, a promotion round, a drain's
+migrate_start) per operation: one Drop and one Demote call per node (store/node_calls.py).
 Drops are sent before the writes that may reuse their extents (an SSD erase must never land on a new record).
 
 Inclusive SSD tier (`write_behind`, store/copies.py): an object placed on a faster tier of a node with an SSD
@@ -26,9 +27,10 @@ tier still has room (the most free first), so with N equal nodes nothing is evic
 With tenant quotas (store/quota.py) every policy is wrapped so each tenant's own recency lists follow it, and `shed`
 moves a tenant's own victims one tier down without evicting anyone else's objects there.
 
-Why one module of ~660 lines: placement, the eviction rounds, demotion and promotion moves, drain targets and the
-adoption of a restarted node's records all change the same per-node allocators and policies, in one order, under
-the master's lock; the inclusive copies' bookkeeping is already apart (store/copies.py).
+Why one module of ~770 lines: placement, the eviction rounds, demotion and promotion moves (and their batched node
+calls' settling), drain targets and the adoption of a restarted node's records all change the same per-node
+allocators and policies, in one order, under the master's lock; the inclusive copies' bookkeeping and the queued
+node calls are apart (store/copies.py, store/node_calls.py).
 """
 
 from __future__ import annotations
@@ -437,7 +439,7 @@ class Placement:
             victims = self._pick_victims(space, extent, max_atime)
             if not victims:
                 return None
-            if self._calls is not None and (calls := self._calls.get(node.number)) and \
+            if self._calls is not None and (calls := self._calls.get(node.number)) is not None and \
                     not calls.slots.isdisjoint(victims):
                 # a victim moved in this batch: its move goes first, and its answer may have evicted it already
                 self._send(calls)
@@ -626,7 +628,7 @@ class Placement:
             if done:
                 self._demoted(slot, src_tier)
             else:
-                calls.add_move(Demotion(slot, next(queued), src_tier, own))
+                calls.add_move(Demotion(slot, next(queued), src_tier))
             moved += 1
         return moved
 
