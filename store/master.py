@@ -21,7 +21,7 @@ every object when auth is off): keys are looked up in that tenant's space, grant
 are unknown to it, and its stats are its own. Node byte moves for eviction and demotion (NodeOps) run under the
 lock, so the master never races itself; promotions copy outside it (`promote_pending`).
 
-Why one module of ~950 lines: the Master IS the RPC surface, one method per MasterService call (put, lookup,
+Why one module of ~970 lines: the Master IS the RPC surface, one method per MasterService call (put, lookup,
 release, nodes, drain moves, admin queries, recording), each a few lines of argument checks (store/checks.py) and
 a call to the owner of the state, under the one lock. The state and its logic live in the owners above; splitting
 the surface across classes would split the lock or make them reach into each other again.
@@ -289,10 +289,9 @@ class Master:
             tid = self.tenants.intern(tenant)
             keys = self.tenants.stored_keys(tid, keys)
             exclude = self._unplaceable()
-            placement = self.placement
             # Without quotas (whose own evictions call nodes directly), the demotions and drops that making room
             # takes are sent per node when the loop ends, not per object (store/node_calls.py).
-            with placement.batched_ops() if self.quotas is None else contextlib.nullcontext():
+            with self.placement.batched_ops() if self.quotas is None else contextlib.nullcontext():
                 out = self._grant(keys, sizes, ns_id, tid, prefer_node, exclude, hold, pin_cap, pin_until, expires_at)
             if (rec := self.recorder) is not None:
                 rec.put(now, ns, list(keys), out)
