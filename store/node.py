@@ -173,6 +173,16 @@ class StorageNode:
         self._gen_lock = threading.Lock()   # the arena's removal generation has one writer at a time
         self._closing = threading.Event()
         self._local = threading.local()
+        # The DRAM arena's page tables, filled in off every request's path: the owner's first write of each 4 KiB
+        # page otherwise takes a fault (a TCP put's payload lands in fresh pages until the pool is full once).
+        self.prefaulted = threading.Event()     # set once the whole arena is mapped (or the node closed first)
+        self._prefaulter = None
+        if self.dram is not None:
+            self._prefaulter = threading.Thread(target=self._prefault, name=f"kvpool-prefault-{config.node_id}",
+                                                daemon=True)
+            self._prefaulter.start()
+        else:
+            self.prefaulted.set()
         self._syncer = None
         if self.ssd is not None and config.ssd_fsync_s > 0:
             self._syncer = threading.Thread(target=self._sync_loop, args=(config.ssd_fsync_s,),
@@ -340,6 +350,14 @@ class StorageNode:
             if depth == 0 and self.config.ssd_fsync_s == 0:
                 self.sync_ssd()
 
+    def _prefault(self) -> None:
+        try:
+            self.dram.prefault(stop=self._closing.is_set)
+        except Exception:  # noqa: BLE001 - only a slower first fill: every write still faults its pages in
+            log.warning("node %s: prefaulting the DRAM arena failed", self.node_id, exc_info=True)
+        finally:
+            self.prefaulted.set()
+
     def _sync_loop(self, period: float) -> None:
         while not self._closing.wait(period):
             try:
@@ -369,6 +387,8 @@ class StorageNode:
 
     def close(self) -> None:
         self._closing.set()
+        if self._prefaulter is not None:
+            self._prefaulter.join(timeout=10)   # ends at its next chunk: the arena is not closed under it
         if self._syncer is not None:
             self._syncer.join(timeout=10)
         if self.hbm is not None:

@@ -60,7 +60,7 @@ import operator
 import os
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -368,11 +368,14 @@ class DramArena:
         return False
 
     # ---------------------------------------------------------------- page tables
-    def prefault(self, max_bytes: int | None = None) -> int:
+    def prefault(self, max_bytes: int | None = None, *, stop: Callable[[], bool] | None = None) -> int:
         """Map this process's page-table entries for the first `max_bytes` of the arena (None: all of it), so
-        later copies in or out of it take no page faults. Meant for a same-host client at start, off any request's
-        path: runs in chunks that release the GIL. Returns the bytes populated (0 on a closed arena). Only a bad
-        `max_bytes` raises (ValueError); a kernel without MADV_POPULATE_READ gets one read per page instead."""
+        later copies in or out of it take no page faults. Meant for start-up, off any request's path: a same-host
+        client's mapping, and the node's own (its writer thread, store/node.py); runs in chunks that release the
+        GIL. `stop`: asked before each chunk, True ends it there (a node closing). Returns the bytes populated (0 on
+        a closed arena). Only a bad `max_bytes` raises (ValueError); a kernel without MADV_POPULATE_READ gets one
+        read per page instead (on a shared tmpfs mapping a read fault maps the page writable, so the owner's
+        writes take no fault after it either)."""
         if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int)
                                       or max_bytes < 0):
             raise ValueError(f"max_bytes must be an int >= 0 or None, got {max_bytes!r}")
@@ -383,7 +386,7 @@ class DramArena:
         base = int(arr.__array_interface__["data"][0])
         madvise = _libc_madvise()
         done = 0
-        while done < total:
+        while done < total and not (stop is not None and stop()):
             n = min(_PREFAULT_CHUNK, total - done)
             if madvise is None or madvise(ctypes.c_void_p(base + done), ctypes.c_size_t(n),
                                           _MADV_POPULATE_READ) != 0:
