@@ -7,7 +7,10 @@
                                               ─ gone(node) ─┼─▶ per-node queue ─▶ one sender thread ─ Publish ─▶ node
     master._tell_removed ─ removed(node) ───────────────────┘    (coalesced)                           (its index)
 
-Commits are queued under the master's lock (an append) and sent by one thread, so no commit waits on a node. A
+Commits are queued under the master's lock (an append) and sent by one thread, so no commit waits on a node. Rounds
+of sends are at least `interval_s` (SEND_INTERVAL_S, 5 ms) apart: the first commit after a quiet spell goes at once;
+under a stream of puts the commits of a few share one Publish call, where a call per commit cost a node ~0.6 ms and
+the master ~0.2 ms of CPU per same-host put of 32 x 64 KiB (gRPC, both ends: scratch, 2-core box, 2026-11-29). A
 same-host client that finds a chain in a node's index reads it with no Lookup at all (kvpool/client.py); one that
 finds nothing (not published yet, or the node did not answer: logged and dropped) asks the master as before. The
 feed only ever delays or loses a publication, never changes what a read returns: every row is checked again by the
@@ -21,7 +24,9 @@ node cleared its index; a batch the thread took before the removal is dropped wh
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 from dataclasses import dataclass, field
 
 from kvpool.store.node import Publication, PublishOps
@@ -30,6 +35,8 @@ from kvpool.tiers.types import Tier
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 8192        # entries per Publish call
+SEND_INTERVAL_S = 0.005 # the least time between two rounds of Publish calls: the first commit after a quiet spell
+                        # goes at once, and under a stream of puts the commits of a few puts share one call
 MAX_QUEUED = 1 << 20    # entries queued per node; past it the oldest go (counted `dropped`): a node that cannot keep
                         # up loses publications (its clients ask the master), the master never its memory
 
@@ -74,7 +81,10 @@ class HostIndexFeed:
     """Counters: `published` entries and `gone` keys the nodes accepted, `failed` Publish calls lost to a node that
     did not answer, `dropped` entries a removal or a re-registration made moot (or a full queue pushed out)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, interval_s: float = SEND_INTERVAL_S) -> None:
+        if isinstance(interval_s, bool) or not isinstance(interval_s, (int, float)) or not interval_s >= 0:
+            raise ValueError(f"interval_s must be a number >= 0 (seconds), got {interval_s!r}")
+        self.interval_s = interval_s    # the least time between two rounds of sends (see SEND_INTERVAL_S)
         self._cond = threading.Condition()
         self._queues: dict[str, _Queue] = {}
         self._busy = 0                  # batches taken and not yet sent (flush waits for 0)
@@ -158,11 +168,16 @@ class HostIndexFeed:
         return q
 
     def _run(self) -> None:
+        last = -math.inf
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._closed or any(q.keys or q.gone for q in self._queues.values()))
+                early = last + self.interval_s - time.monotonic()
+                if early > 0:           # the commits of the next few puts go in the same call
+                    self._cond.wait_for(lambda: self._closed, early)
                 if self._closed:
                     return
+                last = time.monotonic()
                 work = [(node_id, q, q.epoch, q.take()) for node_id, q in self._queues.items() if q.keys or q.gone]
                 self._busy += len(work)
             for node_id, q, epoch, batches in work:

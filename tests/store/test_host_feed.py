@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from kvpool.store.host_feed import HostIndexFeed
 from kvpool.store.node import NodeUnavailable, Publication
 from kvpool.tiers.types import Tier
@@ -140,3 +142,24 @@ def test_a_full_queue_drops_its_oldest_entries_and_keeps_the_order_of_what_stays
     finally:
         node.release.set()
         feed.close()
+
+
+def test_under_a_stream_of_commits_the_next_send_waits_out_the_interval_and_takes_them_all():
+    # the first commit goes at once; the three made while the feed waits out its interval share one Publish call
+    feed, node = HostIndexFeed(interval_s=1.0), Node()
+    try:
+        feed.committed("n1", node, [key(0)], [0], [64], [1], [Tier.DRAM])
+        wait_until(lambda: len(node.got) == 1, "the first commit sent")
+        for i in (1, 2, 3):
+            feed.committed("n1", node, [key(i)], [64 * i], [64], [i + 1], [Tier.DRAM])
+        assert feed.flush(10)
+        assert [p.keys for p in node.got] == [(key(0),), (key(1), key(2), key(3))]
+        assert feed.as_dict() == {"published": 4, "gone": 0, "failed": 0, "dropped": 0}
+    finally:
+        feed.close()
+
+
+def test_the_interval_is_checked():
+    for bad in (-1, True, "5ms", float("nan")):
+        with pytest.raises(ValueError, match="interval_s"):
+            HostIndexFeed(interval_s=bad)
