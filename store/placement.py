@@ -473,6 +473,10 @@ class Placement:
             victims.append(slot)
             freed += alloc.rounded(space.extent_size(int(index.size[slot])))
             if freed >= need:
+                if held:
+                    # the pinned objects passed over go to the hot end (a use), or every later pick on a full tier
+                    # would walk them all again first: 138.7 ms per 32-object put with 8,192 pinned (0.8 ms unpinned)
+                    space.policy.touch_chain(held)
                 return victims
         for slot in held:       # a pin is a hint: it yields rather than make the pool refuse a put
             victims.append(slot)
