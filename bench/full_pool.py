@@ -16,13 +16,16 @@ put). Prints, per round, the median put per phase and lookup p50 / p99 per phase
 
   ratio put on a full pool vs with room: how much slower a put is when it makes room (1.00x: making room is free)
   ratio lookup p99 during full-pool puts vs during room puts: how much longer other clients wait on the master
+  CPU per put of the master and the node processes, per phase: their utime + stime read from /proc around each put
+  (so the prober's lookups meanwhile count too: the same for every build), summed over the phase over its puts;
+  the kernel counts in ticks (10 ms), so a phase needs a few hundred puts (`--dram 1GiB` for the room phase)
 
 The bench uses only the public client API and the CLI (its master and node processes are bench/pool_remote.py's),
 so the same file measures any build: master, node and clients run under the interpreter that runs it, and
 `bench/ab.py` runs two builds alternately:
 
     python bench/full_pool.py [--rounds 3] [--size 64KiB] [--batch 32] [--dram 64MiB] [--ssd 256MiB]
-                              [--full-puts 100] [--transport auto|tcp]
+                              [--full-puts 100] [--pinned 0] [--transport auto|tcp]
 """
 
 from __future__ import annotations
@@ -63,9 +66,9 @@ def _lookup_keys() -> list[bytes]:
     return [b"L" + i.to_bytes(15, "big") for i in range(CHAIN)]      # 16-byte keys
 
 
-def _prober(address: str, max_s: float) -> None:
-    """Child: put the chain, then look it up every 2 ms until stdin closes (or max_s); print [[start, seconds,
-    hits], ...]."""
+def _prober(address: str, max_s: float, pinned: int) -> None:
+    """Child: put the chain (and `pinned` more objects of 4 KiB, pinned), then look it up every 2 ms until stdin
+    closes (or max_s); print [[start, seconds, hits], ...]."""
     import threading
 
     from kvpool import PoolClient
@@ -76,6 +79,9 @@ def _prober(address: str, max_s: float) -> None:
     rows = []
     with PoolClient(address, timeout=30) as pool:
         assert pool.put_many(keys, [bytes(4096)] * CHAIN, pin_s=3600) == ["stored"] * CHAIN  # kept resident
+        for at in range(0, pinned, 256):        # pinned objects the pool must keep past every unpinned one
+            extra = [b"Q" + i.to_bytes(15, "big") for i in range(at, min(at + 256, pinned))]
+            assert pool.put_many(extra, [bytes(4096)] * len(extra), pin_s=3600) == ["stored"] * len(extra)
         assert pool.lookup_prefix(keys) == CHAIN
         print("ready", flush=True)
         end = time.monotonic() + max_s
@@ -89,9 +95,17 @@ def _prober(address: str, max_s: float) -> None:
     print(json.dumps(rows), flush=True)
 
 
-def _putter(address: str, size: int, batch: int, transport: str, seconds: float, full_puts: int) -> None:
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime of process `pid`, all its threads, in clock ticks (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def _putter(address: str, size: int, batch: int, transport: str, seconds: float, full_puts: int,
+            pids: list[int]) -> None:
     """Child: put chains until `full_puts` puts found both tiers full (or MAX_PUTS, or `seconds`); print
-    [[start, seconds, phase], ...]."""
+    [[start, seconds, phase, [CPU ticks of each of `pids` during it]], ...]."""
     import numpy as np
 
     from kvpool import PoolClient
@@ -111,14 +125,16 @@ def _putter(address: str, size: int, batch: int, transport: str, seconds: float,
             if both >= full_puts or time.monotonic() > end:
                 break
             keys = [b"P" + n.to_bytes(8, "big") + i.to_bytes(7, "big") for i in range(batch)]
+            ticks = [_cpu_ticks(pid) for pid in pids]
             t0 = time.monotonic()
             statuses = pool.put_many(keys, values)
             dt = time.monotonic() - t0
+            ticks = [_cpu_ticks(pid) - t for pid, t in zip(pids, ticks)]
             assert statuses == ["stored"] * batch, statuses
             after = counters()
             phase = "both full" if after[1] > before[1] else "DRAM full" if after[0] > before[0] else "room"
             both += phase == "both full"
-            rows.append((t0, dt, phase))
+            rows.append((t0, dt, phase, ticks))
             before = after
     print(json.dumps(rows), flush=True)
 
@@ -129,21 +145,23 @@ def one_round(args, workdir: str) -> dict:
                 node_args=["--ssd-path", os.path.join(workdir, "ssd"), "--ssd-bytes", str(args.ssd)])
     try:
         max_s = args.seconds + 60
-        prober = subprocess.Popen([sys.executable, __file__, "--prober", pool.address, str(max_s)],
+        prober = subprocess.Popen([sys.executable, __file__, "--prober", pool.address, str(max_s), str(args.pinned)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert prober.stdout.readline().strip() == "ready"
         time.sleep(1.0)         # the idle phase: lookups with nothing else running (a fixed span, not a wait)
         putter = subprocess.run([sys.executable, __file__, "--putter", pool.address, str(args.size), str(args.batch),
-                                 args.transport, str(args.seconds), str(args.full_puts)],
+                                 args.transport, str(args.seconds), str(args.full_puts),
+                                 ",".join(str(proc.pid) for proc in pool.procs)],
                                 stdout=subprocess.PIPE, text=True, timeout=args.seconds + 120, check=True)
         puts = json.loads(putter.stdout.strip().splitlines()[-1])
         out, _ = prober.communicate("", timeout=120)
         lookups = json.loads(out.strip().splitlines()[-1])
     finally:
         pool.close()
-    by_phase: dict[str, dict] = {p: {"puts": [], "lookups": [], "misses": 0} for p in PHASES}
-    for _, dt, phase in puts:
+    by_phase: dict[str, dict] = {p: {"puts": [], "lookups": [], "misses": 0, "ticks": [0, 0]} for p in PHASES}
+    for _, dt, phase, ticks in puts:
         by_phase[phase]["puts"].append(dt)
+        by_phase[phase]["ticks"] = [a + b for a, b in zip(by_phase[phase]["ticks"], ticks)]    # master, node
     starts = [p[0] for p in puts]
     j = 0
     for t0, dt, hits in lookups:
@@ -174,18 +192,23 @@ def main(argv=None) -> int:
     ap.add_argument("--ssd", type=_size("--ssd"), default=256 << 20, help="the node's SSD tier")
     ap.add_argument("--full-puts", type=int, default=100, help="puts to time once both tiers are full")
     ap.add_argument("--seconds", type=float, default=60.0, help="the most a round's puts may take")
+    ap.add_argument("--pinned", type=int, default=0,
+                    help="objects of 4 KiB the prober also puts pinned (pin_s), beside its pinned 64-key chain")
     ap.add_argument("--transport", choices=("auto", "tcp"), default="auto",
                     help="the putting client's data path: auto (same host: shared memory) or tcp")
     args = ap.parse_args(argv)
-    if args.rounds < 1 or args.size < 1 or args.batch < 1 or args.full_puts < 1 or args.seconds <= 0:
-        ap.error("--rounds, --size, --batch and --full-puts must be >= 1, --seconds > 0")
+    if args.rounds < 1 or args.size < 1 or args.batch < 1 or args.full_puts < 1 or args.seconds <= 0 \
+            or args.pinned < 0:
+        ap.error("--rounds, --size, --batch and --full-puts must be >= 1, --seconds > 0, --pinned >= 0")
+    if (args.pinned + CHAIN) * 4096 > args.dram // 4:
+        ap.error("--pinned x 4 KiB must stay under a quarter of --dram (the pool's pins are capped at a share of it)")
     if args.size * args.batch > args.dram // 4:
         ap.error("--size x --batch must be at most a quarter of --dram (a put must find several rounds of room)")
     print(f"kvpool bench/full_pool.py  {datetime.date.today()}  {platform.machine()} {os.cpu_count()} cores  "
           f"python {sys.executable}", flush=True)
     print(f"puts of {args.batch} x {args.size >> 10} KiB ({args.transport}), DRAM {args.dram >> 20} MiB, "
-          f"SSD {args.ssd >> 20} MiB; a lookup of a {CHAIN}-key chain every {LOOKUP_EVERY_S * 1e3:.0f} ms from "
-          f"another client", flush=True)
+          f"SSD {args.ssd >> 20} MiB; a lookup of a {CHAIN}-key chain (pinned) every {LOOKUP_EVERY_S * 1e3:.0f} ms "
+          f"from another client; {args.pinned} more objects pinned", flush=True)
     per_round = []
     for r in tqdm(range(args.rounds), desc="full pool", unit="round"):
         workdir = tempfile.mkdtemp(prefix="kvpool-full-pool-")
@@ -212,6 +235,11 @@ def main(argv=None) -> int:
         f"{p} {put[p] * 1e3:.2f} ms ({mb / put[p] / 1e3:.2f} GB/s)" for p in PHASES[1:]))
     print(f"ratio put on a full pool vs with room: DRAM full {put['room'] / put['DRAM full']:.2f}x, both full "
           f"{put['room'] / put['both full']:.2f}x the room put's speed (1.00x: making room costs a put nothing)")
+    tick_ms = 1e3 / os.sysconf("SC_CLK_TCK")
+    cpu = {p: [med(p, lambda x, j=j: x["ticks"][j] * tick_ms / len(x["puts"])) for j in (0, 1)] for p in PHASES[1:]}
+    print("CPU per put (ms, median over rounds), master / node: " + ", ".join(
+        f"{p} {cpu[p][0]:.2f} / {cpu[p][1]:.2f} ({sum(len(res[p]['puts']) for res in per_round)} puts)"
+        for p in PHASES[1:]))
     print("lookup p50 / p99 (ms): " + ", ".join(f"{p} {p50[p] * 1e3:.2f} / {p99[p] * 1e3:.2f}" for p in PHASES))
     print(f"ratio lookup p99 during full-pool puts vs during room puts: DRAM full "
           f"{p99['DRAM full'] / p99['room']:.2f}x, both full {p99['both full'] / p99['room']:.2f}x (1.00x: making room "
@@ -224,8 +252,9 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--prober":
-        _prober(sys.argv[2], float(sys.argv[3]))
+        _prober(sys.argv[2], float(sys.argv[3]), int(sys.argv[4]))
     elif len(sys.argv) > 1 and sys.argv[1] == "--putter":
-        _putter(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], float(sys.argv[6]), int(sys.argv[7]))
+        _putter(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], float(sys.argv[6]), int(sys.argv[7]),
+                [int(pid) for pid in sys.argv[8].split(",")])
     else:
         sys.exit(main())

@@ -11,12 +11,15 @@ BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench" / "full_pool.py"
 
 def test_full_pool_reaches_every_phase_and_prints_its_ratio_lines():
     out = subprocess.run([sys.executable, str(BENCH), "--rounds", "1", "--size", "16KiB", "--batch", "16",
-                          "--dram", "4MiB", "--ssd", "12MiB", "--full-puts", "8", "--seconds", "60"],
+                          "--dram", "4MiB", "--ssd", "12MiB", "--full-puts", "8", "--seconds", "60", "--pinned", "100"],
                          capture_output=True, text=True, timeout=300, check=True).stdout
     lines = out.splitlines()
     assert any(re.fullmatch(r"put per call \(median over rounds\): room [\d.]+ ms \([\d.]+ GB/s\), DRAM full [\d.]+ ms "
                             r"\([\d.]+ GB/s\), both full [\d.]+ ms \([\d.]+ GB/s\)", line) for line in lines), out
     assert any(re.fullmatch(r"ratio put on a full pool vs with room: DRAM full \d+\.\d\dx, both full \d+\.\d\dx .*", line)
+               for line in lines), out
+    assert any(re.fullmatch(r"CPU per put \(ms, median over rounds\), master / node: room [\d.]+ / [\d.]+ \(\d+ puts\), "
+                            r"DRAM full [\d.]+ / [\d.]+ \(\d+ puts\), both full [\d.]+ / [\d.]+ \(\d+ puts\)", line)
                for line in lines), out
     assert any(re.fullmatch(r"ratio lookup p99 during full-pool puts vs during room puts: DRAM full \d+\.\d\dx, "
                             r"both full \d+\.\d\dx .*", line) for line in lines), out
@@ -25,6 +28,8 @@ def test_full_pool_reaches_every_phase_and_prints_its_ratio_lines():
 
 def test_full_pool_refuses_bad_arguments_by_name():
     for args, what in ((["--rounds", "0"], "--rounds, --size, --batch"),
-                       (["--size", "1MiB", "--dram", "16MiB"], "--size x --batch must be at most a quarter of --dram")):
+                       (["--size", "1MiB", "--dram", "16MiB"], "--size x --batch must be at most a quarter of --dram"),
+                       (["--pinned", "-1"], "--pinned >= 0"),
+                       (["--pinned", "100000"], "--pinned x 4 KiB must stay under a quarter of --dram")):
         res = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=120)
         assert res.returncode == 2 and what in res.stderr, res.stderr
