@@ -474,9 +474,10 @@ class Placement:
             freed += alloc.rounded(space.extent_size(int(index.size[slot])))
             if freed >= need:
                 if held:
-                    # the pinned objects passed over go to the hot end (a use), or every later pick on a full tier
-                    # would walk them all again first: 138.7 ms per 32-object put with 8,192 pinned (0.8 ms unpinned)
-                    space.policy.touch_chain(held)
+                    # the pinned objects passed over go to the hot end (a use; their order kept: the coldest pin still
+                    # yields first), or every later pick on a full tier would walk them all again first: 138.7 ms
+                    # per 32-object put with 8,192 pinned objects (0.8 ms unpinned)
+                    space.policy.touch_chain(held[::-1])
                 return victims
         for slot in held:       # a pin is a hint: it yields rather than make the pool refuse a put
             victims.append(slot)

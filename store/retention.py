@@ -7,10 +7,16 @@ chat knows its prefix comes back). A hint, never a reservation:
     Placement._pick_victims        coldest first among UNPINNED victims; only when they cannot make the room, the
                                    pinned ones yield, coldest first, counted in `yielded` (never a refused put while
                                    any unpinned space could be freed, and never one because of pins at all);
-                                   an orphan (store/chains.py) is not protected: no lookup reaches it
+                                   an orphan (store/chains.py) is not protected: no lookup reaches it. The pinned
+                                   objects a pick passes over (when the unpinned made the room) go to the hot end
+                                   of the policy, their order kept: a pass counts as a use, so pins yield in order
+                                   of last use or pass, and no later pick walks the pinned set again (walking it at
+                                   every pick made a full pool's put O(pinned): 138.7 ms per 32-object put with
+                                   8,192 pinned objects, 0.8 ms with none)
     Quotas._pick (store/quota.py)  the same rule among a tenant's own objects when it is over its quota: its
                                    unpinned objects go first (every tier), its pinned ones yield only when those
-                                   cannot make the room (`protects` is the one test both use)
+                                   cannot make the room (`protects` is the one test both use); the pins it passes
+                                   over go to the hot end likewise (`Quotas._pass_over`)
 
 Bounded: a tenant's pinned payload bytes stay within `max_fraction` of the pool's capacity (every tier of every node;
 with authentication off the whole pool is one tenant). Expiry is lazy: a victim whose pin ended is unpinned when

@@ -279,3 +279,25 @@ def test_a_victim_pick_walks_the_pinned_objects_once_not_at_every_put(make, cloc
     assert walked == [4, 1, 1, 1, 1, 4]             # the pins walked at the first pick, then only once B is gone
     assert master.stats()["pinned_evictions"] == 0
     master.index.check_invariants()
+
+
+@pytest.mark.parametrize("passes", [1, 2, 3])
+def test_pins_passed_over_keep_their_order_and_the_coldest_pin_still_yields_first(make, clock, passes):
+    # A (chain 1, 2, 3: its tail the coldest) is passed over by `passes` picks, each evicting an unpinned object;
+    # then the pool is all pins and the next put makes the coldest pin yield: A's tail, whatever the passes
+    master, node = make(dram_objects=4, pin_max_fraction=1.0)
+    put(master, node, A, pin_s=600)
+    clock.now += 1
+    unpinned = [key(40 + i) for i in range(passes)]
+    put(master, node, unpinned[:1])
+    for k in unpinned[1:]:
+        clock.now += 1
+        assert put(master, node, [k]) == [PutStatus.STORED]           # evicts the one unpinned object before it
+    clock.now += 1
+    assert put(master, node, [key(50)], pin_s=600) == [PutStatus.STORED]     # evicts the last unpinned one
+    assert present(master, A + [key(50)]) == [1, 2, 3, 50]
+    clock.now += 1
+    assert put(master, node, [key(51)], pin_s=600) == [PutStatus.STORED]     # all pinned: the coldest pin yields
+    assert present(master, A + [key(50), key(51)]) == [1, 2, 50, 51]
+    assert master.stats()["pinned_evictions"] == 1
+    master.index.check_invariants()

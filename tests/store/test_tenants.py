@@ -327,3 +327,37 @@ def test_a_tenants_orphans_are_its_first_quota_victims(make):
     assert put(master, node, [y], "acme") == [STORED]
     assert put(master, node, [c], "acme") == [STORED]                          # over quota: the orphan b goes,
     assert present(master, [x, b, y, c], "acme") == [True, False, True, True]  # not x, the coldest non-orphan
+
+
+def test_a_tenant_at_its_quota_walks_its_pinned_objects_once_not_at_every_put(make, monkeypatch):
+    # Its pins are its coldest objects: the first pick passes over them (held) and moves them to the hot end, their
+    # order kept, so the next picks find the unpinned victim at once.
+    from kvpool.store.quota import TenantLists
+
+    walked: list[int] = []
+    real = TenantLists.victims
+
+    def counted(lists, tenant, tier):
+        walked.append(0)
+        for slot in real(lists, tenant, tier):
+            walked[-1] += 1
+            yield slot
+
+    master, node = make(dram_objects=16, quotas={"acme": Quota(total_bytes=6 * OBJ)})
+    a = [key(i) for i in range(1, 13)]
+    for i, k in enumerate(a[:6]):
+        assert put(master, node, [k], "acme", pin_s=60 if i < 3 else 0) == [STORED]
+    monkeypatch.setattr(TenantLists, "victims", counted)
+    evicted = []
+    for k in a[6:10]:                           # each put evicts exactly one of the tenant's objects
+        before = present(master, a, "acme")
+        assert put(master, node, [k], "acme") == [STORED]
+        after = present(master, a, "acme")
+        evicted += [j + 1 for j in range(len(a)) if before[j] and not after[j]]
+    assert evicted == [4, 5, 6, 7]              # the unpinned, coldest first; the pinned a1-a3 stay
+    # one walk per tier per put (SSD: none here, then DRAM): the pins walked at the first pick, then once a4-a6 are
+    # gone (before the change: 4 at every put)
+    assert [n for n in walked if n] == [4, 1, 1, 4]
+    assert present(master, a, "acme") == [True] * 3 + [False] * 4 + [True] * 3 + [False] * 2
+    assert master.stats()["pinned_evictions"] == 0
+    master.index.check_invariants()
