@@ -16,7 +16,11 @@ It does no bounds bookkeeping of its own: extents come from the master's allocat
 `demote` only copies: the master decides whether the source is freed (a demotion) or kept (the write-behind copy of
 an object that stays in DRAM, store/writebehind.py). SSD durability follows `NodeConfig.ssd_fsync_s`: a syncer
 thread fdatasyncs the file at that period while it has unsynced writes (0: at the end of every write batch), and
-`close` syncs; `ssd_syncs` counts them.
+`close` syncs; `ssd_syncs` counts them. A node with DRAM prefaults its own arena's page tables at start, on a
+thread of its own (`prefaulted` is set when done), so the pool's first fill takes no page fault per page.
+
+One module of ~410 lines because it is one concept, the node's tiers: the records the master sends (Move, Drop,
+Publication), the protocol it calls, and the one implementation that owns the arena, the SSD file and their threads.
 """
 
 from __future__ import annotations
