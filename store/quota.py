@@ -201,7 +201,7 @@ class Quotas:
                 picked.append(slot)
                 freed += int(size[slot])
                 if freed >= need:
-                    self._pass_over(held)
+                    self.placement.pass_over(held)
                     return picked, freed, 0
         for n, slot in enumerate(held, 1):
             picked.append(slot)
@@ -209,16 +209,6 @@ class Quotas:
             if freed >= need:
                 return picked, freed, n
         return picked, freed, len(held)
-
-    def _pass_over(self, held: list[int]) -> None:
-        """The pinned objects a pick passed over go to the hot end of their lists, their order kept (as a pool-wide
-        pick does, store/placement.py): else every later pick of a tenant at its quota walks all its pins first."""
-        index, by_number = self.index, self.placement.by_number
-        groups: dict[tuple[int, int], list[int]] = {}
-        for slot in held:
-            groups.setdefault((int(index.node[slot]), int(index.tier[slot])), []).append(slot)
-        for (number, tier), slots in groups.items():
-            by_number[number].spaces[Tier(tier)].policy.touch_chain(slots[::-1])
 
     def _evict_own(self, tenant: int, need: int) -> int:
         victims, freed, pins = self._pick(tenant, _TOTAL_ORDER, need)

@@ -16,7 +16,7 @@ chat knows its prefix comes back). A hint, never a reservation:
     Quotas._pick (store/quota.py)  the same rule among a tenant's own objects when it is over its quota: its
                                    unpinned objects go first (every tier), its pinned ones yield only when those
                                    cannot make the room (`protects` is the one test both use); the pins it passes
-                                   over go to the hot end likewise (`Quotas._pass_over`)
+                                   over go to the hot end likewise (`Placement.pass_over`)
 
 Bounded: a tenant's pinned payload bytes stay within `max_fraction` of the pool's capacity (every tier of every node;
 with authentication off the whole pool is one tenant). Expiry is lazy: a victim whose pin ended is unpinned when
