@@ -142,6 +142,7 @@ def _putter(address: str, size: int, batch: int, transport: str, seconds: float,
 def one_round(args, workdir: str) -> dict:
     """One fresh pool: the prober, an idle second, the putter. Returns per phase: put medians, lookup latencies."""
     pool = Pool(args.dram, workdir, "full-pool",
+                master_args=[] if args.write_behind == "on" else ["--write-behind", "false"],
                 node_args=["--ssd-path", os.path.join(workdir, "ssd"), "--ssd-bytes", str(args.ssd)])
     try:
         max_s = args.seconds + 60
@@ -196,6 +197,9 @@ def main(argv=None) -> int:
                     help="objects of 4 KiB the prober also puts pinned (pin_s), beside its pinned 64-key chain")
     ap.add_argument("--transport", choices=("auto", "tcp"), default="auto",
                     help="the putting client's data path: auto (same host: shared memory) or tcp")
+    ap.add_argument("--write-behind", choices=("on", "off"), default="on",
+                    help="the master's write_behind: off, objects reach the SSD tier only when DRAM evicts them (each "
+                         "full-pool put then demotes its victims with a node call under the master's lock)")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.size < 1 or args.batch < 1 or args.full_puts < 1 or args.seconds <= 0 \
             or args.pinned < 0:
@@ -207,7 +211,7 @@ def main(argv=None) -> int:
     print(f"kvpool bench/full_pool.py  {datetime.date.today()}  {platform.machine()} {os.cpu_count()} cores  "
           f"python {sys.executable}", flush=True)
     print(f"puts of {args.batch} x {args.size >> 10} KiB ({args.transport}), DRAM {args.dram >> 20} MiB, "
-          f"SSD {args.ssd >> 20} MiB; a lookup of a {CHAIN}-key chain (pinned) every {LOOKUP_EVERY_S * 1e3:.0f} ms "
+          f"SSD {args.ssd >> 20} MiB, write-behind {args.write_behind}; a lookup of a {CHAIN}-key chain (pinned) every {LOOKUP_EVERY_S * 1e3:.0f} ms "
           f"from another client; {args.pinned} more objects pinned", flush=True)
     per_round = []
     for r in tqdm(range(args.rounds), desc="full pool", unit="round"):

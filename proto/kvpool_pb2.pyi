@@ -60,7 +60,7 @@ class TierCapacity(_message.Message):
     def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., capacity_bytes: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
 
 class NodeEndpoint(_message.Message):
-    __slots__ = ("node_id", "host_id", "data_address", "control_address", "tiers", "ssd_record_overhead", "alignment", "incarnation", "data_tls", "ssd_index_rows", "dram_pages")
+    __slots__ = ("node_id", "host_id", "data_address", "control_address", "tiers", "ssd_record_overhead", "alignment", "incarnation", "data_tls", "ssd_index_rows", "dram_pages", "move_drops")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,7 @@ class NodeEndpoint(_message.Message):
     DATA_TLS_FIELD_NUMBER: _ClassVar[int]
     SSD_INDEX_ROWS_FIELD_NUMBER: _ClassVar[int]
     DRAM_PAGES_FIELD_NUMBER: _ClassVar[int]
+    MOVE_DROPS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     host_id: str
     data_address: str
@@ -83,7 +84,8 @@ class NodeEndpoint(_message.Message):
     data_tls: bool
     ssd_index_rows: bool
     dram_pages: str
-    def __init__(self, node_id: _Optional[str] = ..., host_id: _Optional[str] = ..., data_address: _Optional[str] = ..., control_address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., ssd_record_overhead: _Optional[int] = ..., alignment: _Optional[int] = ..., incarnation: _Optional[str] = ..., data_tls: _Optional[bool] = ..., ssd_index_rows: _Optional[bool] = ..., dram_pages: _Optional[str] = ...) -> None: ...
+    move_drops: bool
+    def __init__(self, node_id: _Optional[str] = ..., host_id: _Optional[str] = ..., data_address: _Optional[str] = ..., control_address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., ssd_record_overhead: _Optional[int] = ..., alignment: _Optional[int] = ..., incarnation: _Optional[str] = ..., data_tls: _Optional[bool] = ..., ssd_index_rows: _Optional[bool] = ..., dram_pages: _Optional[str] = ..., move_drops: _Optional[bool] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
     __slots__ = ("node",)
@@ -600,7 +602,7 @@ class ReadChunk(_message.Message):
     def __init__(self, data: _Optional[bytes] = ...) -> None: ...
 
 class MoveRequest(_message.Message):
-    __slots__ = ("keys", "namespaces", "sizes", "checksums", "src_tiers", "src_offsets", "dst_tiers", "dst_offsets")
+    __slots__ = ("keys", "namespaces", "sizes", "checksums", "src_tiers", "src_offsets", "dst_tiers", "dst_offsets", "drops")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACES_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
@@ -609,6 +611,7 @@ class MoveRequest(_message.Message):
     SRC_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     DST_TIERS_FIELD_NUMBER: _ClassVar[int]
     DST_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    DROPS_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     namespaces: _containers.RepeatedScalarFieldContainer[bytes]
     sizes: _containers.RepeatedScalarFieldContainer[int]
@@ -617,7 +620,8 @@ class MoveRequest(_message.Message):
     src_offsets: _containers.RepeatedScalarFieldContainer[int]
     dst_tiers: _containers.RepeatedScalarFieldContainer[Tier]
     dst_offsets: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., namespaces: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., src_tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., src_offsets: _Optional[_Iterable[int]] = ..., dst_tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., dst_offsets: _Optional[_Iterable[int]] = ...) -> None: ...
+    drops: DropRequest
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., namespaces: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., src_tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., src_offsets: _Optional[_Iterable[int]] = ..., dst_tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., dst_offsets: _Optional[_Iterable[int]] = ..., drops: _Optional[_Union[DropRequest, _Mapping]] = ...) -> None: ...
 
 class MoveResponse(_message.Message):
     __slots__ = ("ok",)

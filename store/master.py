@@ -609,7 +609,7 @@ class Master:
         copy per node without it, then the switch under the lock again. Returns how many objects moved."""
         self.promotion_wanted.clear()
         with self._lock:
-            with self.placement.batched_ops():     # the room made: one Demote / Drop call per node, sent here
+            with self.placement.batched_ops():     # the room made: one Demote call per node (its drops inside), sent here
                 batches = self.promotions.start(self._unplaceable(), self.drains.moving)
             self._flush()  # making room may have demoted or evicted objects
         moved = 0

@@ -29,6 +29,7 @@ import logging
 import os
 import threading
 from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -107,7 +108,9 @@ class NodeOps(Protocol):
     node refused that copy (for a promotion: the source SSD record failed verification). `promote` raises
     NodeUnavailable when the node cannot be asked at all."""
 
-    def demote(self, moves: list[Move]) -> list[bool]: ...
+    def demote(self, moves: list[Move], drops: Sequence[Drop] = ()) -> list[bool]:
+        """`drops` (only for a node whose NodeInfo says `move_drops`): records erased before any move is made."""
+        ...
 
     def promote(self, moves: list[Move]) -> list[bool]: ...
 
@@ -200,7 +203,7 @@ class StorageNode:
                         ssd_record_overhead=overhead,
                         dram_path=str(self.shared_arena.path) if self.shared_arena is not None else "",
                         hbm_bytes=self.hbm.capacity if self.hbm is not None else 0, ssd_index_rows=True,
-                        dram_pages=self._dram_pages)
+                        dram_pages=self._dram_pages, move_drops=True)
 
     @property
     def shared_arena(self):
@@ -253,9 +256,11 @@ class StorageNode:
 
     # ---- NodeOps ----
 
-    def demote(self, moves: list[Move]) -> list[bool]:
+    def demote(self, moves: list[Move], drops: Sequence[Drop] = ()) -> list[bool]:
+        """The moves, after erasing `drops` (a move may write where a dropped record was)."""
         ok = []
         with self._batch():
+            self.drop(drops)
             for m in moves:
                 try:
                     ok.append(self._move(m))

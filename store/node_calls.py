@@ -4,7 +4,9 @@ order allows.
 Making room for a put on a full tier used to cost a node call per victim: one Demote (and, with the SSD tier full
 too, one Drop) for every object placed, each a gRPC round trip to a node in another process, all under the master's
 lock. `Placement.batched_ops()` collects them here instead and sends them when the operation ends: per node, every
-pending drop in one call, then every pending move in one call, in the order they were decided.
+pending drop, then every pending move, in the order they were decided: one Demote call that carries the drops
+(MoveRequest.drops; the node erases them before it moves), or a Drop call and then a Demote call to a node from
+before 2026-12-05 (one that does not say `NodeInfo.move_drops`), or one Drop call when nothing moves.
 
 Why that order is the per-object order: a drop erases an SSD record and frees its extent, which a later move may
 write; so drops must precede the moves that follow them, and sending all drops first keeps that. The other way

@@ -61,10 +61,11 @@ def moves(node: StorageNode, batch: Sequence[Move]) -> None:
         _extent(node, m.dst_tier, m.dst_offset, m.size, i, "dst_", "dst_tiers")
 
 
-def drops(node: StorageNode, batch: Sequence[Drop]) -> None:
+def drops(node: StorageNode, batch: Sequence[Drop], prefix: str = "") -> None:
+    """`prefix`: the field the entries sit in ("drops." in a Demote's request)."""
     for i, d in enumerate(batch):
-        _key(d.key, f"keys[{i}]")
-        _extent(node, d.tier, d.offset, d.size, i, "", "tiers")
+        _key(d.key, f"{prefix}keys[{i}]")
+        _extent(node, d.tier, d.offset, d.size, i, prefix, f"{prefix}tiers")
 
 
 def publication(node: StorageNode, p: Publication) -> None:

@@ -203,10 +203,12 @@ class NodeServicer(pbg.NodeServiceServicer):
         try:
             moves = wire.moves_from_msg(request)
             node_checks.moves(self.node, moves)
+            drops = wire.move_drops_from_msg(request)
+            node_checks.drops(self.node, drops, "drops.")
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         reply = pb.MoveResponse()
-        reply.ok.extend(self.node.demote(moves))
+        reply.ok.extend(self.node.demote(moves, drops))
         return reply
 
     def Promote(self, request, context):

@@ -13,7 +13,7 @@ Victims are taken in rounds of "just enough bytes", so with equal-sized objects 
 the policy order; orphans (blocks whose parent left the pool, store/chains.py) come first; objects with a live
 retention hint (store/retention.py) come last, only when the unpinned ones cannot make the room. Every byte move goes
 through the node's `NodeOps`, batched per round, and inside `batched_ops` (a put_start, a promotion round, a drain's
-migrate_start) per operation: one Drop and one Demote call per node (store/node_calls.py).
+migrate_start) per operation: one Demote call per node carrying the drops (store/node_calls.py).
 Drops are sent before the writes that may reuse their extents (an SSD erase must never land on a new record).
 
 Inclusive SSD tier (`write_behind`, store/copies.py): an object placed on a faster tier of a node with an SSD
@@ -596,7 +596,7 @@ class Placement:
     @contextmanager
     def batched_ops(self) -> Iterator[None]:
         """Inside it, the drops and demotions that making room decides are queued per node and sent when it ends
-        (one Drop and one Demote call per node, unless the order forces more); their state is applied as they are
+        (one Demote call per node carrying the drops, unless the order forces more); their state is applied as they are
         decided and settled by the nodes' answers (store/node_calls.py). Nested: the outermost one sends."""
         if self._calls is not None:
             yield
@@ -654,18 +654,24 @@ class Placement:
 
     def _send(self, calls: NodeCalls) -> None:
         """Send one node's queued calls (drops, then moves) and settle the moves by its answers: a move the node
-        did not make evicts its object, as a failed per-object move did."""
+        did not make evicts its object, as a failed per-object move did. A node that says `move_drops` gets both in
+        one Demote call (it erases before it moves); an older one a Drop call first."""
         drops, demotions = calls.take()
         node = calls.node
-        self._erase(node, drops)
+        carried = drops if demotions and node.info.move_drops else []
+        if not carried:
+            self._erase(node, drops)
         if not demotions:
             return
+        moves = [d.move for d in demotions]
         try:
-            results = node.ops.demote([d.move for d in demotions])
+            results = node.ops.demote(moves, carried) if carried else node.ops.demote(moves)
         except Exception:  # noqa: BLE001 - the operation goes on; the objects the node did not move are evicted
             log.exception("node %s: demotion of %d objects failed", node.node_id, len(demotions))
             results = [False] * len(demotions)
-        erase: list[Drop] = []
+        # no move made: the call may have failed before its drops were erased, so they are sent again (no move
+        # wrote anything they could erase now); after a move was made, they were erased before it
+        erase: list[Drop] = list(carried) if carried and not any(results) else []
         for d, ok in zip(demotions, results):
             if ok:
                 self._demoted(d.slot, d.src_tier)

@@ -127,6 +127,9 @@ class NodeInfo:
     ssd_index_rows: bool = field(default=False, metadata={"persist": False})
     # its DRAM arena's pages in words (tiers/dram.py page_kind), "" without a DRAM tier; said at each registration
     dram_pages: str = field(default="", metadata={"persist": False})
+    # its demote erases the drops it is given before the moves (nodes since 2026-12-05; else a drop call goes first);
+    # said at each registration
+    move_drops: bool = field(default=False, metadata={"persist": False})
 
     def persisted(self) -> dict:
         """The fields a metadata store keeps (JSON-able), without what a node says anew each time it registers."""

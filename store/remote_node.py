@@ -10,6 +10,7 @@ with TLS its certificate): a node accepts Demote / Promote / Drop from node cred
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import grpc
 
@@ -41,18 +42,18 @@ class RemoteNodeOps:
         self._channel = auth_channel(address, token=token, tls=tls, options=GRPC_OPTIONS)
         self._stub = pbg.NodeServiceStub(self._channel)
 
-    def demote(self, moves: list[Move]) -> list[bool]:
+    def demote(self, moves: list[Move], drops: Sequence[Drop] = ()) -> list[bool]:
         try:
-            return self._move(self._stub.Demote, moves)
+            return self._move(self._stub.Demote, moves, drops)
         except NodeUnavailable:
             return [False] * len(moves)
 
     def promote(self, moves: list[Move]) -> list[bool]:
         return self._move(self._stub.Promote, moves)
 
-    def _move(self, rpc, moves: list[Move]) -> list[bool]:
+    def _move(self, rpc, moves: list[Move], drops: Sequence[Drop] = ()) -> list[bool]:
         try:
-            ok = list(rpc(wire.moves_to_msg(moves), timeout=self.timeout).ok)
+            ok = list(rpc(wire.moves_to_msg(moves, drops), timeout=self.timeout).ok)
         except grpc.RpcError as exc:
             log.warning("node %s: move of %d objects failed: %s", self.address, len(moves), exc.code())
             raise NodeUnavailable(f"node {self.address}: {exc.code().name}") from None

@@ -83,7 +83,8 @@ def endpoint_from_info(info: NodeInfo, *, host_id: str, data_address: str, ssd_p
     return pb.NodeEndpoint(node_id=info.node_id, host_id=host_id, data_address=data_address,
                            control_address=info.address, tiers=tiers, ssd_record_overhead=info.ssd_record_overhead,
                            alignment=info.alignment, incarnation=info.incarnation, data_tls=data_tls,
-                           ssd_index_rows=info.ssd_index_rows, dram_pages=info.dram_pages)
+                           ssd_index_rows=info.ssd_index_rows, dram_pages=info.dram_pages,
+                           move_drops=info.move_drops)
 
 
 def info_from_endpoint(ep: pb.NodeEndpoint) -> NodeInfo:
@@ -101,7 +102,7 @@ def info_from_endpoint(ep: pb.NodeEndpoint) -> NodeInfo:
                     ssd_record_overhead=ep.ssd_record_overhead, alignment=ep.alignment or 4096,
                     dram_path=dram.path if dram else "", incarnation=ep.incarnation,
                     hbm_bytes=hbm.capacity_bytes if hbm else 0, ssd_index_rows=ep.ssd_index_rows,
-                    dram_pages=ep.dram_pages)
+                    dram_pages=ep.dram_pages, move_drops=ep.move_drops)
 
 
 def dram_path(ep: pb.NodeEndpoint) -> str:
@@ -269,8 +270,11 @@ def moves_of(reply: pb.MigrateStartResponse) -> tuple[ExtentBatch, ExtentBatch]:
 
 # ---------------------------------------------------------------- master <-> node
 
-def moves_to_msg(moves: Sequence[Move]) -> pb.MoveRequest:
+def moves_to_msg(moves: Sequence[Move], drops: Sequence[Drop] = ()) -> pb.MoveRequest:
+    """`drops`: a Demote's records to erase first (MoveRequest.drops)."""
     msg = pb.MoveRequest()
+    if drops:
+        msg.drops.CopyFrom(drops_to_msg(drops))
     msg.keys.extend(m.key for m in moves)
     msg.namespaces.extend(m.ns_digest for m in moves)
     msg.sizes.extend(m.size for m in moves)
@@ -280,6 +284,18 @@ def moves_to_msg(moves: Sequence[Move]) -> pb.MoveRequest:
     msg.dst_tiers.extend(int(m.dst_tier) for m in moves)
     msg.dst_offsets.extend(m.dst_offset for m in moves)
     return msg
+
+
+def move_drops_from_msg(msg: pb.MoveRequest) -> list[Drop]:
+    """A Demote's records to erase first; ValueError naming the `drops.` field."""
+    if not msg.HasField("drops"):
+        return []
+    if msg.drops.objects_removed:
+        raise ValueError("drops.objects_removed: only a Drop call says objects were removed")
+    try:
+        return drops_from_msg(msg.drops)
+    except ValueError as exc:
+        raise ValueError(f"drops.{exc}") from None
 
 
 def moves_from_msg(msg: pb.MoveRequest) -> list[Move]:

@@ -6,14 +6,19 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench" / "full_pool.py"
 
 
-def test_full_pool_reaches_every_phase_and_prints_its_ratio_lines():
+@pytest.mark.parametrize("write_behind", ["on", "off"])
+def test_full_pool_reaches_every_phase_and_prints_its_ratio_lines(write_behind):
     out = subprocess.run([sys.executable, str(BENCH), "--rounds", "1", "--size", "16KiB", "--batch", "16",
-                          "--dram", "4MiB", "--ssd", "12MiB", "--full-puts", "8", "--seconds", "60", "--pinned", "100"],
+                          "--dram", "4MiB", "--ssd", "12MiB", "--full-puts", "8", "--seconds", "60", "--pinned", "100",
+                          "--write-behind", write_behind],
                          capture_output=True, text=True, timeout=300, check=True).stdout
     lines = out.splitlines()
+    assert f"SSD 12 MiB, write-behind {write_behind}; " in lines[1], out
     assert any(re.fullmatch(r"put per call \(median over rounds\): room [\d.]+ ms \([\d.]+ GB/s\), DRAM full [\d.]+ ms "
                             r"\([\d.]+ GB/s\), both full [\d.]+ ms \([\d.]+ GB/s\)", line) for line in lines), out
     assert any(re.fullmatch(r"ratio put on a full pool vs with room: DRAM full \d+\.\d\dx, both full \d+\.\d\dx .*", line)
@@ -30,6 +35,7 @@ def test_full_pool_refuses_bad_arguments_by_name():
     for args, what in ((["--rounds", "0"], "--rounds, --size, --batch"),
                        (["--size", "1MiB", "--dram", "16MiB"], "--size x --batch must be at most a quarter of --dram"),
                        (["--pinned", "-1"], "--pinned >= 0"),
-                       (["--pinned", "100000"], "--pinned x 4 KiB must stay under a quarter of --dram")):
+                       (["--pinned", "100000"], "--pinned x 4 KiB must stay under a quarter of --dram"),
+                       (["--write-behind", "yes"], "--write-behind: invalid choice: 'yes'")):
         res = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True, timeout=120)
         assert res.returncode == 2 and what in res.stderr, res.stderr

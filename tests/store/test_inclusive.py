@@ -27,9 +27,11 @@ class Recorder:
         self.demoted: list[list] = []
         self.dropped: list[list] = []
 
-    def demote(self, moves):
+    def demote(self, moves, drops=()):
         self.demoted.append(list(moves))
-        return self.node.demote(moves)
+        if drops:
+            self.dropped.append(list(drops))
+        return self.node.demote(moves, drops)
 
     def promote(self, moves):
         return self.node.promote(moves)

@@ -1,5 +1,6 @@
 """Node calls batched per locked operation (store/node_calls.py, Placement.batched_ops): a put on a full tier makes its
-room with one Drop and one Demote call per node instead of one per object, and ends exactly where the per-object
+room with one Demote call per node carrying its drops (one Drop and one Demote call to a node from before
+`move_drops`) instead of one per object, and ends exactly where the per-object
 calls ended: the same objects on the same tiers at the same offsets, the same copies, the same counters, after every
 step of random workloads (chains with shared prefixes, lookups that promote, leases held across puts, removals, the
 inclusive SSD tier, several policies, a tiny SSD tier whose victims are objects demoted in the same batch) over real
@@ -9,6 +10,7 @@ those objects; one whose call raises loses what it was to move, and the put goes
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 
 import numpy as np
@@ -27,8 +29,8 @@ K = 4096
 
 
 class Counted:
-    """A real StorageNode whose Demote / Drop calls are counted; `refuse(key)` True: that move is answered False
-    without being made (a node whose write failed)."""
+    """A real StorageNode whose Demote / Drop calls are counted, and the drops a Demote carried; `refuse(key)` True:
+    that move is answered False without being made (a node whose write failed)."""
 
     def __init__(self, node: StorageNode, refuse=lambda key: False) -> None:
         self.node = node
@@ -36,15 +38,17 @@ class Counted:
         self.demote_calls = 0
         self.drop_calls = 0
         self.moves = 0
+        self.carried = 0            # drops that came inside Demote calls
         self.broken = False         # True: every Demote / Drop call raises (a node whose handler failed)
 
-    def demote(self, moves):
+    def demote(self, moves, drops=()):
         self.demote_calls += 1
         if self.broken:
             raise RuntimeError("the node's handler failed")
         self.moves += len(moves)
+        self.carried += len(drops)
         keep = [m for m in moves if not self.refuse(m.key)]
-        done = iter(self.node.demote(keep) if keep else [])
+        done = iter(self.node.demote(keep, drops))
         return [False if self.refuse(m.key) else next(done) for m in moves]
 
     def promote(self, moves):
@@ -210,15 +214,23 @@ def test_mixed_sizes_and_a_tiny_ssd_tier_whose_victims_were_demoted_in_the_same_
         b.close()
 
 
-def test_a_put_on_a_full_pool_makes_one_demote_and_one_drop_call(tmp_path):
+@pytest.mark.parametrize("move_drops", [True, False])
+def test_a_put_on_a_full_pool_makes_one_demote_call_carrying_its_drops(tmp_path, move_drops):
+    """One Demote call that erases the 8 SSD victims' records before its 8 moves; a node from before `move_drops`
+    gets a Drop call first and a Demote, and the pool ends the same."""
     a = Pool(tmp_path, "a", [("n1", 8, 16)], batched=True, write_behind=False)
     try:
+        if not move_drops:      # registered again as a node that does not say it (same incarnation: nothing lost)
+            a.master.register_node(dataclasses.replace(a.nodes["n1"].info(), move_drops=False), a.ops["n1"],
+                                   expires=False)
         for chain in range(3):          # 24 objects: DRAM (8) and SSD (16) full
             assert a.put([chain_key(chain, i) for i in range(8)]) == [PutStatus.STORED] * 8
-        before = a.calls()
+        before = a.calls(), a.ops["n1"].carried
         assert a.put([chain_key(9, i) for i in range(8)]) == [PutStatus.STORED] * 8
-        demotes, drops, moves = (x - y for x, y in zip(a.calls(), before))
-        assert (demotes, drops, moves) == (1, 1, 8)     # per object: 8 and 8
+        demotes, drops, moves = (x - y for x, y in zip(a.calls(), before[0]))
+        carried = a.ops["n1"].carried - before[1]
+        # per object: 8 Demote and 8 Drop calls
+        assert (demotes, drops, moves, carried) == ((1, 0, 8, 8) if move_drops else (1, 1, 8, 0))
         stats = a.master.stats()
         assert stats["evictions"]["ssd"] == 8 and stats["demotions"] == 24
         # the oldest chain left the SSD tier, the next one moved down, the new one is in DRAM
@@ -281,7 +293,7 @@ def test_refused_moves_of_objects_demoted_in_the_same_batch_leave_a_consistent_i
 
 
 def test_a_drain_onto_a_full_node_makes_its_room_in_one_call_per_kind(tmp_path):
-    """migrate_start of 8 objects onto a node whose DRAM and SSD tiers are full: one Demote and one Drop call to it,
+    """migrate_start of 8 objects onto a node whose DRAM and SSD tiers are full: one Demote call to it, its drops inside,
     the same destinations and the same evictions as the per-object calls, and the moved bytes read back."""
     pools = [Pool(tmp_path, tag, [("n1", 8, 0), ("n2", 8, 16)], batched=batched, write_behind=False)
              for tag, batched in (("a", True), ("b", False))]
@@ -310,7 +322,7 @@ def test_a_drain_onto_a_full_node_makes_its_room_in_one_call_per_kind(tmp_path):
             assert [None if r is None else (r.node_id, r.tier) for r in pool.master.inspect(keys)] == \
                 [("n2", Tier.DRAM)] * 8 + [None] * 8 + [("n2", Tier.SSD)] * 16
             pool.master.index.check_invariants()
-        assert results[0][0] == (1, 1) and results[1][0] == (8, 8)
+        assert results[0][0] == (1, 0) and results[1][0] == (8, 8)     # batched: the drops inside the Demote
         assert results[0][1:] == results[1][1:]
     finally:
         for pool in pools:

@@ -22,8 +22,8 @@ class GatedNode:
         self.fail = fail
         self.refuse = refuse
 
-    def demote(self, moves):
-        return self.node.demote(moves)
+    def demote(self, moves, drops=()):
+        return self.node.demote(moves, drops)
 
     def drop(self, drops):
         return self.node.drop(drops)

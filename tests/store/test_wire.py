@@ -17,6 +17,9 @@ def test_moves_drops_and_reports_round_trip():
     assert wire.moves_from_msg(pb.MoveRequest.FromString(wire.moves_to_msg(moves).SerializeToString())) == moves
     drops = [Drop(b"k" * 16, Tier.SSD, 4096, 100)]
     assert wire.drops_from_msg(wire.drops_to_msg(drops)) == drops
+    both = pb.MoveRequest.FromString(wire.moves_to_msg(moves, drops).SerializeToString())   # a Demote with its drops
+    assert (wire.moves_from_msg(both), wire.move_drops_from_msg(both)) == (moves, drops)
+    assert wire.move_drops_from_msg(wire.moves_to_msg(moves)) == []
     records = [ObjectRecord(key=b"k" * 16, ns_digest=b"n" * 16, node_id="n1", tier=Tier.SSD, offset=0, size=5,
                             checksum=9)]
     assert wire.report_from_msg(wire.report_to_msg("n1", records)) == records
@@ -35,6 +38,9 @@ def test_node_info_round_trips_through_the_endpoint():
     ep = wire.endpoint_from_info(paged, host_id="H", data_address="h:2")
     assert ep.dram_pages == "2 MiB pages, tmpfs huge=within_size" and wire.info_from_endpoint(ep) == paged
     assert "dram_pages" not in paged.persisted()      # said anew at each registration, never journalled
+    carries = dataclasses.replace(info, move_drops=True)   # its Demote takes drops (a node since 2026-12-05)
+    ep = wire.endpoint_from_info(carries, host_id="H", data_address="h:2")
+    assert ep.move_drops and wire.info_from_endpoint(ep) == carries and "move_drops" not in carries.persisted()
 
 
 def test_mismatched_columns_and_unknown_tiers_name_the_field():
@@ -45,3 +51,7 @@ def test_mismatched_columns_and_unknown_tiers_name_the_field():
     bad = pb.DropRequest(keys=[b"k" * 16], tiers=[7], offsets=[0], sizes=[1])
     with pytest.raises(ValueError, match=r"^tiers\[0\]: unknown tier 7$"):
         wire.drops_from_msg(bad)
+    with pytest.raises(ValueError, match=r"^drops\.tiers\[0\]: unknown tier 7$"):
+        wire.move_drops_from_msg(pb.MoveRequest(drops=bad))
+    with pytest.raises(ValueError, match=r"^drops\.objects_removed: only a Drop call says objects were removed$"):
+        wire.move_drops_from_msg(pb.MoveRequest(drops=pb.DropRequest(objects_removed=True)))
