@@ -16,9 +16,10 @@ from kvpool.launcher import free_port
 # (pyproject.toml package-dir), never top-level packages of their own. `python3 -m pytest` run from the checkout puts
 # it first on sys.path, where kernels/ shadowed Hugging Face's `kernels` package, which transformers 5.25 requires and
 # imports (the reference tests failed to load transformers: "cannot import name 'CUDAProperties' from 'kernels'").
-# Tests import kvpool from its install and `tests.*` through pytest's importlib mode, so neither needs that entry.
+# So the checkout goes last: installed packages come first, and `tests.*` stays importable by name, which the client
+# processes tests start with multiprocessing need (spawn gives them this sys.path). kvpool comes from its install.
 CHECKOUT = pathlib.Path(__file__).resolve().parents[1]
-sys.path[:] = [p for p in sys.path if pathlib.Path(p or os.curdir).resolve() != CHECKOUT]
+sys.path[:] = [p for p in sys.path if pathlib.Path(p or os.curdir).resolve() != CHECKOUT] + [str(CHECKOUT)]
 
 
 @pytest.fixture
