@@ -211,8 +211,8 @@ def main(argv=None) -> int:
     print(f"kvpool bench/full_pool.py  {datetime.date.today()}  {platform.machine()} {os.cpu_count()} cores  "
           f"python {sys.executable}", flush=True)
     print(f"puts of {args.batch} x {args.size >> 10} KiB ({args.transport}), DRAM {args.dram >> 20} MiB, "
-          f"SSD {args.ssd >> 20} MiB, write-behind {args.write_behind}; a lookup of a {CHAIN}-key chain (pinned) every {LOOKUP_EVERY_S * 1e3:.0f} ms "
-          f"from another client; {args.pinned} more objects pinned", flush=True)
+          f"SSD {args.ssd >> 20} MiB, write-behind {args.write_behind}; a lookup of a {CHAIN}-key chain (pinned) "
+          f"every {LOOKUP_EVERY_S * 1e3:.0f} ms from another client; {args.pinned} more objects pinned", flush=True)
     per_round = []
     for r in tqdm(range(args.rounds), desc="full pool", unit="round"):
         workdir = tempfile.mkdtemp(prefix="kvpool-full-pool-")

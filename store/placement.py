@@ -27,7 +27,7 @@ tier still has room (the most free first), so with N equal nodes nothing is evic
 With tenant quotas (store/quota.py) every policy is wrapped so each tenant's own recency lists follow it, and `shed`
 moves a tenant's own victims one tier down without evicting anyone else's objects there.
 
-Why one module of ~790 lines: placement, the eviction rounds, demotion and promotion moves (and their batched node
+Why one module of ~800 lines: placement, the eviction rounds, demotion and promotion moves (and their batched node
 calls' settling), drain targets and the adoption of a restarted node's records all change the same per-node
 allocators and policies, in one order, under the master's lock; the inclusive copies' bookkeeping and the queued
 node calls are apart (store/copies.py, store/node_calls.py).
