@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from kvpool.engine_adapter.vllm.instance import REPO, skip_reason, vllm_python
+from kvpool.engine_adapter.vllm.instance import skip_reason, vllm_python
 
 pytestmark = pytest.mark.vllm
 
@@ -50,13 +50,16 @@ print(json.dumps({
 
 
 @pytest.fixture(scope="module")
-def probe():
+def probe(tmp_path_factory):
     reason = skip_reason()
     if reason:
         print(f"SKIPPED vLLM contract test: {reason}")
         pytest.skip(reason)
+    # not from the checkout: `-c` puts the cwd first on sys.path, where the checkout's kernels/ would shadow Hugging
+    # Face's `kernels` for a transformers that imports it (tests/conftest.py); kvpool is installed in vLLM's env
     out = subprocess.run([str(vllm_python()), "-c", PROBE], capture_output=True, text=True, timeout=300,
-                         cwd=str(REPO), env={"VLLM_NO_USAGE_STATS": "1", "PATH": "/usr/bin:/bin"})
+                         cwd=str(tmp_path_factory.mktemp("vllm-probe")),
+                         env={"VLLM_NO_USAGE_STATS": "1", "PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
