@@ -48,7 +48,7 @@ _CHUNK_BLOCKS = 1 << 18       # keys are built this many block refs at a time (b
 class NullNode:
     """NodeOps of a node that holds no bytes: every move succeeds, every drop is done."""
 
-    def demote(self, moves):
+    def demote(self, moves, drops=()):
         return [True] * len(moves)
 
     def promote(self, moves):

@@ -665,7 +665,7 @@ class Placement:
             return
         moves = [d.move for d in demotions]
         try:
-            results = node.ops.demote(moves, carried) if carried else node.ops.demote(moves)
+            results = node.ops.demote(moves, carried)
         except Exception:  # noqa: BLE001 - the operation goes on; the objects the node did not move are evicted
             log.exception("node %s: demotion of %d objects failed", node.node_id, len(demotions))
             results = [False] * len(demotions)

@@ -128,7 +128,7 @@ def index_bytes_per_object(n: int = 1_000_000) -> float:
 
 
 class _NoBytes:  # the master never moves bytes here (nothing is evicted)
-    def demote(self, moves): return [False] * len(moves)
+    def demote(self, moves, drops=()): return [False] * len(moves)
     def promote(self, moves): return [False] * len(moves)
     def drop(self, drops): return 0
     def objects_removed(self): pass
