@@ -37,7 +37,6 @@ reclaims expired grants, leases and silent nodes (tests drive it with a fake clo
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -289,9 +288,9 @@ class Master:
             tid = self.tenants.intern(tenant)
             keys = self.tenants.stored_keys(tid, keys)
             exclude = self._unplaceable()
-            # Without quotas (whose own evictions call nodes directly), the demotions and drops that making room
-            # takes are sent per node when the loop ends, not per object (store/node_calls.py).
-            with self.placement.batched_ops() if self.quotas is None else contextlib.nullcontext():
+            # The demotions and drops that making room takes (a tenant's quota too) are sent per node when the loop
+            # ends, not per object (store/node_calls.py).
+            with self.placement.batched_ops():
                 out = self._grant(keys, sizes, ns_id, tid, prefer_node, exclude, hold, pin_cap, pin_until, expires_at)
             if (rec := self.recorder) is not None:
                 rec.put(now, ns, list(keys), out)
@@ -304,7 +303,8 @@ class Master:
         placement, quotas, find, leases = self.placement, self.quotas, self.index.find, self.leases
         # The new objects that fit in free room, placed in one step (a quota admits object by object); the rest, one
         # by one below. Nothing moved meanwhile, so every key's EXISTS answer is as it was.
-        fast = placement.place_new(keys, sizes, prefer_node, exclude) if quotas is None else []
+        fast = placement.place_new(keys, sizes, prefer_node, exclude) \
+            if quotas is None or not quotas.limits(tid) else []
         taken = 0
         copies = placement.copies.enabled
         out: list[PutStartResult] = []

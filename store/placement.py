@@ -24,8 +24,9 @@ Where a new object goes (`place`): a fast tier with free room, and free room for
 preferred node, then the most free); only when no node has that, room is made by demotion on a node whose slowest
 tier still has room (the most free first), so with N equal nodes nothing is evicted until the whole pool is full.
 
-With tenant quotas (store/quota.py) every policy is wrapped so each tenant's own recency lists follow it, and `shed`
-moves a tenant's own victims one tier down without evicting anyone else's objects there.
+With tenant quotas (store/quota.py) every policy is wrapped so each tenant's own recency lists follow it; `evict`
+and `shed` take a tenant's own victims out (`shed` one tier down, without evicting anyone else's objects there),
+inside the put's batch like any other room made.
 
 Why one module of ~800 lines: placement, the eviction rounds, demotion and promotion moves (and their batched node
 calls' settling), drain targets and the adoption of a restarted node's records all change the same per-node
@@ -439,10 +440,8 @@ class Placement:
             victims = self._pick_victims(space, extent, max_atime)
             if not victims:
                 return None
-            if self._calls is not None and (calls := self._calls.get(node.number)) is not None and \
-                    not calls.slots.isdisjoint(victims):
-                # a victim moved in this batch: its move goes first, and its answer may have evicted it already
-                self._send(calls)
+            if self.settle(victims):
+                # a victim moved in this batch: its move went first, and its answer may have evicted it already
                 offset = space.allocator.allocate(extent)
                 continue
             lower = _slower(node, tier)
@@ -496,6 +495,30 @@ class Placement:
             groups.setdefault((int(index.node[slot]), int(index.tier[slot])), []).append(slot)
         for (number, tier), slots in groups.items():
             self.by_number[number].spaces[_TIERS[tier]].policy.touch_chain(slots[::-1])
+
+    def settle(self, victims: Sequence[int]) -> bool:
+        """Inside `batched_ops`: send, and settle, the queued calls of each node where one of `victims` was moved in
+        this batch, so that move goes first and its answer (a refused move evicts its object) is in the index before
+        the victim is touched again; the caller then picks its victims again. Returns whether anything was sent."""
+        if not self._calls:
+            return False
+        sent = False
+        for calls in self._calls.values():
+            if calls.slots and not calls.slots.isdisjoint(victims):
+                self._send(calls)
+                sent = True
+        return sent
+
+    def evict(self, victims: Sequence[int]) -> None:
+        """Evict committed, unleased objects wherever they are (a tenant over its total quota, store/quota.py):
+        forgotten, their SSD records erased (queued inside `batched_ops`), their nodes' host indexes told. The
+        caller has settled them (`settle`)."""
+        groups: dict[tuple[int, int], list[int]] = {}
+        for slot in victims:
+            groups.setdefault((int(self.index.node[slot]), int(self.index.tier[slot])), []).append(slot)
+        for (number, tier), slots in groups.items():
+            node = self.by_number[number]
+            self._evict(node, node.spaces[_TIERS[tier]], slots)
 
     def _evict(self, node: NodeState, space: TierSpace, victims: list[int]) -> None:
         drops: list[Drop] = []

@@ -32,7 +32,6 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from kvpool.store.index import COMMITTED, Index
-from kvpool.store.node import Drop
 from kvpool.store.placement import Placement
 from kvpool.store.tenants import Tenants
 from kvpool.tiers.lru import LRUPolicy
@@ -151,17 +150,16 @@ class Quotas:
         quota = self.tenants.quota(tenant)
         if quota is None:
             return ANY_TIER
-        index, counters = self.index, self.tenants.counters[tenant]
-        if quota.total_bytes:
-            over = index.tenant_bytes(tenant) + size - quota.total_bytes
-            if over > 0 and (size > quota.total_bytes or self._evict_own(tenant, over) < over):
-                counters.no_space += 1
-                return None
-        if quota.dram_bytes:
-            over = index.tenant_bytes(tenant, Tier.DRAM) + size - quota.dram_bytes
-            if over > 0 and (size > quota.dram_bytes or self._shed_dram(tenant, over) < over):
-                return BELOW_DRAM
+        if quota.total_bytes and not self._fit(tenant, size, quota.total_bytes, None):
+            self.tenants.counters[tenant].no_space += 1
+            return None
+        if quota.dram_bytes and not self._fit(tenant, size, quota.dram_bytes, Tier.DRAM):
+            return BELOW_DRAM
         return ANY_TIER
+
+    def limits(self, tenant: int) -> bool:
+        """Whether `tenant` has a quota (its puts are admitted object by object)."""
+        return self.tenants.quota(tenant) is not None
 
     def may_promote(self, slot: int, tier: Tier) -> bool:
         """Whether moving `slot` up into `tier` keeps its tenant within its DRAM quota."""
@@ -181,10 +179,43 @@ class Quotas:
         fits = self.index.tenant_bytes(tenant, Tier.DRAM) + int(self.index.size[slot]) <= quota.dram_bytes
         return ANY_TIER if fits else BELOW_DRAM
 
-    def _pick(self, tenant: int, tiers: Sequence[Tier], need: int) -> tuple[list[int], int, int]:
+    def _fit(self, tenant: int, size: int, limit: int, tier: Tier | None) -> bool:
+        """Whether `size` more bytes of `tenant` fit under `limit` (its total quota, `tier` None: its coldest objects
+        evicted, slowest tier first; its DRAM quota: its coldest DRAM objects shed one tier down), after taking the
+        fewest of its own objects out. If they cannot make the room, nothing is taken.
+
+        Inside a put's `batched_ops`, a victim may be an object a queued move of the same put has just moved: that
+        node's calls are sent (and settled) first (Placement.settle), and what is over the quota is counted again
+        from what the answers left (a refused move evicted its object), so no object is evicted or moved twice, no
+        erase is queued behind the move it must follow, and no more is taken than the per-object calls took."""
+        index, counters = self.index, self.tenants.counters[tenant]
+        while True:
+            over = index.tenant_bytes(tenant, tier) + size - limit
+            if over <= 0:
+                return True
+            if size > limit:
+                return False
+            victims, freed, pins, passed = self._walk(tenant, _TOTAL_ORDER if tier is None else (tier,), over)
+            if freed < over:
+                return False    # not enough of its own: nothing taken (the tenant keeps what it has)
+            if not self.placement.settle(victims):
+                break
+        self.placement.pass_over(passed)
+        self.placement.retention.counters.yielded += pins
+        if tier is None:
+            self.placement.evict(victims)
+            counters.quota_evictions += len(victims)
+        else:
+            demoted, evicted = self.placement.shed(victims)
+            counters.quota_demotions += demoted
+            counters.quota_evictions += evicted
+        return True
+
+    def _walk(self, tenant: int, tiers: Sequence[Tier], need: int) -> tuple[list[int], int, int, list[int]]:
         """The tenant's coldest committed, unleased objects in `tiers` (in that order) until `need` payload bytes:
         unpinned ones first, then (as pool pressure does, store/retention.py) its pinned ones, coldest first, only
-        if the unpinned cannot make the room. Returns (victims, bytes, how many of them are pinned)."""
+        if the unpinned cannot make the room. Changes nothing. Returns (victims, bytes, how many of them are pinned,
+        the pinned objects passed over: `pass_over` once the victims are taken)."""
         index = self.index
         state, leases, size = index.state, index.leases, index.size
         pinned, protects = index.retained, self.placement.retention.protects
@@ -201,42 +232,13 @@ class Quotas:
                 picked.append(slot)
                 freed += int(size[slot])
                 if freed >= need:
-                    self.placement.pass_over(held)
-                    return picked, freed, 0
+                    return picked, freed, 0, held
         for n, slot in enumerate(held, 1):
             picked.append(slot)
             freed += int(size[slot])
             if freed >= need:
-                return picked, freed, n
-        return picked, freed, len(held)
-
-    def _evict_own(self, tenant: int, need: int) -> int:
-        victims, freed, pins = self._pick(tenant, _TOTAL_ORDER, need)
-        if freed < need:
-            return freed  # not enough of its own: evict nothing (the put is refused, the tenant keeps what it has)
-        self.placement.retention.counters.yielded += pins
-        placement = self.placement
-        drops: dict[int, list[Drop]] = {}
-        for slot in victims:
-            number, tier = int(self.index.node[slot]), Tier(int(self.index.tier[slot]))
-            placement.forget(slot, drops=drops.setdefault(number, []))
-            placement.count_evictions(tier, 1)
-        for number, node_drops in drops.items():
-            if node_drops:
-                placement.by_number[number].ops.drop(node_drops)
-        self.tenants.counters[tenant].quota_evictions += len(victims)
-        return freed
-
-    def _shed_dram(self, tenant: int, need: int) -> int:
-        victims, freed, pins = self._pick(tenant, (Tier.DRAM,), need)
-        if freed < need:
-            return freed
-        self.placement.retention.counters.yielded += pins
-        demoted, evicted = self.placement.shed(victims)
-        counters = self.tenants.counters[tenant]
-        counters.quota_demotions += demoted
-        counters.quota_evictions += evicted
-        return freed
+                return picked, freed, n, []
+        return picked, freed, len(held), []
 
 
 __all__ = ["Quotas", "TenantLists", "TrackedPolicy", "ANY_TIER", "BELOW_DRAM"]

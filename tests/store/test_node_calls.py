@@ -18,10 +18,12 @@ import pytest
 import xxhash
 
 from kvpool.store.config import MasterConfig, NodeConfig
+from kvpool.store.index import COMMITTED
 from kvpool.store.master import Master
 from kvpool.store.migration import MigrateStatus
 from kvpool.store.node import StorageNode
 from kvpool.store.records import PutStatus
+from kvpool.store.tenants import Quota
 from kvpool.tiers.types import Tier
 from tests.store.fakes import Clock
 
@@ -72,9 +74,10 @@ class Pool:
     """A master over real nodes (name, DRAM objects, SSD objects); `batched` False: every node call is made per
     object, as before batching."""
 
-    def __init__(self, tmp_path, tag: str, nodes, *, batched: bool, refuse=lambda key: False, **cfg) -> None:
+    def __init__(self, tmp_path, tag: str, nodes, *, batched: bool, refuse=lambda key: False, quotas=None,
+                 **cfg) -> None:
         (tmp_path / tag).mkdir()
-        self.master = Master(MasterConfig(**cfg), None, clock=Clock())
+        self.master = Master(MasterConfig(**cfg), None, clock=Clock(), token_secret=b"s" * 32, quotas=quotas)
         if not batched:
             self.master.placement.batched_ops = contextlib.nullcontext
         self.nodes: dict[str, StorageNode] = {}
@@ -87,18 +90,35 @@ class Pool:
             self.ops[name] = Counted(node, refuse)
             self.master.register_node(node.info(), self.ops[name], expires=False)
 
-    def put(self, keys: list[bytes], size: int = K, prefer: str | None = None) -> list[PutStatus]:
-        out = self.master.put_start(keys, [size] * len(keys), prefer_node=prefer)
+    def put(self, keys: list[bytes], size: int = K, prefer: str | None = None, tenant: str = "") -> list[PutStatus]:
+        """A client's put; the bytes are those of the stored key (`stored`), written under it as a client does."""
+        out = self.master.put_start(keys, [size] * len(keys), prefer_node=prefer, tenant=tenant)
         ids, sums = [], []
-        for k, r in zip(keys, out):
+        for r in out:
             if r.grant is not None:
-                data = payload(k, size)
+                data = payload(r.grant.key, size)
                 loc = r.grant.location
-                self.nodes[loc.node_id].write(loc.tier, loc.offset, k, b"\0" * 16, data, None)
+                self.nodes[loc.node_id].write(loc.tier, loc.offset, r.grant.key, b"\0" * 16, data, None)
                 ids.append(r.grant.grant_id)
                 sums.append(xxhash.xxh3_64_intdigest(data))
-        assert self.master.put_commit(ids, sums) == [True] * len(ids)
+        assert self.master.put_commit(ids, sums, tenant=tenant) == [True] * len(ids)
         return [r.status for r in out]
+
+    def stored(self, keys: list[bytes], tenant: str) -> list[bytes]:
+        """The keys a tenant's objects are indexed (and inspected, and removed by an admin) under."""
+        return list(self.master.tenants.stored_keys(self.master.tenants.intern(tenant), keys))
+
+    def check_records(self) -> None:
+        """Each node's SSD records are exactly the objects the index has on its SSD tier (write-behind off): no
+        record of an object that left, none missing."""
+        index = self.master.index
+        for name, node in self.nodes.items():
+            number = self.master.placement.node(name).number
+            records = sorted((r.key, r.offset) for r in node.scan_ssd())
+            indexed = sorted((index.key_at(slot), int(index.offset[slot])) for slot in index.slots()
+                             if index.state[slot] == COMMITTED and index.node[slot] == number
+                             and index.tier[slot] == Tier.SSD)
+            assert records == indexed, name
 
     def state(self, keys: list[bytes]) -> list:
         index = self.master.index
@@ -108,7 +128,7 @@ class Pool:
             rows.append(None if r is None else (r.node_id, r.tier.label, r.offset, r.size, int(index.copy[slot]),
                                                 int(index.parent[slot]) < -1))
         stats = self.master.stats()
-        return [rows, stats["evictions"], stats["demotions"], stats["promotions"]]
+        return [rows, stats["evictions"], stats["demotions"], stats["promotions"], stats.get("tenants")]
 
     def check_bytes(self, keys: list[bytes]) -> int:
         """Every stored object's bytes, read from where the master says it is, are the bytes put. Returns how many."""
@@ -135,44 +155,46 @@ def chain_key(chain: int, i: int) -> bytes:
     return chain.to_bytes(8, "big") + i.to_bytes(8, "big")
 
 
-def workload(a: Pool, b: Pool, rng: random.Random, steps: int, sizes=(K,)) -> list[bytes]:
-    """The same random steps on both pools, compared after each one. Returns every key used."""
+def workload(a: Pool, b: Pool, rng: random.Random, steps: int, sizes=(K,), tenants=("",)) -> list[bytes]:
+    """The same random steps on both pools, compared after each one, each step by one of `tenants`. Returns every
+    stored key used."""
     keys: list[bytes] = []
-    held: list[tuple[Pool, int]] = []
+    held: list[tuple[Pool, int, str]] = []
     for step in range(steps):
         roll = rng.random()
         chain = rng.randrange(12)
+        tenant = rng.choice(tenants)
         if roll < 0.6:      # a chain of KV blocks, often extending one put before (its prefix: EXISTS)
             length = rng.randint(1, 24)
             start = rng.choice([0, 0, rng.randrange(8)])
             ks = [chain_key(chain * 1000 + step // 40, i) for i in range(start, start + length)]
             size = rng.choice(sizes)
-            keys.extend(k for k in ks if k not in keys)
-            assert a.put(ks, size) == b.put(ks, size)
+            keys.extend(k for k in a.stored(ks, tenant) if k not in keys)
+            assert a.put(ks, size, tenant=tenant) == b.put(ks, size, tenant=tenant)
         elif roll < 0.8:    # a lookup: touches the hits (and queues the slow-tier ones for promotion)
             ks = [chain_key(chain * 1000 + rng.randrange(max(1, step // 40 + 1)), i) for i in range(rng.randint(1, 16))]
-            ra, rb = a.master.lookup(ks), b.master.lookup(ks)
+            ra, rb = a.master.lookup(ks, tenant=tenant), b.master.lookup(ks, tenant=tenant)
             assert (ra.hits, ra.tiers, ra.offsets) == (rb.hits, rb.tiers, rb.offsets)
             if rng.random() < 0.3:
-                held.append((a, ra.lease_id))
-                held.append((b, rb.lease_id))      # leased objects are skipped as victims until released
+                held.append((a, ra.lease_id, tenant))
+                held.append((b, rb.lease_id, tenant))      # leased objects are skipped as victims until released
             else:
-                a.master.release([ra.lease_id])
-                b.master.release([rb.lease_id])
+                a.master.release([ra.lease_id], tenant=tenant)
+                b.master.release([rb.lease_id], tenant=tenant)
         elif roll < 0.88:
             assert a.master.promote_pending() == b.master.promote_pending()
         elif roll < 0.94:
             assert a.master.copy_pending() == b.master.copy_pending()
-        elif keys:
+        elif keys:          # an admin's removal, by stored key
             gone = rng.sample(keys, min(len(keys), rng.randint(1, 6)))
             assert a.master.remove(gone) == b.master.remove(gone)
         if held and rng.random() < 0.3:
-            for pool, lease in held:
-                pool.master.release([lease])
+            for pool, lease, owner in held:
+                pool.master.release([lease], tenant=owner)
             held.clear()
         assert a.state(keys) == b.state(keys), f"step {step}"
-    for pool, lease in held:
-        pool.master.release([lease])
+    for pool, lease, owner in held:
+        pool.master.release([lease], tenant=owner)
     return keys
 
 
@@ -195,6 +217,113 @@ def test_batched_calls_end_exactly_where_per_object_calls_end(tmp_path, policy, 
     finally:
         a.close()
         b.close()
+
+
+QUOTAS = {"acme": Quota(total_bytes=10 * K), "beta": Quota(dram_bytes=4 * K, total_bytes=16 * K)}
+
+
+@pytest.mark.parametrize("write_behind", [False, True])
+def test_with_tenant_quotas_batched_calls_end_exactly_where_per_object_calls_end(tmp_path, write_behind):
+    """Tenants over their total quota (own victims evicted) and DRAM quota (own victims demoted), a tenant without one
+    (the free-room fast path) and the unscoped space, on full nodes: the same end state after every step."""
+    a = Pool(tmp_path, "a", NODES, batched=True, quotas=QUOTAS, write_behind=write_behind)
+    b = Pool(tmp_path, "b", NODES, batched=False, quotas=QUOTAS, write_behind=write_behind)
+    try:
+        keys = workload(a, b, random.Random(f"quotas-{write_behind}"), 400, tenants=("", "acme", "beta", "gamma"))
+        assert a.check_bytes(keys) == b.check_bytes(keys) > 0
+        a.master.index.check_invariants()
+        tenants = a.master.stats()["tenants"]
+        assert tenants["acme"]["quota_evictions"] > 0 and tenants["beta"]["quota_demotions"] > 0
+        demotes_a, drops_a, moves_a = a.calls()
+        demotes_b, drops_b, moves_b = b.calls()
+        assert moves_a == moves_b > 0
+        assert demotes_a < demotes_b and drops_a < drops_b
+        if not write_behind:
+            a.check_records()
+            b.check_records()
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_a_put_of_a_tenant_at_both_its_quotas_makes_one_demote_call(tmp_path, batched):
+    """beta (DRAM quota 4 objects, total 8) holds 4 objects in DRAM and 4 on the SSD tier: each of its next 4 keys
+    evicts its coldest SSD object and demotes its coldest DRAM one into that room. Batched: one Demote call carrying
+    the 4 erases before its 4 moves; per object: 4 Drop and 4 Demote calls. The same end, every byte read back."""
+    quotas = {"beta": Quota(dram_bytes=4 * K, total_bytes=8 * K)}
+    a = Pool(tmp_path, "a", [("n1", 16, 16)], batched=batched, quotas=quotas, write_behind=False)
+    try:
+        for chain in range(2):
+            assert a.put([chain_key(chain, i) for i in range(4)], tenant="beta") == [PutStatus.STORED] * 4
+        keys = a.stored([chain_key(c, i) for c in range(3) for i in range(4)], "beta")
+        assert [r.tier for r in a.master.inspect(keys[:8])] == [Tier.SSD] * 4 + [Tier.DRAM] * 4
+        before, carried = a.calls(), a.ops["n1"].carried
+        assert a.put([chain_key(2, i) for i in range(4)], tenant="beta") == [PutStatus.STORED] * 4
+        demotes, drops, moves = (x - y for x, y in zip(a.calls(), before))
+        assert (demotes, drops, moves, a.ops["n1"].carried - carried) == ((1, 0, 4, 4) if batched else (4, 4, 4, 0))
+        assert [None if r is None else r.tier for r in a.master.inspect(keys)] == \
+            [None] * 4 + [Tier.SSD] * 4 + [Tier.DRAM] * 4
+        counters = a.master.stats()["tenants"]["beta"]
+        assert (counters["quota_evictions"], counters["quota_demotions"]) == (4, 8)
+        assert a.check_bytes(keys) == 8
+        a.check_records()
+        a.master.index.check_invariants()
+    finally:
+        a.close()
+
+
+def test_a_quota_victim_that_the_same_put_moved_is_settled_before_it_is_evicted(tmp_path):
+    """A put by acme (total quota 6 objects) on a full DRAM tier: its first 4 keys demote the pool's 4 coldest (beta's
+    2, then acme's 2 oldest) to the SSD tier, queued; its 5th key is over the quota and acme's coldest is on the SSD
+    tier now: an object whose move is still queued. That Demote call is sent first (4 moves), then the object is
+    evicted; keys 5 and 6 land on the SSD tier (DRAM holds only this put's uncommitted objects), and the erases of
+    acme's 2 evicted objects go in one Drop call when the put ends. No record is left of an object that left."""
+    a = Pool(tmp_path, "a", [("n1", 4, 16)], batched=True, quotas={"acme": Quota(total_bytes=6 * K)},
+             write_behind=False)
+    try:
+        assert a.put([chain_key(1, i) for i in range(2)], tenant="beta") == [PutStatus.STORED] * 2
+        assert a.put([chain_key(2, i) for i in range(2)], tenant="acme") == [PutStatus.STORED] * 2
+        before = a.calls()
+        assert a.put([chain_key(3, i) for i in range(6)], tenant="acme") == [PutStatus.STORED] * 6
+        a.check_records()
+        demotes, drops, moves = (x - y for x, y in zip(a.calls(), before))
+        assert (demotes, drops, moves, a.ops["n1"].carried) == (1, 1, 4, 0)
+        beta = a.stored([chain_key(1, i) for i in range(2)], "beta")
+        acme = a.stored([chain_key(c, i) for c in (2, 3) for i in ((0, 1) if c == 2 else range(6))], "acme")
+        assert [None if r is None else r.tier for r in a.master.inspect(beta + acme)] == \
+            [Tier.SSD] * 2 + [None] * 2 + [Tier.DRAM] * 4 + [Tier.SSD] * 2
+        assert a.master.stats()["tenants"]["acme"]["quota_evictions"] == 2
+        assert a.check_bytes(beta + acme) == 8
+        a.master.index.check_invariants()
+    finally:
+        a.close()
+
+
+def test_a_refused_move_of_a_quota_victim_evicts_it_once(tmp_path):
+    """As above, with the node refusing the move of acme's oldest object: its answer, when the queue is sent, evicts
+    it (a DRAM eviction), so acme is no longer over its quota at key 5 and loses only one more object (at key 6), as
+    with per-object calls; the put's keys are all stored and the index stays consistent (evicting the refused object
+    after the quota had evicted it would free a slot twice, or the slot a new key of this put has taken)."""
+    tenants = Master(MasterConfig(), None, token_secret=b"s" * 32).tenants
+    oldest = tenants.stored_keys(tenants.intern("acme"), [chain_key(2, 0)])[0]
+    a = Pool(tmp_path, "a", [("n1", 4, 16)], batched=True, quotas={"acme": Quota(total_bytes=6 * K)},
+             write_behind=False, refuse=lambda k: k == oldest)
+    try:
+        assert a.put([chain_key(1, i) for i in range(2)], tenant="beta") == [PutStatus.STORED] * 2
+        assert a.put([chain_key(2, i) for i in range(2)], tenant="acme") == [PutStatus.STORED] * 2
+        assert a.put([chain_key(3, i) for i in range(6)], tenant="acme") == [PutStatus.STORED] * 6
+        a.master.index.check_invariants()
+        a.check_records()
+        beta = a.stored([chain_key(1, i) for i in range(2)], "beta")
+        acme = a.stored([chain_key(c, i) for c in (2, 3) for i in ((0, 1) if c == 2 else range(6))], "acme")
+        assert [None if r is None else r.tier for r in a.master.inspect(beta + acme)] == \
+            [Tier.SSD] * 2 + [None] * 2 + [Tier.DRAM] * 4 + [Tier.SSD] * 2
+        stats = a.master.stats()
+        assert (stats["evictions"]["dram"], stats["tenants"]["acme"]["quota_evictions"]) == (1, 1)
+        assert a.check_bytes(beta + acme) == 8
+    finally:
+        a.close()
 
 
 def test_mixed_sizes_and_a_tiny_ssd_tier_whose_victims_were_demoted_in_the_same_batch(tmp_path):
