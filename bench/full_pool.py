@@ -20,12 +20,18 @@ put). Prints, per round, the median put per phase and lookup p50 / p99 per phase
   (so the prober's lookups meanwhile count too: the same for every build), summed over the phase over its puts;
   the kernel counts in ticks (10 ms), so a phase needs a few hundred puts (`--dram 1GiB` for the room phase)
 
+`--quota on`: the pool runs with auth on and the putting client is a tenant with quotas (DRAM: half the DRAM tier;
+total: half the SSD tier), so the pool itself never fills: its puts are classed by what its quotas made the master
+do instead (`at DRAM quota`: its own coldest DRAM objects shed one tier down; `at both quotas`: its own coldest
+objects also evicted, store/quota.py), and the ratio reads "put at a tenant's quota vs with room".
+
 The bench uses only the public client API and the CLI (its master and node processes are bench/pool_remote.py's),
 so the same file measures any build: master, node and clients run under the interpreter that runs it, and
 `bench/ab.py` runs two builds alternately:
 
     python bench/full_pool.py [--rounds 3] [--size 64KiB] [--batch 32] [--dram 64MiB] [--ssd 256MiB]
-                              [--full-puts 100] [--pinned 0] [--transport auto|tcp]
+                              [--full-puts 100] [--pinned 0] [--transport auto|tcp] [--write-behind on|off]
+                              [--quota off|on]
 """
 
 from __future__ import annotations
@@ -50,6 +56,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pool_remote import Pool  # noqa: E402 - the master and node processes bench/pool_remote.py runs
 
 PHASES = ("idle", "room", "DRAM full", "both full")
+QUOTA_PHASES = {"DRAM full": "at DRAM quota", "both full": "at both quotas"}    # their names with --quota on
+TOKENS = {"node": "bench-node-token-0000000000000", "admin": "bench-admin-token-000000000000",
+          "putter": "bench-putter-token-00000000000", "prober": "bench-prober-token-00000000000"}
 CHAIN = 64                  # the lookup chain's keys (4 KiB objects)
 LOOKUP_EVERY_S = 0.002
 MAX_PUTS = 2000             # per round, whatever the sizes; the round also ends at --seconds
@@ -66,7 +75,26 @@ def _lookup_keys() -> list[bytes]:
     return [b"L" + i.to_bytes(15, "big") for i in range(CHAIN)]      # 16-byte keys
 
 
-def _prober(address: str, max_s: float, pinned: int) -> None:
+def _token(workdir: str, name: str) -> str | None:
+    """The token source of caller `name` when the pool has auth on (`_write_tokens` made the file), else None."""
+    path = os.path.join(workdir, f"{name}.token")
+    return f"file:{path}" if os.path.exists(path) else None
+
+
+def _write_tokens(workdir: str) -> tuple[list[str], list[str]]:
+    """Auth on: the token files of the node, the admin and the two client tenants; returns the master's and the
+    node's flags."""
+    for name, tok in TOKENS.items():
+        with open(os.path.join(workdir, f"{name}.token"), "w") as f:
+            f.write(tok + "\n")
+    with open(os.path.join(workdir, "clients.tokens"), "w") as f:
+        f.write(f"putter:{TOKENS['putter']}\nprober:{TOKENS['prober']}\n")
+    node = ["--auth-node-tokens", f"file:{workdir}/node.token"]
+    return node + ["--auth-admin-tokens", f"file:{workdir}/admin.token",
+                   "--auth-client-tokens", f"file:{workdir}/clients.tokens"], node
+
+
+def _prober(address: str, max_s: float, pinned: int, workdir: str) -> None:
     """Child: put the chain (and `pinned` more objects of 4 KiB, pinned), then look it up every 2 ms until stdin
     closes (or max_s); print [[start, seconds, hits], ...]."""
     import threading
@@ -77,7 +105,7 @@ def _prober(address: str, max_s: float, pinned: int) -> None:
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
     keys = _lookup_keys()
     rows = []
-    with PoolClient(address, timeout=30) as pool:
+    with PoolClient(address, timeout=30, token=_token(workdir, "prober")) as pool:
         assert pool.put_many(keys, [bytes(4096)] * CHAIN, pin_s=3600) == ["stored"] * CHAIN  # kept resident
         for at in range(0, pinned, 256):        # pinned objects the pool must keep past every unpinned one
             extra = [b"Q" + i.to_bytes(15, "big") for i in range(at, min(at + 256, pinned))]
@@ -103,9 +131,10 @@ def _cpu_ticks(pid: int) -> int:
 
 
 def _putter(address: str, size: int, batch: int, transport: str, seconds: float, full_puts: int,
-            pids: list[int]) -> None:
+            pids: list[int], workdir: str) -> None:
     """Child: put chains until `full_puts` puts found both tiers full (or MAX_PUTS, or `seconds`); print
-    [[start, seconds, phase, [CPU ticks of each of `pids` during it]], ...]."""
+    [[start, seconds, phase, [CPU ticks of each of `pids` during it]], ...]. With a token (--quota on): the tiers
+    are the tenant's quotas, read from its own counters."""
     import numpy as np
 
     from kvpool import PoolClient
@@ -113,9 +142,13 @@ def _putter(address: str, size: int, batch: int, transport: str, seconds: float,
     rng = np.random.default_rng(size)
     values = [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(batch)]
     rows = []
-    with PoolClient(address, timeout=60, transport=transport) as pool:
+    token = _token(workdir, "putter")
+    with PoolClient(address, timeout=60, transport=transport, token=token) as pool:
         def counters():
             s = pool.stats()
+            if token is not None:
+                own = s["tenants"]["putter"]
+                return own["quota_demotions"], own["quota_evictions"]
             return s["demotions"], s["evictions"]["ssd"]
 
         before = counters()
@@ -141,18 +174,23 @@ def _putter(address: str, size: int, batch: int, transport: str, seconds: float,
 
 def one_round(args, workdir: str) -> dict:
     """One fresh pool: the prober, an idle second, the putter. Returns per phase: put medians, lookup latencies."""
-    pool = Pool(args.dram, workdir, "full-pool",
-                master_args=[] if args.write_behind == "on" else ["--write-behind", "false"],
-                node_args=["--ssd-path", os.path.join(workdir, "ssd"), "--ssd-bytes", str(args.ssd)])
+    master_args = [] if args.write_behind == "on" else ["--write-behind", "false"]
+    node_args = ["--ssd-path", os.path.join(workdir, "ssd"), "--ssd-bytes", str(args.ssd)]
+    if args.quota == "on":
+        auth_master, auth_node = _write_tokens(workdir)
+        master_args += auth_master + ["--tenant-quotas", f"putter:dram={args.dram // 2},total={args.ssd // 2}"]
+        node_args += auth_node
+    pool = Pool(args.dram, workdir, "full-pool", master_args=master_args, node_args=node_args)
     try:
         max_s = args.seconds + 60
-        prober = subprocess.Popen([sys.executable, __file__, "--prober", pool.address, str(max_s), str(args.pinned)],
+        prober = subprocess.Popen([sys.executable, __file__, "--prober", pool.address, str(max_s), str(args.pinned),
+                                   workdir],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert prober.stdout.readline().strip() == "ready"
         time.sleep(1.0)         # the idle phase: lookups with nothing else running (a fixed span, not a wait)
         putter = subprocess.run([sys.executable, __file__, "--putter", pool.address, str(args.size), str(args.batch),
                                  args.transport, str(args.seconds), str(args.full_puts),
-                                 ",".join(str(proc.pid) for proc in pool.procs)],
+                                 ",".join(str(proc.pid) for proc in pool.procs), workdir],
                                 stdout=subprocess.PIPE, text=True, timeout=args.seconds + 120, check=True)
         puts = json.loads(putter.stdout.strip().splitlines()[-1])
         out, _ = prober.communicate("", timeout=120)
@@ -200,6 +238,9 @@ def main(argv=None) -> int:
     ap.add_argument("--write-behind", choices=("on", "off"), default="on",
                     help="the master's write_behind: off, objects reach the SSD tier only when DRAM evicts them (each "
                          "full-pool put then demotes its victims with a node call under the master's lock)")
+    ap.add_argument("--quota", choices=("off", "on"), default="off",
+                    help="on: auth on, the putter a tenant with quotas (DRAM: half of --dram, total: half of --ssd); "
+                         "its puts are classed by what its quotas made the master do")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.size < 1 or args.batch < 1 or args.full_puts < 1 or args.seconds <= 0 \
             or args.pinned < 0:
@@ -213,6 +254,11 @@ def main(argv=None) -> int:
     print(f"puts of {args.batch} x {args.size >> 10} KiB ({args.transport}), DRAM {args.dram >> 20} MiB, "
           f"SSD {args.ssd >> 20} MiB, write-behind {args.write_behind}; a lookup of a {CHAIN}-key chain (pinned) "
           f"every {LOOKUP_EVERY_S * 1e3:.0f} ms from another client; {args.pinned} more objects pinned", flush=True)
+    quota = args.quota == "on"
+    name = {p: QUOTA_PHASES.get(p, p) if quota else p for p in PHASES}     # what each phase is called here
+    if quota:
+        print(f"quota on: auth on, the putter a tenant with DRAM quota {args.dram >> 21} MiB and total quota "
+              f"{args.ssd >> 21} MiB (the pool never fills)", flush=True)
     per_round = []
     for r in tqdm(range(args.rounds), desc="full pool", unit="round"):
         workdir = tempfile.mkdtemp(prefix="kvpool-full-pool-")
@@ -221,10 +267,10 @@ def main(argv=None) -> int:
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         per_round.append(res)
-        line = "  ".join(f"{p}: put {statistics.median(res[p]['puts']) * 1e3:.2f} ms ({len(res[p]['puts'])})"
+        line = "  ".join(f"{name[p]}: put {statistics.median(res[p]['puts']) * 1e3:.2f} ms ({len(res[p]['puts'])})"
                          for p in PHASES[1:] if res[p]["puts"])
-        look = "  ".join(f"{p} {_pct(res[p]['lookups'], 0.5) * 1e3:.2f} / {_pct(res[p]['lookups'], 0.99) * 1e3:.2f}"
-                         for p in PHASES if res[p]["lookups"])
+        look = "  ".join(f"{name[p]} {_pct(res[p]['lookups'], 0.5) * 1e3:.2f} / "
+                         f"{_pct(res[p]['lookups'], 0.99) * 1e3:.2f}" for p in PHASES if res[p]["lookups"])
         tqdm.write(f"round {r + 1}: {line}; lookup p50 / p99 ms: {look}")
 
     def med(phase: str, f) -> float:
@@ -236,18 +282,20 @@ def main(argv=None) -> int:
     p99 = {p: med(p, lambda x: _pct(x["lookups"], 0.99)) for p in PHASES}
     mb = args.size * args.batch / 1e6
     print("put per call (median over rounds): " + ", ".join(
-        f"{p} {put[p] * 1e3:.2f} ms ({mb / put[p] / 1e3:.2f} GB/s)" for p in PHASES[1:]))
-    print(f"ratio put on a full pool vs with room: DRAM full {put['room'] / put['DRAM full']:.2f}x, both full "
+        f"{name[p]} {put[p] * 1e3:.2f} ms ({mb / put[p] / 1e3:.2f} GB/s)" for p in PHASES[1:]))
+    where = "at a tenant's quota" if quota else "on a full pool"
+    print(f"ratio put {where} vs with room: "
+          f"{name['DRAM full']} {put['room'] / put['DRAM full']:.2f}x, {name['both full']} "
           f"{put['room'] / put['both full']:.2f}x the room put's speed (1.00x: making room costs a put nothing)")
     tick_ms = 1e3 / os.sysconf("SC_CLK_TCK")
     cpu = {p: [med(p, lambda x, j=j: x["ticks"][j] * tick_ms / len(x["puts"])) for j in (0, 1)] for p in PHASES[1:]}
     print("CPU per put (ms, median over rounds), master / node: " + ", ".join(
-        f"{p} {cpu[p][0]:.2f} / {cpu[p][1]:.2f} ({sum(len(res[p]['puts']) for res in per_round)} puts)"
+        f"{name[p]} {cpu[p][0]:.2f} / {cpu[p][1]:.2f} ({sum(len(res[p]['puts']) for res in per_round)} puts)"
         for p in PHASES[1:]))
-    print("lookup p50 / p99 (ms): " + ", ".join(f"{p} {p50[p] * 1e3:.2f} / {p99[p] * 1e3:.2f}" for p in PHASES))
-    print(f"ratio lookup p99 during full-pool puts vs during room puts: DRAM full "
-          f"{p99['DRAM full'] / p99['room']:.2f}x, both full {p99['both full'] / p99['room']:.2f}x (1.00x: making room "
-          f"holds the master no longer)")
+    print("lookup p50 / p99 (ms): " + ", ".join(f"{name[p]} {p50[p] * 1e3:.2f} / {p99[p] * 1e3:.2f}" for p in PHASES))
+    print(f"ratio lookup p99 during {'quota' if quota else 'full-pool'} puts vs during room puts: {name['DRAM full']} "
+          f"{p99['DRAM full'] / p99['room']:.2f}x, {name['both full']} {p99['both full'] / p99['room']:.2f}x (1.00x: "
+          f"making room holds the master no longer)")
     misses = sum(res[p]["misses"] for res in per_round for p in PHASES)
     if misses:
         print(f"WARNING: {misses} lookups of the resident chain missed")
@@ -256,9 +304,9 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--prober":
-        _prober(sys.argv[2], float(sys.argv[3]), int(sys.argv[4]))
+        _prober(sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
     elif len(sys.argv) > 1 and sys.argv[1] == "--putter":
         _putter(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], float(sys.argv[6]), int(sys.argv[7]),
-                [int(pid) for pid in sys.argv[8].split(",")])
+                [int(pid) for pid in sys.argv[8].split(",")], sys.argv[9])
     else:
         sys.exit(main())
