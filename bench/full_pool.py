@@ -15,6 +15,7 @@ prefill), recording each lookup's latency; a lookup is classed by the put it sta
 put). Prints, per round, the median put per phase and lookup p50 / p99 per phase, then the medians over rounds:
 
   ratio put on a full pool vs with room: how much slower a put is when it makes room (1.00x: making room is free)
+  put mean / p90: a phase whose puts are sometimes slow (some make many node calls) shows it here, not in the median
   ratio lookup p99 during full-pool puts vs during room puts: how much longer other clients wait on the master
   CPU per put of the master and the node processes, per phase: their utime + stime read from /proc around each put
   (so the prober's lookups meanwhile count too: the same for every build), summed over the phase over its puts;
@@ -283,6 +284,10 @@ def main(argv=None) -> int:
     mb = args.size * args.batch / 1e6
     print("put per call (median over rounds): " + ", ".join(
         f"{name[p]} {put[p] * 1e3:.2f} ms ({mb / put[p] / 1e3:.2f} GB/s)" for p in PHASES[1:]))
+    mean = {p: med(p, lambda x: statistics.mean(x["puts"])) for p in PHASES[1:]}
+    p90 = {p: med(p, lambda x: _pct(x["puts"], 0.9)) for p in PHASES[1:]}
+    print("put mean / p90 (ms, median over rounds): " + ", ".join(
+        f"{name[p]} {mean[p] * 1e3:.2f} / {p90[p] * 1e3:.2f}" for p in PHASES[1:]))
     where = "at a tenant's quota" if quota else "on a full pool"
     print(f"ratio put {where} vs with room: "
           f"{name['DRAM full']} {put['room'] / put['DRAM full']:.2f}x, {name['both full']} "

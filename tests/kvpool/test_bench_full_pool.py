@@ -21,6 +21,8 @@ def test_full_pool_reaches_every_phase_and_prints_its_ratio_lines(write_behind):
     assert f"SSD 12 MiB, write-behind {write_behind}; " in lines[1], out
     assert any(re.fullmatch(r"put per call \(median over rounds\): room [\d.]+ ms \([\d.]+ GB/s\), DRAM full [\d.]+ ms "
                             r"\([\d.]+ GB/s\), both full [\d.]+ ms \([\d.]+ GB/s\)", line) for line in lines), out
+    assert any(re.fullmatch(r"put mean / p90 \(ms, median over rounds\): room [\d.]+ / [\d.]+, DRAM full [\d.]+ / "
+                            r"[\d.]+, both full [\d.]+ / [\d.]+", line) for line in lines), out
     assert any(re.fullmatch(r"ratio put on a full pool vs with room: DRAM full \d+\.\d\dx, both full \d+\.\d\dx .*", line)
                for line in lines), out
     assert any(re.fullmatch(r"CPU per put \(ms, median over rounds\), master / node: room [\d.]+ / [\d.]+ \(\d+ puts\), "
@@ -44,6 +46,8 @@ def test_with_quota_on_the_phases_are_the_tenants_quotas():
     assert any(re.fullmatch(r"put per call \(median over rounds\): room [\d.]+ ms \([\d.]+ GB/s\), at DRAM quota "
                             r"[\d.]+ ms \([\d.]+ GB/s\), at both quotas [\d.]+ ms \([\d.]+ GB/s\)", line)
                for line in lines), out
+    assert any(re.fullmatch(r"put mean / p90 \(ms, median over rounds\): room [\d.]+ / [\d.]+, at DRAM quota [\d.]+ / "
+                            r"[\d.]+, at both quotas [\d.]+ / [\d.]+", line) for line in lines), out
     assert any(re.fullmatch(r"ratio put at a tenant's quota vs with room: at DRAM quota \d+\.\d\dx, at both quotas "
                             r"\d+\.\d\dx .*", line) for line in lines), out
     assert any(re.fullmatch(r"ratio lookup p99 during quota puts vs during room puts: at DRAM quota \d+\.\d\dx, "
