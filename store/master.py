@@ -363,6 +363,7 @@ class Master:
             ok: list[bool] = []
             slots: list[int] = []
             keys: list[bytes] = []
+            expired: list[int] = []
             for grant_id, checksum in zip(grant_ids, checksums):
                 entry = self.leases.take_grant(grant_id, owner)
                 if entry is None:
@@ -372,7 +373,7 @@ class Master:
                 if expires_at <= now:
                     # Expired but not reaped yet (the reaper runs every ttl/4): refuse exactly as a reaped grant
                     # is refused, since the node already refuses writes under it.
-                    self.placement.forget(slot)
+                    expired.append(slot)
                     ok.append(False)
                     continue
                 index.state[slot] = State.COMMITTED
@@ -384,6 +385,10 @@ class Master:
                     self.placement.copies.dirty[key] = None     # its SSD copy is written behind
                 self.journal.touched(slot)
                 ok.append(True)
+            if expired:
+                with self.placement.batched_ops():  # their SSD copies' erases: one call per node
+                    for slot in expired:
+                        self.placement.forget(slot)
             self.placement.insert_committed(slots, keys)
             if owner is None and slots:     # with auth on, clients cannot name stored keys: nothing to publish
                 self._publish(slots, keys)
@@ -446,11 +451,12 @@ class Master:
         with self._lock:
             owner = self.tenants.id_of(tenant) if tenant else None  # "": auth off, one space
             n = 0
-            for grant_id in grant_ids:
-                entry = self.leases.take_grant(grant_id, owner)
-                if entry is not None:
-                    self.placement.forget(entry[0])
-                    n += 1
+            with self.placement.batched_ops():      # the erases of their SSD extents / copies: one call per node
+                for grant_id in grant_ids:
+                    entry = self.leases.take_grant(grant_id, owner)
+                    if entry is not None:
+                        self.placement.forget(entry[0])
+                        n += 1
             self._flush()
             return n
 
@@ -573,8 +579,11 @@ class Master:
             return n
 
     def _release_all(self, lease_ids: Sequence[int], tenant: str) -> int:
+        if not lease_ids:
+            return 0
         owner = self.tenants.id_of(tenant) if tenant else None  # "": auth off, one space
-        return sum(self._release(lease_id, owner) for lease_id in lease_ids)
+        with self.placement.batched_ops():      # objects removed while read, freed now: one erase call per node
+            return sum(self._release(lease_id, owner) for lease_id in lease_ids)
 
     def report_corrupt(self, lease_id: int, keys: Sequence[bytes], *, tenant: str = "") -> int:
         """A reader found these objects' bytes bad (checksum) while `lease_id` held them: forget them (a miss for
@@ -589,15 +598,16 @@ class Master:
             slots = set(leased.tolist()) if leased is not None else set()
             counters = self.placement.counters
             n = 0
-            for key in keys:
-                slot = self.index.slot_of(key)
-                if slot in slots and self.index.state[slot] == COMMITTED:
-                    if int(self.index.tier[slot]) == Tier.SSD:
-                        counters.ssd_corrupt += 1
-                    else:
-                        counters.dram_corrupt += 1
-                    self.placement.forget(slot)
-                    n += 1
+            with self.placement.batched_ops():
+                for key in keys:
+                    slot = self.index.slot_of(key)
+                    if slot in slots and self.index.state[slot] == COMMITTED:
+                        if int(self.index.tier[slot]) == Tier.SSD:
+                            counters.ssd_corrupt += 1
+                        else:
+                            counters.dram_corrupt += 1
+                        self.placement.forget(slot)
+                        n += 1
             if n:
                 log.warning("%d object(s) read back wrong under lease %d (first key %s): forgotten", n, lease_id,
                             bytes(keys[0]).hex())
@@ -687,12 +697,13 @@ class Master:
             tid = self.tenants.intern(tenant)
             tenant_col = self.index.tenant
             n = 0
-            for key in self.tenants.stored_keys(tid, keys):
-                slot = self.index.slot_of(key)
-                mine = tid == UNSCOPED or tenant_col[slot] == tid  # defence in depth: the key space is already its own
-                if slot >= 0 and self.index.state[slot] == COMMITTED and mine:
-                    self.placement.forget(slot)
-                    n += 1
+            with self.placement.batched_ops():  # the erases of their SSD records and copies: one call per node
+                for key in self.tenants.stored_keys(tid, keys):
+                    slot = self.index.slot_of(key)
+                    mine = tid == UNSCOPED or tenant_col[slot] == tid  # defence in depth: the key space is its own
+                    if slot >= 0 and self.index.state[slot] == COMMITTED and mine:
+                        self.placement.forget(slot)
+                        n += 1
             self._flush()
             told = self._told_nodes() if n else []
         self._tell_removed(told)
@@ -876,11 +887,12 @@ class Master:
         self.retention.now = max(int(now - self._t0), 0)
         self._next_reap = now + min(cfg.lease_ttl_s, cfg.grant_ttl_s, cfg.node_ttl_s) / 4
         grants = self.leases.expired_grants(now)
-        for slot in grants:
-            self.placement.forget(slot)
         leases = self.leases.expired_leases(now)
-        for lease_id in leases:
-            self._release(lease_id)
+        with self.placement.batched_ops():      # the erases their freed SSD extents need: one call per node
+            for slot in grants:
+                self.placement.forget(slot)
+            for lease_id in leases:
+                self._release(lease_id)
         silent = self.registry.silent(now, cfg.node_ttl_s)
         for node_id in silent:
             log.warning("node %s silent for %.1fs: dropping it and its objects", node_id, cfg.node_ttl_s)

@@ -387,7 +387,8 @@ class Placement:
         """Remove an object from the index, its policy, its chain and (optionally) its allocators. A leased object is
         only unlinked (DOOMED); `release` frees it when the last lease ends. Freeing an SSD extent (the object's, or
         its copy's) tells the node to erase the record: appended to `drops` (the caller sends them before reusing
-        space) or sent now. Blocks below it lose their way in: they are marked orphans."""
+        space), else sent now, or inside `batched_ops` with the operation's one call per node. Blocks below it lose
+        their way in: they are marked orphans."""
         index = self.index
         key = index.key_at(slot)
         node = self.node_of(slot)
@@ -419,7 +420,7 @@ class Placement:
                 self.copies.free_ssd(node, key, copy, int(index.size[slot]), own)
             if own:
                 if drops is None:
-                    node.ops.drop(own)
+                    self._drop(node, own)     # now, or with the operation's batch (`batched_ops`)
                 else:
                     drops.extend(own)
         index.free(slot)

@@ -41,6 +41,7 @@ class Counted:
         self.drop_calls = 0
         self.moves = 0
         self.carried = 0            # drops that came inside Demote calls
+        self.dropped = 0            # drops that came in Drop calls
         self.broken = False         # True: every Demote / Drop call raises (a node whose handler failed)
 
     def demote(self, moves, drops=()):
@@ -60,6 +61,7 @@ class Counted:
         self.drop_calls += 1
         if self.broken:
             raise RuntimeError("the node's handler failed")
+        self.dropped += len(drops)
         return self.node.drop(drops)
 
     def objects_removed(self):
@@ -77,7 +79,8 @@ class Pool:
     def __init__(self, tmp_path, tag: str, nodes, *, batched: bool, refuse=lambda key: False, quotas=None,
                  **cfg) -> None:
         (tmp_path / tag).mkdir()
-        self.master = Master(MasterConfig(**cfg), None, clock=Clock(), token_secret=b"s" * 32, quotas=quotas)
+        self.clock = Clock()
+        self.master = Master(MasterConfig(**cfg), None, clock=self.clock, token_secret=b"s" * 32, quotas=quotas)
         if not batched:
             self.master.placement.batched_ops = contextlib.nullcontext
         self.nodes: dict[str, StorageNode] = {}
@@ -322,6 +325,54 @@ def test_a_refused_move_of_a_quota_victim_evicts_it_once(tmp_path):
         stats = a.master.stats()
         assert (stats["evictions"]["dram"], stats["tenants"]["acme"]["quota_evictions"]) == (1, 1)
         assert a.check_bytes(beta + acme) == 8
+    finally:
+        a.close()
+
+
+def _grant_and_write(pool: Pool, keys: list[bytes]) -> list[int]:
+    """put_start and the writes, not committed: the grant ids."""
+    out = pool.master.put_start(keys, [K] * len(keys))
+    for r in out:
+        loc = r.grant.location
+        pool.nodes[loc.node_id].write(loc.tier, loc.offset, r.grant.key, b"\0" * 16, payload(r.grant.key, K), None)
+    return [r.grant.grant_id for r in out]
+
+
+@pytest.mark.parametrize("how", ["remove", "abort", "late commit", "reap", "release"])
+def test_objects_leaving_together_erase_their_ssd_records_in_one_drop_call(tmp_path, how):
+    """16 objects with SSD records (their write-behind copies; for an abort, a late commit and a reap, the copies
+    reserved for grants never committed) leave in one call to the master: removed, aborted, committed after their
+    grant expired, reaped with it, or removed while leased and freed by the lease's release. Their 16 erases go in
+    one Drop call (one per object before), and no record of them is left on the node."""
+    a = Pool(tmp_path, "a", [("n1", 32, 64)], batched=True, grant_ttl_s=10.0)
+    try:
+        keys = [chain_key(1, i) for i in range(16)]
+        if how in ("remove", "release"):
+            assert a.put(keys) == [PutStatus.STORED] * 16
+            assert a.master.copy_pending() == 16
+            assert sorted(r.key for r in a.nodes["n1"].scan_ssd()) == sorted(keys)
+        else:
+            grants = _grant_and_write(a, keys)
+        before = a.ops["n1"].drop_calls, a.ops["n1"].dropped
+        if how == "remove":
+            assert a.master.remove(keys) == 16
+        elif how == "abort":
+            assert a.master.put_abort(grants) == 16
+        elif how == "late commit":
+            a.clock.now += 11.0
+            assert a.master.put_commit(grants, [0] * 16) == [False] * 16
+        elif how == "reap":
+            a.clock.now += 11.0
+            assert a.master.reap()["grants"] == 16
+        else:
+            lease = a.master.lookup(keys).lease_id
+            assert a.master.remove(keys) == 16     # leased: unlinked now, freed at the release
+            assert (a.ops["n1"].drop_calls, a.ops["n1"].dropped) == before
+            assert a.master.release([lease]) == 1
+        assert (a.ops["n1"].drop_calls - before[0], a.ops["n1"].dropped - before[1]) == (1, 16)
+        assert a.nodes["n1"].scan_ssd() == []
+        assert a.master.inspect(keys) == [None] * 16
+        a.master.index.check_invariants()
     finally:
         a.close()
 
