@@ -16,6 +16,8 @@ put). Prints, per round, the median put per phase and lookup p50 / p99 per phase
 
   ratio put on a full pool vs with room: how much slower a put is when it makes room (1.00x: making room is free)
   put mean / p90: a phase whose puts are sometimes slow (some make many node calls) shows it here, not in the median
+  remove per call: the putter then removes its last 20 chains, one remove_many each (they have SSD records or copies
+  to erase), and the ratio remove vs put with room
   ratio lookup p99 during full-pool puts vs during room puts: how much longer other clients wait on the master
   CPU per put of the master and the node processes, per phase: their utime + stime read from /proc around each put
   (so the prober's lookups meanwhile count too: the same for every build), summed over the phase over its puts;
@@ -63,6 +65,7 @@ TOKENS = {"node": "bench-node-token-0000000000000", "admin": "bench-admin-token-
 CHAIN = 64                  # the lookup chain's keys (4 KiB objects)
 LOOKUP_EVERY_S = 0.002
 MAX_PUTS = 2000             # per round, whatever the sizes; the round also ends at --seconds
+REMOVES = 20                # then the last puts' chains are removed, one remove call each
 
 
 def _size(flag: str):
@@ -124,6 +127,11 @@ def _prober(address: str, max_s: float, pinned: int, workdir: str) -> None:
     print(json.dumps(rows), flush=True)
 
 
+def _put_keys(n: int, batch: int) -> list[bytes]:
+    """The keys of the putter's `n`-th put (16 bytes each)."""
+    return [b"P" + n.to_bytes(8, "big") + i.to_bytes(7, "big") for i in range(batch)]
+
+
 def _cpu_ticks(pid: int) -> int:
     """utime + stime of process `pid`, all its threads, in clock ticks (/proc/PID/stat)."""
     with open(f"/proc/{pid}/stat") as f:
@@ -158,7 +166,7 @@ def _putter(address: str, size: int, batch: int, transport: str, seconds: float,
         for n in range(MAX_PUTS):
             if both >= full_puts or time.monotonic() > end:
                 break
-            keys = [b"P" + n.to_bytes(8, "big") + i.to_bytes(7, "big") for i in range(batch)]
+            keys = _put_keys(n, batch)
             ticks = [_cpu_ticks(pid) for pid in pids]
             t0 = time.monotonic()
             statuses = pool.put_many(keys, values)
@@ -170,11 +178,19 @@ def _putter(address: str, size: int, batch: int, transport: str, seconds: float,
             both += phase == "both full"
             rows.append((t0, dt, phase, ticks))
             before = after
+        removes = []
+        for n in range(max(0, len(rows) - REMOVES), len(rows)):     # the last puts' chains, one remove call each
+            keys = _put_keys(n, batch)
+            t0 = time.monotonic()
+            pool.remove_many(keys)
+            removes.append(time.monotonic() - t0)
     print(json.dumps(rows), flush=True)
+    print(json.dumps(removes), flush=True)
 
 
 def one_round(args, workdir: str) -> dict:
-    """One fresh pool: the prober, an idle second, the putter. Returns per phase: put medians, lookup latencies."""
+    """One fresh pool: the prober, an idle second, the putter. Returns per phase: put times, lookup latencies; and
+    under "removes" the putter's remove times."""
     master_args = [] if args.write_behind == "on" else ["--write-behind", "false"]
     node_args = ["--ssd-path", os.path.join(workdir, "ssd"), "--ssd-bytes", str(args.ssd)]
     if args.quota == "on":
@@ -193,12 +209,13 @@ def one_round(args, workdir: str) -> dict:
                                  args.transport, str(args.seconds), str(args.full_puts),
                                  ",".join(str(proc.pid) for proc in pool.procs), workdir],
                                 stdout=subprocess.PIPE, text=True, timeout=args.seconds + 120, check=True)
-        puts = json.loads(putter.stdout.strip().splitlines()[-1])
+        puts, removes = (json.loads(line) for line in putter.stdout.strip().splitlines()[-2:])
         out, _ = prober.communicate("", timeout=120)
         lookups = json.loads(out.strip().splitlines()[-1])
     finally:
         pool.close()
     by_phase: dict[str, dict] = {p: {"puts": [], "lookups": [], "misses": 0, "ticks": [0, 0]} for p in PHASES}
+    by_phase["removes"] = removes
     for _, dt, phase, ticks in puts:
         by_phase[phase]["puts"].append(dt)
         by_phase[phase]["ticks"] = [a + b for a, b in zip(by_phase[phase]["ticks"], ticks)]    # master, node
@@ -301,6 +318,10 @@ def main(argv=None) -> int:
     print(f"ratio lookup p99 during {'quota' if quota else 'full-pool'} puts vs during room puts: {name['DRAM full']} "
           f"{p99['DRAM full'] / p99['room']:.2f}x, {name['both full']} {p99['both full'] / p99['room']:.2f}x (1.00x: "
           f"making room holds the master no longer)")
+    remove = statistics.median(statistics.median(res["removes"]) for res in per_round)
+    print(f"remove per call ({args.batch} keys, the last puts' chains, median over rounds): {remove * 1e3:.2f} ms; "
+          f"ratio remove vs put with room: {put['room'] / remove:.2f}x the room put's speed (a remove moves no bytes; "
+          f"its objects' SSD records are erased in one call per node)")
     misses = sum(res[p]["misses"] for res in per_round for p in PHASES)
     if misses:
         print(f"WARNING: {misses} lookups of the resident chain missed")

@@ -30,6 +30,8 @@ def test_full_pool_reaches_every_phase_and_prints_its_ratio_lines(write_behind):
                for line in lines), out
     assert any(re.fullmatch(r"ratio lookup p99 during full-pool puts vs during room puts: DRAM full \d+\.\d\dx, "
                             r"both full \d+\.\d\dx .*", line) for line in lines), out
+    assert any(re.fullmatch(r"remove per call \(16 keys, the last puts' chains, median over rounds\): [\d.]+ ms; ratio "
+                            r"remove vs put with room: \d+\.\d\dx .*", line) for line in lines), out
     assert "nan" not in out and "WARNING" not in out, out      # every phase measured, the resident chain never missed
 
 
