@@ -476,7 +476,7 @@ class _NullOps:
     def drop(self, drops):
         return len(drops)
 
-    def objects_removed(self):
+    def objects_removed(self, keys=None):
         pass
 
 

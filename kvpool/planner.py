@@ -57,7 +57,7 @@ class NullNode:
     def drop(self, drops):
         return len(drops)
 
-    def objects_removed(self):
+    def objects_removed(self, keys=None):
         pass
 
 

@@ -60,7 +60,7 @@ class TierCapacity(_message.Message):
     def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., capacity_bytes: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
 
 class NodeEndpoint(_message.Message):
-    __slots__ = ("node_id", "host_id", "data_address", "control_address", "tiers", "ssd_record_overhead", "alignment", "incarnation", "data_tls", "ssd_index_rows", "dram_pages", "move_drops")
+    __slots__ = ("node_id", "host_id", "data_address", "control_address", "tiers", "ssd_record_overhead", "alignment", "incarnation", "data_tls", "ssd_index_rows", "dram_pages", "move_drops", "removes_keys")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +73,7 @@ class NodeEndpoint(_message.Message):
     SSD_INDEX_ROWS_FIELD_NUMBER: _ClassVar[int]
     DRAM_PAGES_FIELD_NUMBER: _ClassVar[int]
     MOVE_DROPS_FIELD_NUMBER: _ClassVar[int]
+    REMOVES_KEYS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     host_id: str
     data_address: str
@@ -85,7 +86,8 @@ class NodeEndpoint(_message.Message):
     ssd_index_rows: bool
     dram_pages: str
     move_drops: bool
-    def __init__(self, node_id: _Optional[str] = ..., host_id: _Optional[str] = ..., data_address: _Optional[str] = ..., control_address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., ssd_record_overhead: _Optional[int] = ..., alignment: _Optional[int] = ..., incarnation: _Optional[str] = ..., data_tls: _Optional[bool] = ..., ssd_index_rows: _Optional[bool] = ..., dram_pages: _Optional[str] = ..., move_drops: _Optional[bool] = ...) -> None: ...
+    removes_keys: bool
+    def __init__(self, node_id: _Optional[str] = ..., host_id: _Optional[str] = ..., data_address: _Optional[str] = ..., control_address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., ssd_record_overhead: _Optional[int] = ..., alignment: _Optional[int] = ..., incarnation: _Optional[str] = ..., data_tls: _Optional[bool] = ..., ssd_index_rows: _Optional[bool] = ..., dram_pages: _Optional[str] = ..., move_drops: _Optional[bool] = ..., removes_keys: _Optional[bool] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
     __slots__ = ("node",)
@@ -630,18 +632,22 @@ class MoveResponse(_message.Message):
     def __init__(self, ok: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class DropRequest(_message.Message):
-    __slots__ = ("keys", "tiers", "offsets", "sizes", "objects_removed")
+    __slots__ = ("keys", "tiers", "offsets", "sizes", "objects_removed", "removed_keys_only", "removed_keys")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
     OBJECTS_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_KEYS_ONLY_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_KEYS_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     tiers: _containers.RepeatedScalarFieldContainer[Tier]
     offsets: _containers.RepeatedScalarFieldContainer[int]
     sizes: _containers.RepeatedScalarFieldContainer[int]
     objects_removed: bool
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., objects_removed: _Optional[bool] = ...) -> None: ...
+    removed_keys_only: bool
+    removed_keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., objects_removed: _Optional[bool] = ..., removed_keys_only: _Optional[bool] = ..., removed_keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class DropResponse(_message.Message):
     __slots__ = ("dropped",)

@@ -19,6 +19,9 @@ read fence.
 Removals: `removed(node)` runs before the node is told of a removal (which clears its index). It drops what is
 queued for that node and waits for a send in flight, so no publication made before the removal lands after the
 node cleared its index; a batch the thread took before the removal is dropped when it sees the node's epoch moved.
+A `remove` tells a node that says `removes_keys` which keys went (`removed(node, keys)`): its index forgets only those
+rows, only their queued entries are dropped, and nothing is published again; what a batch dropped that way held of
+other keys is lost (those objects cost their clients a Lookup), as a publication to a node that did not answer is.
 """
 
 from __future__ import annotations
@@ -77,6 +80,21 @@ class _Queue:
         return out
 
 
+    def drop_keys(self, keys: set[bytes]) -> int:
+        """Drop the queued entries of `keys` (their gones stay: forgetting a row twice is harmless). Returns how many
+        were dropped."""
+        keep = [i for i, k in enumerate(self.keys) if k not in keys]
+        dropped = len(self.keys) - len(keep)
+        if dropped:
+            before = [0] * (len(self.keys) + 1)     # before[i]: entries kept among the first i
+            for i, k in enumerate(self.keys):
+                before[i + 1] = before[i] + (k not in keys)
+            self.gone_at = [before[at] for at in self.gone_at]
+            for col in (self.keys, self.offsets, self.sizes, self.checksums, self.tiers):
+                col[:] = [col[i] for i in keep]
+        return dropped
+
+
 class HostIndexFeed:
     """Counters: `published` entries and `gone` keys the nodes accepted, `failed` Publish calls lost to a node that
     did not answer, `dropped` entries a removal or a re-registration made moot (or a full queue pushed out)."""
@@ -130,14 +148,19 @@ class HostIndexFeed:
                 q.epoch += 1
                 self.dropped += sum(len(p.keys) + len(p.gone) for p in q.take())
 
-    def removed(self, node_id: str) -> None:
-        """Before `node_id` is told of a removal: nothing published before now lands after it (module docstring)."""
+    def removed(self, node_id: str, keys: list[bytes] | None = None) -> None:
+        """Before `node_id` is told of a removal: nothing published before now lands after it (module docstring).
+        `keys`: the node forgets only these (NodeInfo.removes_keys), so only their queued entries are dropped (and a
+        batch taken but not sent yet, which may hold them); None: everything queued."""
         with self._cond:
             q = self._queues.get(node_id)
             if q is None:
                 return
             q.epoch += 1
-            self.dropped += sum(len(p.keys) + len(p.gone) for p in q.take())
+            if keys is None:
+                self.dropped += sum(len(p.keys) + len(p.gone) for p in q.take())
+            else:
+                self.dropped += q.drop_keys(set(keys))
         with q.send_lock:       # a send in flight finishes first
             pass
 

@@ -697,16 +697,19 @@ class Master:
             tid = self.tenants.intern(tenant)
             tenant_col = self.index.tenant
             n = 0
+            published: list[bytes] = []     # what a host index may hold: unscoped objects' keys
             with self.placement.batched_ops():  # the erases of their SSD records and copies: one call per node
                 for key in self.tenants.stored_keys(tid, keys):
                     slot = self.index.slot_of(key)
                     mine = tid == UNSCOPED or tenant_col[slot] == tid  # defence in depth: the key space is its own
                     if slot >= 0 and self.index.state[slot] == COMMITTED and mine:
+                        if tenant_col[slot] == UNSCOPED:
+                            published.append(bytes(key))
                         self.placement.forget(slot)
                         n += 1
             self._flush()
             told = self._told_nodes() if n else []
-        self._tell_removed(told)
+        self._tell_removed(told, published)
         return n
 
     def _republish(self, node_ids: Collection[str]) -> None:
@@ -723,28 +726,41 @@ class Master:
             if slots:
                 self._publish(slots, [index.key_at(slot) for slot in slots])
 
-    def _told_nodes(self) -> list[tuple[str, NodeOps]]:
-        """(id, ops) of every node: each dates what location caches remember of it, same-host ones by its arena's
-        removal generation, TCP ones by its removal stamp (lock held)."""
-        return [(node_id, node.ops) for node_id, node in self.placement.nodes.items()]
+    def _told_nodes(self) -> list[tuple[str, NodeOps, bool]]:
+        """(id, ops, whether it forgets removed keys only) of every node: each dates what location caches remember of
+        it, same-host ones by its arena's removal generation, TCP ones by its removal stamp (lock held)."""
+        return [(node_id, node.ops, node.info.removes_keys) for node_id, node in self.placement.nodes.items()]
 
-    def _tell_removed(self, nodes: list[tuple[str, NodeOps]]) -> None:
+    def _tell_removed(self, nodes: list[tuple[str, NodeOps, bool]], keys: list[bytes] | None = None) -> None:
         """After a removal (outside the lock): every node bumps its arena's removal generation and its removal stamp
         before the caller hears back, so no location cache (same-host or TCP) serves a removed object after `remove`
         returned. Every node, not just the ones that held the objects: an extent an object left (a drain, a
         promotion) can still hold its bytes. A node that does not answer is logged: a location cache may serve a
         removed object of it until the reply to that get's use report forgets it (one linger), as for an object
-        evicted for room."""
-        for node_id, ops in nodes:
-            self.host_feed.removed(node_id)
+        evicted for room.
+
+        `keys` (a `remove`: the unscoped stored keys removed) go to the nodes that say `removes_keys`: their host
+        indexes forget those rows only. Else (an admin `evict`, which may take any number of objects, or an older
+        node) a node clears its host index and the master publishes again every object it still holds: one scan of
+        the index and a publication of every row, ~86 ms of the master's lock and ~250 ms of feed per removal at
+        100,000 objects on one node (scratch, 2-core box, 2026-12-06)."""
+        again: list[str] = []
+        for node_id, ops, selective in nodes:
+            only = keys if selective else None
+            self.host_feed.removed(node_id, only)
             try:
-                ops.objects_removed()
+                if only is None:
+                    ops.objects_removed()
+                else:
+                    ops.objects_removed(only)
             except Exception as exc:  # noqa: BLE001 - the removal itself is done and stays done
                 log.warning("node %s not told of a removal (a location cache may serve a "
                             "removed object until its use report's reply, one linger): %s", node_id, exc)
-        if nodes:
-            with self._lock:        # the node cleared its host index: what it still holds goes back in
-                self._republish([node_id for node_id, _ in nodes])
+            if only is None:
+                again.append(node_id)
+        if again:
+            with self._lock:        # those nodes cleared their host indexes: what they still hold goes back in
+                self._republish(again)
 
     # ------------------------------------------------------------------ admin queries (store/queries.py)
 

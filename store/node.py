@@ -116,10 +116,12 @@ class NodeOps(Protocol):
 
     def drop(self, drops: list[Drop]) -> int: ...
 
-    def objects_removed(self) -> None:
+    def objects_removed(self, keys: Sequence[bytes] | None = None) -> None:
         """The master removed objects (`remove`, an admin `evict`): bump the DRAM arena's removal generation and the
         removal stamp so location caches (same-host, TCP) stop serving what they remember (tiers/dram.py,
-        kvpool/locations.py). Returns once both are bumped."""
+        kvpool/locations.py). Returns once both are bumped. `keys` (only to a node whose NodeInfo says
+        `removes_keys`): the stored keys removed, the only rows its host index forgets; None: it forgets every row
+        (the master publishes again what the node still holds)."""
         ...
 
 
@@ -203,7 +205,7 @@ class StorageNode:
                         ssd_record_overhead=overhead,
                         dram_path=str(self.shared_arena.path) if self.shared_arena is not None else "",
                         hbm_bytes=self.hbm.capacity if self.hbm is not None else 0, ssd_index_rows=True,
-                        dram_pages=self._dram_pages, move_drops=True)
+                        dram_pages=self._dram_pages, move_drops=True, removes_keys=True)
 
     @property
     def shared_arena(self):
@@ -287,12 +289,15 @@ class StorageNode:
         self.write(m.dst_tier, m.dst_offset, m.key, m.ns_digest, src, m.checksum)
         return True
 
-    def objects_removed(self) -> None:
+    def objects_removed(self, keys: Sequence[bytes] | None = None) -> None:
         arena = self.dram if self.dram is not None else self._marker
         with self._gen_lock:
             if arena is not None:
-                if self.host_index is not None:
-                    self.host_index.clear()     # before the bump: a client that sees the new generation finds none
+                if self.host_index is not None:     # before the bump: a client that sees the new generation finds none
+                    if keys is None:
+                        self.host_index.clear()
+                    elif keys:
+                        self.host_index.unpublish(keys)
                 arena.bump_generation()
             self._removals += 1
             self._stamp = bytes.fromhex(self.incarnation) + self._removals.to_bytes(8, "little")

@@ -68,6 +68,11 @@ def drops(node: StorageNode, batch: Sequence[Drop], prefix: str = "") -> None:
         _extent(node, d.tier, d.offset, d.size, i, prefix, f"{prefix}tiers")
 
 
+def removed_keys(keys: Sequence[bytes] | None) -> None:
+    for i, key in enumerate(keys or ()):
+        _key(key, f"removed_keys[{i}]")
+
+
 def publication(node: StorageNode, p: Publication) -> None:
     n = len(p.keys)
     for name, col in (("offsets", p.offsets), ("sizes", p.sizes), ("checksums", p.checksums)):

@@ -225,11 +225,13 @@ class NodeServicer(pbg.NodeServiceServicer):
         try:
             drops = wire.drops_from_msg(request)
             node_checks.drops(self.node, drops)
+            removed = wire.removed_keys_from_msg(request)
+            node_checks.removed_keys(removed)
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         dropped = self.node.drop(drops)
         if request.objects_removed:
-            self.node.objects_removed()
+            self.node.objects_removed(removed)
         return pb.DropResponse(dropped=dropped)
 
     def Publish(self, request, context):

@@ -130,6 +130,9 @@ class NodeInfo:
     # its demote erases the drops it is given before the moves (nodes since 2026-12-05; else a drop call goes first);
     # said at each registration
     move_drops: bool = field(default=False, metadata={"persist": False})
+    # at a removal its host index forgets the removed keys only (nodes since 2026-12-06; else it clears it and the
+    # master publishes again what the node still holds); said at each registration
+    removes_keys: bool = field(default=False, metadata={"persist": False})
 
     def persisted(self) -> dict:
         """The fields a metadata store keeps (JSON-able), without what a node says anew each time it registers."""

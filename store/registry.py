@@ -38,7 +38,7 @@ class DisconnectedOps:
     def drop(self, drops):
         return 0
 
-    def objects_removed(self):
+    def objects_removed(self, keys=None):
         pass
 
 

@@ -68,11 +68,13 @@ class RemoteNodeOps:
             log.warning("node %s: drop of %d extents failed: %s", self.address, len(drops), exc.code())
             return 0
 
-    def objects_removed(self) -> None:
+    def objects_removed(self, keys: Sequence[bytes] | None = None) -> None:
         """Raises NodeUnavailable when the node did not answer (the master logs it: that node's same-host caches
-        may serve a removed object until the reply to that get's use report forgets it, one linger)."""
+        may serve a removed object until the reply to that get's use report forgets it, one linger). `keys`: see
+        NodeOps.objects_removed."""
+        request = pb.DropRequest(objects_removed=True, removed_keys_only=keys is not None, removed_keys=keys or ())
         try:
-            self._stub.Drop(pb.DropRequest(objects_removed=True), timeout=self.timeout)
+            self._stub.Drop(request, timeout=self.timeout)
         except grpc.RpcError as exc:
             raise NodeUnavailable(f"node {self.address}: {exc.code().name}") from None
 

@@ -84,7 +84,7 @@ def endpoint_from_info(info: NodeInfo, *, host_id: str, data_address: str, ssd_p
                            control_address=info.address, tiers=tiers, ssd_record_overhead=info.ssd_record_overhead,
                            alignment=info.alignment, incarnation=info.incarnation, data_tls=data_tls,
                            ssd_index_rows=info.ssd_index_rows, dram_pages=info.dram_pages,
-                           move_drops=info.move_drops)
+                           move_drops=info.move_drops, removes_keys=info.removes_keys)
 
 
 def info_from_endpoint(ep: pb.NodeEndpoint) -> NodeInfo:
@@ -102,7 +102,7 @@ def info_from_endpoint(ep: pb.NodeEndpoint) -> NodeInfo:
                     ssd_record_overhead=ep.ssd_record_overhead, alignment=ep.alignment or 4096,
                     dram_path=dram.path if dram else "", incarnation=ep.incarnation,
                     hbm_bytes=hbm.capacity_bytes if hbm else 0, ssd_index_rows=ep.ssd_index_rows,
-                    dram_pages=ep.dram_pages, move_drops=ep.move_drops)
+                    dram_pages=ep.dram_pages, move_drops=ep.move_drops, removes_keys=ep.removes_keys)
 
 
 def dram_path(ep: pb.NodeEndpoint) -> str:
@@ -318,6 +318,15 @@ def drops_to_msg(drops: Sequence[Drop]) -> pb.DropRequest:
 def drops_from_msg(msg: pb.DropRequest) -> list[Drop]:
     n = check_columns(msg, "keys", "tiers", "offsets", "sizes")
     return [Drop(msg.keys[i], tier_of(msg.tiers[i], f"tiers[{i}]"), msg.offsets[i], msg.sizes[i]) for i in range(n)]
+
+
+def removed_keys_from_msg(msg: pb.DropRequest) -> list[bytes] | None:
+    """A removal's keys (NodeOps.objects_removed): None = every row of the host index."""
+    if msg.removed_keys and not msg.removed_keys_only:
+        raise ValueError("removed_keys: only with removed_keys_only")
+    if msg.removed_keys_only and not msg.objects_removed:
+        raise ValueError("removed_keys_only: only with objects_removed")
+    return list(msg.removed_keys) if msg.removed_keys_only else None
 
 
 def publication_to_msg(p: Publication) -> pb.PublishRequest:

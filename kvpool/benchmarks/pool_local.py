@@ -131,7 +131,7 @@ class _NoBytes:  # the master never moves bytes here (nothing is evicted)
     def demote(self, moves, drops=()): return [False] * len(moves)
     def promote(self, moves): return [False] * len(moves)
     def drop(self, drops): return 0
-    def objects_removed(self): pass
+    def objects_removed(self, keys=None): pass
 
 
 def _fill_master(n: int, policy: str, measure) -> float:

@@ -77,6 +77,39 @@ def test_a_removal_waits_for_the_send_in_flight_and_drops_what_was_queued_before
         feed.close()
 
 
+def test_a_removal_of_some_keys_drops_only_their_queued_entries_and_keeps_the_order_of_the_rest():
+    """While a send is in flight: commits of keys 1-4, a gone of key 5, a commit of key 5 again and a gone of key 2;
+    then a removal of keys 2 and 3 (a node that forgets removed keys only). It waits for the send in flight, drops
+    the two queued entries of keys 2 and 3, and what stays keeps its order: key 5's new row survives its gone."""
+    feed, node = HostIndexFeed(), Node()
+    try:
+        node.hold.set()
+        feed.committed("n1", node, [key(0)], [0], [64], [1], [Tier.DRAM])
+        assert node.entered.wait(10)
+        feed.committed("n1", node, [key(1), key(2), key(3), key(4)], [64, 128, 192, 256], [64] * 4, [2, 3, 4, 5],
+                       [Tier.DRAM] * 4)
+        feed.gone("n1", node, [key(5)])
+        feed.committed("n1", node, [key(5)], [320], [64], [6], [Tier.SSD])
+        feed.gone("n1", node, [key(2)])
+        removal = threading.Thread(target=lambda: (feed.removed("n1", [key(2), key(3)]),
+                                                   node.events.append("removed")))
+        removal.start()
+        wait_until(lambda: feed.dropped == 2, "the removed keys' entries dropped")
+        assert removal.is_alive()                                        # it waits for the send in flight
+        node.release.set()
+        removal.join(10)
+        assert node.events[:2] == ["sent 1", "removed"]
+        assert feed.flush(10)
+        got = [(p.keys, p.offsets, p.checksums, p.gone, p.tiers) for p in node.got]
+        assert got == [((key(0),), (0,), (1,), (), (Tier.DRAM,)),
+                       ((key(1), key(4), key(5)), (64, 256, 320), (2, 5, 6), (key(2),),
+                        (Tier.DRAM, Tier.DRAM, Tier.SSD))]
+        assert feed.as_dict() == {"published": 4, "gone": 1, "failed": 0, "dropped": 2}
+    finally:
+        node.release.set()
+        feed.close()
+
+
 def test_a_node_that_does_not_answer_loses_the_publication_and_the_feed_goes_on():
     feed, node = HostIndexFeed(), Node()
     try:

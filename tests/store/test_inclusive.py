@@ -40,8 +40,8 @@ class Recorder:
         self.dropped.append(list(drops))
         return self.node.drop(drops)
 
-    def objects_removed(self):
-        self.node.objects_removed()
+    def objects_removed(self, keys=None):
+        self.node.objects_removed(keys)
 
 
 def recorded(master, node) -> Recorder:

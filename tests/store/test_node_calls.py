@@ -64,8 +64,8 @@ class Counted:
         self.dropped += len(drops)
         return self.node.drop(drops)
 
-    def objects_removed(self):
-        self.node.objects_removed()
+    def objects_removed(self, keys=None):
+        self.node.objects_removed(keys)
 
 
 def payload(key: bytes, size: int) -> np.ndarray:

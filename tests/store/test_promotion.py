@@ -28,8 +28,8 @@ class GatedNode:
     def drop(self, drops):
         return self.node.drop(drops)
 
-    def objects_removed(self):
-        self.node.objects_removed()
+    def objects_removed(self, keys=None):
+        self.node.objects_removed(keys)
 
     def promote(self, moves):
         self.entered.set()

@@ -41,7 +41,7 @@ class _Deaf:
     def drop(self, drops):
         return 0
 
-    def objects_removed(self):
+    def objects_removed(self, keys=None):
         self.asked += 1
         raise NodeUnavailable("node deaf:1: UNAVAILABLE")
 

@@ -1,0 +1,148 @@
+"""A `remove` tells a node which keys went (DropRequest.removed_keys, NodeEndpoint.removes_keys), over a real gRPC
+NodeService on 127.0.0.1 with the master's host-index feed publishing to it: the node's host index forgets those rows
+only and the master publishes nothing again, where before it cleared the index and the master published every object
+the node still held (O(objects in the pool) per removal). A node that does not say `removes_keys` still clears and
+gets everything published again; a tenant's removal forgets no row; bad removal fields are refused by name and change
+nothing."""
+
+from __future__ import annotations
+
+import dataclasses
+from concurrent import futures
+
+import grpc
+import numpy as np
+import pytest
+import xxhash
+
+from kvpool.launcher import free_port
+from kvpool.proto import kvpool_pb2 as pb
+from kvpool.proto import kvpool_pb2_grpc as pbg
+from kvpool.store.config import MasterConfig, NodeConfig
+from kvpool.store.master import Master
+from kvpool.store.node import StorageNode
+from kvpool.store.node_server import NodeDataHandler, NodeServicer
+from kvpool.store.records import PutStatus
+from kvpool.store.remote_node import RemoteNodeOps
+from tests.store.fakes import Clock
+
+OBJ = 4096
+N = 40
+
+
+def key(i: int) -> bytes:
+    return i.to_bytes(16, "big")
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A node with a shared DRAM arena (and so a host index) behind its real NodeService, and its RemoteNodeOps."""
+    node = StorageNode(NodeConfig(node_id="n1", dram_bytes=2 * N * OBJ, shm_dir=str(tmp_path), share_dram=True))
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    pbg.add_NodeServiceServicer_to_server(NodeServicer(node, NodeDataHandler(node)), server)
+    address = f"127.0.0.1:{free_port()}"
+    assert server.add_insecure_port(address)
+    server.start()
+    ops = RemoteNodeOps(address, 10.0)
+    try:
+        yield node, ops, address
+    finally:
+        ops.close()
+        server.stop(None)
+        node.close()
+
+
+def pool(node: StorageNode, ops: RemoteNodeOps, *, removes_keys: bool = True, tenant: str = "") -> Master:
+    """A master with the node registered (as a node from before `removes_keys` when False) and N objects put and
+    published to its host index (`tenant`'s, which are never published, for the last N // 2)."""
+    master = Master(MasterConfig(grant_ttl_s=10, lease_ttl_s=10, node_ttl_s=100), clock=Clock(),
+                    token_secret=b"s" * 32)
+    master.register_node(dataclasses.replace(node.info(), removes_keys=removes_keys), ops, expires=False)
+    batches = [("", [key(i) for i in range(N)])]
+    if tenant:
+        batches.append((tenant, [key(i) for i in range(N, N + N // 2)]))
+    for owner, keys in batches:
+        results = master.put_start(keys, [OBJ] * len(keys), tenant=owner)
+        sums = []
+        for i, r in enumerate(results):
+            assert r.status == PutStatus.STORED
+            data = np.full(OBJ, i % 251, np.uint8)
+            loc = r.grant.location
+            node.write(loc.tier, loc.offset, r.grant.key, b"\0" * 16, data, None)
+            sums.append(xxhash.xxh3_64_intdigest(data))
+        assert master.put_commit([r.grant.grant_id for r in results], sums, tenant=owner) == [True] * len(keys)
+    assert master.host_feed.flush(10)
+    assert len(node.host_index) == N
+    return master
+
+
+def rows(node: StorageNode) -> list[int]:
+    """The unscoped keys' indices whose rows the node's host index holds."""
+    return [i for i in range(N) if node.host_index.find([key(i)])[0]]
+
+
+def test_a_remove_makes_the_node_forget_those_rows_only_and_publishes_nothing_again(served):
+    node, ops, _ = served
+    master = pool(node, ops)
+    published, generation = master.host_feed.published, node.shared_arena.generation
+    assert master.remove([key(3), key(7)]) == 2
+    assert master.host_feed.flush(10)
+    assert rows(node) == [i for i in range(N) if i not in (3, 7)]
+    assert node.shared_arena.generation == generation + 1       # location caches still learn of the removal
+    assert master.host_feed.published == published              # before: N - 2 rows published again
+
+
+def test_a_node_that_does_not_say_removes_keys_clears_its_index_and_gets_the_rest_published_again(served):
+    node, ops, _ = served
+    master = pool(node, ops, removes_keys=False)
+    published, generation = master.host_feed.published, node.shared_arena.generation
+    assert master.remove([key(3), key(7)]) == 2
+    assert master.host_feed.flush(10)
+    assert rows(node) == [i for i in range(N) if i not in (3, 7)]
+    assert node.shared_arena.generation == generation + 1
+    assert master.host_feed.published == published + N - 2
+
+
+def test_a_tenants_removal_forgets_no_row_and_still_moves_the_generation(served):
+    node, ops, _ = served
+    master = pool(node, ops, tenant="acme")
+    published, generation = master.host_feed.published, node.shared_arena.generation
+    assert master.remove([key(N), key(N + 1)], tenant="acme") == 2
+    assert master.host_feed.flush(10)
+    assert rows(node) == list(range(N))
+    assert node.shared_arena.generation == generation + 1
+    assert master.host_feed.published == published
+
+
+def test_an_admin_evict_still_clears_the_index_and_publishes_again_what_stays(served):
+    """`kvpool evict` may take any number of objects: the node clears its index, the master publishes the rest (the
+    objects leased meanwhile: never evicted)."""
+    node, ops, _ = served
+    master = pool(node, ops)
+    lease = master.lookup([key(i) for i in range(5)]).lease_id
+    published = master.host_feed.published
+    assert master.evict(older_than_s=0) == N - 5
+    assert master.host_feed.flush(10)
+    assert rows(node) == list(range(5))
+    assert master.host_feed.published == published + 5
+    master.release([lease])
+
+
+@pytest.mark.parametrize("request_, code, message", [
+    (pb.DropRequest(objects_removed=True, removed_keys=[key(1)]), grpc.StatusCode.INVALID_ARGUMENT,
+     "removed_keys: only with removed_keys_only"),
+    (pb.DropRequest(removed_keys_only=True, removed_keys=[key(1)]), grpc.StatusCode.INVALID_ARGUMENT,
+     "removed_keys_only: only with objects_removed"),
+    (pb.DropRequest(objects_removed=True, removed_keys_only=True, removed_keys=[key(1), b"short"]),
+     grpc.StatusCode.INVALID_ARGUMENT, "removed_keys[1] must be 16 bytes, got 5"),
+])
+def test_bad_removal_fields_are_refused_by_name_and_change_nothing(served, request_, code, message):
+    node, ops, address = served
+    pool(node, ops)
+    generation = node.shared_arena.generation
+    with grpc.insecure_channel(address) as channel:
+        with pytest.raises(grpc.RpcError) as err:
+            pbg.NodeServiceStub(channel).Drop(request_, timeout=10)
+    assert (err.value.code(), err.value.details()) == (code, message)
+    assert rows(node) == list(range(N))
+    assert node.shared_arena.generation == generation
