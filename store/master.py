@@ -21,7 +21,7 @@ every object when auth is off): keys are looked up in that tenant's space, grant
 are unknown to it, and its stats are its own. Node byte moves for eviction and demotion (NodeOps) run under the
 lock, so the master never races itself; promotions copy outside it (`promote_pending`).
 
-Why one module of ~970 lines: the Master IS the RPC surface, one method per MasterService call (put, lookup,
+Why one module of ~1,000 lines: the Master IS the RPC surface, one method per MasterService call (put, lookup,
 release, nodes, drain moves, admin queries, recording), each a few lines of argument checks (store/checks.py) and
 a call to the owner of the state, under the one lock. The state and its logic live in the owners above; splitting
 the surface across classes would split the lock or make them reach into each other again.
