@@ -11,49 +11,44 @@ import pytest
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench" / "full_pool.py"
 
 
+def run_bench(*args: str) -> tuple[str, list[str]]:
+    out = subprocess.run([sys.executable, str(BENCH), "--rounds", "1", "--size", "16KiB", "--batch", "16",
+                          "--dram", "4MiB", "--ssd", "12MiB", "--full-puts", "8", "--seconds", "60", *args],
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    return out, out.splitlines()
+
+
+def result_lines(dram: str, both: str, put_where: str, lookup_during: str) -> list[str]:
+    """The patterns of the bench's result lines, with its two full phases named `dram` and `both`."""
+    n, x = r"[\d.]+", r"\d+\.\d\dx"
+    return [rf"put per call \(median over rounds\): room {n} ms \({n} GB/s\), {dram} {n} ms \({n} GB/s\), {both} "
+            rf"{n} ms \({n} GB/s\)",
+            rf"put mean / p90 \(ms, median over rounds\): room {n} / {n}, {dram} {n} / {n}, {both} {n} / {n}",
+            rf"ratio put {put_where} vs with room: {dram} {x}, {both} {x} .*",
+            rf"CPU per put \(ms, median over rounds\), master / node: room {n} / {n} \(\d+ puts\), {dram} {n} / {n} "
+            rf"\(\d+ puts\), {both} {n} / {n} \(\d+ puts\)",
+            rf"ratio lookup p99 during {lookup_during} puts vs during room puts: {dram} {x}, {both} {x} .*",
+            rf"remove per call \(16 keys, the last puts' chains, median over rounds\): {n} ms; ratio remove vs put with "
+            rf"room: {x} .*"]
+
+
 @pytest.mark.parametrize("write_behind", ["on", "off"])
 def test_full_pool_reaches_every_phase_and_prints_its_ratio_lines(write_behind):
-    out = subprocess.run([sys.executable, str(BENCH), "--rounds", "1", "--size", "16KiB", "--batch", "16",
-                          "--dram", "4MiB", "--ssd", "12MiB", "--full-puts", "8", "--seconds", "60", "--pinned", "100",
-                          "--write-behind", write_behind],
-                         capture_output=True, text=True, timeout=300, check=True).stdout
-    lines = out.splitlines()
+    out, lines = run_bench("--pinned", "100", "--write-behind", write_behind)
     assert f"SSD 12 MiB, write-behind {write_behind}; " in lines[1], out
-    assert any(re.fullmatch(r"put per call \(median over rounds\): room [\d.]+ ms \([\d.]+ GB/s\), DRAM full [\d.]+ ms "
-                            r"\([\d.]+ GB/s\), both full [\d.]+ ms \([\d.]+ GB/s\)", line) for line in lines), out
-    assert any(re.fullmatch(r"put mean / p90 \(ms, median over rounds\): room [\d.]+ / [\d.]+, DRAM full [\d.]+ / "
-                            r"[\d.]+, both full [\d.]+ / [\d.]+", line) for line in lines), out
-    assert any(re.fullmatch(r"ratio put on a full pool vs with room: DRAM full \d+\.\d\dx, both full \d+\.\d\dx .*", line)
-               for line in lines), out
-    assert any(re.fullmatch(r"CPU per put \(ms, median over rounds\), master / node: room [\d.]+ / [\d.]+ \(\d+ puts\), "
-                            r"DRAM full [\d.]+ / [\d.]+ \(\d+ puts\), both full [\d.]+ / [\d.]+ \(\d+ puts\)", line)
-               for line in lines), out
-    assert any(re.fullmatch(r"ratio lookup p99 during full-pool puts vs during room puts: DRAM full \d+\.\d\dx, "
-                            r"both full \d+\.\d\dx .*", line) for line in lines), out
-    assert any(re.fullmatch(r"remove per call \(16 keys, the last puts' chains, median over rounds\): [\d.]+ ms; ratio "
-                            r"remove vs put with room: \d+\.\d\dx .*", line) for line in lines), out
+    for pattern in result_lines("DRAM full", "both full", "on a full pool", "full-pool"):
+        assert any(re.fullmatch(pattern, line) for line in lines), (pattern, out)
     assert "nan" not in out and "WARNING" not in out, out      # every phase measured, the resident chain never missed
 
 
 def test_with_quota_on_the_phases_are_the_tenants_quotas():
     """--quota on: auth on, the putter a tenant whose quotas (not the pool) fill: its phases, named for them, are
     all reached, and the prober (another tenant) never misses its resident chain."""
-    out = subprocess.run([sys.executable, str(BENCH), "--rounds", "1", "--size", "16KiB", "--batch", "16",
-                          "--dram", "4MiB", "--ssd", "12MiB", "--full-puts", "8", "--seconds", "60",
-                          "--write-behind", "off", "--quota", "on"],
-                         capture_output=True, text=True, timeout=300, check=True).stdout
-    lines = out.splitlines()
+    out, lines = run_bench("--write-behind", "off", "--quota", "on")
     assert lines[2] == "quota on: auth on, the putter a tenant with DRAM quota 2 MiB and total quota 6 MiB (the pool " \
                        "never fills)", out
-    assert any(re.fullmatch(r"put per call \(median over rounds\): room [\d.]+ ms \([\d.]+ GB/s\), at DRAM quota "
-                            r"[\d.]+ ms \([\d.]+ GB/s\), at both quotas [\d.]+ ms \([\d.]+ GB/s\)", line)
-               for line in lines), out
-    assert any(re.fullmatch(r"put mean / p90 \(ms, median over rounds\): room [\d.]+ / [\d.]+, at DRAM quota [\d.]+ / "
-                            r"[\d.]+, at both quotas [\d.]+ / [\d.]+", line) for line in lines), out
-    assert any(re.fullmatch(r"ratio put at a tenant's quota vs with room: at DRAM quota \d+\.\d\dx, at both quotas "
-                            r"\d+\.\d\dx .*", line) for line in lines), out
-    assert any(re.fullmatch(r"ratio lookup p99 during quota puts vs during room puts: at DRAM quota \d+\.\d\dx, "
-                            r"at both quotas \d+\.\d\dx .*", line) for line in lines), out
+    for pattern in result_lines("at DRAM quota", "at both quotas", "at a tenant's quota", "quota"):
+        assert any(re.fullmatch(pattern, line) for line in lines), (pattern, out)
     assert not re.search(r"\bnan\b", out) and "WARNING" not in out, out     # ("tenant" holds "nan")
 
 
