@@ -481,7 +481,7 @@ class PoolClient(PoolFront):
         extent was reused (or the object is corrupt): the read ends before it, and its release asks the master
         under a lease (`index_stale`, so the master sets the node's index right), which tells the two apart and
         reports a corrupt object. The master hears of the read from the use report, as of a get served from the
-        index. None: the index does not hold the whole chain (or cannot be read here): the caller asks the
+        index, once the last read of the chain is released. None: the index does not hold the whole chain (or cannot be read here): the caller asks the
         master."""
         indexes = self.transfers.host_indexes()
         if not indexes or any(len(k) != KEY_BYTES for k in keys):
@@ -499,15 +499,26 @@ class PoolClient(PoolFront):
             except ValueError:
                 return None
             self.host_index_acquires += 1
-            self._releaser.report_uses(ns, [bytes(k) for k in keys])
+            chain = [bytes(k) for k in keys]
+            # The use report goes when the caller's copies are done (the last read of the chain released): the
+            # master may promote the chain's slow-tier entries on it, making room by moving other DRAM objects,
+            # and nothing pins the DRAM extents handed out here. Reported at acquire, a reader's own report had a
+            # promotion round reuse the extents it was still copying (its copy failed the fence: a shorter hit).
+            report = SharedLease(lambda: self._releaser.report_uses(ns, chain))
             locations = {i: SsdLocation(ssd, offsets[i], sizes[i], bytes(keys[i])) for i in range(n) if i not in views}
-            return self._read_published(keys, sizes, ns, views, locations, checksums, 0, staging, max_staged)
+            try:
+                return self._read_published(keys, sizes, ns, views, locations, checksums, 0, staging, max_staged,
+                                            report)
+            except BaseException:
+                report.leave()
+                raise
         return None
 
     def _read_published(self, keys: Sequence[bytes], sizes: list[int], ns: NsRef, views: dict[int, memoryview],
                         locations: dict[int, SsdLocation], checksums: list[int], start: int, staging: Staging,
-                        max_staged: int | None) -> ExtentRead:
-        """The published chain from position `start` on, as an ExtentRead with no lease (see _acquire_published)."""
+                        max_staged: int | None, report: SharedLease) -> ExtentRead:
+        """The published chain from position `start` on, as an ExtentRead with no lease (see _acquire_published).
+        `report` (joined by the caller) sends the chain's use report when the last of its reads is released."""
         n = len(keys)
         staged = [i for i in range(start, n) if i in locations]
         end = n
@@ -552,8 +563,11 @@ class PoolClient(PoolFront):
             return False
 
         def release() -> None:
-            if not mismatch:
-                return
+            report.leave()      # queued before a stale entry's re-read, whose corrupt report wakes the releaser
+            if mismatch:
+                stale()
+
+        def stale() -> None:
             self.host_index_stale += 1
             self._acquire_index_stale = True
             at = mismatch[0]
@@ -566,7 +580,17 @@ class PoolClient(PoolFront):
                 log.warning("re-reading key %s after a stale host index row failed: %s", bytes(keys[at]).hex(), exc)
 
         def rest(staging: Staging, max_staged: int | None) -> ExtentRead:
-            return self._read_published(keys, sizes, ns, views, locations, checksums, end, staging, max_staged)
+            try:
+                report.join()
+                holder = report
+            except ValueError:      # every read before it was released: the chain was reported then
+                holder = SharedLease(lambda: None)
+            try:
+                return self._read_published(keys, sizes, ns, views, locations, checksums, end, staging, max_staged,
+                                            holder)
+            except BaseException:
+                holder.leave()
+                raise
 
         return ExtentRead(keys[start:], buffers[:stop - start], [i in views for i in range(start, stop)],
                           [Tier.DRAM.label if i in views else Tier.SSD.label for i in range(start, stop)], verify,

@@ -64,17 +64,17 @@ def test_without_host_index_reads_the_first_get_asks_the_master(small_up):
         assert calls["Lookup"] == base + 1 and c.host_index_gets == 0
 
 
-def test_a_removed_object_is_never_served_and_what_stays_is_published_again(small_up):
+def test_a_removed_object_is_never_served_and_what_stays_stays_published(small_up):
     index = small_up.node.node.host_index
     put_and_publish(small_up, KEYS[:3], DATAS[:3])
     with PoolClient(small_up.address, release_linger_s=60) as c:
         c.warm(prefault=False)
         assert c.remove_many(KEYS[1:2]) == 1
-        assert index.find(KEYS[1:2]) == ([], [], [], [])       # the removal cleared the index before `remove` returned
+        assert index.find(KEYS[1:2]) == ([], [], [], [])       # its row went before `remove` returned
         out = bufs(2)
         assert c.get_many_into(KEYS[:2], out) == 1 and out[0] == bytearray(DATAS[0])
         assert c.host_index_gets == 0
-    assert small_up.master.master.host_feed.flush(10)      # the objects that stayed, published again
+    assert small_up.master.master.host_feed.flush(10)      # the objects that stayed are still published
     assert len(index) == 2 and index.find([KEYS[0], KEYS[2]])[1] == [OBJ, OBJ]
     with PoolClient(small_up.address, release_linger_s=60) as c:
         c.warm(prefault=False)
@@ -295,6 +295,30 @@ def test_an_acquire_of_a_published_chain_needs_no_lookup_and_no_lease(small_up):
         assert c.host_index_acquires == 0
     with PoolClient(small_up.address) as c, pytest.raises(ValueError, match="lease must be a bool, got 0"):
         c.acquire_many(chain, [OBJ] * 8, lease=0)
+
+
+def test_an_unleased_acquire_reports_its_use_only_once_every_read_of_it_is_released(small_up):
+    """The use report of an acquire served from the host index waits for the caller's copies: it may have the master
+    promote the chain's SSD entries, and the room for them is made by moving DRAM objects, whose extents nothing
+    pins for this read (reported at acquire, an engine's own report had a promotion reuse the DRAM extents it was
+    still copying: a shorter hit). A lookup flushes the reports pending before it, so the count shows when it was
+    queued: none while the reads (the first and its `rest`) are held, one after the last is released."""
+    put_and_publish(small_up, KEYS[:4], DATAS[:4])
+    put_and_publish(small_up, OTHER_KEYS, OTHER)        # 4 SSD rows, then 4 DRAM rows
+    chain = KEYS[:4] + OTHER_KEYS
+    calls = small_up.master.control.calls
+    with PoolClient(small_up.address, release_linger_s=60) as c:
+        c.warm(prefault=False)
+        base = calls["Lookup"]
+        first = c.acquire_many(chain, [OBJ] * 8, max_staged=3, lease=False)
+        second = first.rest(max_staged=3)
+        assert (first.count, second.count, calls["Lookup"]) == (3, 5, base)
+        first.release()
+        assert c.lookup_prefix(OTHER_KEYS[:1]) == 1 and calls["Lookup"] == base + 1     # no report queued yet
+        second.release()
+        assert c.lookup_prefix(OTHER_KEYS[:1]) == 1 and calls["Lookup"] == base + 3     # the report, then the lookup
+        second.release()                                                                # idempotent: no second one
+        assert c.lookup_prefix(OTHER_KEYS[:1]) == 1 and calls["Lookup"] == base + 4
 
 
 def test_an_acquire_that_finds_a_published_extent_changed_asks_the_master_at_release(small_up):
