@@ -8,7 +8,8 @@
 Per-key results travel as parallel packed columns, built with `extend` (which upb does in C) instead of one
 sub-message per object; node endpoints travel once per reply in a `nodes` table that `node_index` points into.
 Readers check that columns have equal lengths and raise ValueError naming the first column that disagrees (the
-servers map it to INVALID_ARGUMENT). This module holds no logic beyond field mapping.
+servers map it to INVALID_ARGUMENT). This module holds no logic beyond field mapping: one module of ~400 lines
+because both ends of every message must read the same mapping.
 """
 
 from __future__ import annotations
