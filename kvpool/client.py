@@ -481,8 +481,8 @@ class PoolClient(PoolFront):
         extent was reused (or the object is corrupt): the read ends before it, and its release asks the master
         under a lease (`index_stale`, so the master sets the node's index right), which tells the two apart and
         reports a corrupt object. The master hears of the read from the use report, as of a get served from the
-        index, once the last read of the chain is released. None: the index does not hold the whole chain (or cannot be read here): the caller asks the
-        master."""
+        index, once the last read of the chain is released. None: the index does not hold the whole chain (or
+        cannot be read here): the caller asks the master."""
         indexes = self.transfers.host_indexes()
         if not indexes or any(len(k) != KEY_BYTES for k in keys):
             return None
