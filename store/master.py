@@ -582,8 +582,11 @@ class Master:
         if not lease_ids:
             return 0
         owner = self.tenants.id_of(tenant) if tenant else None  # "": auth off, one space
-        with self.placement.batched_ops():      # objects removed while read, freed now: one erase call per node
-            return sum(self._release(lease_id, owner) for lease_id in lease_ids)
+        n, free = 0, []
+        for lease_id in lease_ids:
+            n += self._release(lease_id, owner, free)
+        self._free(free)
+        return n
 
     def report_corrupt(self, lease_id: int, keys: Sequence[bytes], *, tenant: str = "") -> int:
         """A reader found these objects' bytes bad (checksum) while `lease_id` held them: forget them (a miss for
@@ -904,11 +907,10 @@ class Master:
         self._next_reap = now + min(cfg.lease_ttl_s, cfg.grant_ttl_s, cfg.node_ttl_s) / 4
         grants = self.leases.expired_grants(now)
         leases = self.leases.expired_leases(now)
-        with self.placement.batched_ops():      # the erases their freed SSD extents need: one call per node
-            for slot in grants:
-                self.placement.forget(slot)
-            for lease_id in leases:
-                self._release(lease_id)
+        free = list(grants)
+        for lease_id in leases:
+            self._release(lease_id, None, free)
+        self._free(free)                        # the erases their freed SSD extents need: one call per node
         silent = self.registry.silent(now, cfg.node_ttl_s)
         for node_id in silent:
             log.warning("node %s silent for %.1fs: dropping it and its objects", node_id, cfg.node_ttl_s)
@@ -943,13 +945,21 @@ class Master:
             pinned_objects=index.retained_slots(tid), pinned_bytes=index.retained_bytes(tid),
             prefill_seconds_saved=lookups.prefill_seconds_saved)
 
-    def _release(self, lease_id: int, owner: int | None = None) -> int:
-        free = self.leases.release(lease_id, owner)
-        if free is None:
+    def _release(self, lease_id: int, owner: int | None, free: list[int]) -> int:
+        """End one lease; the slots it was the last to hold (objects removed while read) are appended to `free`."""
+        slots = self.leases.release(lease_id, owner)
+        if slots is None:
             return 0
-        for slot in free:
-            self.placement.forget(slot)
+        free.extend(slots)
         return 1
+
+    def _free(self, slots: list[int]) -> None:
+        """Forget slots whose last lease ended (rare: only objects removed while read): their SSD records' erases
+        in one call per node. Nothing to free, as almost always: no batch is opened (lookups carry releases)."""
+        if slots:
+            with self.placement.batched_ops():
+                for slot in slots:
+                    self.placement.forget(slot)
 
     def _unplaceable(self) -> set[int]:
         """Node numbers nothing new may land on: draining, stopping (flushed for a clean stop), known from the journal
