@@ -289,13 +289,15 @@ class Master:
             keys = self.tenants.stored_keys(tid, keys)
             exclude = self._unplaceable()
             # The demotions and drops that making room takes (a tenant's quota too) are sent per node when the loop
-            # ends, not per object (store/node_calls.py).
-            with self.placement.batched_ops():
+            # ends, not per object (store/node_calls.py); erases of extents this put has handed out again wait
+            # until the lock is let go (Placement.batched_ops): on a full pool, that is the put's one node call.
+            with self.placement.batched_ops(defer_erases=True) as erases:
                 out = self._grant(keys, sizes, ns_id, tid, prefer_node, exclude, hold, pin_cap, pin_until, expires_at)
             if (rec := self.recorder) is not None:
                 rec.put(now, ns, list(keys), out)
             self._flush()
-            return out
+        self.placement.send_erases(erases)      # before the answer: its client writes those extents after it
+        return out
 
     def _grant(self, keys: list[bytes], sizes: Sequence[int], ns_id: int, tid: int, prefer_node: str | None,
                exclude: set[int], hold, pin_cap: int, pin_until: float, expires_at: float) -> list[PutStartResult]:

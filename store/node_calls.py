@@ -14,6 +14,13 @@ round (a move writes an extent a later drop erases) happens only when an object 
 it; Placement sends the node's batch, and settles it, before such an object can be a victim (`Placement.allocate`),
 so that drop is never queued behind the move it must follow, and a refused move's object is never evicted twice.
 
+When the calls are sent: when the operation ends, with the master's lock held, except the one kind a put on a full
+pool with the inclusive SSD tier makes, a Drop alone whose every record's extent the same put has handed out again
+(its objects' copies, or its grants). A put_start sends that after letting go of the lock and before it answers
+(`Placement.batched_ops(defer_erases=True)`): those extents are written only after the answer (by its client, or by
+a copy round after the client's commit), and no other operation can be given them while they are in use, so the
+erase still lands before anything that reuses them, and other clients' lookups do not wait on the round trip.
+
 The state a move brings (the object indexed at its new tier and extent) is applied when the move is decided, as if
 it succeeded, so the rest of the batch is decided exactly as the per-object calls decided it; the node's answers
 settle it afterwards (`Placement._send`: a refused move evicts its object, as a refused per-object move did;

@@ -14,7 +14,8 @@ the policy order; orphans (blocks whose parent left the pool, store/chains.py) c
 retention hint (store/retention.py) come last, only when the unpinned ones cannot make the room. Every byte move goes
 through the node's `NodeOps`, batched per round, and inside `batched_ops` (a put_start, a promotion round, a drain's
 migrate_start) per operation: one Demote call per node carrying the drops (store/node_calls.py).
-Drops are sent before the writes that may reuse their extents (an SSD erase must never land on a new record).
+Drops are sent before the writes that may reuse their extents (an SSD erase must never land on a new record); a
+put's drop-only call whose extents it handed out again is sent by put_start after the lock (`defer_erases`).
 
 Inclusive SSD tier (`write_behind`, store/copies.py): an object placed on a faster tier of a node with an SSD
 also gets an SSD extent at once; a demotion onto a clean copy moves no bytes, a promoted SSD record stays as the
@@ -28,7 +29,7 @@ With tenant quotas (store/quota.py) every policy is wrapped so each tenant's own
 and `shed` take a tenant's own victims out (`shed` one tier down, without evicting anyone else's objects there),
 inside the put's batch like any other room made.
 
-Why one module of ~820 lines: placement, the eviction rounds, demotion and promotion moves (and their batched node
+Why one module of ~860 lines: placement, the eviction rounds, demotion and promotion moves (and their batched node
 calls' settling), drain targets and the adoption of a restarted node's records all change the same per-node
 allocators and policies, in one order, under the master's lock; the inclusive copies' bookkeeping and the queued
 node calls are apart (store/copies.py, store/node_calls.py).
@@ -61,6 +62,14 @@ log = logging.getLogger(__name__)
 _TIERS = tuple(Tier)
 _SSD = Tier.SSD
 _PLACE_ORDER = (Tier.HBM, Tier.DRAM, Tier.SSD)  # fastest first: a put lands on the fastest tier with room
+
+
+@dataclass(slots=True)
+class Erases:
+    """The drop-only node calls a batch left for its caller to send after the master's lock (`batched_ops`):
+    (node, drops) per node."""
+
+    calls: list[tuple[NodeState, list[Drop]]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -618,23 +627,52 @@ class Placement:
     # ---- node calls batched per operation (store/node_calls.py) ----
 
     @contextmanager
-    def batched_ops(self) -> Iterator[None]:
+    def batched_ops(self, *, defer_erases: bool = False) -> Iterator[Erases]:
         """Inside it, the drops and demotions that making room decides are queued per node and sent when it ends
         (one Demote call per node carrying the drops, unless the order forces more); their state is applied as they are
-        decided and settled by the nodes' answers (store/node_calls.py). Nested: the outermost one sends."""
+        decided and settled by the nodes' answers (store/node_calls.py). Nested: the outermost one sends.
+
+        `defer_erases` (a put_start): a node's call that is only drops, each of whose record's extent this batch has
+        handed out again, is not sent here but left in the `Erases` yielded, for the caller to send once it has let
+        go of the master's lock and before it answers (`send_erases`). Why that is safe: nothing else can write
+        those extents until then (they are this operation's grants and copy reservations, written by its client
+        after the answer, or by a copy round after that client's commit), and no other operation can be given them
+        (they are in use). Drops of extents still free, or any call with a move, are sent here as before. A body
+        that raises defers nothing."""
+        erases = Erases()
         if self._calls is not None:
-            yield
+            yield erases
             return
         self._calls = {}
+        done = False
         try:
-            yield
+            yield erases
+            done = True
         finally:
             calls = self._calls
             try:
                 for node_calls in calls.values():
-                    self._send(node_calls)
+                    if done and defer_erases and self._reused(node_calls):
+                        erases.calls.append((node_calls.node, node_calls.take()[0]))
+                    else:
+                        self._send(node_calls)
             finally:
                 self._calls = None
+
+    @staticmethod
+    def _reused(calls: NodeCalls) -> bool:
+        """Only drops are queued, and a used extent starts at each dropped record's offset: one this batch allocated
+        (the record was freed in it), over the page the erase writes."""
+        if calls.demotions or not calls.drops:
+            return False
+        ssd = calls.node.spaces.get(_SSD)
+        return ssd is not None and all(d.offset in ssd.allocator for d in calls.drops)
+
+    @staticmethod
+    def send_erases(erases: Erases) -> None:
+        """Send the erases a batch deferred (`batched_ops(defer_erases=True)`), without the master's lock."""
+        for node, drops in erases.calls:
+            Placement._erase(node, drops)
 
     def _drop(self, node: NodeState, drops: list[Drop]) -> None:
         """Erase these SSD records on the node: now, or queued in the batch. None of them is a queued move's target:

@@ -22,6 +22,7 @@ from kvpool.store.index import COMMITTED
 from kvpool.store.master import Master
 from kvpool.store.migration import MigrateStatus
 from kvpool.store.node import StorageNode
+from kvpool.store.placement import Erases
 from kvpool.store.records import PutStatus
 from kvpool.store.tenants import Quota
 from kvpool.tiers.types import Tier
@@ -43,6 +44,7 @@ class Counted:
         self.carried = 0            # drops that came inside Demote calls
         self.dropped = 0            # drops that came in Drop calls
         self.broken = False         # True: every Demote / Drop call raises (a node whose handler failed)
+        self.on_drop = None         # called with the drops at the start of each Drop call
 
     def demote(self, moves, drops=()):
         self.demote_calls += 1
@@ -59,6 +61,8 @@ class Counted:
 
     def drop(self, drops):
         self.drop_calls += 1
+        if self.on_drop is not None:
+            self.on_drop(drops)
         if self.broken:
             raise RuntimeError("the node's handler failed")
         self.dropped += len(drops)
@@ -82,7 +86,7 @@ class Pool:
         self.clock = Clock()
         self.master = Master(MasterConfig(**cfg), None, clock=self.clock, token_secret=b"s" * 32, quotas=quotas)
         if not batched:
-            self.master.placement.batched_ops = contextlib.nullcontext
+            self.master.placement.batched_ops = lambda **_: contextlib.nullcontext(Erases())
         self.nodes: dict[str, StorageNode] = {}
         self.ops: dict[str, Counted] = {}
         for name, dram, ssd in nodes:
