@@ -45,6 +45,7 @@ class Counted:
         self.dropped = 0            # drops that came in Drop calls
         self.broken = False         # True: every Demote / Drop call raises (a node whose handler failed)
         self.on_drop = None         # called with the drops at the start of each Drop call
+        self.on_removed = None      # called with the keys at the start of each objects_removed call
 
     def demote(self, moves, drops=()):
         self.demote_calls += 1
@@ -69,6 +70,8 @@ class Counted:
         return self.node.drop(drops)
 
     def objects_removed(self, keys=None):
+        if self.on_removed is not None:
+            self.on_removed(keys)
         self.node.objects_removed(keys)
 
 

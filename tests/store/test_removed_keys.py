@@ -146,3 +146,32 @@ def test_bad_removal_fields_are_refused_by_name_and_change_nothing(served, reque
     assert (err.value.code(), err.value.details()) == (code, message)
     assert rows(node) == list(range(N))
     assert node.shared_arena.generation == generation
+
+
+def test_a_removal_tells_every_node_at_once(tmp_path):
+    """Three nodes, each of which answers only once all three are being told (a barrier): the removal waits one
+    round trip, not one per node. Told one after another, the first would wait out the barrier (BrokenBarrierError,
+    logged) and none would get through."""
+    import threading
+
+    from tests.store.test_node_calls import Pool, chain_key
+
+    a = Pool(tmp_path, "a", [("n1", 8, 0), ("n2", 8, 0), ("n3", 8, 0)], batched=True)
+    try:
+        assert a.put([chain_key(1, i) for i in range(3)]) == [PutStatus.STORED] * 3
+        barrier = threading.Barrier(3, timeout=10)
+        passed: list[str] = []
+
+        def told(name):
+            def hook(keys):
+                barrier.wait()
+                passed.append(name)
+            return hook
+
+        for name, ops in a.ops.items():
+            ops.on_removed = told(name)
+        assert a.master.remove([chain_key(1, 0)]) == 1
+        assert sorted(passed) == ["n1", "n2", "n3"]      # all three were told, and before remove returned
+        assert a.master.inspect([chain_key(1, i) for i in range(3)])[0] is None
+    finally:
+        a.close()
