@@ -310,7 +310,21 @@ class Master:
                 rec.put(now, ns, list(keys), out)
             self._flush()
         self.placement.send_erases(erases)      # before the answer: its client writes those extents after it
+        self._sign_grants(out)
         return out
+
+    def _sign_grants(self, out: list[PutStartResult]) -> None:
+        """The write tokens of put_start's grants, signed after the lock (pure CPU on the grants' own fields: 1.6 us
+        an HMAC, 51 us for 32 grants, which every other call waited for when they were signed under it)."""
+        if self.token_secret is None:
+            return
+        sign = self.leases.sign
+        for r in out:
+            g = r.grant
+            if g is not None:
+                loc = g.location
+                r.grant = Grant(g.grant_id, g.key, loc, g.expires_at,
+                                sign(tokens.WRITE, g.grant_id, loc.tier, loc.offset, loc.size, g.expires_at))
 
     def _grant(self, keys: list[bytes], sizes: Sequence[int], ns_id: int, tid: int, prefer_node: str | None,
                exclude: set[int], hold, pin_cap: int, pin_until: float, expires_at: float) -> list[PutStartResult]:
@@ -360,10 +374,9 @@ class Master:
             prev, prev_key = slot, key
             if hold is not None:
                 hold(slot, pin_until, pin_cap)
-            grant_id = leases.grant(slot, expires_at)
-            token = leases.sign(tokens.WRITE, grant_id, tier, offset, size, expires_at)
+            grant_id = leases.grant(slot, expires_at)      # its token is signed after the lock (`_sign_grants`)
             out.append(PutStartResult(_STORED, Grant(grant_id, bytes(key), Location(node.node_id, tier, offset,
-                                                                                   size), expires_at, token)))
+                                                                                   size), expires_at)))
         return out
 
     def put_commit(self, grant_ids: Sequence[int], checksums: Sequence[int], *, tenant: str = "") -> list[bool]:
@@ -516,6 +529,7 @@ class Master:
         if continued and (not lease or count_only):
             raise ValueError("continued: only a leased read's lookup continues an earlier one (lease=True, "
                              "count_only=False)")
+        reads: tuple[int, float] | None = None     # (lease id, expiry) of read tokens to sign after the lock
         with self._lock:
             now = self._tick()
             index = self.index
@@ -577,15 +591,19 @@ class Master:
                                           released=bool(release), node_ids=node_ids, tiers=tiers, offsets=offsets,
                                           sizes=sizes, checksums=index.checksum[slots].tolist())
                     if self.token_secret is not None:
-                        sign = self.leases.sign
-                        result.tokens = [b"" if t == Tier.DRAM and n in mapped_nodes else
-                                         sign(tokens.READ, lease_id, t, o, z, expires_at)
-                                         for n, t, o, z in zip(node_ids, tiers, offsets, sizes)]
+                        reads = (lease_id, expires_at)
                 if tid != UNSCOPED:
                     result.record_keys = list(keys[: len(found)])
             if self.config.promote_on_hit and self.promotions.want(slots, tiers):
                 self.promotion_wanted.set()
-            return result
+        if reads is not None:
+            # Signed after the lock (1.6 us an HMAC: ~100 us for a 64-key TCP read, which every other call waited
+            # for when signed under it). A hit in DRAM the caller maps gets none: it reads it itself.
+            sign, (lease_id, expires_at) = self.leases.sign, reads
+            result.tokens = [b"" if t == Tier.DRAM and n in mapped_nodes else
+                             sign(tokens.READ, lease_id, t, o, z, expires_at)
+                             for n, t, o, z in zip(result.node_ids, result.tiers, result.offsets, result.sizes)]
+        return result
 
     def release(self, lease_ids: Sequence[int], *, tenant: str = "") -> int:
         with self._lock:

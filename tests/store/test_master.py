@@ -183,6 +183,43 @@ def test_tokens_sign_grants_and_leases(tmp_path, clock):
         node.close()
 
 
+def test_tokens_are_signed_while_other_calls_go_on(tmp_path, clock):
+    """put_start's write tokens and a lookup's read tokens are signed after the master's lock: while each HMAC is
+    computed, another thread's call is answered. Under the lock, that call would wait out the join (and the test
+    fail on `answered`)."""
+    import threading
+
+    node = StorageNode(NodeConfig(node_id="n", dram_bytes=4 * OBJ, shm_dir=str(tmp_path)))
+    try:
+        master = Master(MasterConfig(), clock=clock, token_secret=b"s" * 32)
+        master.register_node(node.info(), node, expires=False)
+        signed, answered = [], []
+        real = master.leases.sign
+
+        def sign(kind, *fields):
+            probe = threading.Thread(target=lambda: answered.append(master.contains([key(9)])), daemon=True)
+            probe.start()
+            probe.join(10)
+            signed.append(kind)
+            return real(kind, *fields)
+
+        master.leases.sign = sign
+        grants = [r.grant for r in master.put_start([key(1), key(2)], [OBJ, OBJ])]
+        master.put_commit([g.grant_id for g in grants], [0, 0])
+        res = master.lookup([key(1), key(2)])       # no mapped nodes: every hit gets a read token
+        assert signed == [tokens.WRITE] * 2 + [tokens.READ] * 2
+        assert answered == [[False]] * 4
+        for g in grants:
+            loc = g.location
+            tokens.verify(b"s" * 32, tokens.WRITE, g.grant_id, loc.tier, loc.offset, loc.size,
+                          int(g.expires_at * 1000), g.token, now=int(clock.now * 1000))
+        for i, t in enumerate(res.tokens):
+            tokens.verify(b"s" * 32, tokens.READ, res.lease_id, Tier.DRAM, res.offsets[i], OBJ,
+                          int(res.expires_at * 1000), t, now=int(clock.now * 1000))
+    finally:
+        node.close()
+
+
 def test_token_counting_by_namespace_and_tier(make):
     master, node = make(dram_objects=2)
     put(master, node, [key(1)])
