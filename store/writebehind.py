@@ -150,15 +150,21 @@ class WriteBehind:
         return clean
 
 
+ROUND_BYTES = 16 << 20
+"""What the writer thread copies per round. A round's `start` holds the master's lock ~4 us per object (1,024
+objects of 64 KiB: 4.5 ms in process, 2.5-4.7 ms in a master process under load, 2026-12-06), so rounds of 16 MiB
+keep each hold near a millisecond; the backlog drains as fast, in more calls."""
+
+
 def write_behind_loop(master, stop: threading.Event) -> None:
     """The writer thread of a master process and of the embedded pool: every `write_behind_s`, copy the backlog in
-    rounds (`Master.copy_pending`) until a round writes nothing."""
+    rounds of `ROUND_BYTES` (`Master.copy_pending`) until a round writes nothing."""
     while not stop.wait(master.config.write_behind_s):
         try:
-            while master.copy_pending() and not stop.is_set():
+            while master.copy_pending(ROUND_BYTES) and not stop.is_set():
                 pass
         except Exception:  # noqa: BLE001 - a failed round leaves its objects dirty: the next one retries
             log.exception("write-behind round failed")
 
 
-__all__ = ["WriteBehind", "CopyBatch", "CopyJob", "WriteBehindCounters", "write_behind_loop"]
+__all__ = ["WriteBehind", "CopyBatch", "CopyJob", "WriteBehindCounters", "write_behind_loop", "ROUND_BYTES"]

@@ -8,6 +8,7 @@ the lock as before."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -115,4 +116,31 @@ def test_a_batch_whose_body_raises_sends_its_erases_inside_it(tmp_path):
             raise RuntimeError("the body failed")
         assert (ops.drop_calls, ops.dropped, erases.calls) == (1, 1, [])
     finally:
+        a.close()
+
+
+def test_the_writer_thread_copies_its_backlog_in_rounds_of_round_bytes(tmp_path, monkeypatch):
+    """A round's start holds the master's lock per object it takes, so the writer thread takes ROUND_BYTES at a time
+    (here 16 objects' worth) and goes on until the backlog is empty: 40 dirty objects, every one copied, no Demote
+    call with more than 16."""
+    from kvpool.store import writebehind
+
+    monkeypatch.setattr(writebehind, "ROUND_BYTES", 16 * K)
+    a = Pool(tmp_path, "a", [("n1", 64, 128)], batched=True, write_behind=True, write_behind_s=0.01)
+    stop = threading.Event()
+    writer = threading.Thread(target=writebehind.write_behind_loop, args=(a.master, stop), daemon=True)
+    try:
+        keys = [chain_key(1, i) for i in range(40)]
+        assert a.put(keys) == [PutStatus.STORED] * 40
+        writer.start()
+        end = time.monotonic() + 30
+        while a.master.stats()["write_behind"]["pending"] and time.monotonic() < end:
+            time.sleep(0.01)        # polling for the event (the backlog empty), bounded
+        stop.set()
+        writer.join(10)
+        calls = a.ops["n1"].per_call
+        assert sum(calls) == 40 and max(calls) == 16 and len(calls) == 3, calls
+        assert sorted(r.key for r in a.nodes["n1"].scan_ssd()) == sorted(keys)
+    finally:
+        stop.set()
         a.close()

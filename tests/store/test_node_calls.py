@@ -45,6 +45,7 @@ class Counted:
         self.dropped = 0            # drops that came in Drop calls
         self.broken = False         # True: every Demote / Drop call raises (a node whose handler failed)
         self.on_drop = None         # called with the drops at the start of each Drop call
+        self.per_call: list[int] = []   # moves of each Demote call, in order
         self.on_removed = None      # called with the keys at the start of each objects_removed call
 
     def demote(self, moves, drops=()):
@@ -52,6 +53,7 @@ class Counted:
         if self.broken:
             raise RuntimeError("the node's handler failed")
         self.moves += len(moves)
+        self.per_call.append(len(moves))
         self.carried += len(drops)
         keep = [m for m in moves if not self.refuse(m.key)]
         done = iter(self.node.demote(keep, drops))
