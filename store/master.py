@@ -56,7 +56,7 @@ from kvpool.store.leases import Leases
 from kvpool.store.metadata import MemoryMetadata, MetadataBackend
 from kvpool.store.migration import Drains, MigrateStartResult
 from kvpool.store.node import NodeOps, PublishOps
-from kvpool.store.placement import Placement
+from kvpool.store.placement import Erases, Placement
 from kvpool.store.promotion import Promotions
 from kvpool.store.quota import ANY_TIER, Quotas
 from kvpool.store.recorder import DEFAULT_MAX_FILE_BYTES, Recorder, RecordingStatus
@@ -291,25 +291,31 @@ class Master:
         checks.put_sizes(sizes, len(keys), self.config.max_object_bytes)
         checks.namespace_digest(ns.digest)
         pin_s = checks.pin_seconds(pin_s)
-        with self._lock:
-            now = self._tick()
-            hold = self.retention.hold if pin_s > 0 else None
-            pin_cap = self.retention.cap(self.placement.capacity()) if hold is not None else 0
-            pin_until = self.retention.until(pin_s)
-            expires_at = now + self.config.grant_ttl_s
-            ns_id = self.index.intern_ns(ns.digest)
-            tid = self.tenants.intern(tenant)
-            keys = self.tenants.stored_keys(tid, keys)
-            exclude = self._unplaceable()
-            # The demotions and drops that making room takes (a tenant's quota too) are sent per node when the loop
-            # ends, not per object (store/node_calls.py); erases of extents this put has handed out again wait
-            # until the lock is let go (Placement.batched_ops): on a full pool, that is the put's one node call.
-            with self.placement.batched_ops(defer_erases=True) as erases:
-                out = self._grant(keys, sizes, ns_id, tid, prefer_node, exclude, hold, pin_cap, pin_until, expires_at)
-            if (rec := self.recorder) is not None:
-                rec.put(now, ns, list(keys), out)
-            self._flush()
-        self.placement.send_erases(erases)      # before the answer: its client writes those extents after it
+        erases = Erases()
+        try:
+            with self._lock:
+                now = self._tick()
+                hold = self.retention.hold if pin_s > 0 else None
+                pin_cap = self.retention.cap(self.placement.capacity()) if hold is not None else 0
+                pin_until = self.retention.until(pin_s)
+                expires_at = now + self.config.grant_ttl_s
+                ns_id = self.index.intern_ns(ns.digest)
+                tid = self.tenants.intern(tenant)
+                keys = self.tenants.stored_keys(tid, keys)
+                exclude = self._unplaceable()
+                # The demotions and drops that making room takes (a tenant's quota too) are sent per node when the
+                # loop ends, not per object (store/node_calls.py); erases of extents this put has handed out again
+                # wait until the lock is let go (Placement.batched_ops): on a full pool, the put's one node call.
+                with self.placement.batched_ops(defer_erases=True) as erases:
+                    out = self._grant(keys, sizes, ns_id, tid, prefer_node, exclude, hold, pin_cap, pin_until,
+                                      expires_at)
+                if (rec := self.recorder) is not None:
+                    rec.put(now, ns, list(keys), out)
+                self._flush()
+        finally:
+            # before the answer: its client writes those extents after it (sent also if the rest raised: the
+            # extents were freed for reuse all the same)
+            self.placement.send_erases(erases)
         self._sign_grants(out)
         return out
 

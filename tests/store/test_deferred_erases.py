@@ -64,6 +64,27 @@ def test_a_full_pool_put_erases_without_the_lock_and_before_it_answers(tmp_path)
         a.close()
 
 
+def test_a_put_that_fails_after_its_batch_still_sends_its_erases(tmp_path):
+    """The traffic recorder raising after the put's batch (anything after it, under the lock): the put fails, and
+    its deferred Drop is still made, once, after the lock: the extents were freed and handed out all the same."""
+
+    class Broken:
+        def put(self, *args):
+            raise RuntimeError("the recorder failed")
+
+    a = Pool(tmp_path, "a", [("n1", 8, 16)], batched=True, write_behind=True)
+    try:
+        _full(a)
+        a.master.recorder = Broken()
+        with pytest.raises(RuntimeError, match="the recorder failed"):
+            a.master.put_start([chain_key(9, i) for i in range(8)], [K] * 8)
+        assert (a.ops["n1"].drop_calls, a.ops["n1"].dropped) == (1, 8)
+        assert sorted(r.key for r in a.nodes["n1"].scan_ssd()) == sorted(chain_key(1, i) for i in range(8))
+    finally:
+        a.master.recorder = None
+        a.close()
+
+
 def _ssd_object(a: Pool, i: int = 0) -> tuple[int, int]:
     """Block i of chain 0, a committed object on n1's SSD tier: (slot, offset)."""
     index = a.master.index
