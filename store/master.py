@@ -19,9 +19,11 @@ Plain records in and out (store/records.py), no callables; caller mistakes raise
 before anything changes. Client calls take `tenant` (the name from the caller's credential; "" = the unscoped space,
 every object when auth is off): keys are looked up in that tenant's space, grants and leases of another tenant
 are unknown to it, and its stats are its own. Node byte moves for eviction and demotion (NodeOps) run under the
-lock, so the master never races itself; promotions copy outside it (`promote_pending`).
+lock, so the master never races itself; promotions copy outside it (`promote_pending`). What needs no state runs after
+the lock: a full put's erases of extents it handed out again (Placement.batched_ops(defer_erases=True)), the tokens
+of grants and reads, and telling nodes of a removal.
 
-Why one module of ~1,000 lines: the Master IS the RPC surface, one method per MasterService call (put, lookup,
+Why one module of ~1,050 lines: the Master IS the RPC surface, one method per MasterService call (put, lookup,
 release, nodes, drain moves, admin queries, recording), each a few lines of argument checks (store/checks.py) and
 a call to the owner of the state, under the one lock. The state and its logic live in the owners above; splitting
 the surface across classes would split the lock or make them reach into each other again.
