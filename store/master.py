@@ -77,7 +77,7 @@ from kvpool.store.records import (
 )
 from kvpool.store.registry import NodeRegistry
 from kvpool.store.tenants import UNSCOPED, Quota, Tenants
-from kvpool.store.writebehind import WriteBehind
+from kvpool.store.writebehind import ROUND_BYTES, WriteBehind
 
 log = logging.getLogger(__name__)
 
@@ -678,7 +678,7 @@ class Master:
                 self._flush()
         return moved
 
-    def copy_pending(self, max_bytes: int = 64 << 20) -> int:
+    def copy_pending(self, max_bytes: int = ROUND_BYTES) -> int:
         """One write-behind round (store/writebehind.py): the oldest un-copied objects, up to `max_bytes`, copied to
         their reserved SSD extents with one batched NodeOps call per node, outside the lock. Returns how many copies
         became clean; call again while it returns objects to drain the backlog."""
@@ -687,7 +687,8 @@ class Master:
                 batches = self.write_behind.start(self._no_copies(), self.drains.moving, max_bytes)
             return self._copy(batches)
 
-    def flush_node(self, node_id: str, deadline_s: float = 60.0, max_bytes: int = 64 << 20) -> tuple[int, int]:
+    def flush_node(self, node_id: str, deadline_s: float = 60.0,
+                   max_bytes: int = ROUND_BYTES) -> tuple[int, int]:
         """A clean stop of a node: nothing new is placed on it from now on (until it registers again), and every
         object of it whose SSD copy is not written yet is copied now. Returns (copied, left): left > 0 only if
         copies failed or the deadline passed. KeyError for an unknown node."""

@@ -151,9 +151,10 @@ class WriteBehind:
 
 
 ROUND_BYTES = 16 << 20
-"""What the writer thread copies per round. A round's `start` holds the master's lock ~4 us per object (1,024
-objects of 64 KiB: 4.5 ms in process, 2.5-4.7 ms in a master process under load, 2026-12-06), so rounds of 16 MiB
-keep each hold near a millisecond; the backlog drains as fast, in more calls."""
+"""What a round copies at most (`Master.copy_pending`, `flush_node`; 64 MiB before 2026-12-06). A round's `start`
+holds the master's lock ~4 us per object (1,024 objects of 64 KiB: 4.5 ms in process, 2.5-4.7 ms in a master
+process under load, 2026-12-06), so rounds of 16 MiB keep each hold near a millisecond; the backlog drains as fast,
+in more calls."""
 
 
 def write_behind_loop(master, stop: threading.Event) -> None:
