@@ -58,7 +58,8 @@ from kvpool.store.leases import Leases
 from kvpool.store.metadata import MemoryMetadata, MetadataBackend
 from kvpool.store.migration import Drains, MigrateStartResult
 from kvpool.store.node import NodeOps, PublishOps
-from kvpool.store.placement import Erases, Placement
+from kvpool.store.node_calls import Deferred
+from kvpool.store.placement import Placement
 from kvpool.store.promotion import Promotions
 from kvpool.store.quota import ANY_TIER, Quotas
 from kvpool.store.recorder import DEFAULT_MAX_FILE_BYTES, Recorder, RecordingStatus
@@ -293,7 +294,7 @@ class Master:
         checks.put_sizes(sizes, len(keys), self.config.max_object_bytes)
         checks.namespace_digest(ns.digest)
         pin_s = checks.pin_seconds(pin_s)
-        erases = Erases()
+        deferred = Deferred()
         try:
             with self._lock:
                 now = self._tick()
@@ -306,20 +307,32 @@ class Master:
                 keys = self.tenants.stored_keys(tid, keys)
                 exclude = self._unplaceable()
                 # The demotions and drops that making room takes (a tenant's quota too) are sent per node when the
-                # loop ends, not per object (store/node_calls.py); erases of extents this put has handed out again
-                # wait until the lock is let go (Placement.batched_ops): on a full pool, the put's one node call.
-                with self.placement.batched_ops(defer_erases=True) as erases:
+                # loop ends, not per object (store/node_calls.py); a node's calls whose extents this put has handed
+                # out again wait until the lock is let go (Placement.batched_ops): on a full pool, the put's one node
+                # call (a Drop of its copies' extents, or a Demote of dirty victims whose extents are its grants).
+                with self.placement.batched_ops(defer=True) as deferred:
                     out = self._grant(keys, sizes, ns_id, tid, prefer_node, exclude, hold, pin_cap, pin_until,
                                       expires_at)
+                for slot in deferred.slots():
+                    self.leases.pin(slot)       # in flight until settled below
                 if (rec := self.recorder) is not None:
                     rec.put(now, ns, list(keys), out)
                 self._flush()
         finally:
             # before the answer: its client writes those extents after it (sent also if the rest raised: the
             # extents were freed for reuse all the same)
-            self.placement.send_erases(erases)
+            self._send_deferred(deferred)
         self._sign_grants(out)
         return out
+
+    def _send_deferred(self, deferred: Deferred) -> None:
+        """put_start's node calls left until after the lock (Placement.batched_ops(defer=True)): sent, then the
+        moves among them settled under the lock again (their objects land, or are evicted; their pins go)."""
+        self.placement.send_deferred(deferred)
+        if deferred.moves:
+            with self._lock:
+                self.placement.settle_deferred(deferred, self.leases.unpin)
+                self._flush()
 
     def _sign_grants(self, out: list[PutStartResult]) -> None:
         """The write tokens of put_start's grants, signed after the lock (pure CPU on the grants' own fields: 1.6 us
@@ -547,6 +560,8 @@ class Master:
                 ns = NsRef(ns.digest, f"{ns.label.rsplit('/', 1)[0]}/{tenant}" if ns.label else tenant,
                            ns.block_tokens)
             found = index.committed_prefix(keys)
+            if (n := self.placement.landed(found)) < len(found):   # in flight: not where the index says yet
+                found = found[:n]
             slots = np.array(found, dtype=np.int64)
             if lease and len(found) and (n := self.leases.leasable(slots)) < len(found):
                 found, slots = found[:n], slots[:n]
@@ -664,7 +679,7 @@ class Master:
         self.promotion_wanted.clear()
         with self._lock:
             with self.placement.batched_ops():     # the room made: one Demote call per node (its drops inside), sent here
-                batches = self.promotions.start(self._unplaceable(), self.drains.moving)
+                batches = self.promotions.start(self._unplaceable(), self._busy)
             self._flush()  # making room may have demoted or evicted objects
         moved = 0
         for batch in batches:
@@ -1007,6 +1022,10 @@ class Master:
             with self.placement.batched_ops():
                 for slot in slots:
                     self.placement.forget(slot)
+
+    def _busy(self, slot: int) -> bool:
+        """Moved by something else: a drain, or a put's deferred move (Placement.in_flight)."""
+        return self.drains.moving(slot) or self.placement.in_flight(slot)
 
     def _unplaceable(self) -> set[int]:
         """Node numbers nothing new may land on: draining, stopping (flushed for a clean stop), known from the journal

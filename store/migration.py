@@ -155,7 +155,7 @@ class Drains:
             if src is None or src.node_id not in self.draining:
                 result.moves.append(Migration(MigrateStatus.GONE))
                 continue
-            if slot in self._by_slot:
+            if slot in self._by_slot or placement.in_flight(slot):     # (a put's deferred move: store/node_calls.py)
                 result.moves.append(Migration(MigrateStatus.BUSY))
                 continue
             size, atime = int(index.size[slot]), int(index.atime[slot])

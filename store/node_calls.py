@@ -14,12 +14,19 @@ round (a move writes an extent a later drop erases) happens only when an object 
 it; Placement sends the node's batch, and settles it, before such an object can be a victim (`Placement.allocate`),
 so that drop is never queued behind the move it must follow, and a refused move's object is never evicted twice.
 
-When the calls are sent: when the operation ends, with the master's lock held, except the one kind a put on a full
-pool with the inclusive SSD tier makes, a Drop alone whose every record's extent the same put has handed out again
-(its objects' copies, or its grants). A put_start sends that after letting go of the lock and before it answers
-(`Placement.batched_ops(defer_erases=True)`): those extents are written only after the answer (by its client, or by
-a copy round after the client's commit), and no other operation can be given them while they are in use, so the
-erase still lands before anything that reuses them, and other clients' lookups do not wait on the round trip.
+When the calls are sent: when the operation ends, with the master's lock held, except a put_start's calls whose
+every extent the put has handed out again (`Placement.batched_ops(defer=True)`, `Deferred`), which it sends after
+letting go of the lock and before it answers:
+- a Drop alone whose every record's extent is used again (a put on a full pool with the inclusive SSD tier: its
+  objects' copies, or its grants);
+- a Demote whose every move's source extent is used again, and whose drops are such erases (a put on a full DRAM
+  tier whose victims' SSD copies are not written yet: each victim's bytes are copied into its copy, then its DRAM
+  extent is the new object's grant).
+Those extents are written only after the answer (by its client, or by a copy round after the client's commit), and
+no other operation can be given them while they are in use, so each erase and each move's read of its source still
+land before anything that reuses them, and other clients' lookups do not wait on the round trip. A deferred move's
+object is "in flight" until the put settles it under the lock again: pinned (nothing evicts, demotes, promotes or
+drains it; a removal only unlinks it), and a lookup misses it, since its target extent does not hold its bytes yet.
 
 The state a move brings (the object indexed at its new tier and extent) is applied when the move is decided, as if
 it succeeded, so the rest of the batch is decided exactly as the per-object calls decided it; the node's answers
@@ -65,3 +72,28 @@ class NodeCalls:
         self.drops, self.demotions = [], []
         self.slots.clear()
         return drops, demotions
+
+
+@dataclass(slots=True)
+class DeferredCall:
+    """One node's Demote a put_start sends after the lock (its drops carried or sent first, as `Placement._send`
+    does), then settles under the lock again; `results` and `erase` are the node's answer, once sent."""
+
+    node: object                    # placement.NodeState
+    drops: list[Drop]
+    demotions: list[Demotion]
+    results: list[bool] | None = None
+    erase: list[Drop] = field(default_factory=list)     # carried drops the failed call may not have erased
+
+
+@dataclass(slots=True)
+class Deferred:
+    """The node calls a batch left to its caller (`Placement.batched_ops(defer=True)`): `erases`, (node, drops) per
+    node that only drops; `moves`, the Demote calls, whose objects are in flight until settled."""
+
+    erases: list[tuple[object, list[Drop]]] = field(default_factory=list)
+    moves: list[DeferredCall] = field(default_factory=list)
+
+    def slots(self) -> list[int]:
+        """The objects the deferred moves carry (in flight until `Placement.settle_deferred`)."""
+        return [d.slot for call in self.moves for d in call.demotions]

@@ -15,7 +15,8 @@ retention hint (store/retention.py) come last, only when the unpinned ones canno
 through the node's `NodeOps`, batched per round, and inside `batched_ops` (a put_start, a promotion round, a drain's
 migrate_start) per operation: one Demote call per node carrying the drops (store/node_calls.py).
 Drops are sent before the writes that may reuse their extents (an SSD erase must never land on a new record); a
-put's drop-only call whose extents it handed out again is sent by put_start after the lock (`defer_erases`).
+put's calls whose extents it handed out again (a Drop of them; a Demote of dirty victims from them) are sent by
+put_start after the lock (`batched_ops(defer=True)`), their objects in flight until it settles them.
 
 Inclusive SSD tier (`write_behind`, store/copies.py): an object placed on a faster tier of a node with an SSD
 also gets an SSD extent at once; a demotion onto a clean copy moves no bytes, a promoted SSD record stays as the
@@ -49,7 +50,7 @@ from kvpool.store.copies import Copies
 from kvpool.store.index import COMMITTED, MAX_SIZE, NO_COPY, PENDING, Index, State
 from kvpool.store.journal import Journal
 from kvpool.store.node import Drop, Move, NodeOps
-from kvpool.store.node_calls import Demotion, NodeCalls
+from kvpool.store.node_calls import Deferred, DeferredCall, Demotion, NodeCalls
 from kvpool.store.records import NodeInfo, ObjectRecord
 from kvpool.store.retention import Retention
 from kvpool.tiers.allocator import OffsetAllocator
@@ -62,14 +63,6 @@ log = logging.getLogger(__name__)
 _TIERS = tuple(Tier)
 _SSD = Tier.SSD
 _PLACE_ORDER = (Tier.HBM, Tier.DRAM, Tier.SSD)  # fastest first: a put lands on the fastest tier with room
-
-
-@dataclass(slots=True)
-class Erases:
-    """The drop-only node calls a batch left for its caller to send after the master's lock (`batched_ops`):
-    (node, drops) per node."""
-
-    calls: list[tuple[NodeState, list[Drop]]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -141,6 +134,7 @@ class Placement:
         self._evicted: list[tuple[int, int, bytes]] = []    # (node number, tenant id, key) that left a node since
                                                             # `take_evicted` (evicted, or drained elsewhere)
         self._calls: dict[int, NodeCalls] | None = None     # per node number, inside `batched_ops`
+        self._in_flight: set[int] = set()   # slots a deferred move carries, until `settle_deferred`
 
     def _new_policy(self, tier: Tier):
         policy = make_policy(self.policy_name)
@@ -627,33 +621,41 @@ class Placement:
     # ---- node calls batched per operation (store/node_calls.py) ----
 
     @contextmanager
-    def batched_ops(self, *, defer_erases: bool = False) -> Iterator[Erases]:
+    def batched_ops(self, *, defer: bool = False) -> Iterator[Deferred]:
         """Inside it, the drops and demotions that making room decides are queued per node and sent when it ends
         (one Demote call per node carrying the drops, unless the order forces more); their state is applied as they are
         decided and settled by the nodes' answers (store/node_calls.py). Nested: the outermost one sends.
 
-        `defer_erases` (a put_start): a node's call that is only drops, each of whose record's extent this batch has
-        handed out again, is not sent here but left in the `Erases` yielded, for the caller to send once it has let
-        go of the master's lock and before it answers (`send_erases`). Why that is safe: nothing else can write
-        those extents until then (they are this operation's grants and copy reservations, written by its client
-        after the answer, or by a copy round after that client's commit), and no other operation can be given them
-        (they are in use). Drops of extents still free, or any call with a move, are sent here as before. A body
-        that raises defers nothing."""
-        erases = Erases()
+        `defer` (a put_start): a node's calls whose every extent this batch has handed out again are not sent here
+        but left in the `Deferred` yielded, for the caller to send once it has let go of the master's lock and
+        before it answers (`send_deferred`), then settle under the lock again (`settle_deferred`): a Drop alone whose
+        every record's extent is used again, or a Demote whose every move's source extent is, its drops such erases
+        too. Why that is safe: nothing else can write those extents until then (they are this operation's grants and
+        copy reservations, written by its client after the answer, or by a copy round after that client's commit,
+        or the targets of the same call's earlier moves), and no other operation can be given them (they are in
+        use). A deferred move's objects are in flight until settled (`in_flight`): the caller pins them
+        (`Deferred.slots`), and lookups, promotions and drains pass them by, since their targets do not hold their
+        bytes yet. Any other call is sent here as before. A body that raises defers nothing."""
+        deferred = Deferred()
         if self._calls is not None:
-            yield erases
+            yield deferred
             return
         self._calls = {}
         done = False
         try:
-            yield erases
+            yield deferred
             done = True
         finally:
             calls = self._calls
             try:
                 for node_calls in calls.values():
-                    if done and defer_erases and self._reused(node_calls):
-                        erases.calls.append((node_calls.node, node_calls.take()[0]))
+                    if done and defer and self._reused(node_calls):
+                        drops, demotions = node_calls.take()
+                        if demotions:
+                            deferred.moves.append(DeferredCall(node_calls.node, drops, demotions))
+                            self._in_flight.update(d.slot for d in demotions)
+                        else:
+                            deferred.erases.append((node_calls.node, drops))
                     else:
                         self._send(node_calls)
             finally:
@@ -661,18 +663,70 @@ class Placement:
 
     @staticmethod
     def _reused(calls: NodeCalls) -> bool:
-        """Only drops are queued, and a used extent starts at each dropped record's offset: one this batch allocated
-        (the record was freed in it), over the page the erase writes."""
-        if calls.demotions or not calls.drops:
+        """Something is queued, and every extent it reads or erases is in use again: a used extent starts at each
+        dropped record's offset (one this batch allocated after freeing the record, over the page the erase writes),
+        and at each move's source offset, covering the object's whole extent (the grant or the earlier move's target
+        that took it)."""
+        if not calls.drops and not calls.demotions:
             return False
-        ssd = calls.node.spaces.get(_SSD)
-        return ssd is not None and all(d.offset in ssd.allocator for d in calls.drops)
+        spaces = calls.node.spaces
+        if calls.drops:
+            ssd = spaces.get(_SSD)
+            if ssd is None or not all(d.offset in ssd.allocator for d in calls.drops):
+                return False
+        for d in calls.demotions:
+            move = d.move
+            space = spaces.get(move.src_tier)
+            if space is None:
+                return False
+            alloc = space.allocator
+            if move.src_offset not in alloc or \
+                    alloc.size_of(move.src_offset) < alloc.rounded(space.extent_size(move.size)):
+                return False
+        return True
+
+    def in_flight(self, slot: int) -> bool:
+        """A deferred move carries this object: its index entry is at a target that does not hold its bytes yet."""
+        return slot in self._in_flight
+
+    def landed(self, slots: Sequence[int]) -> int:
+        """How many leading `slots` are not in flight (a lookup's hits end before the first that is)."""
+        flying = self._in_flight
+        if not flying:
+            return len(slots)
+        return next((i for i, s in enumerate(slots) if s in flying), len(slots))
 
     @staticmethod
-    def send_erases(erases: Erases) -> None:
-        """Send the erases a batch deferred (`batched_ops(defer_erases=True)`), without the master's lock."""
-        for node, drops in erases.calls:
+    def send_deferred(deferred: Deferred) -> None:
+        """Send the calls a batch deferred (`batched_ops(defer=True)`), without the master's lock: the erases, then
+        each Demote (its drops carried, or erased first), keeping its answer for `settle_deferred`. A move call that
+        made no move may not have erased its carried drops: they are erased here again (extents still this put's)."""
+        for node, drops in deferred.erases:
             Placement._erase(node, drops)
+        for call in deferred.moves:
+            call.results, call.erase = Placement._call(call.node, call.drops, call.demotions)
+            Placement._erase(call.node, call.erase)
+            call.erase = []
+
+    def settle_deferred(self, deferred: Deferred, unpin) -> None:
+        """Under the lock again, after `send_deferred`: each deferred move's object lands (indexed where it went, the
+        nodes' host indexes told with the other moves) or, refused, is evicted, as `_send` settles a move; then its
+        pin goes (`unpin(slot)`: True for an object removed meanwhile, which is freed now, its target erased after
+        the move wrote it)."""
+        for call in deferred.moves:
+            node = call.node
+            results = call.results if call.results is not None else [False] * len(call.demotions)
+            erase: list[Drop] = []
+            for d, ok in zip(call.demotions, results):
+                self._in_flight.discard(d.slot)
+                if unpin(d.slot):
+                    self.forget(d.slot, drops=erase)
+                elif ok:
+                    self._demoted(d.slot, d.src_tier)
+                else:
+                    self._evict_one(node, d.slot, d.src_tier, erase)
+            self._erase(node, erase)
+        deferred.moves = []
 
     def _drop(self, node: NodeState, drops: list[Drop]) -> None:
         """Erase these SSD records on the node: now, or queued in the batch. None of them is a queued move's target:
@@ -716,24 +770,10 @@ class Placement:
 
     def _send(self, calls: NodeCalls) -> None:
         """Send one node's queued calls (drops, then moves) and settle the moves by its answers: a move the node
-        did not make evicts its object, as a failed per-object move did. A node that says `move_drops` gets both in
-        one Demote call (it erases before it moves); an older one a Drop call first."""
-        drops, demotions = calls.take()
+        did not make evicts its object, as a failed per-object move did."""
         node = calls.node
-        carried = drops if demotions and node.info.move_drops else []
-        if not carried:
-            self._erase(node, drops)
-        if not demotions:
-            return
-        moves = [d.move for d in demotions]
-        try:
-            results = node.ops.demote(moves, carried)
-        except Exception:  # noqa: BLE001 - the operation goes on; the objects the node did not move are evicted
-            log.exception("node %s: demotion of %d objects failed", node.node_id, len(demotions))
-            results = [False] * len(demotions)
-        # no move made: the call may have failed before its drops were erased, so they are sent again (no move
-        # wrote anything they could erase now); after a move was made, they were erased before it
-        erase: list[Drop] = list(carried) if carried and not any(results) else []
+        drops, demotions = calls.take()
+        results, erase = self._call(node, drops, demotions)
         for d, ok in zip(demotions, results):
             if ok:
                 self._demoted(d.slot, d.src_tier)
@@ -742,6 +782,26 @@ class Placement:
             # failed write may have begun there) and its policy entry
             self._evict_one(node, d.slot, d.src_tier, erase)
         self._erase(node, erase)
+
+    @staticmethod
+    def _call(node: NodeState, drops: list[Drop], demotions: list[Demotion]) -> tuple[list[bool], list[Drop]]:
+        """The node calls of `_send`: a node that says `move_drops` gets the drops and moves in one Demote call (it
+        erases before it moves); an older one a Drop call first. Returns each move's answer (all False when the
+        call failed) and the carried drops to erase again: with no move made, the call may have failed before they
+        were erased (no move wrote anything they could erase now); after a move was made, they were erased before
+        it."""
+        carried = drops if demotions and node.info.move_drops else []
+        if not carried:
+            Placement._erase(node, drops)
+        if not demotions:
+            return [], []
+        moves = [d.move for d in demotions]
+        try:
+            results = list(node.ops.demote(moves, carried))
+        except Exception:  # noqa: BLE001 - the operation goes on; the objects the node did not move are evicted
+            log.exception("node %s: demotion of %d objects failed", node.node_id, len(demotions))
+            results = [False] * len(demotions)
+        return results, (list(carried) if carried and not any(results) else [])
 
     @staticmethod
     def _erase(node: NodeState, drops: list[Drop]) -> None:

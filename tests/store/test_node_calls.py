@@ -22,7 +22,7 @@ from kvpool.store.index import COMMITTED
 from kvpool.store.master import Master
 from kvpool.store.migration import MigrateStatus
 from kvpool.store.node import StorageNode
-from kvpool.store.placement import Erases
+from kvpool.store.node_calls import Deferred
 from kvpool.store.records import PutStatus
 from kvpool.store.tenants import Quota
 from kvpool.tiers.types import Tier
@@ -47,9 +47,12 @@ class Counted:
         self.on_drop = None         # called with the drops at the start of each Drop call
         self.per_call: list[int] = []   # moves of each Demote call, in order
         self.on_removed = None      # called with the keys at the start of each objects_removed call
+        self.on_demote = None       # called with the moves at the start of each Demote call
 
     def demote(self, moves, drops=()):
         self.demote_calls += 1
+        if self.on_demote is not None:
+            self.on_demote(moves)
         if self.broken:
             raise RuntimeError("the node's handler failed")
         self.moves += len(moves)
@@ -91,7 +94,7 @@ class Pool:
         self.clock = Clock()
         self.master = Master(MasterConfig(**cfg), None, clock=self.clock, token_secret=b"s" * 32, quotas=quotas)
         if not batched:
-            self.master.placement.batched_ops = lambda **_: contextlib.nullcontext(Erases())
+            self.master.placement.batched_ops = lambda **_: contextlib.nullcontext(Deferred())
         self.nodes: dict[str, StorageNode] = {}
         self.ops: dict[str, Counted] = {}
         for name, dram, ssd in nodes:
