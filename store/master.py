@@ -20,8 +20,9 @@ before anything changes. Client calls take `tenant` (the name from the caller's 
 every object when auth is off): keys are looked up in that tenant's space, grants and leases of another tenant
 are unknown to it, and its stats are its own. Node byte moves for eviction and demotion (NodeOps) run under the
 lock, so the master never races itself; promotions copy outside it (`promote_pending`). What needs no state runs after
-the lock: a full put's erases of extents it handed out again (Placement.batched_ops(defer_erases=True)), the tokens
-of grants and reads, and telling nodes of a removal.
+the lock: a full put's node call on extents it handed out again (Placement.batched_ops(defer=True): the erases of its
+copies' extents, or the copies of dirty victims out of its grants' extents, those settled under the lock again),
+the tokens of grants and reads, and telling nodes of a removal.
 
 Why one module of ~1,050 lines: the Master IS the RPC surface, one method per MasterService call (put, lookup,
 release, nodes, drain moves, admin queries, recording), each a few lines of argument checks (store/checks.py) and
