@@ -311,11 +311,9 @@ class Master:
                 # loop ends, not per object (store/node_calls.py); a node's calls whose extents this put has handed
                 # out again wait until the lock is let go (Placement.batched_ops): on a full pool, the put's one node
                 # call (a Drop of its copies' extents, or a Demote of dirty victims whose extents are its grants).
-                with self.placement.batched_ops(defer=True) as deferred:
+                with self.placement.batched_ops(defer=True, pin=self.leases.pin) as deferred:
                     out = self._grant(keys, sizes, ns_id, tid, prefer_node, exclude, hold, pin_cap, pin_until,
                                       expires_at)
-                for slot in deferred.slots():
-                    self.leases.pin(slot)       # in flight until settled below
                 if (rec := self.recorder) is not None:
                     rec.put(now, ns, list(keys), out)
                 self._flush()
@@ -700,7 +698,7 @@ class Master:
         became clean; call again while it returns objects to drain the backlog."""
         with self._copy_lock:
             with self._lock:
-                batches = self.write_behind.start(self._no_copies(), self.drains.moving, max_bytes)
+                batches = self.write_behind.start(self._no_copies(), self._busy, max_bytes)
             return self._copy(batches)
 
     def flush_node(self, node_id: str, deadline_s: float = 60.0,
@@ -718,7 +716,7 @@ class Master:
                 with self._lock:
                     if node_id not in self.placement.nodes or self.placement.nodes[node_id].number != number:
                         break
-                    batches = self.write_behind.start(self._no_copies(), self.drains.moving, max_bytes, only=number)
+                    batches = self.write_behind.start(self._no_copies(), self._busy, max_bytes, only=number)
                 if not batches:
                     break
                 done = self._copy(batches)
@@ -784,6 +782,7 @@ class Master:
                 continue
             slots = np.flatnonzero((index.state == COMMITTED) & ((index.tier == Tier.DRAM) | (index.tier == Tier.SSD))
                                    & (index.node == node.number) & (index.tenant == UNSCOPED)).tolist()
+            slots = [s for s in slots if not self.placement.in_flight(s)]   # published when they land
             if slots:
                 self._publish(slots, [index.key_at(slot) for slot in slots])
 
@@ -1025,7 +1024,8 @@ class Master:
                     self.placement.forget(slot)
 
     def _busy(self, slot: int) -> bool:
-        """Moved by something else: a drain, or a put's deferred move (Placement.in_flight)."""
+        """Moved by something else: a drain, or a put's deferred move (Placement.in_flight; an HBM victim moved to
+        DRAM keeps its dirty copy, which a copy round must not write from a DRAM extent its move has not filled)."""
         return self.drains.moving(slot) or self.placement.in_flight(slot)
 
     def _unplaceable(self) -> set[int]:

@@ -621,7 +621,7 @@ class Placement:
     # ---- node calls batched per operation (store/node_calls.py) ----
 
     @contextmanager
-    def batched_ops(self, *, defer: bool = False) -> Iterator[Deferred]:
+    def batched_ops(self, *, defer: bool = False, pin=None) -> Iterator[Deferred]:
         """Inside it, the drops and demotions that making room decides are queued per node and sent when it ends
         (one Demote call per node carrying the drops, unless the order forces more); their state is applied as they are
         decided and settled by the nodes' answers (store/node_calls.py). Nested: the outermost one sends.
@@ -633,9 +633,12 @@ class Placement:
         too. Why that is safe: nothing else can write those extents until then (they are this operation's grants and
         copy reservations, written by its client after the answer, or by a copy round after that client's commit,
         or the targets of the same call's earlier moves), and no other operation can be given them (they are in
-        use). A deferred move's objects are in flight until settled (`in_flight`): the caller pins them
-        (`Deferred.slots`), and lookups, promotions and drains pass them by, since their targets do not hold their
-        bytes yet. Any other call is sent here as before. A body that raises defers nothing."""
+        use). A deferred move's objects are in flight until settled (`in_flight`), pinned (`pin(slot)`, the
+        caller's Leases.pin: nothing evicts, demotes or frees them, a removal only unlinks them) as they are
+        deferred, and lookups, promotions, copy rounds and drains pass them by, since their targets do not hold
+        their bytes yet. Any other call is sent here as before. A body that raises defers nothing."""
+        if defer and pin is None:
+            raise ValueError("pin: a batch that defers moves pins their objects (Leases.pin)")
         deferred = Deferred()
         if self._calls is not None:
             yield deferred
@@ -653,7 +656,9 @@ class Placement:
                         drops, demotions = node_calls.take()
                         if demotions:
                             deferred.moves.append(DeferredCall(node_calls.node, drops, demotions))
-                            self._in_flight.update(d.slot for d in demotions)
+                            for d in demotions:
+                                pin(d.slot)
+                                self._in_flight.add(d.slot)
                         else:
                             deferred.erases.append((node_calls.node, drops))
                     else:
@@ -709,10 +714,11 @@ class Placement:
             call.erase = []
 
     def settle_deferred(self, deferred: Deferred, unpin) -> None:
-        """Under the lock again, after `send_deferred`: each deferred move's object lands (indexed where it went, the
-        nodes' host indexes told with the other moves) or, refused, is evicted, as `_send` settles a move; then its
-        pin goes (`unpin(slot)`: True for an object removed meanwhile, which is freed now, its target erased after
-        the move wrote it)."""
+        """Under the lock again, after `send_deferred`: each deferred move's pin goes (`unpin(slot)`, the caller's
+        Leases.unpin: True for an object removed meanwhile and held by nobody else, which is freed now, its target
+        erased after the move wrote it; one removed and still held elsewhere is freed by the last holder) and its
+        object lands (indexed where it went, the nodes' host indexes told with the other moves) or, refused, is
+        evicted, as `_send` settles a move."""
         for call in deferred.moves:
             node = call.node
             results = call.results if call.results is not None else [False] * len(call.demotions)
@@ -721,6 +727,8 @@ class Placement:
                 self._in_flight.discard(d.slot)
                 if unpin(d.slot):
                     self.forget(d.slot, drops=erase)
+                elif int(self.index.state[d.slot]) != COMMITTED:
+                    continue
                 elif ok:
                     self._demoted(d.slot, d.src_tier)
                 else:

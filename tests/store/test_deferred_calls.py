@@ -15,11 +15,16 @@ import threading
 import time
 
 import pytest
+import xxhash
 
+from kvpool.store.config import MasterConfig, NodeConfig
+from kvpool.store.index import State
+from kvpool.store.master import Master
 from kvpool.store.migration import MigrateStatus
+from kvpool.store.node import StorageNode
 from kvpool.store.records import PutStatus
 from kvpool.tiers.types import Tier
-from tests.store.test_node_calls import K, Pool, chain_key
+from tests.store.test_node_calls import K, Counted, Pool, chain_key
 
 
 def _full(a: Pool) -> None:
@@ -116,7 +121,7 @@ def test_only_drops_of_extents_the_batch_handed_out_again_wait_for_the_caller(tm
         node = placement.node("n1")
         slot, offset = _ssd_object(a)
         # its extent taken again in the batch: the erase is left to the caller
-        with placement.batched_ops(defer=True) as erases:
+        with placement.batched_ops(defer=True, pin=a.master.leases.pin) as erases:
             placement.forget(slot)
             assert placement.allocate(node, Tier.SSD, K) == offset
         assert ops.drop_calls == 0 and [(n.node_id, [d.offset for d in drops]) for n, drops in erases.erases] == \
@@ -126,7 +131,7 @@ def test_only_drops_of_extents_the_batch_handed_out_again_wait_for_the_caller(tm
         assert chain_key(0, 0) not in [r.key for r in a.nodes["n1"].scan_ssd()]
         # its extent still free when the batch ends: sent inside it, nothing left to the caller
         slot, offset = _ssd_object(a, 1)
-        with placement.batched_ops(defer=True) as erases:
+        with placement.batched_ops(defer=True, pin=a.master.leases.pin) as erases:
             placement.forget(slot)
         assert (ops.drop_calls, ops.dropped, erases.erases) == (2, 2, [])
         assert placement.allocate(node, Tier.SSD, K) == offset      # (taken again, for the next case)
@@ -146,7 +151,8 @@ def test_a_batch_whose_body_raises_sends_its_erases_inside_it(tmp_path):
         _full(a)
         placement, ops = a.master.placement, a.ops["n1"]
         slot, offset = _ssd_object(a)
-        with pytest.raises(RuntimeError, match="the body failed"), placement.batched_ops(defer=True) as erases:
+        with pytest.raises(RuntimeError, match="the body failed"), \
+                placement.batched_ops(defer=True, pin=a.master.leases.pin) as erases:
             placement.forget(slot)
             assert placement.allocate(placement.node("n1"), Tier.SSD, K) == offset
             raise RuntimeError("the body failed")
@@ -275,12 +281,12 @@ def test_a_move_is_deferred_only_when_its_whole_source_extent_is_taken_again(tmp
         node = placement.node("n1")
         where = {k: r.offset for k, r in zip(old, master.inspect(old))}
         # the victim's whole extent taken again: deferred, in flight (pinned by its caller) until settled
-        with placement.batched_ops(defer=True) as deferred:
+        with placement.batched_ops(defer=True, pin=master.leases.pin) as deferred:
             offset = placement.allocate(node, Tier.DRAM, 2 * K)
         (victim,) = deferred.slots()
         key = master.index.key_at(victim)
         assert ops.demote_calls == 0 and offset == where[key] and placement.in_flight(victim)
-        master.leases.pin(victim)
+        assert int(master.index.leases[victim]) == 1                         # pinned as it was deferred
         assert master.lookup(old, lease=False).hits == old.index(key)       # the hits end before it
         master.begin_drain("n1")
         other = next(k for k in old if k != key)
@@ -292,10 +298,83 @@ def test_a_move_is_deferred_only_when_its_whole_source_extent_is_taken_again(tmp
         assert not placement.in_flight(victim) and int(master.index.leases[victim]) == 0
         assert master.lookup(old, lease=False).hits == 4 and master.inspect([key])[0].tier == Tier.SSD
         # a smaller extent where the victim was: the rest of its source is free to anyone, so the move is sent here
-        with placement.batched_ops(defer=True) as deferred:
+        with placement.batched_ops(defer=True, pin=master.leases.pin) as deferred:
             assert placement.allocate(node, Tier.DRAM, K) is not None
         assert (deferred.moves, ops.demote_calls) == ([], 2)
         assert sorted(r.tier for r in master.inspect(old)) == [Tier.DRAM, Tier.DRAM, Tier.SSD, Tier.SSD]
         assert a.check_bytes(old) == 4
     finally:
         a.close()
+
+
+def test_a_deferred_move_removed_meanwhile_and_still_held_elsewhere_is_freed_by_its_last_holder(tmp_path):
+    a = Pool(tmp_path, "a", [("n1", 8, 16)], batched=True, write_behind=True)
+    try:
+        old = _dirty(a, size=2 * K, n=4)
+        master, placement, ops = a.master, a.master.placement, a.ops["n1"]
+        with placement.batched_ops(defer=True, pin=master.leases.pin) as deferred:
+            placement.allocate(placement.node("n1"), Tier.DRAM, 2 * K)
+        (victim,) = deferred.slots()
+        key = master.index.key_at(victim)
+        master.leases.pin(victim)                   # another holder (a copy round, a reader)
+        assert master.remove([key]) == 1
+        ops.broken = True                           # the move fails: settled as a refusal
+        placement.send_deferred(deferred)
+        ops.broken = False
+        placement.settle_deferred(deferred, master.leases.unpin)
+        # still held: unlinked, not freed, not evicted twice
+        assert (int(master.index.state[victim]), int(master.index.leases[victim])) == (State.DOOMED, 1)
+        assert not placement.in_flight(victim) and master.stats()["evictions"]["dram"] == 0
+        assert master.leases.unpin(victim)
+        placement.forget(victim)                    # what the last holder does
+        assert master.inspect([key]) == [None] and int(master.index.state[victim]) == State.FREE
+        master.index.check_invariants()
+    finally:
+        a.close()
+
+
+def test_a_copy_round_during_a_deferred_move_leaves_its_object_alone(tmp_path):
+    """A node with HBM (host memory standing in for it: tests/store/test_hbm_tier.py), DRAM and the inclusive SSD
+    tier. A put on a full HBM tier moves its coldest object to DRAM (a byte copy, after the lock: its HBM extent is
+    the put's grant), and that object keeps its SSD copy, not written yet. A copy round meanwhile must not write the
+    copy from its DRAM extent, which the move has not filled: it would mark a copy of wrong bytes clean."""
+    from tests.store.test_hbm_tier import OBJ, HostHbm, payload
+    from tests.store.test_hbm_tier import key as hkey
+
+    node = StorageNode(NodeConfig(node_id="n1", dram_bytes=2 * OBJ, shm_dir=str(tmp_path),
+                                  ssd_path=str(tmp_path / "ssd"), ssd_bytes=16 * 2 * OBJ), hbm=HostHbm(2 * OBJ))
+    ops = Counted(node)
+    master = Master(MasterConfig(write_behind=True))
+    master.register_node(node.info(), ops, expires=False)
+    try:
+        def put(i: int) -> None:
+            (r,) = master.put_start([hkey(i)], [OBJ])
+            data = payload(i)
+            loc = r.grant.location
+            node.write(loc.tier, loc.offset, hkey(i), b"\0" * 16, data, xxhash.xxh3_64_intdigest(data))
+            assert master.put_commit([r.grant.grant_id], [xxhash.xxh3_64_intdigest(data)]) == [True]
+
+        put(1)
+        put(2)
+        copied: list[int] = []
+
+        def during_demote(moves):
+            ops.on_demote = None
+            assert [(m.key, m.src_tier, m.dst_tier) for m in moves] == [(hkey(1), Tier.HBM, Tier.DRAM)]
+            thread = threading.Thread(target=lambda: copied.append(master.copy_pending()), daemon=True)
+            thread.start()
+            thread.join(30)
+
+        ops.on_demote = during_demote
+        put(3)
+        assert copied == [1]                            # 2's copy only: 1 was in flight
+        assert [r.tier for r in master.inspect([hkey(i) for i in (1, 2, 3)])] == [Tier.DRAM, Tier.HBM, Tier.HBM]
+        assert master.copy_pending() == 2               # 1's copy, from the bytes its move put in DRAM, and 3's
+        slot = master.index.slot_of(hkey(1))
+        out = bytearray(OBJ)
+        assert node.read_into(Tier.SSD, master.placement.copies.offset(slot), hkey(1), OBJ, out)
+        assert bytes(out) == payload(1).tobytes()
+        assert int(master.index.leases.sum()) == 0
+        master.index.check_invariants()
+    finally:
+        node.close()
