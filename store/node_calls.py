@@ -77,13 +77,12 @@ class NodeCalls:
 @dataclass(slots=True)
 class DeferredCall:
     """One node's Demote a put_start sends after the lock (its drops carried or sent first, as `Placement._send`
-    does), then settles under the lock again; `results` and `erase` are the node's answer, once sent."""
+    does), then settles under the lock again; `results`: the node's answer per move, once sent."""
 
     node: object                    # placement.NodeState
     drops: list[Drop]
     demotions: list[Demotion]
     results: list[bool] | None = None
-    erase: list[Drop] = field(default_factory=list)     # carried drops the failed call may not have erased
 
 
 @dataclass(slots=True)

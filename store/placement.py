@@ -709,9 +709,8 @@ class Placement:
         for node, drops in deferred.erases:
             Placement._erase(node, drops)
         for call in deferred.moves:
-            call.results, call.erase = Placement._call(call.node, call.drops, call.demotions)
-            Placement._erase(call.node, call.erase)
-            call.erase = []
+            call.results, erase = Placement._call(call.node, call.drops, call.demotions)
+            Placement._erase(call.node, erase)
 
     def settle_deferred(self, deferred: Deferred, unpin) -> None:
         """Under the lock again, after `send_deferred`: each deferred move's pin goes (`unpin(slot)`, the caller's
@@ -721,7 +720,7 @@ class Placement:
         evicted, as `_send` settles a move."""
         for call in deferred.moves:
             node = call.node
-            results = call.results if call.results is not None else [False] * len(call.demotions)
+            results = call.results if call.results is not None else [False] * len(call.demotions)  # never sent
             erase: list[Drop] = []
             for d, ok in zip(call.demotions, results):
                 self._in_flight.discard(d.slot)
