@@ -273,6 +273,16 @@ def test_a_deferred_move_whose_node_call_fails_evicts_its_objects_and_the_put_go
         a.close()
 
 
+def _defer_one(a: Pool) -> tuple:
+    """A batch that allocates one 2K extent on n1's full DRAM tier (its objects 2K each, copies dirty): the coldest
+    object is moved out in a deferred call. Returns (the Deferred, the victim's slot, its key, the extent given)."""
+    placement = a.master.placement
+    with placement.batched_ops(defer=True, pin=a.master.leases.pin) as deferred:
+        offset = placement.allocate(placement.node("n1"), Tier.DRAM, 2 * K)
+    (victim,) = deferred.slots()
+    return deferred, victim, a.master.index.key_at(victim), offset
+
+
 def test_a_move_is_deferred_only_when_its_whole_source_extent_is_taken_again(tmp_path):
     a = Pool(tmp_path, "a", [("n1", 8, 16)], batched=True, write_behind=True)
     try:
@@ -281,10 +291,7 @@ def test_a_move_is_deferred_only_when_its_whole_source_extent_is_taken_again(tmp
         node = placement.node("n1")
         where = {k: r.offset for k, r in zip(old, master.inspect(old))}
         # the victim's whole extent taken again: deferred, in flight (pinned by its caller) until settled
-        with placement.batched_ops(defer=True, pin=master.leases.pin) as deferred:
-            offset = placement.allocate(node, Tier.DRAM, 2 * K)
-        (victim,) = deferred.slots()
-        key = master.index.key_at(victim)
+        deferred, victim, key, offset = _defer_one(a)
         assert ops.demote_calls == 0 and offset == where[key] and placement.in_flight(victim)
         assert int(master.index.leases[victim]) == 1                         # pinned as it was deferred
         assert master.lookup(old, lease=False).hits == old.index(key)       # the hits end before it
@@ -310,12 +317,9 @@ def test_a_move_is_deferred_only_when_its_whole_source_extent_is_taken_again(tmp
 def test_a_deferred_move_removed_meanwhile_and_still_held_elsewhere_is_freed_by_its_last_holder(tmp_path):
     a = Pool(tmp_path, "a", [("n1", 8, 16)], batched=True, write_behind=True)
     try:
-        old = _dirty(a, size=2 * K, n=4)
+        _dirty(a, size=2 * K, n=4)
         master, placement, ops = a.master, a.master.placement, a.ops["n1"]
-        with placement.batched_ops(defer=True, pin=master.leases.pin) as deferred:
-            placement.allocate(placement.node("n1"), Tier.DRAM, 2 * K)
-        (victim,) = deferred.slots()
-        key = master.index.key_at(victim)
+        deferred, victim, key, _ = _defer_one(a)
         master.leases.pin(victim)                   # another holder (a copy round, a reader)
         assert master.remove([key]) == 1
         ops.broken = True                           # the move fails: settled as a refusal
