@@ -24,7 +24,7 @@ the lock: a full put's node call on extents it handed out again (Placement.batch
 copies' extents, or the copies of dirty victims out of its grants' extents, those settled under the lock again),
 the tokens of grants and reads, and telling nodes of a removal.
 
-Why one module of ~1,050 lines: the Master IS the RPC surface, one method per MasterService call (put, lookup,
+Why one module of ~1,070 lines: the Master IS the RPC surface, one method per MasterService call (put, lookup,
 release, nodes, drain moves, admin queries, recording), each a few lines of argument checks (store/checks.py) and
 a call to the owner of the state, under the one lock. The state and its logic live in the owners above; splitting
 the surface across classes would split the lock or make them reach into each other again.
