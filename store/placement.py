@@ -171,13 +171,14 @@ class Placement:
     def remove_node(self, node_id: str) -> int:
         """Forget a node and every object on it (they become misses). Returns the number of objects dropped."""
         state = self.nodes.pop(node_id)
-        n = 0
-        for slot in self.index.slots():
-            if self.index.node[slot] == state.number:
-                n += self.index.state[slot] == State.COMMITTED
-                if self.index.state[slot] == State.DOOMED and self.index.leases[slot] > 0:
-                    continue  # still leased: the last release frees the slot (the reader's lease names it)
-                self.forget(int(slot), free_extent=False)
+        index = self.index
+        slots = index.slots()
+        slots = slots[index.node[slots] == state.number]
+        states = index.state[slots]
+        n = int(np.count_nonzero(states == State.COMMITTED))
+        # a DOOMED slot still leased stays: the last release frees it (the reader's lease names it)
+        for slot in slots[(states != State.DOOMED) | (index.leases[slots] == 0)].tolist():
+            self.forget(slot, free_extent=False)
         self.by_number[state.number] = None
         self.copies.forget_node(state.number)
         return n
