@@ -52,6 +52,7 @@ from kvpool.store import checks, queries, tokens
 from kvpool.store import stats as stats_mod
 from kvpool.store.checks import BatchTooLarge
 from kvpool.store.config import MasterConfig
+from kvpool.store.fair_lock import FairLock
 from kvpool.store.host_feed import HostIndexFeed
 from kvpool.store.index import COMMITTED, NO_COPY, PENDING, Index, State
 from kvpool.store.journal import Journal
@@ -124,7 +125,7 @@ class Master:
         self.clock = clock
         # None: grants/leases carry no tokens (in-process pool, where there is no one to check them).
         self.token_secret = token_secret
-        self._lock = threading.Lock()
+        self._lock = FairLock()        # store/fair_lock.py: a lookup never waits out several holds of a bulk call
         self.index = Index()
         self.journal = Journal(self.metadata, self.index)
         self.placement = Placement(self.index, self.config.policy, self.journal,
@@ -799,11 +800,11 @@ class Master:
         removed object of it until the reply to that get's use report forgets it (one linger), as for an object
         evicted for room.
 
-        `keys` (a `remove`: the unscoped stored keys removed) go to the nodes that say `removes_keys`: their host
-        indexes forget those rows only. Else (an admin `evict`, which may take any number of objects, or an older
-        node) a node clears its host index and the master publishes again every object it still holds: one scan of
-        the index and a publication of every row, ~86 ms of the master's lock and ~250 ms of feed per removal at
-        100,000 objects on one node (scratch, 2-core box, 2026-12-06).
+        `keys` (the unscoped stored keys a `remove`, or one chunk of an admin `evict`, took) go to the nodes that
+        say `removes_keys`: their host indexes forget those rows only. A node from before `removes_keys` clears its
+        host index and the master publishes again every object it still holds: one scan of the index and a
+        publication of every row, ~86 ms of the master's lock and ~250 ms of feed per removal at 100,000 objects on
+        one node (scratch, 2-core box, 2026-12-06).
 
         The nodes are told at once, one thread per node past the first, so a removal waits one round trip, not one
         per node (each call is bounded by the node RPC deadline)."""
@@ -854,16 +855,29 @@ class Master:
         """Evict committed objects of one namespace (`ns_digest`, empty = any) and/or idle for at least
         `older_than_s` seconds since their last commit or lookup hit (resolution 1 / ATIME_TICKS_PER_S). At least one
         filter is required (older_than_s=0 with no namespace evicts everything). Leased, uncommitted and already
-        removed objects are never touched. Returns how many were evicted (counted in stats()["evictions"])."""
+        removed objects are never touched. Returns how many were evicted (counted in stats()["evictions"]).
+
+        The candidates are chosen once, then evicted `queries.EVICT_CHUNK` at a time, each chunk under one hold of
+        the lock and checked again there (an object hit meanwhile is no longer idle; one leased is skipped). After
+        each chunk the nodes are told, as after a `remove` (its unscoped keys to the nodes that forget removed rows
+        only), so a location cache serves none of the chunk's objects once `evict` returns."""
         checks.evict_args(ns_digest, older_than_s)
+        older = None if older_than_s is None else queries.idle_ticks(older_than_s, ATIME_TICKS_PER_S)
         with self._lock:
-            now = self._tick()
-            older = None if older_than_s is None else queries.idle_ticks(older_than_s, ATIME_TICKS_PER_S)
-            n = queries.evict(self.index, self.placement, bytes(ns_digest), older, self._ticks(now))
-            self._flush()
-            told = self._told_nodes() if n else []
-        self._tell_removed(told)
-        return n
+            ns_id = self.index.ns_id_of(ns_digest) if ns_digest else None
+            if ns_id == -1:
+                return 0                    # no object ever had that namespace
+            candidates = queries.evict_candidates(self.index, ns_id, older, self._ticks(self._tick()))
+        total = 0
+        for start in range(0, len(candidates), queries.EVICT_CHUNK):
+            with self._lock:
+                n, keys = queries.evict(self.index, self.placement, candidates[start:start + queries.EVICT_CHUNK],
+                                        ns_id, older, self._ticks(self._tick()))
+                self._flush()
+                told = self._told_nodes() if n else []
+            self._tell_removed(told, keys)
+            total += n
+        return total
 
     def stats_record(self, *, tenant: str | None = None) -> stats_mod.PoolStats:
         """The pool's stats; with `tenant` (a client's), that tenant's view only (store/stats.py)."""

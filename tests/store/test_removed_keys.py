@@ -114,11 +114,25 @@ def test_a_tenants_removal_forgets_no_row_and_still_moves_the_generation(served)
     assert master.host_feed.published == published
 
 
-def test_an_admin_evict_still_clears_the_index_and_publishes_again_what_stays(served):
-    """`kvpool evict` may take any number of objects: the node clears its index, the master publishes the rest (the
-    objects leased meanwhile: never evicted)."""
+def test_an_admin_evict_makes_the_node_forget_the_evicted_rows_only(served):
+    """`kvpool evict` tells the nodes after each chunk of its objects (queries.EVICT_CHUNK), with that chunk's keys:
+    the rows of the objects leased meanwhile (never evicted) stay, and nothing is published again (before the evict
+    was chunked, the node cleared its index and the master published the 5 again)."""
     node, ops, _ = served
     master = pool(node, ops)
+    lease = master.lookup([key(i) for i in range(5)]).lease_id
+    published, generation = master.host_feed.published, node.shared_arena.generation
+    assert master.evict(older_than_s=0) == N - 5
+    assert master.host_feed.flush(10)
+    assert rows(node) == list(range(5))
+    assert master.host_feed.published == published
+    assert node.shared_arena.generation == generation + 1       # N - 5 objects: one chunk, one bump
+    master.release([lease])
+
+
+def test_an_admin_evict_on_a_node_that_does_not_say_removes_keys_clears_and_publishes_again_what_stays(served):
+    node, ops, _ = served
+    master = pool(node, ops, removes_keys=False)
     lease = master.lookup([key(i) for i in range(5)]).lease_id
     published = master.host_feed.published
     assert master.evict(older_than_s=0) == N - 5

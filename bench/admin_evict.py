@@ -1,0 +1,180 @@
+"""An admin evict of many objects: how long other clients' lookups wait on the master meanwhile.
+
+`kvpool evict --older-than` (or `--namespace`, `--all`) may take any number of objects. This bench starts a master
+and a node as separate processes (`kvpool master`, `kvpool node` with a DRAM and an SSD tier: the inclusive SSD tier
+with write-behind, so each object has a copy whose record the evict erases), puts `--objects` objects of `--size`
+bytes from one client, then has an admin evict every object idle for a second (`AdminClient.evict(older_than_s=1)`).
+Meanwhile another client process looks up a 64-key chain every 2 ms (an engine's lookup before a prefill; hit every
+2 ms, so never idle and never evicted), recording each lookup's latency, classed by whether it started before the
+evict (idle: the limit, nothing else running) or during it.
+
+Prints per round, then the medians over rounds:
+
+  evict: objects evicted, the call's time and its rate
+  lookup p50 / p99 / max (ms), idle and during the evict
+  ratio lookup p99 during an admin evict vs idle: 1.00x is an evict that costs other clients nothing
+  longest lookup during the evict as a share of the evict: 100% is an evict that holds the master's lock for its
+  whole length (every lookup meanwhile waits for all of it); a chunked evict (queries.EVICT_CHUNK) makes a lookup
+  wait one chunk
+
+The bench uses only the public client and admin APIs and the CLI (the master and node processes are
+bench/pool_remote.py's), so the same file measures any build (`bench/ab.py` runs two builds alternately):
+
+    python bench/admin_evict.py [--rounds 3] [--objects 50000] [--size 4KiB]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from tqdm import tqdm
+
+from kvpool.config import parse_size
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pool_remote import Pool  # noqa: E402 - the master and node processes bench/pool_remote.py runs
+
+CHAIN = 64                  # the lookup chain's keys (4 KiB objects)
+LOOKUP_EVERY_S = 0.002
+IDLE_S = 1.0                # evicted: objects idle this long (the prober's chain is hit every 2 ms)
+PUT_BATCH = 256
+
+
+def _size(flag: str):
+    def size(value: str) -> int:
+        return parse_size(value, flag)
+    return size
+
+
+def _prober(address: str, max_s: float) -> None:
+    """Child: put the chain, then look it up every 2 ms until stdin closes (or max_s); print [[start, seconds,
+    hits], ...]."""
+    import threading
+
+    from kvpool import PoolClient
+
+    stop = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    keys = [b"L" + i.to_bytes(15, "big") for i in range(CHAIN)]
+    rows = []
+    with PoolClient(address, timeout=30) as pool:
+        assert pool.put_many(keys, [bytes(4096)] * CHAIN) == ["stored"] * CHAIN
+        print("ready", flush=True)
+        end = time.monotonic() + max_s
+        nxt = time.monotonic()
+        while not stop.is_set() and time.monotonic() < end and len(rows) < max_s / LOOKUP_EVERY_S:
+            t0 = time.monotonic()
+            hits = pool.lookup_prefix(keys)
+            rows.append((t0, time.monotonic() - t0, hits))
+            nxt = max(nxt + LOOKUP_EVERY_S, time.monotonic())
+            stop.wait(nxt - time.monotonic())      # paced: one lookup per period, like an engine's requests
+    print(json.dumps(rows), flush=True)
+
+
+def one_round(args, workdir: str) -> dict:
+    """One fresh pool: the puts, the prober, an idle span, the evict. Returns the evict's count and span and the
+    lookups' latencies by phase."""
+    from kvpool import PoolClient
+    from kvpool.admin import AdminClient
+
+    dram = args.objects * args.size * 5 // 4 + (64 << 20)
+    pool = Pool(dram, workdir, "admin-evict",
+                node_args=["--ssd-path", os.path.join(workdir, "ssd"), "--ssd-bytes", str(2 * dram)])
+    try:
+        with PoolClient(pool.address, timeout=60) as client:
+            payload = bytes(args.size)
+            for at in range(0, args.objects, PUT_BATCH):
+                keys = [b"E" + i.to_bytes(15, "big") for i in range(at, min(at + PUT_BATCH, args.objects))]
+                assert client.put_many(keys, [payload] * len(keys)) == ["stored"] * len(keys)
+        prober = subprocess.Popen([sys.executable, __file__, "--prober", pool.address, str(IDLE_S + 120)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert prober.stdout.readline().strip() == "ready"
+        time.sleep(IDLE_S + 0.5)    # the idle phase, and every put object idle for IDLE_S (a fixed span, not a wait)
+        admin = AdminClient(pool.address, timeout=120)
+        t0 = time.monotonic()
+        evicted = admin.evict(older_than_s=IDLE_S)
+        t1 = time.monotonic()
+        out, _ = prober.communicate("", timeout=120)
+        lookups = json.loads(out.strip().splitlines()[-1])
+    finally:
+        pool.close()
+    idle = [dt for start, dt, _ in lookups if start + dt < t0]
+    during = [dt for start, dt, _ in lookups if start < t1 and start + dt > t0]
+    misses = sum(hits != CHAIN for _, _, hits in lookups)
+    return {"evicted": evicted, "seconds": t1 - t0, "idle": idle, "during": during, "misses": misses}
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3, help="fresh pools; the medians over rounds are printed")
+    ap.add_argument("--objects", type=int, default=50_000, help="objects put, then evicted")
+    ap.add_argument("--size", type=_size("--size"), default=4 << 10, help="bytes per object (e.g. 4KiB)")
+    ap.add_argument("--prober", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.prober:
+        _prober(args.prober[0], float(args.prober[1]))
+        return 0
+    if args.rounds < 1 or args.objects < 1 or args.size < 1:
+        ap.error("--rounds, --objects and --size must be >= 1")
+    if args.objects * args.size > 8 << 30:
+        ap.error("--objects x --size must be at most 8 GiB (the node's DRAM tier holds them all)")
+    print(f"kvpool bench/admin_evict.py  {datetime.date.today()}  {platform.machine()} {os.cpu_count()} cores  "
+          f"python {sys.executable}", flush=True)
+    print(f"{args.objects} objects of {args.size >> 10} KiB (DRAM + inclusive SSD tier), then an admin evict of "
+          f"those idle {IDLE_S:.0f} s; a lookup of a {CHAIN}-key chain every {LOOKUP_EVERY_S * 1e3:.0f} ms from "
+          f"another client", flush=True)
+    per_round = []
+    for r in tqdm(range(args.rounds), desc="admin evict", unit="round"):
+        workdir = tempfile.mkdtemp(prefix="kvpool-admin-evict-")
+        try:
+            res = one_round(args, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        if res["evicted"] != args.objects or res["misses"] or not res["during"] or not res["idle"]:
+            raise SystemExit(f"round {r + 1}: evicted {res['evicted']} of {args.objects}, {res['misses']} lookups "
+                             f"missed the chain, {len(res['during'])} lookups during the evict, {len(res['idle'])} "
+                             "idle: the bench did not measure what it says")
+        per_round.append(res)
+        tqdm.write(f"round {r + 1}: evict {res['evicted']} in {res['seconds'] * 1e3:.0f} ms; "
+                   f"lookup p50 / p99 / max ms: "
+                   f"idle {_pct(res['idle'], 0.5) * 1e3:.2f} / {_pct(res['idle'], 0.99) * 1e3:.2f} / "
+                   f"{max(res['idle']) * 1e3:.2f}, during the evict {_pct(res['during'], 0.5) * 1e3:.2f} / "
+                   f"{_pct(res['during'], 0.99) * 1e3:.2f} / {max(res['during']) * 1e3:.2f} "
+                   f"({len(res['during'])} lookups)")
+
+    def med(f) -> float:
+        return statistics.median(f(res) for res in per_round)
+
+    seconds = med(lambda x: x["seconds"])
+    idle = {q: statistics.median(_pct(res["idle"], q) for res in per_round) for q in (0.5, 0.99)}
+    during = {q: statistics.median(_pct(res["during"], q) for res in per_round) for q in (0.5, 0.99)}
+    longest = med(lambda x: max(x["during"]))
+    share = med(lambda x: max(x["during"]) / x["seconds"])
+    print(f"evict (median over rounds): {args.objects} objects in {seconds * 1e3:.0f} ms "
+          f"({args.objects / seconds:,.0f} objects/s)")
+    print(f"lookup p50 / p99 (ms, median over rounds): idle {idle[0.5] * 1e3:.2f} / {idle[0.99] * 1e3:.2f}, during the "
+          f"evict {during[0.5] * 1e3:.2f} / {during[0.99] * 1e3:.2f}; longest during the evict {longest * 1e3:.1f} ms")
+    print(f"ratio lookup p99 during an admin evict vs idle: {during[0.99] / idle[0.99]:.2f}x (1.00x: an evict costs "
+          "other clients nothing)")
+    print(f"longest lookup during the evict: {share * 100:.0f}% of the evict's span (100%: the evict holds the "
+          "master's lock for its whole length)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
