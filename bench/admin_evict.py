@@ -14,7 +14,7 @@ Prints per round, then the medians over rounds:
   lookup p50 / p99 / max (ms), idle and during the evict
   ratio lookup p99 during an admin evict vs idle: 1.00x is an evict that costs other clients nothing
   longest lookup during the evict as a share of the evict: 100% is an evict that holds the master's lock for its
-  whole length (every lookup meanwhile waits for all of it); a chunked evict (queries.EVICT_CHUNK) makes a lookup
+  whole length (every lookup meanwhile waits for all of it); a chunked evict (queries.REMOVAL_CHUNK) makes a lookup
   wait one chunk
 
 The bench uses only the public client and admin APIs and the CLI (the master and node processes are

@@ -751,26 +751,37 @@ class Master:
 
     def remove(self, keys: Sequence[bytes], *, tenant: str = "") -> int:
         """Remove committed objects; returns how many. Leased ones vanish now and free their space on release.
-        A tenant removes only its own; tenant "" (an admin, or auth off) removes by stored key, anyone's."""
+        A tenant removes only its own; tenant "" (an admin, or auth off) removes by stored key, anyone's.
+        `queries.REMOVAL_CHUNK` keys per hold of the lock, the nodes told after each chunk (a lookup meanwhile waits
+        one chunk; a chain cut in its middle is still a prefix hit up to the cut)."""
         keys = checks.keys(keys, self.config.max_batch_keys)
-        with self._lock:
-            tid = self.tenants.intern(tenant)
-            tenant_col = self.index.tenant
-            n = 0
-            published: list[bytes] = []     # what a host index may hold: unscoped objects' keys
-            with self.placement.batched_ops():  # the erases of their SSD records and copies: one call per node
-                for key in self.tenants.stored_keys(tid, keys):
-                    slot = self.index.slot_of(key)
-                    mine = tid == UNSCOPED or tenant_col[slot] == tid  # defence in depth: the key space is its own
-                    if slot >= 0 and self.index.state[slot] == COMMITTED and mine:
-                        if tenant_col[slot] == UNSCOPED:
-                            published.append(bytes(key))
-                        self.placement.forget(slot)
-                        n += 1
-            self._flush()
-            told = self._told_nodes() if n else []
-        self._tell_removed(told, published)
-        return n
+        total = 0
+        for start in range(0, len(keys), queries.REMOVAL_CHUNK):
+            with self._lock:
+                n, published = self._remove_chunk(keys[start:start + queries.REMOVAL_CHUNK], tenant)
+                told = self._told_nodes() if n else []
+            self._tell_removed(told, published)
+            total += n
+        return total
+
+    def _remove_chunk(self, keys: Sequence[bytes], tenant: str) -> tuple[int, list[bytes]]:
+        """One chunk of `remove` (lock held): (removed, the unscoped stored keys removed: what a host index may
+        hold)."""
+        tid = self.tenants.intern(tenant)
+        tenant_col = self.index.tenant
+        n = 0
+        published: list[bytes] = []
+        with self.placement.batched_ops():  # the erases of their SSD records and copies: one call per node
+            for key in self.tenants.stored_keys(tid, keys):
+                slot = self.index.slot_of(key)
+                mine = tid == UNSCOPED or tenant_col[slot] == tid  # defence in depth: the key space is its own
+                if slot >= 0 and self.index.state[slot] == COMMITTED and mine:
+                    if tenant_col[slot] == UNSCOPED:
+                        published.append(bytes(key))
+                    self.placement.forget(slot)
+                    n += 1
+        self._flush()
+        return n, published
 
     def _republish(self, node_ids: Collection[str]) -> None:
         """Queue every committed unscoped DRAM or SSD object of these nodes for their host indexes (lock held): a
@@ -857,7 +868,7 @@ class Master:
         filter is required (older_than_s=0 with no namespace evicts everything). Leased, uncommitted and already
         removed objects are never touched. Returns how many were evicted (counted in stats()["evictions"]).
 
-        The candidates are chosen once, then evicted `queries.EVICT_CHUNK` at a time, each chunk under one hold of
+        The candidates are chosen once, then evicted `queries.REMOVAL_CHUNK` at a time, each chunk under one hold of
         the lock and checked again there (an object hit meanwhile is no longer idle; one leased is skipped). After
         each chunk the nodes are told, as after a `remove` (its unscoped keys to the nodes that forget removed rows
         only), so a location cache serves none of the chunk's objects once `evict` returns."""
@@ -869,9 +880,9 @@ class Master:
                 return 0                    # no object ever had that namespace
             candidates = queries.evict_candidates(self.index, ns_id, older, self._ticks(self._tick()))
         total = 0
-        for start in range(0, len(candidates), queries.EVICT_CHUNK):
+        for start in range(0, len(candidates), queries.REMOVAL_CHUNK):
             with self._lock:
-                n, keys = queries.evict(self.index, self.placement, candidates[start:start + queries.EVICT_CHUNK],
+                n, keys = queries.evict(self.index, self.placement, candidates[start:start + queries.REMOVAL_CHUNK],
                                         ns_id, older, self._ticks(self._tick()))
                 self._flush()
                 told = self._told_nodes() if n else []

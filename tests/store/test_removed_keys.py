@@ -115,7 +115,7 @@ def test_a_tenants_removal_forgets_no_row_and_still_moves_the_generation(served)
 
 
 def test_an_admin_evict_makes_the_node_forget_the_evicted_rows_only(served):
-    """`kvpool evict` tells the nodes after each chunk of its objects (queries.EVICT_CHUNK), with that chunk's keys:
+    """`kvpool evict` tells the nodes after each chunk of its objects (queries.REMOVAL_CHUNK), with that chunk's keys:
     the rows of the objects leased meanwhile (never evicted) stay, and nothing is published again (before the evict
     was chunked, the node cleared its index and the master published the 5 again)."""
     node, ops, _ = served

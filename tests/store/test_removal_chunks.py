@@ -1,7 +1,8 @@
-"""An admin evict (Master.evict, `kvpool evict`) takes its objects `queries.EVICT_CHUNK` at a time, each chunk under
-one hold of the master's lock, and tells the nodes after each chunk (as after a `remove`): other clients are
-answered between chunks, and an object leased or hit meanwhile is checked again and kept. Real master and nodes in
-this process (tests/store/test_node_calls.py's Pool); the chunk size is made small so that 12 objects are 3 chunks."""
+"""A removal takes its objects `queries.REMOVAL_CHUNK` at a time, each chunk under one hold of the master's lock, and
+tells the nodes after each chunk: a client's `remove` (Master.remove, `remove_many`, `kvpool rm`) and an admin evict
+(Master.evict, `kvpool evict`). Other clients are answered between chunks; an object the evict chose that is leased
+or hit meanwhile is checked again and kept. Real master and nodes in this process (tests/store/test_node_calls.py's
+Pool); the chunk size is made small so that 12 objects are 3 chunks."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ KEYS = [chain_key(0, i) for i in range(12)]
 
 @pytest.fixture
 def pool(tmp_path, monkeypatch):
-    monkeypatch.setattr(queries, "EVICT_CHUNK", 4)
+    monkeypatch.setattr(queries, "REMOVAL_CHUNK", 4)
     a = Pool(tmp_path, "a", [("n1", 16, 0)], batched=True)
     assert a.put(KEYS) == [PutStatus.STORED] * 12
     try:
@@ -71,3 +72,17 @@ def test_objects_leased_or_hit_between_chunks_are_kept(pool):
     pool.master.release([lease[0].lease_id])
     assert pool.master.contains(KEYS) == [i in (5, 9) for i in range(12)]
     assert pool.master.stats()["evictions"] == {"dram": 10, "ssd": 0}
+
+
+def test_a_remove_is_made_chunk_by_chunk_and_others_are_answered_between_chunks(pool):
+    told: list = []
+    master = pool.master
+    seen = _during_first_tell(pool, lambda: (master.contains(KEYS), master.lookup(KEYS[4:], lease=False).hits))
+    on_removed = pool.ops["n1"].on_removed
+    pool.ops["n1"].on_removed = lambda keys: (told.append(keys), on_removed(keys))
+    assert pool.master.remove(KEYS[::-1] + [chain_key(7, 0)]) == 12     # one key not in the pool
+    # between the first chunk (the last 4 keys) and the second, another client saw those 4 gone and the rest there
+    assert seen == [([True] * 8 + [False] * 4, 4)]
+    assert told == [KEYS[11:7:-1], KEYS[7:3:-1], KEYS[3::-1]]
+    assert pool.master.contains(KEYS) == [False] * 12
+    assert pool.master.stats()["evictions"] == {"dram": 0, "ssd": 0}
