@@ -35,21 +35,29 @@ class FairLock:
         gate.acquire()
         self._waiters.append(gate)
         mutex.release()
-        gate.acquire()                      # released by the holder's release(): the lock is ours, still held
+        try:
+            gate.acquire()                  # released by the holder's release(): the lock is ours, still held
+        except BaseException:               # interrupted while waiting (a signal in the main thread)
+            with mutex:
+                try:
+                    self._waiters.remove(gate)
+                except ValueError:          # it was handed to us meanwhile: hand it on
+                    self._hand_on()
+            raise
         return True
 
     def release(self) -> None:
-        mutex = self._mutex
-        mutex.acquire()
-        try:
+        with self._mutex:
             if not self._held:
                 raise RuntimeError("release of an unheld FairLock")
-            if self._waiters:
-                self._waiters.popleft().release()   # handed over: _held stays True
-            else:
-                self._held = False
-        finally:
-            mutex.release()
+            self._hand_on()
+
+    def _hand_on(self) -> None:
+        """To the oldest waiter (`_held` stays True), or free (mutex held)."""
+        if self._waiters:
+            self._waiters.popleft().release()
+        else:
+            self._held = False
 
     def locked(self) -> bool:
         return self._held

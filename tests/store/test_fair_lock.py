@@ -4,6 +4,7 @@ evict's chunks starve a lookup)."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -68,3 +69,42 @@ def test_releasing_an_unheld_lock_is_refused_and_changes_nothing():
     with lock:
         assert lock.locked()
     assert not lock.locked()
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_a_waiter_interrupted_by_a_signal_leaves_the_queue_and_the_lock_goes_on():
+    """A signal handler raising in the main thread while it waits (Ctrl-C in an embedded pool's caller): its place in
+    the queue is given up, so the holder's release frees the lock instead of handing it to no one."""
+    lock, holder_may_go = FairLock(), threading.Event()
+
+    def holder() -> None:
+        with lock:
+            holder_may_go.wait(10)
+
+    t = threading.Thread(target=holder)
+    t.start()
+    end = time.monotonic() + 10
+    while not lock.locked():
+        assert time.monotonic() < end
+        time.sleep(0.001)
+
+    def on_alarm(signum, frame):
+        raise _Interrupted
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        with pytest.raises(_Interrupted):
+            lock.acquire()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert lock.waiting() == 0
+    holder_may_go.set()
+    t.join(10)
+    assert not lock.locked()
+    with lock:
+        assert lock.locked()
