@@ -15,7 +15,7 @@ Prints per round, then the medians over rounds:
   ratio lookup p99 during an admin evict vs idle: 1.00x is an evict that costs other clients nothing
   longest lookup during the evict as a share of the evict: 100% is an evict that holds the master's lock for its
   whole length (every lookup meanwhile waits for all of it); a chunked evict (queries.REMOVAL_CHUNK) makes a lookup
-  wait one chunk
+  wait a chunk or two
 
 The bench uses only the public client and admin APIs and the CLI (the master and node processes are
 bench/pool_remote.py's), so the same file measures any build (`bench/ab.py` runs two builds alternately):

@@ -18,6 +18,7 @@ import xxhash
 from kvpool.launcher import free_port
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
+from kvpool.store import queries
 from kvpool.store.config import MasterConfig, NodeConfig
 from kvpool.store.master import Master
 from kvpool.store.node import StorageNode
@@ -114,10 +115,12 @@ def test_a_tenants_removal_forgets_no_row_and_still_moves_the_generation(served)
     assert master.host_feed.published == published
 
 
-def test_an_admin_evict_makes_the_node_forget_the_evicted_rows_only(served):
+@pytest.mark.parametrize("chunk", [1024, 8])
+def test_an_admin_evict_makes_the_node_forget_the_evicted_rows_only(served, monkeypatch, chunk):
     """`kvpool evict` tells the nodes after each chunk of its objects (queries.REMOVAL_CHUNK), with that chunk's keys:
     the rows of the objects leased meanwhile (never evicted) stay, and nothing is published again (before the evict
     was chunked, the node cleared its index and the master published the 5 again)."""
+    monkeypatch.setattr(queries, "REMOVAL_CHUNK", chunk)
     node, ops, _ = served
     master = pool(node, ops)
     lease = master.lookup([key(i) for i in range(5)]).lease_id
@@ -126,19 +129,25 @@ def test_an_admin_evict_makes_the_node_forget_the_evicted_rows_only(served):
     assert master.host_feed.flush(10)
     assert rows(node) == list(range(5))
     assert master.host_feed.published == published
-    assert node.shared_arena.generation == generation + 1       # N - 5 objects: one chunk, one bump
+    assert node.shared_arena.generation == generation + -(-(N - 5) // chunk)    # one bump a chunk: 1, or 5
     master.release([lease])
 
 
-def test_an_admin_evict_on_a_node_that_does_not_say_removes_keys_clears_and_publishes_again_what_stays(served):
+@pytest.mark.parametrize("chunk", [1024, 8])
+def test_an_admin_evict_on_a_node_that_does_not_say_removes_keys_clears_and_publishes_again_what_stays(
+        served, monkeypatch, chunk):
+    """Such a node clears its whole index when told, so it is told once, after the last chunk: what stays is
+    published again once (told after each of 5 chunks, it would be published 5 times)."""
+    monkeypatch.setattr(queries, "REMOVAL_CHUNK", chunk)
     node, ops, _ = served
     master = pool(node, ops, removes_keys=False)
     lease = master.lookup([key(i) for i in range(5)]).lease_id
-    published = master.host_feed.published
+    published, generation = master.host_feed.published, node.shared_arena.generation
     assert master.evict(older_than_s=0) == N - 5
     assert master.host_feed.flush(10)
     assert rows(node) == list(range(5))
     assert master.host_feed.published == published + 5
+    assert node.shared_arena.generation == generation + 1
     master.release([lease])
 
 
