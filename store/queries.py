@@ -13,10 +13,10 @@ import math
 import numpy as np
 
 from kvpool.store.index import COMMITTED, Index
-from kvpool.store.tenants import UNSCOPED
 from kvpool.store.node import Drop
 from kvpool.store.placement import Placement
 from kvpool.store.records import ObjectRecord
+from kvpool.store.tenants import UNSCOPED
 from kvpool.tiers.types import Tier
 
 _TIERS = tuple(Tier)
