@@ -4,9 +4,9 @@
 and a node as separate processes (`kvpool master`, `kvpool node` with a DRAM and an SSD tier: the inclusive SSD tier
 with write-behind, so each object has a copy whose record the evict erases), puts `--objects` objects of `--size`
 bytes from one client, then has an admin evict every object idle for a second (`AdminClient.evict(older_than_s=1)`).
-Meanwhile another client process looks up a 64-key chain every 2 ms (an engine's lookup before a prefill; hit every
-2 ms, so never idle and never evicted), recording each lookup's latency, classed by whether it started before the
-evict (idle: the limit, nothing else running) or during it.
+Meanwhile another client process (bench/full_pool.py's prober) looks up a 64-key chain every 2 ms (an engine's lookup
+before a prefill; hit every 2 ms, so never idle and never evicted), recording each lookup's latency, classed by
+whether it started before the evict (idle: the limit, nothing else running) or during it.
 
 Prints per round, then the medians over rounds:
 
@@ -39,46 +39,13 @@ import time
 
 from tqdm import tqdm
 
-from kvpool.config import parse_size
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from full_pool import CHAIN, LOOKUP_EVERY_S, _pct, _size  # noqa: E402 - its prober looks the chain up every 2 ms
 from pool_remote import Pool  # noqa: E402 - the master and node processes bench/pool_remote.py runs
 
-CHAIN = 64                  # the lookup chain's keys (4 KiB objects)
-LOOKUP_EVERY_S = 0.002
 IDLE_S = 1.0                # evicted: objects idle this long (the prober's chain is hit every 2 ms)
 PUT_BATCH = 256
-
-
-def _size(flag: str):
-    def size(value: str) -> int:
-        return parse_size(value, flag)
-    return size
-
-
-def _prober(address: str, max_s: float) -> None:
-    """Child: put the chain, then look it up every 2 ms until stdin closes (or max_s); print [[start, seconds,
-    hits], ...]."""
-    import threading
-
-    from kvpool import PoolClient
-
-    stop = threading.Event()
-    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
-    keys = [b"L" + i.to_bytes(15, "big") for i in range(CHAIN)]
-    rows = []
-    with PoolClient(address, timeout=30) as pool:
-        assert pool.put_many(keys, [bytes(4096)] * CHAIN) == ["stored"] * CHAIN
-        print("ready", flush=True)
-        end = time.monotonic() + max_s
-        nxt = time.monotonic()
-        while not stop.is_set() and time.monotonic() < end and len(rows) < max_s / LOOKUP_EVERY_S:
-            t0 = time.monotonic()
-            hits = pool.lookup_prefix(keys)
-            rows.append((t0, time.monotonic() - t0, hits))
-            nxt = max(nxt + LOOKUP_EVERY_S, time.monotonic())
-            stop.wait(nxt - time.monotonic())      # paced: one lookup per period, like an engine's requests
-    print(json.dumps(rows), flush=True)
 
 
 def one_round(args, workdir: str) -> dict:
@@ -96,7 +63,8 @@ def one_round(args, workdir: str) -> dict:
             for at in range(0, args.objects, PUT_BATCH):
                 keys = [b"E" + i.to_bytes(15, "big") for i in range(at, min(at + PUT_BATCH, args.objects))]
                 assert client.put_many(keys, [payload] * len(keys)) == ["stored"] * len(keys)
-        prober = subprocess.Popen([sys.executable, __file__, "--prober", pool.address, str(IDLE_S + 120)],
+        prober = subprocess.Popen([sys.executable, os.path.join(HERE, "full_pool.py"), "--prober", pool.address,
+                                   str(IDLE_S + 120), "0", workdir],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert prober.stdout.readline().strip() == "ready"
         time.sleep(IDLE_S + 0.5)    # the idle phase, and every put object idle for IDLE_S (a fixed span, not a wait)
@@ -114,21 +82,12 @@ def one_round(args, workdir: str) -> dict:
     return {"evicted": evicted, "seconds": t1 - t0, "idle": idle, "during": during, "misses": misses}
 
 
-def _pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3, help="fresh pools; the medians over rounds are printed")
     ap.add_argument("--objects", type=int, default=50_000, help="objects put, then evicted")
     ap.add_argument("--size", type=_size("--size"), default=4 << 10, help="bytes per object (e.g. 4KiB)")
-    ap.add_argument("--prober", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.prober:
-        _prober(args.prober[0], float(args.prober[1]))
-        return 0
     if args.rounds < 1 or args.objects < 1 or args.size < 1:
         ap.error("--rounds, --objects and --size must be >= 1")
     if args.objects * args.size > 8 << 30:

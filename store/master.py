@@ -755,18 +755,7 @@ class Master:
         `queries.REMOVAL_CHUNK` keys per hold of the lock, the nodes told after each chunk (a lookup meanwhile waits
         one chunk; a chain cut in its middle is still a prefix hit up to the cut)."""
         keys = checks.keys(keys, self.config.max_batch_keys)
-        total = 0
-        cleared: dict[str, tuple[str, NodeOps, bool]] = {}
-        for start in range(0, len(keys), queries.REMOVAL_CHUNK):
-            if start:
-                self._let_others_in()
-            with self._lock:
-                n, published = self._remove_chunk(keys[start:start + queries.REMOVAL_CHUNK], tenant)
-                told = self._told_nodes() if n else []
-            self._tell_chunk(told, published, cleared)
-            total += n
-        self._tell_removed(list(cleared.values()))
-        return total
+        return self._in_chunks(len(keys), lambda start, end: self._remove_chunk(keys[start:end], tenant))
 
     def _remove_chunk(self, keys: Sequence[bytes], tenant: str) -> tuple[int, list[bytes]]:
         """One chunk of `remove` (lock held): (removed, the unscoped stored keys removed: what a host index may
@@ -802,6 +791,25 @@ class Master:
             if slots:
                 self._publish(slots, [index.key_at(slot) for slot in slots])
 
+    def _in_chunks(self, count: int, chunk: Callable[[int, int], tuple[int, list[bytes]]]) -> int:
+        """A removal of `count` objects, `queries.REMOVAL_CHUNK` per hold of the lock: `chunk(start, end)` (lock held)
+        removes those and returns (how many, the unscoped stored keys removed). After each chunk the nodes that
+        forget removed keys only are told its keys; a node from before `removes_keys` clears its whole host index and
+        gets everything published again, so it is told once, after the last chunk. Returns how many were removed."""
+        total = 0
+        cleared: dict[str, tuple[str, NodeOps, bool]] = {}
+        for start in range(0, count, queries.REMOVAL_CHUNK):
+            if start:
+                self._let_others_in()
+            with self._lock:
+                n, keys = chunk(start, start + queries.REMOVAL_CHUNK)
+                told = self._told_nodes() if n else []
+            self._tell_removed([t for t in told if t[2]], keys)
+            cleared.update((t[0], t) for t in told if not t[2])
+            total += n
+        self._tell_removed(list(cleared.values()))
+        return total
+
     @staticmethod
     def _let_others_in() -> None:
         """Between two chunks of a removal (lock not held). CPython's Lock lets the thread that lets go take it
@@ -811,14 +819,6 @@ class Master:
         but its `__exit__`, being Python, cannot be made safe against a signal raised in the main thread (an embedded
         pool's caller pressing Ctrl-C could leave it held), which CPython's Lock is."""
         time.sleep(YIELD_S)
-
-    def _tell_chunk(self, told: list[tuple[str, NodeOps, bool]], keys: list[bytes],
-                    cleared: dict[str, tuple[str, NodeOps, bool]]) -> None:
-        """After one chunk of a removal: the nodes that forget removed keys only are told now; a node from before
-        `removes_keys` clears its whole host index and gets everything published again, so it is told once, after
-        the last chunk (`cleared`), not once per chunk."""
-        self._tell_removed([t for t in told if t[2]], keys)
-        cleared.update((t[0], t) for t in told if not t[2])
 
     def _told_nodes(self) -> list[tuple[str, NodeOps, bool]]:
         """(id, ops, whether it forgets removed keys only) of every node: each dates what location caches remember of
@@ -893,7 +893,7 @@ class Master:
         The candidates are chosen once, then evicted `queries.REMOVAL_CHUNK` at a time, each chunk under one hold of
         the lock and checked again there (an object hit meanwhile is no longer idle; one leased is skipped). After
         each chunk the nodes that forget removed rows only are told its unscoped keys, as after a `remove`; a node
-        from before `removes_keys` is told once, at the end (`_tell_chunk`). Every node is told before `evict`
+        from before `removes_keys` is told once, at the end (`_in_chunks`). Every node is told before `evict`
         returns, so no location cache serves an evicted object after it."""
         checks.evict_args(ns_digest, older_than_s)
         older = None if older_than_s is None else queries.idle_ticks(older_than_s, ATIME_TICKS_PER_S)
@@ -903,20 +903,14 @@ class Master:
                 return 0                    # no object ever had that namespace
             candidates = queries.evict_candidates(self.index, ns_id, older, self._ticks(self._tick()))
             self._flush()                   # what a reap run by _tick changed
-        total = 0
-        cleared: dict[str, tuple[str, NodeOps, bool]] = {}
-        for start in range(0, len(candidates), queries.REMOVAL_CHUNK):
-            if start:
-                self._let_others_in()
-            with self._lock:
-                n, keys = queries.evict(self.index, self.placement, candidates[start:start + queries.REMOVAL_CHUNK],
-                                        ns_id, older, self._ticks(self._tick()))
-                self._flush()
-                told = self._told_nodes() if n else []
-            self._tell_chunk(told, keys, cleared)
-            total += n
-        self._tell_removed(list(cleared.values()))
-        return total
+
+        def chunk(start: int, end: int) -> tuple[int, list[bytes]]:
+            out = queries.evict(self.index, self.placement, candidates[start:end], ns_id, older,
+                                self._ticks(self._tick()))
+            self._flush()
+            return out
+
+        return self._in_chunks(len(candidates), chunk)
 
     def stats_record(self, *, tenant: str | None = None) -> stats_mod.PoolStats:
         """The pool's stats; with `tenant` (a client's), that tenant's view only (store/stats.py)."""
