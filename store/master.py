@@ -22,9 +22,10 @@ are unknown to it, and its stats are its own. Node byte moves for eviction and d
 lock, so the master never races itself; promotions copy outside it (`promote_pending`). What needs no state runs after
 the lock: a full put's node call on extents it handed out again (Placement.batched_ops(defer=True): the erases of its
 copies' extents, or the copies of dirty victims out of its grants' extents, those settled under the lock again),
-the tokens of grants and reads, and telling nodes of a removal.
+the tokens of grants and reads, and telling nodes of a removal. A removal (`remove`, an admin `evict`) holds the lock
+1,024 objects at a time (`_in_chunks`), so a lookup never waits out a removal of any size.
 
-Why one module of ~1,070 lines: the Master IS the RPC surface, one method per MasterService call (put, lookup,
+Why one module of ~1,120 lines: the Master IS the RPC surface, one method per MasterService call (put, lookup,
 release, nodes, drain moves, admin queries, recording), each a few lines of argument checks (store/checks.py) and
 a call to the owner of the state, under the one lock. The state and its logic live in the owners above; splitting
 the surface across classes would split the lock or make them reach into each other again.
