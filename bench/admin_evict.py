@@ -41,7 +41,7 @@ from tqdm import tqdm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from full_pool import CHAIN, LOOKUP_EVERY_S, _pct, _size  # noqa: E402 - its prober looks the chain up every 2 ms
+from full_pool import CHAIN, LOOKUP_EVERY_S, pct, size_arg  # noqa: E402 - its prober looks the chain up every 2 ms
 from pool_remote import Pool  # noqa: E402 - the master and node processes bench/pool_remote.py runs
 
 IDLE_S = 1.0                # evicted: objects idle this long (the prober's chain is hit every 2 ms)
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3, help="fresh pools; the medians over rounds are printed")
     ap.add_argument("--objects", type=int, default=50_000, help="objects put, then evicted")
-    ap.add_argument("--size", type=_size("--size"), default=4 << 10, help="bytes per object (e.g. 4KiB)")
+    ap.add_argument("--size", type=size_arg("--size"), default=4 << 10, help="bytes per object (e.g. 4KiB)")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.objects < 1 or args.size < 1:
         ap.error("--rounds, --objects and --size must be >= 1")
@@ -111,17 +111,17 @@ def main(argv=None) -> int:
         per_round.append(res)
         tqdm.write(f"round {r + 1}: evict {res['evicted']} in {res['seconds'] * 1e3:.0f} ms; "
                    f"lookup p50 / p99 / max ms: "
-                   f"idle {_pct(res['idle'], 0.5) * 1e3:.2f} / {_pct(res['idle'], 0.99) * 1e3:.2f} / "
-                   f"{max(res['idle']) * 1e3:.2f}, during the evict {_pct(res['during'], 0.5) * 1e3:.2f} / "
-                   f"{_pct(res['during'], 0.99) * 1e3:.2f} / {max(res['during']) * 1e3:.2f} "
+                   f"idle {pct(res['idle'], 0.5) * 1e3:.2f} / {pct(res['idle'], 0.99) * 1e3:.2f} / "
+                   f"{max(res['idle']) * 1e3:.2f}, during the evict {pct(res['during'], 0.5) * 1e3:.2f} / "
+                   f"{pct(res['during'], 0.99) * 1e3:.2f} / {max(res['during']) * 1e3:.2f} "
                    f"({len(res['during'])} lookups)")
 
     def med(f) -> float:
         return statistics.median(f(res) for res in per_round)
 
     seconds = med(lambda x: x["seconds"])
-    idle = {q: statistics.median(_pct(res["idle"], q) for res in per_round) for q in (0.5, 0.99)}
-    during = {q: statistics.median(_pct(res["during"], q) for res in per_round) for q in (0.5, 0.99)}
+    idle = {q: statistics.median(pct(res["idle"], q) for res in per_round) for q in (0.5, 0.99)}
+    during = {q: statistics.median(pct(res["during"], q) for res in per_round) for q in (0.5, 0.99)}
     longest = med(lambda x: max(x["during"]))
     share = med(lambda x: max(x["during"]) / x["seconds"])
     print(f"evict (median over rounds): {args.objects} objects in {seconds * 1e3:.0f} ms "

@@ -68,7 +68,7 @@ MAX_PUTS = 2000             # per round, whatever the sizes; the round also ends
 REMOVES = 20                # then the last puts' chains are removed, one remove call each
 
 
-def _size(flag: str):
+def size_arg(flag: str):
     """An argparse type: "64KiB", "256MiB", bytes (kvpool.config.parse_size)."""
     def size(value: str) -> int:
         return parse_size(value, flag)
@@ -235,7 +235,7 @@ def one_round(args, workdir: str) -> dict:
     return by_phase
 
 
-def _pct(values: list[float], q: float) -> float:
+def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
@@ -243,10 +243,10 @@ def _pct(values: list[float], q: float) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3, help="fresh pools; the medians over rounds are printed")
-    ap.add_argument("--size", type=_size("--size"), default=64 << 10, help="bytes per object (e.g. 64KiB)")
+    ap.add_argument("--size", type=size_arg("--size"), default=64 << 10, help="bytes per object (e.g. 64KiB)")
     ap.add_argument("--batch", type=int, default=32, help="objects per put_many")
-    ap.add_argument("--dram", type=_size("--dram"), default=64 << 20, help="the node's DRAM tier")
-    ap.add_argument("--ssd", type=_size("--ssd"), default=256 << 20, help="the node's SSD tier")
+    ap.add_argument("--dram", type=size_arg("--dram"), default=64 << 20, help="the node's DRAM tier")
+    ap.add_argument("--ssd", type=size_arg("--ssd"), default=256 << 20, help="the node's SSD tier")
     ap.add_argument("--full-puts", type=int, default=100, help="puts to time once both tiers are full")
     ap.add_argument("--seconds", type=float, default=60.0, help="the most a round's puts may take")
     ap.add_argument("--pinned", type=int, default=0,
@@ -287,8 +287,8 @@ def main(argv=None) -> int:
         per_round.append(res)
         line = "  ".join(f"{name[p]}: put {statistics.median(res[p]['puts']) * 1e3:.2f} ms ({len(res[p]['puts'])})"
                          for p in PHASES[1:] if res[p]["puts"])
-        look = "  ".join(f"{name[p]} {_pct(res[p]['lookups'], 0.5) * 1e3:.2f} / "
-                         f"{_pct(res[p]['lookups'], 0.99) * 1e3:.2f}" for p in PHASES if res[p]["lookups"])
+        look = "  ".join(f"{name[p]} {pct(res[p]['lookups'], 0.5) * 1e3:.2f} / "
+                         f"{pct(res[p]['lookups'], 0.99) * 1e3:.2f}" for p in PHASES if res[p]["lookups"])
         tqdm.write(f"round {r + 1}: {line}; lookup p50 / p99 ms: {look}")
 
     def med(phase: str, f) -> float:
@@ -296,13 +296,13 @@ def main(argv=None) -> int:
         return statistics.median(vals) if vals else float("nan")
 
     put = {p: med(p, lambda x: statistics.median(x["puts"])) for p in PHASES[1:]}
-    p50 = {p: med(p, lambda x: _pct(x["lookups"], 0.5)) for p in PHASES}
-    p99 = {p: med(p, lambda x: _pct(x["lookups"], 0.99)) for p in PHASES}
+    p50 = {p: med(p, lambda x: pct(x["lookups"], 0.5)) for p in PHASES}
+    p99 = {p: med(p, lambda x: pct(x["lookups"], 0.99)) for p in PHASES}
     mb = args.size * args.batch / 1e6
     print("put per call (median over rounds): " + ", ".join(
         f"{name[p]} {put[p] * 1e3:.2f} ms ({mb / put[p] / 1e3:.2f} GB/s)" for p in PHASES[1:]))
     mean = {p: med(p, lambda x: statistics.mean(x["puts"])) for p in PHASES[1:]}
-    p90 = {p: med(p, lambda x: _pct(x["puts"], 0.9)) for p in PHASES[1:]}
+    p90 = {p: med(p, lambda x: pct(x["puts"], 0.9)) for p in PHASES[1:]}
     print("put mean / p90 (ms, median over rounds): " + ", ".join(
         f"{name[p]} {mean[p] * 1e3:.2f} / {p90[p] * 1e3:.2f}" for p in PHASES[1:]))
     where = "at a tenant's quota" if quota else "on a full pool"
