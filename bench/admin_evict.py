@@ -1,4 +1,5 @@
-"""An admin evict of many objects: how long other clients' lookups wait on the master meanwhile.
+"""An admin evict of many objects, or a node holding many leaving the pool: how long other clients' lookups wait on
+the master meanwhile.
 
 `kvpool evict --older-than` (or `--namespace`, `--all`) may take any number of objects. This bench starts a master
 and a node as separate processes (`kvpool master`, `kvpool node` with a DRAM and an SSD tier: the inclusive SSD tier
@@ -17,10 +18,15 @@ Prints per round, then the medians over rounds:
   whole length (every lookup meanwhile waits for all of it); a chunked evict (queries.REMOVAL_CHUNK) makes a lookup
   wait a chunk or two
 
+`--removal node`: the same objects, then a second node process starts (DRAM only, as large), the prober's chain lands
+there (the node with the most free room), and an admin takes the first node out of the pool with all of them on it
+(`AdminClient.drain(node, migrate=False)`: `kvpool drain NODE --no-move`, the master's `remove_node`, as for a node
+that died or restarted). The lines say "node removal" for "evict".
+
 The bench uses only the public client and admin APIs and the CLI (the master and node processes are
 bench/pool_remote.py's), so the same file measures any build (`bench/ab.py` runs two builds alternately):
 
-    python bench/admin_evict.py [--rounds 3] [--objects 50000] [--size 4KiB]
+    python bench/admin_evict.py [--rounds 3] [--objects 50000] [--size 4KiB] [--removal evict|node]
 """
 
 from __future__ import annotations
@@ -49,8 +55,8 @@ PUT_BATCH = 256
 
 
 def one_round(args, workdir: str) -> dict:
-    """One fresh pool: the puts, the prober, an idle span, the evict. Returns the evict's count and span and the
-    lookups' latencies by phase."""
+    """One fresh pool: the puts, the prober, an idle span, the evict (or the node removal). Returns the count it took
+    and its span, and the lookups' latencies by phase."""
     from kvpool import PoolClient
     from kvpool.admin import AdminClient
 
@@ -63,6 +69,11 @@ def one_round(args, workdir: str) -> dict:
             for at in range(0, args.objects, PUT_BATCH):
                 keys = [b"E" + i.to_bytes(15, "big") for i in range(at, min(at + PUT_BATCH, args.objects))]
                 assert client.put_many(keys, [payload] * len(keys)) == ["stored"] * len(keys)
+            if args.removal == "node":      # where the prober's chain goes: the emptier node, which stays
+                pool.add_node("other", dram)
+                end = time.monotonic() + 30
+                while "other" not in client.stats()["nodes"] and time.monotonic() < end:
+                    time.sleep(0.05)
         prober = subprocess.Popen([sys.executable, os.path.join(HERE, "full_pool.py"), "--prober", pool.address,
                                    str(IDLE_S + 120), "0", workdir],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -70,7 +81,10 @@ def one_round(args, workdir: str) -> dict:
         time.sleep(IDLE_S + 0.5)    # the idle phase, and every put object idle for IDLE_S (a fixed span, not a wait)
         admin = AdminClient(pool.address, timeout=120)
         t0 = time.monotonic()
-        evicted = admin.evict(older_than_s=IDLE_S)
+        if args.removal == "node":
+            evicted = admin.drain("bench", migrate=False)["dropped"]
+        else:
+            evicted = admin.evict(older_than_s=IDLE_S)
         t1 = time.monotonic()
         out, _ = prober.communicate("", timeout=120)
         lookups = json.loads(out.strip().splitlines()[-1])
@@ -87,6 +101,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="fresh pools; the medians over rounds are printed")
     ap.add_argument("--objects", type=int, default=50_000, help="objects put, then evicted")
     ap.add_argument("--size", type=size_arg("--size"), default=4 << 10, help="bytes per object (e.g. 4KiB)")
+    ap.add_argument("--removal", choices=("evict", "node"), default="evict",
+                    help="evict: an admin evict of every idle object; node: the node holding them taken out")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.objects < 1 or args.size < 1:
         ap.error("--rounds, --objects and --size must be >= 1")
@@ -94,11 +110,14 @@ def main(argv=None) -> int:
         ap.error("--objects x --size must be at most 8 GiB (the node's DRAM tier holds them all)")
     print(f"kvpool bench/admin_evict.py  {datetime.date.today()}  {platform.machine()} {os.cpu_count()} cores  "
           f"python {sys.executable}", flush=True)
-    print(f"{args.objects} objects of {args.size >> 10} KiB (DRAM + inclusive SSD tier), then an admin evict of "
-          f"those idle {IDLE_S:.0f} s; a lookup of a {CHAIN}-key chain every {LOOKUP_EVERY_S * 1e3:.0f} ms from "
-          f"another client", flush=True)
+    then = (f"an admin evict of those idle {IDLE_S:.0f} s" if args.removal == "evict" else
+            "their node taken out of the pool (a second node holds the chain)")
+    print(f"{args.objects} objects of {args.size >> 10} KiB (DRAM + inclusive SSD tier), then {then}; a lookup of a "
+          f"{CHAIN}-key chain every {LOOKUP_EVERY_S * 1e3:.0f} ms from another client", flush=True)
+    what, a_what, an_what = (("evict", "an admin evict", "an evict") if args.removal == "evict" else
+                              ("node removal", "a node removal", "a node removal"))
     per_round = []
-    for r in tqdm(range(args.rounds), desc="admin evict", unit="round"):
+    for r in tqdm(range(args.rounds), desc=f"admin {what}", unit="round"):
         workdir = tempfile.mkdtemp(prefix="kvpool-admin-evict-")
         try:
             res = one_round(args, workdir)
@@ -106,13 +125,13 @@ def main(argv=None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
         if res["evicted"] != args.objects or res["misses"] or not res["during"] or not res["idle"]:
             raise SystemExit(f"round {r + 1}: evicted {res['evicted']} of {args.objects}, {res['misses']} lookups "
-                             f"missed the chain, {len(res['during'])} lookups during the evict, {len(res['idle'])} "
+                             f"missed the chain, {len(res['during'])} lookups during the {what}, {len(res['idle'])} "
                              "idle: the bench did not measure what it says")
         per_round.append(res)
-        tqdm.write(f"round {r + 1}: evict {res['evicted']} in {res['seconds'] * 1e3:.0f} ms; "
+        tqdm.write(f"round {r + 1}: {what} {res['evicted']} in {res['seconds'] * 1e3:.0f} ms; "
                    f"lookup p50 / p99 / max ms: "
                    f"idle {pct(res['idle'], 0.5) * 1e3:.2f} / {pct(res['idle'], 0.99) * 1e3:.2f} / "
-                   f"{max(res['idle']) * 1e3:.2f}, during the evict {pct(res['during'], 0.5) * 1e3:.2f} / "
+                   f"{max(res['idle']) * 1e3:.2f}, during the {what} {pct(res['during'], 0.5) * 1e3:.2f} / "
                    f"{pct(res['during'], 0.99) * 1e3:.2f} / {max(res['during']) * 1e3:.2f} "
                    f"({len(res['during'])} lookups)")
 
@@ -124,13 +143,14 @@ def main(argv=None) -> int:
     during = {q: statistics.median(pct(res["during"], q) for res in per_round) for q in (0.5, 0.99)}
     longest = med(lambda x: max(x["during"]))
     share = med(lambda x: max(x["during"]) / x["seconds"])
-    print(f"evict (median over rounds): {args.objects} objects in {seconds * 1e3:.0f} ms "
+    print(f"{what} (median over rounds): {args.objects} objects in {seconds * 1e3:.0f} ms "
           f"({args.objects / seconds:,.0f} objects/s)")
     print(f"lookup p50 / p99 (ms, median over rounds): idle {idle[0.5] * 1e3:.2f} / {idle[0.99] * 1e3:.2f}, during the "
-          f"evict {during[0.5] * 1e3:.2f} / {during[0.99] * 1e3:.2f}; longest during the evict {longest * 1e3:.1f} ms")
-    print(f"ratio lookup p99 during an admin evict vs idle: {during[0.99] / idle[0.99]:.2f}x (1.00x: an evict costs "
+          f"{what} {during[0.5] * 1e3:.2f} / {during[0.99] * 1e3:.2f}; "
+          f"longest during the {what} {longest * 1e3:.1f} ms")
+    print(f"ratio lookup p99 during {a_what} vs idle: {during[0.99] / idle[0.99]:.2f}x (1.00x: {an_what} costs "
           "other clients nothing)")
-    print(f"longest lookup during the evict: {share * 100:.0f}% of the evict's span (100%: the evict holds the "
+    print(f"longest lookup during the {what}: {share * 100:.0f}% of the {what}'s span (100%: the {what} holds the "
           "master's lock for its whole length)")
     return 0
 

@@ -149,6 +149,17 @@ class Pool:
                                            env=env))
         wait_serving(node_addr, tls=tls)
 
+    def add_node(self, node_id: str, dram_bytes: int, node_args=()) -> None:
+        """Start one more node process (DRAM only unless `node_args` say more) and wait until it serves."""
+        node_addr = f"127.0.0.1:{free_port()}"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KVPOOL_")}
+        log = open(os.path.join(self.workdir, f"node-{node_id}.log"), "ab")
+        self.procs.append(subprocess.Popen([sys.executable, "-m", "kvpool.cli", "node", "--master", self.address,
+                                            "--listen", node_addr, "--dram-bytes", str(dram_bytes), "--shm-dir",
+                                            self.shm, "--node-id", node_id, *node_args], stdout=log, stderr=log,
+                                           env=env))
+        wait_serving(node_addr)
+
     def close(self) -> None:
         for p in reversed(self.procs):
             p.terminate()

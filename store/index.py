@@ -60,10 +60,12 @@ class State(enum.IntEnum):
     PENDING = 1    # granted, bytes being written: invisible to readers, never evicted
     COMMITTED = 2  # visible
     DOOMED = 3     # removed while leased: invisible, space freed when the last lease ends
+    LEAVING = 4    # committed on a node that left the pool: invisible, forgotten a chunk at a time
+                   # (Placement.forget_leaving), its key still held until then
 
 
 # The states as plain ints, for per-key loops and numpy comparisons: an enum attribute lookup costs ~1 us.
-FREE, PENDING, COMMITTED, DOOMED = (int(s) for s in State)
+FREE, PENDING, COMMITTED, DOOMED, LEAVING = (int(s) for s in State)
 NO_COPY = 0xFFFFFFFF    # `copy` of an object without an SSD copy
 MAX_NAMESPACES = 0x10000    # distinct namespace digests one index interns (the u16 `ns` column)
 LEASE_CAP = 0xFFFF - 16     # read leases one object may hold at once (the u16 `leases` column, less the master's pins)

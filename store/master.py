@@ -23,7 +23,8 @@ lock, so the master never races itself; promotions copy outside it (`promote_pen
 the lock: a full put's node call on extents it handed out again (Placement.batched_ops(defer=True): the erases of its
 copies' extents, or the copies of dirty victims out of its grants' extents, those settled under the lock again),
 the tokens of grants and reads, and telling nodes of a removal. A removal (`remove`, an admin `evict`) holds the lock
-1,024 objects at a time (`_in_chunks`), so a lookup never waits out a removal of any size.
+1,024 objects at a time (`_in_chunks`), and so does forgetting a removed node's objects (`_forget_leaving`), so a
+lookup never waits out a removal of any size.
 
 Why one module of ~1,120 lines: the Master IS the RPC surface, one method per MasterService call (put, lookup,
 release, nodes, drain moves, admin queries, recording), each a few lines of argument checks (store/checks.py) and
@@ -32,8 +33,9 @@ the surface across classes would split the lock or make them reach into each oth
 
 Object life:   put_start ──▶ PENDING ──put_commit──▶ COMMITTED ──remove/evict──▶ gone
                               │ put_abort / grant expiry      │ remove while leased ──▶ DOOMED ──last release──▶ gone
-                              ▼                               └ demote / promote / drain move: same key, new extent
-                             gone
+                              ▼                               ├ demote / promote / drain move: same key, new extent
+                             gone                             └ its node removed ──▶ LEAVING ──a chunk later──▶ gone
+                                                                                  (or DOOMED, if leased)
 Removing a leased object is accepted (counted) and makes it invisible at once; its extent is freed when the last
 lease on it ends, so a reader mid-copy never sees its bytes reused. Time comes from an injectable clock; `reap(now)`
 reclaims expired grants, leases and silent nodes (tests drive it with a fake clock, nothing sleeps).
@@ -174,15 +176,21 @@ class Master:
         checks.node_info(info)
         with self._lock:
             old = self.placement.nodes.get(info.node_id)
-            if old is not None and not self._same_process(old.info, info):
+            restarted = old is not None and not self._same_process(old.info, info)
+            if restarted:
                 self._node_leaves(old.number, info.node_id, leaving=False)
+                # its old records go with its old objects, in one call: they are forgotten a chunk at a time below,
+                # and a master restarting meanwhile must not take them for the new process's
+                self.journal.delete_node(info.node_id)
             self.host_feed.reset(info.node_id)     # its index starts empty (the node clears it as it registers)
             reg = self.registry.register(info, ops, expires=expires, now=self.clock())
             self._republish([info.node_id])         # the objects a node that kept its memory still holds
             self._stopping.discard(info.node_id)
             self.journal.put_node(info)  # addresses may have changed
             self._flush()
-            return reg.epoch
+        if restarted:
+            self._forget_leaving()  # before the answer: the node reports its SSD records after it
+        return reg.epoch
 
     @staticmethod
     def _same_process(a: NodeInfo, b: NodeInfo) -> bool:
@@ -204,6 +212,7 @@ class Master:
         with self._lock:
             node = self.placement.node(node_id)
             checks.reported(records, node, self.config.max_object_bytes)
+            self.placement.forget_leaving_keys([r.key for r in records])    # a removed node's: gone, not conflicts
             result = ReportResult()
             fresh: list[ObjectRecord] = []
             seen: set[bytes] = set()
@@ -224,7 +233,11 @@ class Master:
 
     def remove_node(self, node_id: str) -> int:
         """Forget a node and its objects (they become misses). Returns the number of committed objects dropped.
-        Moving them elsewhere first is `begin_drain` + `migrate_*` (store/migration.py)."""
+        Moving them elsewhere first is `begin_drain` + `migrate_*` (store/migration.py).
+
+        Its objects are misses for every caller from the first hold of the lock, whatever their number
+        (Placement.remove_node); they are then forgotten `queries.REMOVAL_CHUNK` per hold (`_forget_leaving`), all
+        of them before this returns."""
         with self._lock:
             node = self.placement.node(node_id)
             self._node_leaves(node.number, node_id, leaving=True)
@@ -232,7 +245,8 @@ class Master:
             self._stopping.discard(node_id)
             self.journal.delete_node(node_id)
             self._flush()
-            return n
+        self._forget_leaving()
+        return n
 
     # ------------------------------------------------------------------ drain (moves: store/migration.py)
 
@@ -308,6 +322,7 @@ class Master:
                 ns_id = self.index.intern_ns(ns.digest)
                 tid = self.tenants.intern(tenant)
                 keys = self.tenants.stored_keys(tid, keys)
+                self.placement.forget_leaving_keys(keys)    # a removed node's objects: gone, not EXISTS
                 exclude = self._unplaceable()
                 # The demotions and drops that making room takes (a tenant's quota too) are sent per node when the
                 # loop ends, not per object (store/node_calls.py); a node's calls whose extents this put has handed
@@ -821,6 +836,21 @@ class Master:
         pool's caller pressing Ctrl-C could leave it held), which CPython's Lock is."""
         time.sleep(YIELD_S)
 
+    def _forget_leaving(self) -> int:
+        """Forget the objects of removed nodes (Placement.remove_node: misses already), `queries.REMOVAL_CHUNK` per
+        hold of the lock, until none is left (lock not held). Several callers may share the work. No node is told:
+        the removed node's host index went with it, and no other node's holds its objects. Returns the slots
+        passed."""
+        total = 0
+        while True:
+            with self._lock:
+                n, more = self.placement.forget_leaving(queries.REMOVAL_CHUNK)
+                self._flush()
+            total += n
+            if not more:
+                return total
+            self._let_others_in()
+
     def _told_nodes(self) -> list[tuple[str, NodeOps, bool]]:
         """(id, ops, whether it forgets removed keys only) of every node: each dates what location caches remember of
         it, same-host ones by its arena's removal generation, TCP ones by its removal stamp (lock held)."""
@@ -927,6 +957,7 @@ class Master:
                             "draining": sorted(self.drains.draining), "moves_open": self.drains.pinned(),
                             "write_behind": self.write_behind.counters.as_dict(self.write_behind.pending),
                             "orphaned": self.placement.counters.orphaned, "stopping": sorted(self._stopping),
+                            "leaving_objects": self.placement.leaving,
                             "host_index": self.host_feed.as_dict()}
             record.tenants = {self.tenants.name(t): self._tenant_stats(t) for t in range(1, len(self.tenants))}
             if (rec := self.recorder) is not None:       # only while one runs: `kvpool status` says so
@@ -996,7 +1027,8 @@ class Master:
         with self._lock:
             out = self._reap(self.clock() if now is None else now)
             self._flush()
-            return out
+        self._forget_leaving()      # the objects of the nodes dropped here, or by a reap an earlier call ran
+        return out
 
     # ------------------------------------------------------------------ internals (lock held)
 

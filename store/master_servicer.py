@@ -164,12 +164,25 @@ class MasterServicer(pbg.MasterServiceServicer):
     def DrainNode(self, request, context):
         """The wire name predates the split: this REMOVES the node (its objects become misses). Moving its objects
         first is BeginDrain + Migrate* (`kvpool drain` does both)."""
-        n = self.master.remove_node(request.node_id)
-        with self._lock:
-            ops = self._ops.pop(request.node_id, None)
-            ep = self._endpoints.pop(request.node_id, None)
+        node_id = request.node_id
+        with self._lock:    # its process is refused from now: remove_node lets the lock go between its chunks, and a
+            ep = self._endpoints.get(node_id)   # heartbeat meanwhile would have it register again
+            before = self._drained.get(node_id)
             if ep is not None:
-                self._drained[request.node_id] = ep.incarnation
+                self._drained[node_id] = ep.incarnation
+        try:
+            n = self.master.remove_node(node_id)
+        except BaseException:
+            with self._lock:
+                if ep is not None and self._drained.get(node_id) == ep.incarnation:
+                    if before is None:
+                        del self._drained[node_id]
+                    else:
+                        self._drained[node_id] = before
+            raise
+        with self._lock:
+            ops = self._ops.pop(node_id, None)
+            self._endpoints.pop(node_id, None)
         if ops is not None:
             ops.close()
         return pb.DrainNodeResponse(objects_dropped=n)

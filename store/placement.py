@@ -47,7 +47,7 @@ import numpy as np
 
 from kvpool.store.chains import ORPHAN, Chains
 from kvpool.store.copies import Copies
-from kvpool.store.index import COMMITTED, MAX_SIZE, NO_COPY, PENDING, Index, State
+from kvpool.store.index import COMMITTED, LEAVING, MAX_SIZE, NO_COPY, PENDING, Index, State
 from kvpool.store.journal import Journal
 from kvpool.store.node import Drop, Move, NodeOps
 from kvpool.store.node_calls import Deferred, DeferredCall, Demotion, NodeCalls
@@ -86,6 +86,7 @@ class NodeState:
     info: NodeInfo
     ops: NodeOps
     spaces: dict[Tier, TierSpace]
+    leaving: bool = False           # removed: its objects are being forgotten (`Placement.forget_leaving`)
 
 
 @dataclass(slots=True)
@@ -135,6 +136,8 @@ class Placement:
                                                             # `take_evicted` (evicted, or drained elsewhere)
         self._calls: dict[int, NodeCalls] | None = None     # per node number, inside `batched_ops`
         self._in_flight: set[int] = set()   # slots a deferred move carries, until `settle_deferred`
+        # per removed node's number: [its NodeState, its objects' slots (LEAVING), how many of them are done]
+        self._leaving: dict[int, list] = {}
 
     def _new_policy(self, tier: Tier):
         policy = make_policy(self.policy_name)
@@ -169,19 +172,79 @@ class Placement:
         return state
 
     def remove_node(self, node_id: str) -> int:
-        """Forget a node and every object on it (they become misses). Returns the number of objects dropped."""
+        """Take a node out of the pool; returns how many committed objects it held (misses from now on).
+
+        At once, whatever the node's size: it leaves `nodes` (nothing lands on it, and its id may register again as a
+        new number), and its committed objects turn LEAVING in one numpy assignment. LEAVING is not COMMITTED, so
+        every reader of the index passes them by from this moment, as it passes uncommitted ones: lookups, `contains`,
+        inspect and list, evictions, quotas, promotions, copy rounds, drains. Its uncommitted slots are forgotten now.
+        The LEAVING ones are forgotten by `forget_leaving`, a chunk per call, so the master's lock is never held for
+        all of them at once (a node of a million objects took ~3 s in one piece); a key put or reported again before
+        its turn is forgotten first (`forget_leaving_keys`). The NodeState stays in `by_number`, marked `leaving`, until
+        the last is forgotten: freeing its extents is skipped (its allocators go with it), its policies still drop
+        each object (the per-tenant lists of store/quota.py follow them). A DOOMED slot still leased stays until its
+        last release, as before."""
         state = self.nodes.pop(node_id)
+        state.leaving = True
         index = self.index
         slots = index.slots()
         slots = slots[index.node[slots] == state.number]
         states = index.state[slots]
-        n = int(np.count_nonzero(states == State.COMMITTED))
-        # a DOOMED slot still leased stays: the last release frees it (the reader's lease names it)
-        for slot in slots[(states != State.DOOMED) | (index.leases[slots] == 0)].tolist():
+        committed = slots[states == COMMITTED]
+        index.state[committed] = LEAVING
+        # uncommitted ones (their grants ended with the node): now; a DOOMED slot still leased stays (the reader's
+        # lease names it: its last release frees it)
+        for slot in slots[(states == PENDING) | ((states == State.DOOMED) & (index.leases[slots] == 0))].tolist():
             self.forget(slot, free_extent=False)
-        self.by_number[state.number] = None
         self.copies.forget_node(state.number)
+        if len(committed):
+            self._leaving[state.number] = [state, committed, 0]
+        else:
+            self.by_number[state.number] = None
+        return len(committed)
+
+    @property
+    def leaving(self) -> int:
+        """Objects of removed nodes not forgotten yet (`forget_leaving`): 0 at once when no node is leaving, else one
+        numpy pass over their remaining slots."""
+        index = self.index
+        n = 0
+        for number, (_, slots, start) in self._leaving.items():
+            rest = slots[start:]
+            n += int(np.count_nonzero((index.state[rest] == LEAVING) & (index.node[rest] == number)))
         return n
+
+    def forget_leaving(self, limit: int) -> tuple[int, bool]:
+        """Forget up to `limit` objects of removed nodes (`remove_node`), oldest removal first. Returns (how many
+        slots were passed, whether any are left). A slot forgotten meanwhile (`forget_leaving_keys`, and perhaps
+        taken by an object of another node since) is passed by. A node whose last object goes leaves `by_number`."""
+        index = self.index
+        done = 0
+        for number, entry in list(self._leaving.items()):
+            node, slots, start = entry
+            end = min(start + limit - done, len(slots))
+            chunk = slots[start:end]
+            for slot in chunk[(index.state[chunk] == LEAVING) & (index.node[chunk] == number)].tolist():
+                self.forget(slot)
+            entry[2] = end
+            done += end - start
+            if end == len(slots):
+                del self._leaving[number]
+                self.by_number[number] = None
+            if done >= limit:
+                break
+        return done, bool(self._leaving)
+
+    def forget_leaving_keys(self, keys: Sequence[bytes]) -> None:
+        """Forget now the objects of removed nodes among `keys` (a put or a node's report of them must find them
+        gone, not EXISTS or a conflict). Nothing to do, as almost always: returns at once."""
+        if not self._leaving:
+            return
+        find, state = self.index.find, self.index.state
+        for key in keys:
+            slot = find(key, -1)
+            if slot >= 0 and state[slot] == LEAVING:
+                self.forget(slot)
 
     def node_of(self, slot: int) -> NodeState | None:
         return self.by_number[int(self.index.node[slot])]
@@ -398,6 +461,8 @@ class Placement:
         node = self.node_of(slot)
         space = node.spaces.get(_TIERS[index.tier[slot]]) if node is not None else None
         state = int(index.state[slot])
+        if state == LEAVING:      # its node was removed (`remove_node`): a committed object whose extents went with it
+            state, free_extent = COMMITTED, False
         if state == COMMITTED or state == PENDING:
             if state == COMMITTED:
                 self.journal.gone(key, slot)
@@ -411,7 +476,7 @@ class Placement:
                 index.unlink_key(slot)
                 index.state[slot] = State.DOOMED
                 return
-        if free_extent and node is not None:
+        if free_extent and node is not None and not node.leaving:
             own: list[Drop] = []
             offset = int(index.offset[slot])
             if space is not None and offset >= 0:   # < 0: its extent went on to another slot (`relocate`)

@@ -134,7 +134,7 @@ class Promotions:
         """Apply one node's copy results (None: the node call failed). Returns how many objects moved up."""
         index, placement = self.index, self.placement
         node = placement.by_number[batch.node.number]
-        alive = node is batch.node  # the node left (or restarted as a new number) while we copied
+        alive = node is batch.node and not node.leaving  # the node left (or restarted as a new number) meanwhile
         moved = 0
         drops: list[Drop] = []
         for i, p in enumerate(batch.items):

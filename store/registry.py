@@ -27,9 +27,10 @@ from kvpool.store.records import NodeInfo
 
 
 class DisconnectedOps:
-    """NodeOps of a node known from the journal that has not registered with this master yet: every move fails."""
+    """NodeOps of a node known from the journal that has not registered with this master yet, or of one removed
+    (its calls must not reach whatever listens at its address now): every move fails, nothing is sent."""
 
-    def demote(self, moves):
+    def demote(self, moves, drops=()):
         return [False] * len(moves)
 
     def promote(self, moves):
@@ -85,8 +86,9 @@ class NodeRegistry:
             member.epoch += 1
             return Registration(member.epoch, old)
         epoch = member.epoch + 1 if member is not None else 1
-        if old is not None:
+        if old is not None:     # a restarted node: its old objects go (Placement.remove_node), its calls nowhere
             placement.remove_node(info.node_id)
+            old.ops = DisconnectedOps()
         node = placement.add_node(info, ops)
         self._members[info.node_id] = Member(info.node_id, epoch, now, expires, True)
         return Registration(epoch, node, old)
@@ -111,6 +113,7 @@ class NodeRegistry:
         """Forget a node and its objects; returns its last NodeState and how many committed objects it held."""
         node = self.placement.node(node_id)
         n = self.placement.remove_node(node_id)
+        node.ops = DisconnectedOps()    # a call still queued for it (a put's deferred one) goes nowhere
         self._members.pop(node_id, None)
         return node, n
 

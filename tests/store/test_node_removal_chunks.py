@@ -1,0 +1,223 @@
+"""A node leaving the pool (an admin's `kvpool drain --no-move`, a node silent past node_ttl_s, a node restarting as a
+new process) is taken out in one short hold of the master's lock: from then on its objects are misses for every
+caller (they turn LEAVING, which no reader takes for committed). They are then forgotten `queries.REMOVAL_CHUNK` per
+hold, the other clients answered between chunks, all of them before the call returns. A key put again, or reported
+by a restarted node, before its turn is forgotten first. Real master and nodes in this process
+(tests/store/test_node_calls.py's Pool); the chunk size is made small so that 12 objects are 3 chunks."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from kvpool.proto import kvpool_pb2 as pb
+from kvpool.proto import kvpool_pb2_grpc as pbg
+from kvpool.store import queries
+from kvpool.store.config import NodeConfig
+from kvpool.store.index import COMMITTED, DOOMED, LEAVING
+from kvpool.store.master_server import MasterServer, MasterServerConfig
+from kvpool.store.node import StorageNode
+from kvpool.store.records import PutStatus
+from kvpool.store.tenants import Quota
+from kvpool.tiers.types import Tier
+from tests.store.test_node_calls import Counted, Pool, chain_key
+
+KEYS = [chain_key(0, i) for i in range(12)]     # on n1, the node that leaves
+OTHER = [chain_key(1, i) for i in range(4)]     # on n2, which stays
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(queries, "REMOVAL_CHUNK", 4)
+
+
+def _pool(tmp_path, **cfg) -> Pool:
+    pool = Pool(tmp_path, "a", [("n1", 16, 16), ("n2", 16, 0)], batched=True, **cfg)
+    assert pool.put(KEYS, prefer="n1") == [PutStatus.STORED] * 12
+    assert pool.put(OTHER, prefer="n2") == [PutStatus.STORED] * 4
+    assert {r.node_id for r in pool.master.inspect(KEYS)} == {"n1"}
+    return pool
+
+
+def _between_chunks(pool: Pool, probe) -> list:
+    """Call `probe()` each time the removal lets the lock go between two chunks; returns its answers."""
+    seen: list = []
+    pool.master._let_others_in = lambda: seen.append(probe())
+    return seen
+
+
+def _states(pool: Pool, number: int) -> list[int]:
+    index = pool.master.index
+    slots = index.slots()
+    return sorted(int(s) for s in index.state[slots[index.node[slots] == number]])
+
+
+def test_a_removed_node_s_objects_are_misses_at_once_and_forgotten_chunk_by_chunk(tmp_path):
+    pool = _pool(tmp_path)
+    master = pool.master
+    number = master.placement.node("n1").number
+
+    def probe():
+        return (master.contains(KEYS), master.lookup(KEYS, lease=False).hits, master.inspect(KEYS[:2]),
+                [r.key for r in master.list_objects()[0]], master.lookup(OTHER, lease=False).hits,
+                _states(pool, number))
+
+    seen = _between_chunks(pool, probe)
+    assert master.remove_node("n1") == 12
+    # between the chunks: every object of n1 a miss for every reader, those not forgotten yet still LEAVING; n2's
+    # objects served as before
+    listed = sorted(OTHER)
+    assert seen == [([False] * 12, 0, [None, None], listed, 4, [LEAVING] * 8),
+                    ([False] * 12, 0, [None, None], listed, 4, [LEAVING] * 4)]
+    assert _states(pool, number) == [] and master.placement.by_number[number] is None
+    assert master.placement.leaving == 0 and len(master.index) == 4
+    master.index.check_invariants()
+    # its allocators went with it: nothing was erased or moved on the node that left
+    assert (pool.ops["n1"].drop_calls, pool.ops["n1"].demote_calls) == (0, 0)
+
+
+def test_a_key_put_again_during_the_removal_is_stored_and_kept(tmp_path):
+    pool = _pool(tmp_path)
+    master = pool.master
+    again = KEYS[10:]      # in the last chunk: still LEAVING when they are put again
+
+    def probe():
+        if not master.contains(again[:1])[0]:
+            assert pool.put(again) == [PutStatus.STORED] * 2        # granted afresh (on n2), not EXISTS
+        return master.contains(KEYS)
+
+    seen = _between_chunks(pool, probe)
+    assert master.remove_node("n1") == 12
+    assert seen == [[False] * 10 + [True] * 2] * 2
+    assert master.contains(KEYS) == [False] * 10 + [True] * 2       # the last chunk passed them by
+    assert [r.node_id for r in master.inspect(again)] == ["n2", "n2"]
+    assert pool.check_bytes(again) == 2
+    master.index.check_invariants()
+
+
+def test_an_object_read_while_its_node_leaves_is_freed_by_its_last_release(tmp_path):
+    pool = _pool(tmp_path)
+    master = pool.master
+    number = master.placement.node("n1").number
+    lease = master.lookup(KEYS[5:6])
+    assert lease.hits == 1
+    assert master.remove_node("n1") == 12
+    assert _states(pool, number) == [DOOMED]                        # the reader's lease still names it
+    assert master.contains(KEYS[5:6]) == [False]
+    assert master.release([lease.lease_id]) == 1
+    assert _states(pool, number) == [] and len(master.index) == 4
+    assert pool.ops["n1"].drop_calls == 0
+    master.index.check_invariants()
+
+
+def test_a_restarted_node_s_old_objects_are_gone_before_it_reports_its_ssd_records(tmp_path):
+    pool = Pool(tmp_path, "a", [("n1", 0, 16)], batched=True)        # SSD only: its records outlive the process
+    master = pool.master
+    assert pool.put(KEYS) == [PutStatus.STORED] * 12
+    old = master.placement.node("n1").number
+    pool.nodes["n1"].close()
+    node = StorageNode(pool.nodes["n1"].config)                     # the same SSD file, a new incarnation
+    pool.nodes["n1"], pool.ops["n1"] = node, Counted(node)
+    seen = _between_chunks(pool, lambda: (master.contains(KEYS), _states(pool, old),
+                                          master.placement.node("n1").number != old))
+    master.register_node(node.info(), pool.ops["n1"], expires=False)
+    # the new process was registered from the first hold; the old objects were misses meanwhile
+    assert seen == [([False] * 12, [LEAVING] * 8, True), ([False] * 12, [LEAVING] * 4, True)]
+    # the register returned once they were all forgotten, so the node's report finds no conflict: all adopted
+    result = master.report_objects("n1", node.scan_ssd())
+    assert (result.adopted, result.known, result.dropped_keys) == (12, 0, [])
+    assert master.contains(KEYS) == [True] * 12 and pool.check_bytes(KEYS) == 12
+    assert {r.tier for r in master.inspect(KEYS)} == {Tier.SSD}
+    master.index.check_invariants()
+
+
+def test_a_silent_node_is_a_miss_from_the_reap_that_drops_it_and_forgotten_by_the_next_reap(tmp_path):
+    pool = _pool(tmp_path, node_ttl_s=10.0)
+    master = pool.master
+    node = StorageNode(NodeConfig(node_id="n3", dram_bytes=16 * 4096, shm_dir=str(tmp_path / "a")))
+    pool.nodes["n3"], pool.ops["n3"] = node, Counted(node)
+    master.register_node(node.info(), pool.ops["n3"])                # expires: dropped when silent
+    keys = [chain_key(2, i) for i in range(6)]
+    assert pool.put(keys, prefer="n3") == [PutStatus.STORED] * 6
+    number = master.placement.node("n3").number
+    master.heartbeat("n1"), master.heartbeat("n2")
+    pool.clock.now += 11
+    # a lookup's own reap drops n3 (the lock is held for that call): its objects are misses in that same answer
+    assert master.lookup(keys, lease=False).hits == 0
+    assert "n3" not in master.stats()["nodes"] and _states(pool, number) == [LEAVING] * 6
+    assert master.reap()["nodes"] == 0                               # the reaper's next round forgets them
+    assert _states(pool, number) == [] and master.placement.by_number[number] is None
+    master.index.check_invariants()
+
+
+def test_a_tenant_s_objects_on_a_removed_node_leave_its_quota_lists(tmp_path):
+    pool = Pool(tmp_path, "a", [("n1", 16, 16), ("n2", 16, 0)], batched=True,
+                quotas={"acme": Quota(total_bytes=40 * 4096)})
+    master = pool.master
+    assert pool.put(KEYS, prefer="n1", tenant="acme") == [PutStatus.STORED] * 12
+    assert pool.put(OTHER, prefer="n2", tenant="acme") == [PutStatus.STORED] * 4
+    lists = master.placement.track
+    assert len(lists) == 16
+    assert master.remove_node("n1") == 12
+    assert len(lists) == 4 and master.stats()["tenants"]["acme"]["objects"] == 4
+    tid = master.tenants.id_of("acme")
+    others = sorted(master.index.find(k) for k in pool.stored(OTHER, "acme"))
+    assert sorted(lists.victims(tid, int(Tier.DRAM))) == others
+    assert all(master.index.state[s] == COMMITTED for s in lists.victims(tid, int(Tier.DRAM)))
+    master.index.check_invariants()
+
+
+def test_a_node_dropped_by_a_lookup_s_reap_and_restarted_re_adopts_its_ssd_records(tmp_path):
+    pool = Pool(tmp_path, "a", [], batched=True, node_ttl_s=10.0)
+    master = pool.master
+    config = NodeConfig(node_id="n3", dram_bytes=0, ssd_path=str(tmp_path / "a" / "ssd-n3"), ssd_bytes=32 * 4096)
+    node = StorageNode(config)
+    pool.nodes["n3"], pool.ops["n3"] = node, Counted(node)
+    master.register_node(node.info(), pool.ops["n3"])
+    keys = [chain_key(2, i) for i in range(6)]
+    assert pool.put(keys, prefer="n3") == [PutStatus.STORED] * 6
+    pool.clock.now += 11
+    assert master.lookup(keys, lease=False).hits == 0               # its reap dropped n3: LEAVING, not forgotten yet
+    node.close()
+    node = StorageNode(config)                                      # the node restarts before the reaper's round
+    pool.nodes["n3"], pool.ops["n3"] = node, Counted(node)
+    master.register_node(node.info(), pool.ops["n3"])
+    result = master.report_objects("n3", node.scan_ssd())           # its records: no conflict with the LEAVING ones
+    assert (result.adopted, result.dropped_keys) == (6, [])
+    assert master.contains(keys) == [True] * 6 and pool.check_bytes(keys) == 6
+    master.reap()
+    assert master.contains(keys) == [True] * 6 and master.placement.leaving == 0
+    master.index.check_invariants()
+
+
+def test_a_removed_node_cannot_register_again_while_its_objects_are_forgotten():
+    """`kvpool drain NODE --no-move` (DrainNode): the node's process is refused from the first chunk on, not only once
+    the removal returns (its heartbeat meanwhile would have it register again, and the removal would then close the
+    channel of a node the master serves)."""
+    server = MasterServer(MasterServerConfig(listen="127.0.0.1:0")).start()
+    try:
+        ep = pb.NodeEndpoint(node_id="n1", host_id="h", data_address="127.0.0.1:9", control_address="127.0.0.1:9",
+                             alignment=4096, incarnation="one", tiers=[pb.TierCapacity(tier=pb.DRAM,
+                                                                                     capacity_bytes=64 * 4096)])
+        master = server.master
+        with grpc.insecure_channel(server.address) as ch:
+            stub = pbg.MasterServiceStub(ch)
+            stub.RegisterNode(pb.RegisterNodeRequest(node=ep), timeout=5)
+            grants = master.put_start(KEYS, [4096] * 12)
+            assert master.put_commit([r.grant.grant_id for r in grants], [7] * 12) == [True] * 12
+            refused: list = []
+
+            def register_again():
+                try:
+                    stub.RegisterNode(pb.RegisterNodeRequest(node=ep), timeout=5)
+                    refused.append(None)
+                except grpc.RpcError as err:
+                    refused.append((err.code().name, err.details()))
+
+            master._let_others_in = register_again
+            assert stub.DrainNode(pb.DrainNodeRequest(node_id="n1"), timeout=30).objects_dropped == 12
+            drained = ("FAILED_PRECONDITION", "node_id 'n1' was drained; restart the node process to rejoin")
+            assert refused == [drained, drained]
+            assert master.node_ids() == [] and master.contains(KEYS) == [False] * 12
+    finally:
+        server.stop(0)
