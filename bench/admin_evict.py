@@ -20,7 +20,7 @@ Prints per round, then the medians over rounds:
 
 `--removal node`: the same objects, then a second node process starts (DRAM only, as large), the prober's chain lands
 there (the node with the most free room), and an admin takes the first node out of the pool with all of them on it
-(`AdminClient.drain(node, migrate=False)`: `kvpool drain NODE --no-move`, the master's `remove_node`, as for a node
+(`AdminClient.drain(node, migrate=False)`: `kvpool drain NODE --no-migrate`, the master's `remove_node`, as for a node
 that died or restarted). The lines say "node removal" for "evict".
 
 The bench uses only the public client and admin APIs and the CLI (the master and node processes are

@@ -23,8 +23,9 @@ tier's extent of an object on a faster tier (store/placement.py), in 4 KiB pages
 NO_COPY = 2**32 - 1: 16 TiB of SSD per node in four bytes.
 
 `tenant` is the owner's id (store/tenants.py; 0 = the unscoped space, every object when auth is off). The index keeps
-the payload bytes of every slot (pending, committed and doomed alike: bytes held) per (tenant, tier) up to date as
-slots are added, freed or change tier (`set_tier`): quotas read it per put, so it is counted, never scanned. An
+the payload bytes of every slot (pending, committed and doomed alike: bytes held; not LEAVING ones, whose bytes went
+with their node) per (tenant, tier) up to date as slots are added, freed, change tier (`set_tier`) or leave
+(`leave`): quotas read it per put, so it is counted, never scanned. An
 inclusive SSD copy of a faster-tier object is a cache of it, not counted again.
 
 `atime` is the last access (commit or lookup hit) in the master's ticks: tenths of a second since the master
@@ -258,6 +259,35 @@ class Index:
             return len(self.retained)
         return self._retained_count[tenant] if tenant < len(self._retained_count) else 0
 
+    def leave(self, slots: np.ndarray) -> None:
+        """Committed objects of a node that left the pool turn LEAVING (Placement.remove_node): invisible to readers,
+        and their bytes no longer counted per (tenant, tier) nor pinned, at once (they went with the node), so a
+        tenant's quota is not taken up by them while they wait to be forgotten. One numpy pass; `free` of a LEAVING
+        slot counts nothing again."""
+        if not len(slots):
+            return
+        where = self.tenant[slots].astype(np.int64) * _NT + self.tier[slots]
+        held = np.bincount(where, weights=self.size[slots].astype(np.float64))    # exact below 2**53 bytes
+        for i in np.flatnonzero(held).tolist():
+            self._usage[i] -= int(held[i])
+        counted = np.bincount(self.tenant[slots])
+        for t in np.flatnonzero(counted).tolist():
+            self._count[t] -= int(counted[t])
+        self.state[slots] = LEAVING
+        if self.retained:
+            for slot in [s for s in self.retained if self.state[s] == LEAVING]:
+                self.unretain(slot)
+
+    def doom(self, slot: int) -> None:
+        """A removed object still leased: its key unlinked, the slot DOOMED until its last release frees it (its bytes
+        held meanwhile: counted again if it was LEAVING)."""
+        if self.state[slot] == LEAVING:
+            tenant = int(self.tenant[slot])
+            self._usage[tenant * _NT + int(self.tier[slot])] += int(self.size[slot])
+            self._count[tenant] += 1
+        self.unlink_key(slot)
+        self.state[slot] = State.DOOMED
+
     def unlink_key(self, slot: int) -> None:
         """Make the key unfindable while the slot stays reserved (DOOMED objects still leased)."""
         key = self.key_at(slot)
@@ -273,9 +303,10 @@ class Index:
         if self.retained:
             self.unretain(slot)
         self._keys[slot] = None
-        tenant = int(self.tenant[slot])
-        self._usage[tenant * _NT + int(self.tier[slot])] -= int(self.size[slot])
-        self._count[tenant] -= 1
+        if self.state[slot] != LEAVING:     # a LEAVING slot's bytes stopped counting when it left (`leave`)
+            tenant = int(self.tenant[slot])
+            self._usage[tenant * _NT + int(self.tier[slot])] -= int(self.size[slot])
+            self._count[tenant] -= 1
         self.state[slot] = State.FREE
         self._free.append(slot)
 
@@ -299,7 +330,8 @@ class Index:
         for slot in range(self._capacity):
             assert (slot in free) == (self._keys[slot] is None), f"slot {slot}: free list and key table disagree"
             assert (slot in free) == (self.state[slot] == State.FREE), f"slot {slot}: free list and state disagree"
-        used = np.flatnonzero(self.state[: self._capacity] != State.FREE)
+        states = self.state[: self._capacity]
+        used = np.flatnonzero((states != State.FREE) & (states != State.LEAVING))   # counted: see `leave`
         for t in range(len(self._count)):
             mine = used[self.tenant[used] == t]
             assert self._count[t] == len(mine), f"tenant {t}: counted {self._count[t]} slots, holds {len(mine)}"

@@ -191,7 +191,7 @@ class Placement:
         slots = slots[index.node[slots] == state.number]
         states = index.state[slots]
         committed = slots[states == COMMITTED]
-        index.state[committed] = LEAVING
+        index.leave(committed)
         # uncommitted ones (their grants ended with the node): now; a DOOMED slot still leased stays (the reader's
         # lease names it: its last release frees it)
         for slot in slots[(states == PENDING) | ((states == State.DOOMED) & (index.leases[slots] == 0))].tolist():
@@ -473,8 +473,7 @@ class Placement:
             if orphans:
                 self.mark_orphans(orphans)
             if index.leases[slot] > 0:
-                index.unlink_key(slot)
-                index.state[slot] = State.DOOMED
+                index.doom(slot)
                 return
         if free_extent and node is not None and not node.leaving:
             own: list[Drop] = []

@@ -1,4 +1,4 @@
-"""A node leaving the pool (an admin's `kvpool drain --no-move`, a node silent past node_ttl_s, a node restarting as a
+"""A node leaving the pool (an admin's `kvpool drain --no-migrate`, a node silent past node_ttl_s, a node restarting as a
 new process) is taken out in one short hold of the master's lock: from then on its objects are misses for every
 caller (they turn LEAVING, which no reader takes for committed). They are then forgotten `queries.REMOVAL_CHUNK` per
 hold, the other clients answered between chunks, all of them before the call returns. A key put again, or reported
@@ -58,6 +58,7 @@ def test_a_removed_node_s_objects_are_misses_at_once_and_forgotten_chunk_by_chun
     number = master.placement.node("n1").number
 
     def probe():
+        master.index.check_invariants()             # LEAVING objects no longer counted as bytes held
         return (master.contains(KEYS), master.lookup(KEYS, lease=False).hits, master.inspect(KEYS[:2]),
                 [r.key for r in master.list_objects()[0]], master.lookup(OTHER, lease=False).hits,
                 _states(pool, number))
@@ -103,6 +104,7 @@ def test_an_object_read_while_its_node_leaves_is_freed_by_its_last_release(tmp_p
     assert lease.hits == 1
     assert master.remove_node("n1") == 12
     assert _states(pool, number) == [DOOMED]                        # the reader's lease still names it
+    master.index.check_invariants()                                 # its bytes held (counted) until the release
     assert master.contains(KEYS[5:6]) == [False]
     assert master.release([lease.lease_id]) == 1
     assert _states(pool, number) == [] and len(master.index) == 4
@@ -150,20 +152,32 @@ def test_a_silent_node_is_a_miss_from_the_reap_that_drops_it_and_forgotten_by_th
     master.index.check_invariants()
 
 
-def test_a_tenant_s_objects_on_a_removed_node_leave_its_quota_lists(tmp_path):
+def test_a_tenant_s_objects_on_a_removed_node_leave_its_quota_at_once(tmp_path):
     pool = Pool(tmp_path, "a", [("n1", 16, 16), ("n2", 16, 0)], batched=True,
-                quotas={"acme": Quota(total_bytes=40 * 4096)})
+                quotas={"acme": Quota(total_bytes=16 * 4096)})
     master = pool.master
     assert pool.put(KEYS, prefer="n1", tenant="acme") == [PutStatus.STORED] * 12
-    assert pool.put(OTHER, prefer="n2", tenant="acme") == [PutStatus.STORED] * 4
+    assert pool.put(OTHER, prefer="n2", tenant="acme") == [PutStatus.STORED] * 4     # at its quota
     lists = master.placement.track
     assert len(lists) == 16
+    more = [chain_key(3, i) for i in range(4)]
+
+    def probe():
+        if not master.contains(more[:1], tenant="acme")[0]:
+            # the 12 leaving no longer count: these fit without evicting any of acme's other objects
+            assert pool.put(more, prefer="n2", tenant="acme") == [PutStatus.STORED] * 4
+        tenant = master.stats()["tenants"]["acme"]
+        return tenant["objects"], tenant["quota_evictions"]
+
+    seen = _between_chunks(pool, probe)
     assert master.remove_node("n1") == 12
-    assert len(lists) == 4 and master.stats()["tenants"]["acme"]["objects"] == 4
+    assert seen == [(8, 0), (8, 0)]
+    assert master.contains(OTHER + more, tenant="acme") == [True] * 8
+    assert len(lists) == 8 and master.stats()["tenants"]["acme"]["objects"] == 8
     tid = master.tenants.id_of("acme")
-    others = sorted(master.index.find(k) for k in pool.stored(OTHER, "acme"))
+    others = sorted(master.index.find(k) for k in pool.stored(OTHER + more, "acme"))
     assert sorted(lists.victims(tid, int(Tier.DRAM))) == others
-    assert all(master.index.state[s] == COMMITTED for s in lists.victims(tid, int(Tier.DRAM)))
+    assert all(master.index.state[s] == COMMITTED for s in others)
     master.index.check_invariants()
 
 
@@ -191,7 +205,7 @@ def test_a_node_dropped_by_a_lookup_s_reap_and_restarted_re_adopts_its_ssd_recor
 
 
 def test_a_removed_node_cannot_register_again_while_its_objects_are_forgotten():
-    """`kvpool drain NODE --no-move` (DrainNode): the node's process is refused from the first chunk on, not only once
+    """`kvpool drain NODE --no-migrate` (DrainNode): the node's process is refused from the first chunk on, not only once
     the removal returns (its heartbeat meanwhile would have it register again, and the removal would then close the
     channel of a node the master serves)."""
     server = MasterServer(MasterServerConfig(listen="127.0.0.1:0")).start()
