@@ -25,6 +25,7 @@ class Journal:
         self.persistent = bool(metadata.persistent)
         self._touched: set[int] = set()   # slots whose location changed this call
         self._gone: list[bytes] = []      # keys that left the index this call
+        self._gone_nodes: list[str] = []  # nodes whose every record goes (they left the pool, or restarted)
 
     def touched(self, slot: int) -> None:
         if self.persistent:
@@ -35,9 +36,18 @@ class Journal:
             self._gone.append(key)
             self._touched.discard(slot)
 
+    def node_gone(self, node_id: str) -> None:
+        """Every record of a node goes with this call's flush, first (one call per node, whatever its size): its
+        objects are forgotten a chunk at a time after it (Placement.remove_node)."""
+        if self.persistent:
+            self._gone_nodes.append(node_id)
+
     def flush(self, record_of: Callable[[int], ObjectRecord]) -> None:
         if not self.persistent:
             return
+        while self._gone_nodes:
+            self.metadata.delete_node_objects(self._gone_nodes[0])
+            self._gone_nodes.pop(0)
         if self._gone:
             self.metadata.delete_objects(self._gone)
         state = self.index.state
@@ -50,6 +60,7 @@ class Journal:
     def forget_changes(self) -> None:
         """Drop what was collected without writing it (objects just loaded from the backend are already there)."""
         self._gone.clear()
+        self._gone_nodes.clear()
         self._touched.clear()
 
     def put_node(self, info: NodeInfo) -> None:

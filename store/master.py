@@ -143,6 +143,7 @@ class Master:
         self._stopping: set[str] = set()            # nodes flushed for a clean stop: nothing new goes there
         self._copy_lock = threading.Lock()          # one write-behind round at a time (writer thread, flush)
         self.promotion_wanted = threading.Event()   # set when a lookup queued promotions (the server's promoter)
+        self.leaving_wanted = threading.Event()     # set when a call's own reap dropped a node (the server's reaper)
         self.host_feed = HostIndexFeed()            # what same-host clients find without a Lookup (host_feed.py)
         self.lookup_stats = stats_mod.LookupStats(max_namespaces=self.config.max_namespaces)
         # Key spaces derive from the token secret (shared through Redis, so stable across masters); an in-process
@@ -181,7 +182,7 @@ class Master:
                 self._node_leaves(old.number, info.node_id, leaving=False)
                 # its old records go with its old objects, in one call: they are forgotten a chunk at a time below,
                 # and a master restarting meanwhile must not take them for the new process's
-                self.journal.delete_node(info.node_id)
+                self.journal.node_gone(info.node_id)
             self.host_feed.reset(info.node_id)     # its index starts empty (the node clears it as it registers)
             reg = self.registry.register(info, ops, expires=expires, now=self.clock())
             self._republish([info.node_id])         # the objects a node that kept its memory still holds
@@ -949,7 +950,7 @@ class Master:
             if tenant is not None:
                 tid = self.tenants.intern(tenant)
                 return stats_mod.tenant_view(tenant, self._tenant_stats(tid), self._lookups_of(tid))
-            record = stats_mod.snapshot(self.placement, self.lookup_stats, len(self.index))
+            record = stats_mod.snapshot(self.placement, self.lookup_stats, len(self.index) - self.placement.leaving)
             index, rc = self.index, self.retention.counters
             record.pinned_objects, record.pinned_bytes = index.retained_slots(), index.retained_bytes()
             record.pins_clipped, record.pinned_evictions = rc.clipped, rc.yielded
@@ -1024,6 +1025,7 @@ class Master:
 
     def reap(self, now: float | None = None) -> dict[str, int]:
         """Reclaim expired grants and leases and drop nodes silent past node_ttl_s."""
+        self.leaving_wanted.clear()
         with self._lock:
             out = self._reap(self.clock() if now is None else now)
             self._flush()
@@ -1058,6 +1060,9 @@ class Master:
             log.warning("node %s silent for %.1fs: dropping it and its objects", node_id, cfg.node_ttl_s)
             self._node_leaves(self.placement.nodes[node_id].number, node_id, leaving=True)
             self.registry.remove(node_id)
+            self.journal.node_gone(node_id)     # its records at once: its objects are forgotten a chunk at a time
+        if silent:
+            self.leaving_wanted.set()           # by `reap()`: the server's reaper wakes for it
         if moves := self.drains.reap(now):
             log.info("%d drain move(s) expired before their commit: destinations freed, sources unpinned", moves)
         if self.index.retained:

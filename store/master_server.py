@@ -3,7 +3,8 @@ client calls over framed TCP, store/control_channel.py, announced by the Hello R
 plus its background threads.
 
     reaper     Master.reap() every min(ttl)/4: expired grants and leases, silent nodes (dropped within
-               node_ttl_s even when no client calls in)
+               node_ttl_s even when no client calls in); at once when a call's own reap dropped a node
+               (`leaving_wanted`), whose objects it then forgets a chunk at a time
     promoter   Master.promote_pending() whenever a lookup queued slow-tier hits: the copies run here, outside
                the master lock and after the lookup's reply, so neither the client nor the other clients wait
     writer     Master.copy_pending() every write_behind_s (when write_behind is on): DRAM objects copied to their
@@ -145,7 +146,11 @@ class MasterServer:
     def _reap_loop(self) -> None:
         cfg = self.config
         period = min(cfg.node_ttl_s, cfg.lease_ttl_s, cfg.grant_ttl_s) / 4
-        while not self._stop.wait(period):
+        wanted = self.master.leaving_wanted     # a call's own reap dropped a node: forget its objects now
+        while not self._stop.is_set():
+            wanted.wait(period)
+            if self._stop.is_set():
+                break
             try:
                 done = self.master.reap()
                 if done.get("nodes"):
@@ -168,6 +173,7 @@ class MasterServer:
 
     def stop(self, grace: float = 2.0) -> None:
         self._stop.set()
+        self.master.leaving_wanted.set()            # wakes the reaper to see the stop
         self.health.enter_graceful_shutdown()
         if self.control is not None:
             self.control.close()

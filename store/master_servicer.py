@@ -180,9 +180,11 @@ class MasterServicer(pbg.MasterServiceServicer):
                     else:
                         self._drained[node_id] = before
             raise
-        with self._lock:
-            ops = self._ops.pop(node_id, None)
-            self._endpoints.pop(node_id, None)
+        with self._lock:    # unless a new process of the node registered meanwhile (it is the master's node now)
+            ops = None
+            if ep is None or self._endpoints.get(node_id) is ep:
+                ops = self._ops.pop(node_id, None)
+                self._endpoints.pop(node_id, None)
         if ops is not None:
             ops.close()
         return pb.DrainNodeResponse(objects_dropped=n)

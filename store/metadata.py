@@ -37,6 +37,8 @@ class MetadataBackend(Protocol):
 
     def delete_node(self, node_id: str) -> None: ...
 
+    def delete_node_objects(self, node_id: str) -> None: ...
+
     def load_nodes(self) -> list[NodeInfo]: ...
 
     def close(self) -> None: ...
@@ -68,6 +70,9 @@ class MemoryMetadata:
 
     def delete_node(self, node_id: str) -> None:
         self._nodes.pop(node_id, None)
+        self.delete_node_objects(node_id)
+
+    def delete_node_objects(self, node_id: str) -> None:
         self._objects = {k: r for k, r in self._objects.items() if r.node_id != node_id}
 
     def load_nodes(self) -> list[NodeInfo]:

@@ -228,6 +228,12 @@ class RedisMetadata:
         self._replicated()
 
     @_unavailable
+    def delete_node_objects(self, node_id: str) -> None:
+        """Every object record of a node, in one call (its hash): a node that left or restarted."""
+        self._r.unlink(self._obj_key(node_id))
+        self._replicated()
+
+    @_unavailable
     def load_nodes(self) -> list[NodeInfo]:
         known = {f.name for f in dataclasses.fields(NodeInfo)}
         nodes = []

@@ -89,10 +89,10 @@ class Pool:
     object, as before batching."""
 
     def __init__(self, tmp_path, tag: str, nodes, *, batched: bool, refuse=lambda key: False, quotas=None,
-                 **cfg) -> None:
+                 metadata=None, **cfg) -> None:
         (tmp_path / tag).mkdir()
         self.clock = Clock()
-        self.master = Master(MasterConfig(**cfg), None, clock=self.clock, token_secret=b"s" * 32, quotas=quotas)
+        self.master = Master(MasterConfig(**cfg), metadata, clock=self.clock, token_secret=b"s" * 32, quotas=quotas)
         if not batched:
             self.master.placement.batched_ops = lambda **_: contextlib.nullcontext(Deferred())
         self.nodes: dict[str, StorageNode] = {}

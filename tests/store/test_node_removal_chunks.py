@@ -13,14 +13,17 @@ import pytest
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
 from kvpool.store import queries
-from kvpool.store.config import NodeConfig
+from kvpool.store.config import MasterConfig, NodeConfig
 from kvpool.store.index import COMMITTED, DOOMED, LEAVING
+from kvpool.store.master import Master
 from kvpool.store.master_server import MasterServer, MasterServerConfig
 from kvpool.store.node import StorageNode
+from kvpool.store.metadata import MemoryMetadata
 from kvpool.store.records import PutStatus
+from kvpool.store.registry import DisconnectedOps
 from kvpool.store.tenants import Quota
 from kvpool.tiers.types import Tier
-from tests.store.test_node_calls import Counted, Pool, chain_key
+from tests.store.test_node_calls import Counted, Pool, chain_key, payload
 
 KEYS = [chain_key(0, i) for i in range(12)]     # on n1, the node that leaves
 OTHER = [chain_key(1, i) for i in range(4)]     # on n2, which stays
@@ -55,26 +58,33 @@ def _states(pool: Pool, number: int) -> list[int]:
 def test_a_removed_node_s_objects_are_misses_at_once_and_forgotten_chunk_by_chunk(tmp_path):
     pool = _pool(tmp_path)
     master = pool.master
-    number = master.placement.node("n1").number
+    removed = master.placement.node("n1")
+    number = removed.number
+    where = master.inspect(KEYS)
 
     def probe():
         master.index.check_invariants()             # LEAVING objects no longer counted as bytes held
         return (master.contains(KEYS), master.lookup(KEYS, lease=False).hits, master.inspect(KEYS[:2]),
                 [r.key for r in master.list_objects()[0]], master.lookup(OTHER, lease=False).hits,
-                _states(pool, number))
+                _states(pool, number), master.stats()["objects"], master.stats()["leaving_objects"])
 
     seen = _between_chunks(pool, probe)
     assert master.remove_node("n1") == 12
     # between the chunks: every object of n1 a miss for every reader, those not forgotten yet still LEAVING; n2's
     # objects served as before
     listed = sorted(OTHER)
-    assert seen == [([False] * 12, 0, [None, None], listed, 4, [LEAVING] * 8),
-                    ([False] * 12, 0, [None, None], listed, 4, [LEAVING] * 4)]
+    assert seen == [([False] * 12, 0, [None, None], listed, 4, [LEAVING] * 8, 4, 8),
+                    ([False] * 12, 0, [None, None], listed, 4, [LEAVING] * 4, 4, 4)]
     assert _states(pool, number) == [] and master.placement.by_number[number] is None
     assert master.placement.leaving == 0 and len(master.index) == 4
     master.index.check_invariants()
-    # its allocators went with it: nothing was erased or moved on the node that left
-    assert (pool.ops["n1"].drop_calls, pool.ops["n1"].demote_calls) == (0, 0)
+    # nothing reaches the process that left (a call still queued for it goes nowhere), and nothing was erased or moved
+    # there: each object's bytes are where they were
+    assert isinstance(removed.ops, DisconnectedOps) and removed.leaving
+    for r in where:
+        out = bytearray(r.size)
+        assert pool.nodes["n1"].read_into(r.tier, r.offset, r.key, r.size, out)
+        assert bytes(out) == payload(r.key, r.size).tobytes()
 
 
 def test_a_key_put_again_during_the_removal_is_stored_and_kept(tmp_path):
@@ -108,7 +118,6 @@ def test_an_object_read_while_its_node_leaves_is_freed_by_its_last_release(tmp_p
     assert master.contains(KEYS[5:6]) == [False]
     assert master.release([lease.lease_id]) == 1
     assert _states(pool, number) == [] and len(master.index) == 4
-    assert pool.ops["n1"].drop_calls == 0
     master.index.check_invariants()
 
 
@@ -125,7 +134,7 @@ def test_a_restarted_node_s_old_objects_are_gone_before_it_reports_its_ssd_recor
     master.register_node(node.info(), pool.ops["n1"], expires=False)
     # the new process was registered from the first hold; the old objects were misses meanwhile
     assert seen == [([False] * 12, [LEAVING] * 8, True), ([False] * 12, [LEAVING] * 4, True)]
-    # the register returned once they were all forgotten, so the node's report finds no conflict: all adopted
+    # the register returned once they were all forgotten (the chunks above ran inside it): the report adopts them all
     result = master.report_objects("n1", node.scan_ssd())
     assert (result.adopted, result.known, result.dropped_keys) == (12, 0, [])
     assert master.contains(KEYS) == [True] * 12 and pool.check_bytes(KEYS) == 12
@@ -233,5 +242,71 @@ def test_a_removed_node_cannot_register_again_while_its_objects_are_forgotten():
             drained = ("FAILED_PRECONDITION", "node_id 'n1' was drained; restart the node process to rejoin")
             assert refused == [drained, drained]
             assert master.node_ids() == [] and master.contains(KEYS) == [False] * 12
+    finally:
+        server.stop(0)
+
+
+def test_a_restarted_node_s_old_records_leave_the_journal_at_once(tmp_path):
+    """A master started on the same journal while the old objects are being forgotten (the first one died) must not
+    take them for the new process's."""
+    meta = MemoryMetadata(persistent=True)
+    pool = Pool(tmp_path, "a", [("n1", 0, 16)], batched=True, metadata=meta)
+    master = pool.master
+    assert pool.put(KEYS) == [PutStatus.STORED] * 12
+    pool.nodes["n1"].close()
+    node = StorageNode(pool.nodes["n1"].config)                     # the same SSD file, a new incarnation
+    pool.nodes["n1"], pool.ops["n1"] = node, Counted(node)
+    seen = _between_chunks(pool, lambda: Master(MasterConfig(), meta, clock=pool.clock).contains(KEYS))
+    master.register_node(node.info(), pool.ops["n1"], expires=False)
+    assert seen == [[False] * 12] * 2
+    assert [n.incarnation for n in meta.load_nodes()] == [node.incarnation]
+
+
+def test_a_silent_node_s_records_leave_the_journal_with_it(tmp_path):
+    meta = MemoryMetadata(persistent=True)
+    pool = Pool(tmp_path, "a", [], batched=True, metadata=meta, node_ttl_s=10.0)
+    master = pool.master
+    node = StorageNode(NodeConfig(node_id="n3", dram_bytes=16 * 4096, shm_dir=str(tmp_path / "a")))
+    pool.nodes["n3"], pool.ops["n3"] = node, Counted(node)
+    master.register_node(node.info(), pool.ops["n3"])
+    assert pool.put(KEYS) == [PutStatus.STORED] * 12
+    assert Master(MasterConfig(), meta, clock=pool.clock).contains(KEYS) == [True] * 12
+    pool.clock.now += 11
+    # a lookup's own reap drops n3 (it writes nothing to the journal) and wakes the server's reaper
+    assert master.lookup(KEYS, lease=False).hits == 0 and master.leaving_wanted.is_set()
+    # the reaper's round deletes n3's records in one call before it forgets the objects a chunk at a time: a master
+    # started on the journal between two chunks finds none of them (n3 itself it still knows, as before: it gets a
+    # grace period to register again)
+    seen = _between_chunks(pool, lambda: Master(MasterConfig(), meta, clock=pool.clock).contains(KEYS))
+    master.reap()
+    assert seen == [[False] * 12] * 2
+    assert [n.node_id for n in meta.load_nodes()] == ["n3"]
+    assert not master.leaving_wanted.is_set() and master.placement.leaving == 0
+
+
+def test_a_new_process_registering_during_a_drain_s_removal_keeps_its_channel():
+    """DrainNode refuses the drained process, not a new one of the same node id: one that registers while the old
+    objects are being forgotten is the master's node when the removal ends, and its channel and endpoint stay."""
+    server = MasterServer(MasterServerConfig(listen="127.0.0.1:0")).start()
+    try:
+        tiers = [pb.TierCapacity(tier=pb.DRAM, capacity_bytes=64 * 4096)]
+        old = pb.NodeEndpoint(node_id="n1", host_id="h", data_address="127.0.0.1:9", control_address="127.0.0.1:9",
+                              alignment=4096, incarnation="one", tiers=tiers)
+        new = pb.NodeEndpoint(node_id="n1", host_id="h", data_address="127.0.0.1:9", control_address="127.0.0.1:9",
+                              alignment=4096, incarnation="two", tiers=tiers)
+        master = server.master
+        with grpc.insecure_channel(server.address) as ch:
+            stub = pbg.MasterServiceStub(ch)
+            stub.RegisterNode(pb.RegisterNodeRequest(node=old), timeout=5)
+            grants = master.put_start(KEYS, [4096] * 12)
+            assert master.put_commit([r.grant.grant_id for r in grants], [7] * 12) == [True] * 12
+            registered: list = []
+            master._let_others_in = lambda: registered.append(
+                stub.RegisterNode(pb.RegisterNodeRequest(node=new), timeout=5).epoch) if not registered else None
+            assert stub.DrainNode(pb.DrainNodeRequest(node_id="n1"), timeout=30).objects_dropped == 12
+            assert len(registered) == 1 and master.node_ids() == ["n1"]
+            assert server.stats()["endpoints"]["n1"]["connected"] is True   # still routed to (Hello lists it)
+            grants = master.put_start(KEYS[:1], [4096])                 # placed on the new process
+            assert grants[0].grant.location.node_id == "n1"
     finally:
         server.stop(0)

@@ -42,6 +42,8 @@ def test_objects_and_nodes_survive_a_new_backend(redis_server):
     b.delete_node("n2")
     assert sorted(r.key for r in b.load_objects()) == [_rec(i).key for i in (1, 2, 3, 4)]
     assert [n.node_id for n in b.load_nodes()] == ["n1"]
+    b.delete_node_objects("n1")     # a node that left or restarted: its records, not its registration
+    assert b.load_objects() == [] and [n.node_id for n in b.load_nodes()] == ["n1"]
     assert RedisMetadata(redis_server.url, prefix="other").load_objects() == []
 
 
