@@ -1,5 +1,5 @@
-"""A node leaving the pool (an admin's `kvpool drain --no-migrate`, a node silent past node_ttl_s, a node restarting as a
-new process) is taken out in one short hold of the master's lock: from then on its objects are misses for every
+"""A node leaving the pool (an admin's `kvpool drain --no-migrate`, a node silent past node_ttl_s, a node restarting as
+a new process) is taken out in one short hold of the master's lock: from then on its objects are misses for every
 caller (they turn LEAVING, which no reader takes for committed). They are then forgotten `queries.REMOVAL_CHUNK` per
 hold, the other clients answered between chunks, all of them before the call returns. A key put again, or reported
 by a restarted node, before its turn is forgotten first. Real master and nodes in this process
@@ -214,9 +214,9 @@ def test_a_node_dropped_by_a_lookup_s_reap_and_restarted_re_adopts_its_ssd_recor
 
 
 def test_a_removed_node_cannot_register_again_while_its_objects_are_forgotten():
-    """`kvpool drain NODE --no-migrate` (DrainNode): the node's process is refused from the first chunk on, not only once
-    the removal returns (its heartbeat meanwhile would have it register again, and the removal would then close the
-    channel of a node the master serves)."""
+    """`kvpool drain NODE --no-migrate` (DrainNode): the node's process is refused from the first chunk on, not only
+    once the removal returns (its heartbeat meanwhile would have it register again, and the removal would then close
+    the channel of a node the master serves)."""
     server = MasterServer(MasterServerConfig(listen="127.0.0.1:0")).start()
     try:
         ep = pb.NodeEndpoint(node_id="n1", host_id="h", data_address="127.0.0.1:9", control_address="127.0.0.1:9",
