@@ -6,32 +6,23 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 BENCH = pathlib.Path(__file__).resolve().parents[2] / "bench" / "admin_evict.py"
 
 
-def test_admin_evict_evicts_every_object_and_prints_its_ratio_lines():
-    out = subprocess.run([sys.executable, str(BENCH), "--rounds", "1", "--objects", "3000"],
+@pytest.mark.parametrize("removal, what, a_what", [("evict", "evict", "an admin evict"),
+                                                   ("node", "node removal", "a node removal")])
+def test_every_object_is_taken_and_the_ratio_lines_are_printed(removal, what, a_what):
+    out = subprocess.run([sys.executable, str(BENCH), "--rounds", "1", "--objects", "3000", "--removal", removal],
                          capture_output=True, text=True, timeout=300, check=True).stdout
     lines = out.splitlines()
     n = r"[\d.]+"
-    for pattern in [r"evict \(median over rounds\): 3000 objects in \d+ ms \([\d,]+ objects/s\)",
-                    rf"lookup p50 / p99 \(ms, median over rounds\): idle {n} / {n}, during the evict {n} / {n}; "
-                    rf"longest during the evict {n} ms",
-                    r"ratio lookup p99 during an admin evict vs idle: \d+\.\d\dx \(1\.00x: .*\)",
-                    r"longest lookup during the evict: \d+% of the evict's span .*"]:
-        assert any(re.fullmatch(pattern, line) for line in lines), (pattern, out)
-
-
-def test_node_removal_drops_every_object_and_prints_its_ratio_lines():
-    out = subprocess.run([sys.executable, str(BENCH), "--rounds", "1", "--objects", "3000", "--removal", "node"],
-                         capture_output=True, text=True, timeout=300, check=True).stdout
-    lines = out.splitlines()
-    n = r"[\d.]+"
-    for pattern in [r"node removal \(median over rounds\): 3000 objects in \d+ ms \([\d,]+ objects/s\)",
-                    rf"lookup p50 / p99 \(ms, median over rounds\): idle {n} / {n}, during the node removal {n} / {n}; "
-                    rf"longest during the node removal {n} ms",
-                    r"ratio lookup p99 during a node removal vs idle: \d+\.\d\dx \(1\.00x: .*\)",
-                    r"longest lookup during the node removal: \d+% of the node removal's span .*"]:
+    for pattern in [rf"{what} \(median over rounds\): 3000 objects in \d+ ms \([\d,]+ objects/s\)",
+                    rf"lookup p50 / p99 \(ms, median over rounds\): idle {n} / {n}, during the {what} {n} / {n}; "
+                    rf"longest during the {what} {n} ms",
+                    rf"ratio lookup p99 during {a_what} vs idle: \d+\.\d\dx \(1\.00x: .*\)",
+                    rf"longest lookup during the {what}: \d+% of the {what}'s span .*"]:
         assert any(re.fullmatch(pattern, line) for line in lines), (pattern, out)
 
 

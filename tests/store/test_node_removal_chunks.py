@@ -213,21 +213,29 @@ def test_a_node_dropped_by_a_lookup_s_reap_and_restarted_re_adopts_its_ssd_recor
     master.index.check_invariants()
 
 
+def _served(server, incarnation: str) -> pb.NodeEndpoint:
+    """Register node n1 (an endpoint of `incarnation` nobody listens at: the master only indexes here) through
+    `server`'s RegisterNode and index KEYS on it; returns its endpoint."""
+    ep = pb.NodeEndpoint(node_id="n1", host_id="h", data_address="127.0.0.1:9", control_address="127.0.0.1:9",
+                         alignment=4096, incarnation=incarnation,
+                         tiers=[pb.TierCapacity(tier=pb.DRAM, capacity_bytes=64 * 4096)])
+    with grpc.insecure_channel(server.address) as ch:
+        pbg.MasterServiceStub(ch).RegisterNode(pb.RegisterNodeRequest(node=ep), timeout=5)
+    grants = server.master.put_start(KEYS, [4096] * 12)
+    assert server.master.put_commit([r.grant.grant_id for r in grants], [7] * 12) == [True] * 12
+    return ep
+
+
 def test_a_removed_node_cannot_register_again_while_its_objects_are_forgotten():
     """`kvpool drain NODE --no-migrate` (DrainNode): the node's process is refused from the first chunk on, not only
     once the removal returns (its heartbeat meanwhile would have it register again, and the removal would then close
     the channel of a node the master serves)."""
     server = MasterServer(MasterServerConfig(listen="127.0.0.1:0")).start()
     try:
-        ep = pb.NodeEndpoint(node_id="n1", host_id="h", data_address="127.0.0.1:9", control_address="127.0.0.1:9",
-                             alignment=4096, incarnation="one", tiers=[pb.TierCapacity(tier=pb.DRAM,
-                                                                                     capacity_bytes=64 * 4096)])
+        ep = _served(server, "one")
         master = server.master
         with grpc.insecure_channel(server.address) as ch:
             stub = pbg.MasterServiceStub(ch)
-            stub.RegisterNode(pb.RegisterNodeRequest(node=ep), timeout=5)
-            grants = master.put_start(KEYS, [4096] * 12)
-            assert master.put_commit([r.grant.grant_id for r in grants], [7] * 12) == [True] * 12
             refused: list = []
 
             def register_again():
@@ -289,17 +297,12 @@ def test_a_new_process_registering_during_a_drain_s_removal_keeps_its_channel():
     objects are being forgotten is the master's node when the removal ends, and its channel and endpoint stay."""
     server = MasterServer(MasterServerConfig(listen="127.0.0.1:0")).start()
     try:
-        tiers = [pb.TierCapacity(tier=pb.DRAM, capacity_bytes=64 * 4096)]
-        old = pb.NodeEndpoint(node_id="n1", host_id="h", data_address="127.0.0.1:9", control_address="127.0.0.1:9",
-                              alignment=4096, incarnation="one", tiers=tiers)
-        new = pb.NodeEndpoint(node_id="n1", host_id="h", data_address="127.0.0.1:9", control_address="127.0.0.1:9",
-                              alignment=4096, incarnation="two", tiers=tiers)
+        new = pb.NodeEndpoint()
+        new.CopyFrom(_served(server, "one"))
+        new.incarnation = "two"
         master = server.master
         with grpc.insecure_channel(server.address) as ch:
             stub = pbg.MasterServiceStub(ch)
-            stub.RegisterNode(pb.RegisterNodeRequest(node=old), timeout=5)
-            grants = master.put_start(KEYS, [4096] * 12)
-            assert master.put_commit([r.grant.grant_id for r in grants], [7] * 12) == [True] * 12
             registered: list = []
             master._let_others_in = lambda: registered.append(
                 stub.RegisterNode(pb.RegisterNodeRequest(node=new), timeout=5).epoch) if not registered else None
