@@ -65,6 +65,8 @@ STATS_FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "kvpool_dram_corrupt": ("counter", (), "DRAM/HBM objects read back changed under their checksum (a late write; "
                                            "forgotten, served as misses)."),
     "kvpool_nodes_alive": ("gauge", (), "Storage nodes registered and heartbeating."),
+    "kvpool_leaving_objects": ("gauge", (), "Objects of nodes taken out of the pool that the master has not "
+                               "forgotten yet (misses already; 0 once a removal is done)."),
     "kvpool_tenant_objects": ("gauge", ("tenant",), "Objects a tenant holds (pending writes included)."),
     "kvpool_tenant_bytes": ("gauge", ("tenant", "tier"), "Payload bytes a tenant holds in a tier."),
     "kvpool_tenant_quota_bytes": ("gauge", ("tenant", "kind"), "A tenant's byte quota (kind dram or total); "
@@ -136,6 +138,7 @@ def fill_families(fams: dict, snap: PoolStats) -> None:
     fams["kvpool_ssd_corrupt"].add_metric([], snap.ssd_corrupt)
     fams["kvpool_dram_corrupt"].add_metric([], snap.dram_corrupt)
     fams["kvpool_nodes_alive"].add_metric([], snap.nodes_alive)
+    fams["kvpool_leaving_objects"].add_metric([], snap.leaving_objects)
     for name in sorted(snap.tenants):
         t = snap.tenants[name]
         fams["kvpool_tenant_objects"].add_metric([name], t.objects)

@@ -950,7 +950,9 @@ class Master:
             if tenant is not None:
                 tid = self.tenants.intern(tenant)
                 return stats_mod.tenant_view(tenant, self._tenant_stats(tid), self._lookups_of(tid))
-            record = stats_mod.snapshot(self.placement, self.lookup_stats, len(self.index) - self.placement.leaving)
+            leaving = self.placement.leaving
+            record = stats_mod.snapshot(self.placement, self.lookup_stats, len(self.index) - leaving)
+            record.leaving_objects = leaving
             index, rc = self.index, self.retention.counters
             record.pinned_objects, record.pinned_bytes = index.retained_slots(), index.retained_bytes()
             record.pins_clipped, record.pinned_evictions = rc.clipped, rc.yielded
@@ -958,7 +960,6 @@ class Master:
                             "draining": sorted(self.drains.draining), "moves_open": self.drains.pinned(),
                             "write_behind": self.write_behind.counters.as_dict(self.write_behind.pending),
                             "orphaned": self.placement.counters.orphaned, "stopping": sorted(self._stopping),
-                            "leaving_objects": self.placement.leaving,
                             "host_index": self.host_feed.as_dict()}
             record.tenants = {self.tenants.name(t): self._tenant_stats(t) for t in range(1, len(self.tenants))}
             if (rec := self.recorder) is not None:       # only while one runs: `kvpool status` says so

@@ -14,6 +14,8 @@ not say its block size (NsRef.block_tokens == 0) counts keys only. Counters are 
 Prefill seconds saved (pool-wide, per namespace, per tenant): a hit rate is not a speed-up, so a counting lookup may
 carry its connector's measured prefill seconds per token, and its hit tokens times that are added up. Retention
 hints (store/retention.py): pinned_objects / pinned_bytes (gauges), pins_clipped / pinned_evictions (counters).
+leaving_objects (gauge): objects of nodes taken out of the pool that the master is still forgetting (not in
+`objects`).
 
 Movements (evictions, demotions, promotions) are counted by the tier the object LEFT. The dict keeps `demotions` and
 `promotions` as totals (ints) beside `demotions_by_tier` / `promotions_by_tier`; a dict without the by-tier fields
@@ -45,7 +47,7 @@ _TYPED = {"tiers", "nodes", "objects", "lookups", "requested_keys", "hit_keys", 
           "requested_tokens", "hit_tokens", "hit_tokens_by_tier", "namespaces", "evictions", "demotions",
           "promotions", "demotions_by_tier", "promotions_by_tier", "ssd_corrupt", "dram_corrupt", "nodes_alive",
           "puts", "tenants", "prefill_seconds_saved", "pinned_objects", "pinned_bytes", "pins_clipped",
-          "pinned_evictions"}
+          "pinned_evictions", "leaving_objects"}
 
 
 def _by_tier() -> dict[str, int]:
@@ -157,6 +159,7 @@ class PoolStats:
     pinned_bytes: int = 0                 # keys stored unpinned past their tenant's cap, pinned objects that
     pins_clipped: int = 0                 # yielded (demoted or evicted) because nothing unpinned could make room
     pinned_evictions: int = 0
+    leaving_objects: int = 0              # objects of removed nodes not forgotten yet (misses already)
     extra: dict[str, Any] = field(default_factory=dict)
 
     # ---- derived values (the one place they are computed)
@@ -232,6 +235,7 @@ class PoolStats:
             "pinned_bytes": self.pinned_bytes,
             "pins_clipped": self.pins_clipped,
             "pinned_evictions": self.pinned_evictions,
+            "leaving_objects": self.leaving_objects,
             "evictions": dict(self.evictions),
             "demotions": sum(self.demotions.values()),
             "promotions": sum(self.promotions.values()),
@@ -273,7 +277,8 @@ class PoolStats:
                 _tier_counts(c.get("hit_tokens_by_tier", {}), f"{where}.hit_tokens_by_tier"),
                 _seconds(c.get("prefill_seconds_saved", 0.0), f"{where}.prefill_seconds_saved"))
         for name in ("objects", "lookups", "requested_tokens", "requested_keys", "hit_keys", "ssd_corrupt",
-                     "dram_corrupt", "pinned_objects", "pinned_bytes", "pins_clipped", "pinned_evictions"):
+                     "dram_corrupt", "pinned_objects", "pinned_bytes", "pins_clipped", "pinned_evictions",
+                     "leaving_objects"):
             setattr(s, name, _count(d.get(name, 0), name))
         s.prefill_seconds_saved = _seconds(d.get("prefill_seconds_saved", 0.0), "prefill_seconds_saved")
         s.hit_tokens_by_tier = _tier_counts(d["hit_tokens_by_tier"], "hit_tokens_by_tier")
