@@ -86,6 +86,9 @@ class MasterServicer(pbg.MasterServiceServicer):
         self._ops: dict[str, RemoteNodeOps] = {}
         self._drained: dict[str, str] = {}  # node_id -> incarnation that was drained (a new process may rejoin)
         self._lock = threading.Lock()
+        # per node id: one RegisterNode or DrainNode at a time, from its checks to the master's answer (a removal lets
+        # the master's lock go between its chunks; a registration in the middle would be half undone by it)
+        self._membership: dict[str, threading.Lock] = {}
         self._node_token, self._node_tls = node_token, node_tls
         self.security: dict = {}   # how the server is exposed (MasterServer fills it; Stats shows it to admins)
         self.hello = pb.HelloResponse()  # where the control channel listens (MasterServer fills it; Hello adds nodes)
@@ -130,6 +133,10 @@ class MasterServicer(pbg.MasterServiceServicer):
             raise ValueError("node.control_address/data_address: a node must advertise both")
         info = wire.info_from_endpoint(ep)
         checks.node_info(info)  # before the channel or endpoint tables change (register_node checks it again)
+        with self._member(ep.node_id):
+            return self._register(ep, info, context)
+
+    def _register(self, ep, info, context):
         with self._lock:
             if self._drained.get(ep.node_id) == ep.incarnation:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION,
@@ -163,31 +170,37 @@ class MasterServicer(pbg.MasterServiceServicer):
     @_rpc
     def DrainNode(self, request, context):
         """The wire name predates the split: this REMOVES the node (its objects become misses). Moving its objects
-        first is BeginDrain + Migrate* (`kvpool drain` does both)."""
+        first is BeginDrain + Migrate* (`kvpool drain` does both). One at a time with the node's registrations
+        (`_member`): its process is refused from before the removal, and a new process of the node waits for the
+        removal to end, then registers as a new node."""
         node_id = request.node_id
-        with self._lock:    # its process is refused from now: remove_node lets the lock go between its chunks, and a
-            ep = self._endpoints.get(node_id)   # heartbeat meanwhile would have it register again
-            before = self._drained.get(node_id)
-            if ep is not None:
-                self._drained[node_id] = ep.incarnation
-        try:
-            n = self.master.remove_node(node_id)
-        except BaseException:
+        with self._member(node_id):
             with self._lock:
-                if ep is not None and self._drained.get(node_id) == ep.incarnation:
-                    if before is None:
-                        del self._drained[node_id]
-                    else:
-                        self._drained[node_id] = before
-            raise
-        with self._lock:    # unless a new process of the node registered meanwhile (it is the master's node now)
-            ops = None
-            if ep is None or self._endpoints.get(node_id) is ep:
-                ops = self._ops.pop(node_id, None)
-                self._endpoints.pop(node_id, None)
-        if ops is not None:
-            ops.close()
+                ep = self._endpoints.get(node_id)
+                before = self._drained.get(node_id)
+                if ep is not None:
+                    self._drained[node_id] = ep.incarnation
+            try:
+                n = self.master.remove_node(node_id)
+            finally:
+                removed = node_id not in self.master.node_ids()    # also when a later step of the removal failed
+                with self._lock:
+                    ops = None
+                    if removed:
+                        ops = self._ops.pop(node_id, None)
+                        self._endpoints.pop(node_id, None)
+                    elif ep is not None and self._drained.get(node_id) == ep.incarnation:   # nothing changed
+                        if before is None:
+                            del self._drained[node_id]
+                        else:
+                            self._drained[node_id] = before
+                if ops is not None:
+                    ops.close()
         return pb.DrainNodeResponse(objects_dropped=n)
+
+    def _member(self, node_id: str) -> threading.Lock:
+        with self._lock:
+            return self._membership.setdefault(node_id, threading.Lock())
 
     @_rpc
     def FlushNode(self, request, context):

@@ -462,11 +462,13 @@ class Placement:
         node = self.node_of(slot)
         space = node.spaces.get(_TIERS[index.tier[slot]]) if node is not None else None
         state = int(index.state[slot])
-        if state == LEAVING:      # its node was removed (`remove_node`): a committed object whose extents went with it
-            state, free_extent = COMMITTED, False
+        leaving = state == LEAVING
+        if leaving:     # its node was removed (`remove_node`): a committed object whose extents went with it, and
+            state, free_extent = COMMITTED, False   # whose journal record went with the node's (`Journal.node_gone`)
         if state == COMMITTED or state == PENDING:
             if state == COMMITTED:
-                self.journal.gone(key, slot)
+                if not leaving:
+                    self.journal.gone(key, slot)
                 if space is not None:
                     space.policy.remove(slot, key)
             self.copies.dirty.pop(key, None)

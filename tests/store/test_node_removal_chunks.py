@@ -7,6 +7,8 @@ by a restarted node, before its turn is forgotten first. Real master and nodes i
 
 from __future__ import annotations
 
+import threading
+
 import grpc
 import pytest
 
@@ -17,8 +19,8 @@ from kvpool.store.config import MasterConfig, NodeConfig
 from kvpool.store.index import COMMITTED, DOOMED, LEAVING
 from kvpool.store.master import Master
 from kvpool.store.master_server import MasterServer, MasterServerConfig
-from kvpool.store.node import StorageNode
 from kvpool.store.metadata import MemoryMetadata
+from kvpool.store.node import StorageNode
 from kvpool.store.records import PutStatus
 from kvpool.store.registry import DisconnectedOps
 from kvpool.store.tenants import Quota
@@ -226,29 +228,46 @@ def _served(server, incarnation: str) -> pb.NodeEndpoint:
     return ep
 
 
+def _register_during(server, master, stub, ep) -> tuple[list, list, threading.Thread]:
+    """At the removal's first pause between chunks (the master's lock free), send RegisterNode(ep) from another
+    thread (a heartbeat told the process to register again, or a new process of the node starts) and give it a second
+    to be answered; returns (its answer once it comes, what had come by then, the thread)."""
+    answer: list = []
+    by_pause: list = []
+
+    def register():
+        try:
+            answer.append(stub.RegisterNode(pb.RegisterNodeRequest(node=ep), timeout=30).epoch)
+        except grpc.RpcError as err:
+            answer.append((err.code().name, err.details()))
+
+    thread = threading.Thread(target=register, daemon=True)
+
+    def pause():
+        if thread.ident is None:
+            thread.start()
+            thread.join(1.0)                # bounded: the answer must NOT come while the removal runs
+            by_pause.append(list(answer))
+
+    master._let_others_in = pause
+    return answer, by_pause, thread
+
+
 def test_a_removed_node_cannot_register_again_while_its_objects_are_forgotten():
-    """`kvpool drain NODE --no-migrate` (DrainNode): the node's process is refused from the first chunk on, not only
-    once the removal returns (its heartbeat meanwhile would have it register again, and the removal would then close
-    the channel of a node the master serves)."""
+    """`kvpool drain NODE --no-migrate` (DrainNode): the node's process is refused, also when it asks during the
+    removal (its heartbeat would have it register again: the removal would then close the channel of a node the master
+    serves). The registration waits for the removal, then is refused."""
     server = MasterServer(MasterServerConfig(listen="127.0.0.1:0")).start()
     try:
         ep = _served(server, "one")
         master = server.master
         with grpc.insecure_channel(server.address) as ch:
             stub = pbg.MasterServiceStub(ch)
-            refused: list = []
-
-            def register_again():
-                try:
-                    stub.RegisterNode(pb.RegisterNodeRequest(node=ep), timeout=5)
-                    refused.append(None)
-                except grpc.RpcError as err:
-                    refused.append((err.code().name, err.details()))
-
-            master._let_others_in = register_again
+            answer, by_pause, thread = _register_during(server, master, stub, ep)
             assert stub.DrainNode(pb.DrainNodeRequest(node_id="n1"), timeout=30).objects_dropped == 12
-            drained = ("FAILED_PRECONDITION", "node_id 'n1' was drained; restart the node process to rejoin")
-            assert refused == [drained, drained]
+            thread.join(30)
+            assert by_pause == [[]]                 # not answered while the removal ran
+            assert answer == [("FAILED_PRECONDITION", "node_id 'n1' was drained; restart the node process to rejoin")]
             assert master.node_ids() == [] and master.contains(KEYS) == [False] * 12
     finally:
         server.stop(0)
@@ -293,8 +312,8 @@ def test_a_silent_node_s_records_leave_the_journal_with_it(tmp_path):
 
 
 def test_a_new_process_registering_during_a_drain_s_removal_keeps_its_channel():
-    """DrainNode refuses the drained process, not a new one of the same node id: one that registers while the old
-    objects are being forgotten is the master's node when the removal ends, and its channel and endpoint stay."""
+    """DrainNode refuses the drained process, not a new one of the same node id: one that registers during the
+    removal is registered once it ends, as a new node, with its channel and endpoint."""
     server = MasterServer(MasterServerConfig(listen="127.0.0.1:0")).start()
     try:
         new = pb.NodeEndpoint()
@@ -303,12 +322,12 @@ def test_a_new_process_registering_during_a_drain_s_removal_keeps_its_channel():
         master = server.master
         with grpc.insecure_channel(server.address) as ch:
             stub = pbg.MasterServiceStub(ch)
-            registered: list = []
-            master._let_others_in = lambda: registered.append(
-                stub.RegisterNode(pb.RegisterNodeRequest(node=new), timeout=5).epoch) if not registered else None
+            answer, by_pause, thread = _register_during(server, master, stub, new)
             assert stub.DrainNode(pb.DrainNodeRequest(node_id="n1"), timeout=30).objects_dropped == 12
-            assert len(registered) == 1 and master.node_ids() == ["n1"]
-            assert server.stats()["endpoints"]["n1"]["connected"] is True   # still routed to (Hello lists it)
+            thread.join(30)
+            assert by_pause == [[]] and len(answer) == 1 and isinstance(answer[0], int)
+            assert master.node_ids() == ["n1"] and master.contains(KEYS) == [False] * 12
+            assert server.stats()["endpoints"]["n1"]["connected"] is True   # routed to (Hello lists it)
             grants = master.put_start(KEYS[:1], [4096])                 # placed on the new process
             assert grants[0].grant.location.node_id == "n1"
     finally:
