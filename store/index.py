@@ -340,6 +340,7 @@ class Index:
                 assert self.tenant_bytes(t, tier) == held, f"tenant {t} {tier.label}: usage disagrees with the rows"
         for slot in self.retained:
             assert self._keys[slot] is not None, f"pinned slot {slot} is free"
+            assert self.state[slot] != LEAVING, f"pinned slot {slot} is LEAVING (`leave` unpins)"
         pinned = np.fromiter(self.retained, dtype=np.int64, count=len(self.retained))
         for t in range(len(self._count)):
             mine = pinned[self.tenant[pinned] == t]
