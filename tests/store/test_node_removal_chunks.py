@@ -253,13 +253,17 @@ def _register_during(server, master, stub, ep) -> tuple[list, list, threading.Th
     return answer, by_pause, thread
 
 
-def test_a_removed_node_cannot_register_again_while_its_objects_are_forgotten():
-    """`kvpool drain NODE --no-migrate` (DrainNode): the node's process is refused, also when it asks during the
-    removal (its heartbeat would have it register again: the removal would then close the channel of a node the master
-    serves). The registration waits for the removal, then is refused."""
+@pytest.mark.parametrize("incarnation", ["one", "two"])
+def test_a_registration_during_a_drain_s_removal_waits_for_it(incarnation):
+    """`kvpool drain NODE --no-migrate` (DrainNode) with RegisterNode of the same node id sent during the removal
+    (the drained process told by a heartbeat to register again, or a new process of the node): it is answered once
+    the removal ends, not before (else the removal's end would close the channel of a node the master serves). The
+    drained process ("one") is refused; a new one ("two") is registered as a new node, routed to and placed on."""
     server = MasterServer(MasterServerConfig(listen="127.0.0.1:0")).start()
     try:
-        ep = _served(server, "one")
+        ep = pb.NodeEndpoint()
+        ep.CopyFrom(_served(server, "one"))
+        ep.incarnation = incarnation
         master = server.master
         with grpc.insecure_channel(server.address) as ch:
             stub = pbg.MasterServiceStub(ch)
@@ -267,8 +271,16 @@ def test_a_removed_node_cannot_register_again_while_its_objects_are_forgotten():
             assert stub.DrainNode(pb.DrainNodeRequest(node_id="n1"), timeout=30).objects_dropped == 12
             thread.join(30)
             assert by_pause == [[]]                 # not answered while the removal ran
-            assert answer == [("FAILED_PRECONDITION", "node_id 'n1' was drained; restart the node process to rejoin")]
-            assert master.node_ids() == [] and master.contains(KEYS) == [False] * 12
+            assert master.contains(KEYS) == [False] * 12
+            if incarnation == "one":
+                assert answer == [("FAILED_PRECONDITION",
+                                   "node_id 'n1' was drained; restart the node process to rejoin")]
+                assert master.node_ids() == []
+            else:
+                assert len(answer) == 1 and isinstance(answer[0], int) and master.node_ids() == ["n1"]
+                assert server.stats()["endpoints"]["n1"]["connected"] is True   # routed to (Hello lists it)
+                grants = master.put_start(KEYS[:1], [4096])                 # placed on the new process
+                assert grants[0].grant.location.node_id == "n1"
     finally:
         server.stop(0)
 
@@ -309,26 +321,3 @@ def test_a_silent_node_s_records_leave_the_journal_with_it(tmp_path):
     assert seen == [[False] * 12] * 2
     assert [n.node_id for n in meta.load_nodes()] == ["n3"]
     assert not master.leaving_wanted.is_set() and master.placement.leaving == 0
-
-
-def test_a_new_process_registering_during_a_drain_s_removal_keeps_its_channel():
-    """DrainNode refuses the drained process, not a new one of the same node id: one that registers during the
-    removal is registered once it ends, as a new node, with its channel and endpoint."""
-    server = MasterServer(MasterServerConfig(listen="127.0.0.1:0")).start()
-    try:
-        new = pb.NodeEndpoint()
-        new.CopyFrom(_served(server, "one"))
-        new.incarnation = "two"
-        master = server.master
-        with grpc.insecure_channel(server.address) as ch:
-            stub = pbg.MasterServiceStub(ch)
-            answer, by_pause, thread = _register_during(server, master, stub, new)
-            assert stub.DrainNode(pb.DrainNodeRequest(node_id="n1"), timeout=30).objects_dropped == 12
-            thread.join(30)
-            assert by_pause == [[]] and len(answer) == 1 and isinstance(answer[0], int)
-            assert master.node_ids() == ["n1"] and master.contains(KEYS) == [False] * 12
-            assert server.stats()["endpoints"]["n1"]["connected"] is True   # routed to (Hello lists it)
-            grants = master.put_start(KEYS[:1], [4096])                 # placed on the new process
-            assert grants[0].grant.location.node_id == "n1"
-    finally:
-        server.stop(0)
