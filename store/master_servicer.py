@@ -16,6 +16,10 @@ UNAVAILABLE. Each refusal is reported to `on_rpc_error(method, code)` when the p
 Tenants: with authentication on (store/auth AuthInterceptor in front of this servicer) a CLIENT credential's tenant
 is passed to every client call of the Master (`current_identity()`, never a request field); admins and viewers, and
 every caller with auth off, use the unscoped space "" (stored keys as given).
+
+Nodes: RegisterNode and DrainNode run one at a time per node id (`_member`), since a removal lets the master's lock
+go between its chunks. Why one module of ~400 lines: one short handler per MasterService RPC, each a wire
+conversion around one Master call; what is more than that (node endpoints and channels) is the table above.
 """
 
 from __future__ import annotations
