@@ -91,6 +91,15 @@ class NodeState:
 
 
 @dataclass(slots=True)
+class Leaving:
+    """A removed node whose objects are being forgotten (`Placement.forget_leaving`)."""
+
+    node: NodeState
+    slots: np.ndarray               # its objects' slots when it left (LEAVING), in slot order
+    done: int = 0                   # how many of them have been passed
+
+
+@dataclass(slots=True)
 class Counters:
     """Object movements, each by the tier the object LEFT. The tiers every pool has start at 0 (so their series
     exist from the start); "hbm" appears on first use."""
@@ -137,8 +146,7 @@ class Placement:
                                                             # `take_evicted` (evicted, or drained elsewhere)
         self._calls: dict[int, NodeCalls] | None = None     # per node number, inside `batched_ops`
         self._in_flight: set[int] = set()   # slots a deferred move carries, until `settle_deferred`
-        # per removed node's number: [its NodeState, its objects' slots (LEAVING), how many of them are done]
-        self._leaving: dict[int, list] = {}
+        self._leaving: dict[int, Leaving] = {}     # per removed node's number, oldest removal first
 
     def _new_policy(self, tier: Tier):
         policy = make_policy(self.policy_name)
@@ -176,9 +184,10 @@ class Placement:
         """Take a node out of the pool; returns how many committed objects it held (misses from now on).
 
         At once, whatever the node's size: it leaves `nodes` (nothing lands on it, and its id may register again as a
-        new number), and its committed objects turn LEAVING in one numpy assignment. LEAVING is not COMMITTED, so
-        every reader of the index passes them by from this moment, as it passes uncommitted ones: lookups, `contains`,
-        inspect and list, evictions, quotas, promotions, copy rounds, drains. Its uncommitted slots are forgotten now.
+        new number), and its committed objects turn LEAVING in one numpy pass (`Index.leave`). LEAVING is not
+        COMMITTED, so every reader of the index passes them by from this moment, as it passes uncommitted ones:
+        lookups, `contains`, inspect and list, evictions, quotas, promotions, copy rounds, drains. Its uncommitted
+        slots are forgotten now.
         The LEAVING ones are forgotten by `forget_leaving`, a chunk per call, so the master's lock is never held for
         all of them at once (a node of a million objects took ~3 s in one piece); a key put or reported again before
         its turn is forgotten first (`forget_leaving_keys`). The NodeState stays in `by_number`, marked `leaving`, until
@@ -199,7 +208,7 @@ class Placement:
             self.forget(slot, free_extent=False)
         self.copies.forget_node(state.number)
         if len(committed):
-            self._leaving[state.number] = [state, committed, 0]
+            self._leaving[state.number] = Leaving(state, committed)
         else:
             self.by_number[state.number] = None
         return len(committed)
@@ -210,8 +219,8 @@ class Placement:
         numpy pass over their remaining slots."""
         index = self.index
         n = 0
-        for number, (_, slots, start) in self._leaving.items():
-            rest = slots[start:]
+        for number, entry in self._leaving.items():
+            rest = entry.slots[entry.done:]
             n += int(np.count_nonzero((index.state[rest] == LEAVING) & (index.node[rest] == number)))
         return n
 
@@ -222,12 +231,12 @@ class Placement:
         index = self.index
         done = 0
         for number, entry in list(self._leaving.items()):
-            node, slots, start = entry
+            slots, start = entry.slots, entry.done
             end = min(start + limit - done, len(slots))
             chunk = slots[start:end]
             for slot in chunk[(index.state[chunk] == LEAVING) & (index.node[chunk] == number)].tolist():
                 self.forget(slot)
-            entry[2] = end
+            entry.done = end
             done += end - start
             if end == len(slots):
                 del self._leaving[number]
