@@ -86,9 +86,8 @@ class NodeRegistry:
             member.epoch += 1
             return Registration(member.epoch, old)
         epoch = member.epoch + 1 if member is not None else 1
-        if old is not None:     # a restarted node: its old objects go (Placement.remove_node), its calls nowhere
-            placement.remove_node(info.node_id)
-            old.ops = DisconnectedOps()
+        if old is not None:     # a restarted node: its old process leaves first
+            self._take_out(old)
         node = placement.add_node(info, ops)
         self._members[info.node_id] = Member(info.node_id, epoch, now, expires, True)
         return Registration(epoch, node, old)
@@ -112,10 +111,17 @@ class NodeRegistry:
     def remove(self, node_id: str) -> tuple[NodeState, int]:
         """Forget a node and its objects; returns its last NodeState and how many committed objects it held."""
         node = self.placement.node(node_id)
-        n = self.placement.remove_node(node_id)
-        node.ops = DisconnectedOps()    # a call still queued for it (a put's deferred one) goes nowhere
+        n = self._take_out(node)
         self._members.pop(node_id, None)
         return node, n
+
+    def _take_out(self, node: NodeState) -> int:
+        """The node's process leaves the pool: its objects go (Placement.remove_node: misses at once, forgotten a
+        chunk at a time), and its calls nowhere (a call still queued for it, a put's deferred one, must not reach a
+        new process at its address). Returns how many committed objects it held."""
+        n = self.placement.remove_node(node.node_id)
+        node.ops = DisconnectedOps()
+        return n
 
     def silent(self, now: float, ttl: float) -> list[str]:
         nodes = self.placement.nodes
