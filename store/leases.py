@@ -14,12 +14,12 @@ Owned by the Master and called under its lock; not thread-safe by itself.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import numpy as np
 
 from kvpool.store import tokens
-from kvpool.store.index import DOOMED, LEASE_CAP, Index
+from kvpool.store.index import COMMITTED, DOOMED, LEASE_CAP, Index
 
 
 class Leases:
@@ -133,6 +133,22 @@ class Leases:
 
     def unpin_many(self, slots: Iterable[int]) -> list[int]:
         return [s for s in slots if self.unpin(s)]
+
+    def pin_committed(self, keys: Sequence[bytes]) -> np.ndarray:
+        """`pin` the committed objects among `keys` (stored keys); returns their slots, for `unpin_array`."""
+        index = self.index
+        find = index.find
+        slots = np.fromiter((find(k, -1) for k in keys), np.int64, len(keys))
+        slots = slots[slots >= 0]
+        slots = slots[index.state[slots] == COMMITTED]
+        _pin(index.leases, slots, up=True)
+        return slots
+
+    def unpin_array(self, slots: np.ndarray) -> list[int]:
+        """`unpin` each of `slots`; returns the DOOMED ones nobody pins any more (the caller frees them)."""
+        index = self.index
+        _pin(index.leases, slots, up=False)
+        return slots[(index.leases[slots] == 0) & (index.state[slots] == DOOMED)].tolist()
 
 
 def _pin(column: np.ndarray, slots: np.ndarray, *, up: bool) -> None:

@@ -329,9 +329,14 @@ class Master:
                 # loop ends, not per object (store/node_calls.py); a node's calls whose extents this put has handed
                 # out again wait until the lock is let go (Placement.batched_ops): on a full pool, the put's one node
                 # call (a Drop of its copies' extents, or a Demote of dirty victims whose extents are its grants).
-                with self.placement.batched_ops(defer=True, pin=self.leases.pin) as deferred:
-                    out = self._grant(keys, sizes, ns_id, tid, prefer_node, exclude, hold, pin_cap, pin_until,
-                                      expires_at)
+                held: list[np.ndarray] = []    # this put's own objects, pinned while it makes room (`_grant`)
+                try:
+                    with self.placement.batched_ops(defer=True, pin=self.leases.pin) as deferred:
+                        out = self._grant(keys, sizes, ns_id, tid, prefer_node, exclude, hold, pin_cap, pin_until,
+                                          expires_at, held)
+                finally:
+                    for slots in held:
+                        self._free(self.leases.unpin_array(slots))
                 if (rec := self.recorder) is not None:
                     rec.put(now, ns, list(keys), out)
                 self._flush()
@@ -365,13 +370,17 @@ class Master:
                                 sign(tokens.WRITE, g.grant_id, loc.tier, loc.offset, loc.size, g.expires_at))
 
     def _grant(self, keys: list[bytes], sizes: Sequence[int], ns_id: int, tid: int, prefer_node: str | None,
-               exclude: set[int], hold, pin_cap: int, pin_until: float, expires_at: float) -> list[PutStartResult]:
-        """put_start's placements and grants, key by key, under the lock."""
+               exclude: set[int], hold, pin_cap: int, pin_until: float, expires_at: float,
+               held: list[np.ndarray]) -> list[PutStartResult]:
+        """put_start's placements and grants, key by key, under the lock. Before the first key whose placement may
+        take objects out (a tenant's quota, or no free room left), the put's committed objects are pinned (`held`,
+        unpinned by the caller): making room never evicts or moves the keys it answers EXISTS for. A chain's new
+        blocks hang from its existing prefix: taking that prefix out for them stored blocks nothing can reach."""
         placement, quotas, find, leases = self.placement, self.quotas, self.index.find, self.leases
         # The new objects that fit in free room, placed in one step (a quota admits object by object); the rest, one
         # by one below. Nothing moved meanwhile, so every key's EXISTS answer is as it was.
-        fast = placement.place_new(keys, sizes, prefer_node, exclude) \
-            if quotas is None or not quotas.limits(tid) else []
+        limited = quotas is not None and quotas.limits(tid)
+        fast = placement.place_new(keys, sizes, prefer_node, exclude) if not limited else []
         taken = 0
         copies = placement.copies.enabled
         out: list[PutStartResult] = []
@@ -384,6 +393,8 @@ class Master:
                 if hold is not None and hold(slot, pin_until, pin_cap) and self.index.state[slot] == COMMITTED:
                     self.journal.touched(slot)      # its journalled record carries the pin's new end
                 continue
+            if (limited or taken >= len(fast)) and not held:
+                held.append(leases.pin_committed(keys))     # making room from here on: never out of its own chain
             skip = ANY_TIER if quotas is None else quotas.admit(tid, size)
             if taken < len(fast):
                 placed = fast[taken]

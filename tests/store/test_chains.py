@@ -1,5 +1,6 @@
 """store/chains.py over a real Index: links from puts and lookups, a leaving block dissolves its subtree into
-orphans (exact order), branch points, relocation keeps links, junk cycles terminate."""
+orphans (exact order), branch points, relocation keeps links, junk cycles terminate; a put never orphans its own new
+blocks by evicting its prefix for their room."""
 
 import numpy as np
 
@@ -85,10 +86,10 @@ def test_a_junk_cycle_is_walked_once():
     assert sorted(chains.detach(s[1])) == [s[0], s[2]]
 
 
-def test_a_block_put_after_its_parent_was_evicted_for_its_room_is_an_orphan():
-    """put_start([P, N]) with P stored and the pool full: N's room is made by evicting P, whose slot N then takes
-    over. N cannot be reached (its parent is gone), so it is an orphan and the next victim; the block that was
-    not touched (Q) stays."""
+def test_a_put_never_evicts_its_own_prefix_to_make_room_for_its_new_blocks():
+    """put_start([P, N]) with P stored and the pool full: N's room is made by evicting Q, although P is the colder
+    (P is this put's own prefix: taken out, N would be stored only to be unreachable, an orphan). When only the
+    put's own blocks could make the room, its new block is NO_SPACE and the chain stays whole."""
     from kvpool.store.config import MasterConfig
     from kvpool.store.master import Master
     from kvpool.store.records import NodeInfo
@@ -105,13 +106,16 @@ def test_a_block_put_after_its_parent_was_evicted_for_its_room_is_an_orphan():
         master.put_commit(grants, [0] * len(grants))
         return [x.status.value for x in out]
 
+    def hits(*keys: bytes) -> int:
+        return master.lookup(list(keys), lease=False).hits
+
     put(P)
     put(Q)                                             # LRU victims: P, then Q
-    slot_p = master.index.find(P, -1)
     assert put(P, N) == ["exists", "stored"]
+    assert [hits(k) for k in (P, Q, N)] == [1, 0, 1] and hits(P, N) == 2
     slot_n = master.index.find(N, -1)
-    assert master.index.find(P, -1) == -1 and slot_n == slot_p      # P evicted, its slot reused by N
-    assert master.placement.chains.is_orphan(slot_n)
-    assert master.placement.counters.orphaned == 1
-    put(R)                                             # the orphan goes first, not Q
-    assert [master.lookup([k], lease=False).hits for k in (Q, N, R)] == [1, 0, 1]
+    assert not master.placement.chains.is_orphan(slot_n) and master.placement.counters.orphaned == 0
+    assert int(master.index.leases[master.index.find(P)]) == 0     # held only while the put made its room
+    assert put(P, N, R) == ["exists", "exists", "no_space"]        # only P and N could make R's room
+    assert hits(P, N, R) == 2 and master.stats()["evictions"] == {"dram": 1, "ssd": 0}
+    master.index.check_invariants()
