@@ -90,14 +90,17 @@ class AdminClient:
         """One row per registered node, by id: addresses, state, and objects/bytes/capacity of each tier it has."""
         stats = self.raw_stats() if stats is None else stats
         endpoints = stats.get("endpoints", {})
-        # A node being drained (`kvpool drain`, moving its objects away) is listed under "draining" until it leaves.
+        # A node being drained (`kvpool drain`, moving its objects away) is listed under "draining" until it leaves;
+        # one that registered and is still reporting its SSD records (nothing placed on it yet) under "reporting".
         draining = set(stats.get("draining", ()))
+        reporting = set(stats.get("reporting", ()))
         rows = []
         for node_id, tiers in sorted(stats.get("nodes", {}).items()):
             ep = endpoints.get(node_id, {})
             rows.append({"node": node_id, "address": ep.get("control_address", ""),
                          "data_address": ep.get("data_address", ""),
-                         "state": "draining" if node_id in draining else "alive",
+                         "state": "draining" if node_id in draining else
+                                  "reporting" if node_id in reporting else "alive",
                          "dram_pages": ep.get("dram_pages", ""),
                          "tiers": {t: dict(tiers[t]) for t in sorted(tiers, key=_tier_order)}})
         return rows

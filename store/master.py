@@ -184,7 +184,7 @@ class Master:
                 # and a master restarting meanwhile must not take them for the new process's
                 self.journal.node_gone(info.node_id)
             self.host_feed.reset(info.node_id)     # its index starts empty (the node clears it as it registers)
-            reg = self.registry.register(info, ops, expires=expires, now=self.clock())
+            reg = self.registry.register(info, ops, expires=expires, now=self.clock(), report_s=self.config.grace_s)
             self._republish([info.node_id])         # the objects a node that kept its memory still holds
             self._stopping.discard(info.node_id)
             self.journal.put_node(info)  # addresses may have changed
@@ -203,11 +203,13 @@ class Master:
         with self._lock:
             return self.registry.heartbeat(node_id, epoch, self.clock())
 
-    def report_objects(self, node_id: str, records: Sequence[ObjectRecord], corrupt: int = 0) -> ReportResult:
+    def report_objects(self, node_id: str, records: Sequence[ObjectRecord], corrupt: int = 0, *,
+                       last: bool = False) -> ReportResult:
         """Index objects a node found on its own tiers (SSD scan after a restart) as committed. Malformed records
         raise ValueError before anything is adopted; conflicting ones (indexed elsewhere, repeated, overlapping,
         larger than max_object_bytes) come back in `dropped_keys`. `corrupt`: records the node's scan found with a
-        damaged header (counted in ssd_corrupt)."""
+        damaged header (counted in ssd_corrupt). `last`: the registration's report is complete; a node that
+        registered saying `reports_ssd` gets no placement before it (store/registry.py `reporting`)."""
         if isinstance(corrupt, bool) or not isinstance(corrupt, int) or corrupt < 0:
             raise ValueError(f"corrupt must be an int >= 0, got {corrupt!r}")
         with self._lock:
@@ -229,6 +231,8 @@ class Master:
                     fresh.append(r)
             result.adopted = self.placement.adopt(node, fresh, result.dropped_keys, self._ticks(self.clock()))
             self.placement.counters.ssd_corrupt += corrupt
+            if last:
+                self.registry.reported(node_id)
             self._flush()
             return result
 
@@ -264,7 +268,7 @@ class Master:
         with self._lock:
             now = self._tick()
             with self.placement.batched_ops():     # the room made on destinations: one Demote / Drop per node
-                result = self.drains.start(keys, now + self.config.grant_ttl_s, self.registry.disconnected_numbers())
+                result = self.drains.start(keys, now + self.config.grant_ttl_s, self._no_destination(now))
             self._flush()  # placing may have evicted or demoted objects on the destination
             return result
 
@@ -278,7 +282,7 @@ class Master:
         with self._lock:
             now = self._tick()
             keys, next_cursor = self.drains.pick(node_id, int(cursor), int(limit), int(max_bytes))
-            result = self.drains.start(keys, now + self.config.grant_ttl_s, self.registry.disconnected_numbers())
+            result = self.drains.start(keys, now + self.config.grant_ttl_s, self._no_destination(now))
             result.next_cursor = next_cursor
             self._flush()
             return result
@@ -971,6 +975,8 @@ class Master:
                             "draining": sorted(self.drains.draining), "moves_open": self.drains.pinned(),
                             "write_behind": self.write_behind.counters.as_dict(self.write_behind.pending),
                             "orphaned": self.placement.counters.orphaned, "stopping": sorted(self._stopping),
+                            "reporting": sorted(self.placement.by_number[n].node_id
+                                                for n in self.registry.reporting_numbers(self.clock())),
                             "host_index": self.host_feed.as_dict()}
             record.tenants = {self.tenants.name(t): self._tenant_stats(t) for t in range(1, len(self.tenants))}
             if (rec := self.recorder) is not None:       # only while one runs: `kvpool status` says so
@@ -1127,10 +1133,16 @@ class Master:
 
     def _unplaceable(self) -> set[int]:
         """Node numbers nothing new may land on: draining, stopping (flushed for a clean stop), known from the journal
-        but not connected, or silent for suspect_after_s (perhaps dead: a put acknowledged there could be lost)."""
+        but not connected, silent for suspect_after_s (perhaps dead: a put acknowledged there could be lost), or
+        still reporting its SSD records (store/registry.py)."""
         nodes = self.placement.nodes
         stopping = {nodes[n].number for n in self._stopping if n in nodes}
-        return self._no_copies() | stopping
+        return self._no_copies() | stopping | self.registry.reporting_numbers(self.clock())
+
+    def _no_destination(self, now: float) -> set[int]:
+        """Node numbers a drain's move may not go to (besides the draining ones): not connected, or still reporting
+        its SSD records."""
+        return self.registry.disconnected_numbers() | self.registry.reporting_numbers(now)
 
     def _no_copies(self) -> set[int]:
         """Node numbers the write-behind leaves alone: draining (leaving), not connected or suspect (a copy would

@@ -169,7 +169,8 @@ class MasterServicer(pbg.MasterServiceServicer):
     def ReportObjects(self, request, context):
         records = wire.report_from_msg(request)
         self._check_batch(len(records), "keys")
-        return wire.report_reply(self.master.report_objects(request.node_id, records, request.corrupt))
+        return wire.report_reply(self.master.report_objects(request.node_id, records, request.corrupt,
+                                                            last=request.last))
 
     @_rpc
     def DrainNode(self, request, context):

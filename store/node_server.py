@@ -282,7 +282,8 @@ class NodeServer:
         self._thread = threading.Thread(target=self._liveness_loop, name="kvpool-heartbeat", daemon=True)
 
     def endpoint(self) -> pb.NodeEndpoint:
-        info = dataclasses.replace(self.node.info(), address=self.address, incarnation=self.incarnation)
+        info = dataclasses.replace(self.node.info(), address=self.address, incarnation=self.incarnation,
+                                   reports_ssd=self.node.ssd is not None)
         return wire.endpoint_from_info(info, host_id=host_id(), data_address=self.data_address,
                                        ssd_path=self.node.ssd_share_path(),
                                        data_tls=self.data_server.ssl_context is not None)
@@ -312,9 +313,12 @@ class NodeServer:
         records = self.node.scan_ssd()
         damaged = self.node.ssd_damaged_headers - self._damaged_reported
         adopted = dropped = 0
-        for i in range(0, max(len(records), 1 if damaged else 0), _REPORT_BATCH):
+        # with an SSD at least one call, the last marked: the master places nothing on this node until it
+        # (NodeInfo.reports_ssd)
+        for i in range(0, max(len(records), 1 if damaged or self.node.ssd is not None else 0), _REPORT_BATCH):
             msg = wire.report_to_msg(self.config.node_id, records[i:i + _REPORT_BATCH])
             msg.corrupt = damaged if i == 0 else 0
+            msg.last = i + _REPORT_BATCH >= len(records)
             rep = self._master.ReportObjects(msg, timeout=timeout)
             self._damaged_reported += msg.corrupt
             adopted += rep.adopted

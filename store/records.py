@@ -133,6 +133,9 @@ class NodeInfo:
     # at a removal its host index forgets the removed keys only (nodes since 2026-12-06; else it clears it and the
     # master publishes again what the node still holds); said at each registration
     removes_keys: bool = field(default=False, metadata={"persist": False})
+    # after registering it reports its SSD records and marks the last batch (nodes since 2026-12-06): nothing new is
+    # placed on it until then, or for at most MasterConfig.grace_s; said at each registration
+    reports_ssd: bool = field(default=False, metadata={"persist": False})
 
     def persisted(self) -> dict:
         """The fields a metadata store keeps (JSON-able), without what a node says anew each time it registers."""

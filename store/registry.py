@@ -8,6 +8,10 @@
                      node known only from the journal (`connected` False: its ops cannot move bytes yet).
     suspect(now)     members silent for suspect_after_s: no new placement lands on them (a SIGKILLed node stops
                      taking puts within that, long before it is dropped); a heartbeat clears it.
+    reporting(now)   members that said `reports_ssd` and have not sent their report's last batch yet (for at most
+                     `report_s`): nothing new is placed on them, since the master does not know yet which of their
+                     SSD extents hold records (a put or a copy given one would overwrite a record about to be
+                     adopted, and the report would then drop it: the restart would lose what it kept)
     silent(now)      members past node_ttl_s without a heartbeat (never the embedded pool's own node), or, for a node
                      known only from the journal, past its reload grace (a restarted master gives the nodes it
                      reloaded that long to find it again before dropping them and their objects).
@@ -51,6 +55,7 @@ class Member:
     expires: bool = True            # False: never dropped for silence (the embedded pool's own node)
     connected: bool = True          # False: known from the journal, not registered with this master process
     grace_until: float = 0.0        # a journal-reloaded node is not dropped before this (master clock)
+    reporting_until: float = 0.0    # > now: its SSD records are being reported (`reporting_numbers`)
 
 
 @dataclass(slots=True)
@@ -74,23 +79,39 @@ class NodeRegistry:
         nodes = self.placement.nodes
         return {nodes[m.node_id].number for m in self._members.values() if not m.connected and m.node_id in nodes}
 
-    def register(self, info: NodeInfo, ops: NodeOps, *, expires: bool, now: float) -> Registration:
+    def register(self, info: NodeInfo, ops: NodeOps, *, expires: bool, now: float,
+                 report_s: float = 0.0) -> Registration:
+        """`report_s`: how long a node that says `reports_ssd` may take to send its report's last batch."""
         placement = self.placement
         old = placement.nodes.get(info.node_id)
         member = self._members.get(info.node_id)
+        reporting_until = now + report_s if info.reports_ssd and info.ssd_bytes else 0.0
         if old is not None and member is not None and old.info.incarnation == info.incarnation \
                 and old.info.dram_bytes == info.dram_bytes and old.info.ssd_bytes == info.ssd_bytes \
                 and old.info.hbm_bytes == info.hbm_bytes:
             old.ops, old.info = ops, info
             member.expires, member.last_heartbeat, member.connected, member.grace_until = expires, now, True, 0.0
+            member.reporting_until = reporting_until
             member.epoch += 1
             return Registration(member.epoch, old)
         epoch = member.epoch + 1 if member is not None else 1
         if old is not None:     # a restarted node: its old process leaves first
             self._take_out(old)
         node = placement.add_node(info, ops)
-        self._members[info.node_id] = Member(info.node_id, epoch, now, expires, True)
+        self._members[info.node_id] = Member(info.node_id, epoch, now, expires, True,
+                                             reporting_until=reporting_until)
         return Registration(epoch, node, old)
+
+    def reported(self, node_id: str) -> None:
+        """The node's report is complete (its last batch): it may be placed on."""
+        member = self._members.get(node_id)
+        if member is not None:
+            member.reporting_until = 0.0
+
+    def reporting_numbers(self, now: float) -> set[int]:
+        nodes = self.placement.nodes
+        return {nodes[m.node_id].number for m in self._members.values()
+                if m.reporting_until > now and m.node_id in nodes}
 
     def add_disconnected(self, info: NodeInfo, now: float, grace_s: float) -> NodeState:
         """A node known from the journal: placed (its objects can be indexed) but not connected; it has `grace_s`

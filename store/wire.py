@@ -85,7 +85,8 @@ def endpoint_from_info(info: NodeInfo, *, host_id: str, data_address: str, ssd_p
                            control_address=info.address, tiers=tiers, ssd_record_overhead=info.ssd_record_overhead,
                            alignment=info.alignment, incarnation=info.incarnation, data_tls=data_tls,
                            ssd_index_rows=info.ssd_index_rows, dram_pages=info.dram_pages,
-                           move_drops=info.move_drops, removes_keys=info.removes_keys)
+                           move_drops=info.move_drops, removes_keys=info.removes_keys,
+                           reports_ssd=info.reports_ssd)
 
 
 def info_from_endpoint(ep: pb.NodeEndpoint) -> NodeInfo:
@@ -103,7 +104,8 @@ def info_from_endpoint(ep: pb.NodeEndpoint) -> NodeInfo:
                     ssd_record_overhead=ep.ssd_record_overhead, alignment=ep.alignment or 4096,
                     dram_path=dram.path if dram else "", incarnation=ep.incarnation,
                     hbm_bytes=hbm.capacity_bytes if hbm else 0, ssd_index_rows=ep.ssd_index_rows,
-                    dram_pages=ep.dram_pages, move_drops=ep.move_drops, removes_keys=ep.removes_keys)
+                    dram_pages=ep.dram_pages, move_drops=ep.move_drops, removes_keys=ep.removes_keys,
+                    reports_ssd=ep.reports_ssd)
 
 
 def dram_path(ep: pb.NodeEndpoint) -> str:
