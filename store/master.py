@@ -406,8 +406,9 @@ class Master:
             else:
                 placed = None if skip is None else placement.place(size, prefer_node, exclude, skip=skip)
                 if prev >= 0 and placed is not None and find(prev_key, -1) != prev:
-                    # Making room evicted (or moved) the key before this one; its slot may even be the one
-                    # this key is about to get. Gone: this key cannot be reached (an orphan, not a root).
+                    # Not expected: the put's committed keys are held while it makes room (`pin_committed`), and
+                    # a pending one is never a victim. Were the key before this one gone, this key could not be
+                    # reached (an orphan, not a root); its slot might even be the one this key is about to get.
                     prev = find(prev_key, -1)
                     if prev < 0:
                         prev = -2

@@ -1,0 +1,357 @@
+"""The master against a model of what it promises, under random steps that mix every way an object leaves or comes
+back: puts by tenants at their quotas onto full tiers, leases held across steps, promotions and copy rounds, an
+admin's removals and evicts, a node removed (`kvpool drain --no-migrate`) or drained with its objects moved, a node
+restarting as a new process (its SSD records reported again), a silent node reaped, and the master itself restarting
+on its journal. Removals are forgotten a few objects per hold of the lock, and between two holds another client's
+call runs (a put, a lookup, a removal), as it would from another thread.
+
+After every step and between every two chunks, for every key ever stored:
+- a hit (inspect, or a lookup's location) reads back exactly the bytes put under that key (never another object's);
+- a key an admin removed is a miss until it is put again, even after a node that held it restarts and reports its
+  SSD records (unless that node was out of the pool when the key was removed: the master keeps no tombstones, so
+  its record comes back with it; README "Failures");
+- a put answered EXISTS is a hit at once (never EXISTS for a miss); a restarted node's report drops only keys that
+  are hits elsewhere;
+- the index's own invariants hold (store/index.py `check_invariants`: counts, bytes per tenant and tier, links);
+- once a call returns, no removed node has objects left to forget.
+Real StorageNodes in this process (tests/store/test_node_calls.py's Pool); REMOVAL_CHUNK is 3."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import numpy as np
+import pytest
+import xxhash
+
+from kvpool.store import queries
+from kvpool.store.config import MasterConfig, NodeConfig
+from kvpool.store.master import Master
+from kvpool.store.metadata import MemoryMetadata
+from kvpool.store.migration import MigrateStatus
+from kvpool.store.node import Drop, StorageNode
+from kvpool.store.records import PutStatus
+from kvpool.store.tenants import Quota
+from kvpool.tiers.types import Tier
+from tests.store.test_node_calls import K, Counted, Pool, chain_key, payload
+
+NODES = {"n1": (10, 24), "n2": (8, 0), "n3": (0, 16)}     # DRAM objects, SSD objects (x K)
+TENANTS = ("", "acme", "beta")
+QUOTAS = {"acme": Quota(total_bytes=9 * K), "beta": Quota(dram_bytes=3 * K, total_bytes=14 * K)}
+TTL = 10.0
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(queries, "REMOVAL_CHUNK", 3)
+
+
+class Model:
+    """A Pool, the stored keys ever put, and those an admin removed since (misses until put again)."""
+
+    def __init__(self, tmp_path, rng: random.Random, write_behind: bool) -> None:
+        self.rng = rng
+        self.meta = MemoryMetadata(persistent=True)
+        self.cfg = dict(write_behind=write_behind, node_ttl_s=TTL)
+        self.pool = Pool(tmp_path, "m", [], batched=True, quotas=QUOTAS, metadata=self.meta, **self.cfg)
+        self.keys: list[bytes] = []
+        self.known: set[bytes] = set()
+        self.removed: set[bytes] = set()
+        self.held: list[tuple[int, str]] = []      # leases held across steps (lease id, tenant)
+        self.depth = 0                              # > 0: inside a call (a removal's chunks): probes do not nest
+        self.probes = 0
+        self.most_hits = 0
+        self.trace: list[str] = []                  # the steps so far (named in a failure)
+        self.restored: set[bytes] = set()          # keys stored again during the current removal
+        # keys removed while a node was out of the pool (from the start of its removal to its report): its SSD may
+        # still hold a record of one, which it reports when it rejoins (the master keeps no tombstones)
+        self.away: dict[str, set[bytes]] = {}
+        for name, (dram, ssd) in NODES.items():
+            self._start(name, NodeConfig(node_id=name, dram_bytes=dram * K, shm_dir=str(tmp_path / "m"),
+                                         ssd_path=str(tmp_path / "m" / f"ssd-{name}") if ssd else None,
+                                         ssd_bytes=ssd * 2 * K))
+        self._hook()
+
+    @property
+    def master(self) -> Master:
+        return self.pool.master
+
+    def _hook(self) -> None:
+        self.master._let_others_in = self._between_chunks
+
+    def _start(self, name: str, config: NodeConfig) -> None:
+        """A node process (a new incarnation) registers and reports its SSD records."""
+        self.trace.append(f"start {name}")
+        self.away.setdefault(name, set())
+        node = StorageNode(config)
+        self.pool.nodes[name], self.pool.ops[name] = node, Counted(node)
+        # as store/node_server.py registers: nothing is placed on it until its report's last batch
+        info = dataclasses.replace(node.info(), reports_ssd=node.ssd is not None)
+        self.master.register_node(info, self.pool.ops[name], expires=True)
+        if node.ssd is not None:
+            records = {r.key: r for r in node.scan_ssd()}
+            result = self.master.report_objects(name, list(records.values()), last=True)
+            where = self.master.inspect(result.dropped_keys)
+            # a record is dropped only where its key is indexed elsewhere (put again while the node was away); the
+            # node erases it then (store/node_server.py)
+            assert all(r is not None and r.node_id != name for r in where), \
+                f"{name}'s report dropped {[k.hex() for k in result.dropped_keys]} after {self.trace[-6:]}"
+            node.drop([Drop(k, Tier.SSD, records[k].offset, records[k].size) for k in result.dropped_keys])
+            self.removed -= self.away[name] & records.keys()
+        del self.away[name]
+
+    # ---- checks
+
+    def check(self) -> None:
+        master = self.master
+        master.index.check_invariants()
+        where = master.inspect(self.keys)
+        self.most_hits = max(self.most_hits, sum(r is not None for r in where))
+        for key, r in zip(self.keys, where):
+            if r is None:
+                continue
+            assert key not in self.removed, f"removed {key.hex()} is a hit again at {r} after {self.trace[-4:]}"
+            out = bytearray(r.size)
+            assert self.pool.nodes[r.node_id].read_into(r.tier, r.offset, key, r.size, out), key.hex()
+            assert bytes(out) == payload(key, r.size).tobytes(), f"wrong bytes for {key.hex()} at {r}"
+
+    def _between_chunks(self) -> None:
+        """Another client's call while a removal lets the lock go."""
+        self.probes += 1
+        self.check()
+        if self.depth > 1:
+            return
+        self.depth += 1
+        try:
+            self.rng.choice([self.put, self.lookup, self.remove_some, lambda: None])()
+            self.check()
+        finally:
+            self.depth -= 1
+
+    def _call(self, fn, *args):
+        self.trace.append(fn.__name__)
+        self.depth += 1
+        try:
+            return fn(*args)
+        finally:
+            self.depth -= 1
+
+    # ---- steps
+
+    def put(self) -> None:
+        self.trace.append("put")
+        rng = self.rng
+        tenant = rng.choice(TENANTS)
+        chain = rng.randrange(10)
+        ks = [chain_key(chain, i) for i in range(rng.choice([0, 0, rng.randrange(6)]), rng.randint(1, 12))]
+        if not ks:
+            return
+        live = self.master.node_ids()
+        prefer = rng.choice(live + [None]) if live else None
+        master = self.master
+        out = master.put_start(ks, [K] * len(ks), prefer_node=prefer, tenant=tenant)
+        stored = self.pool.stored(ks, tenant)
+        ids, sums = [], []
+        for key, r in zip(stored, out):
+            if key not in self.known:
+                self.known.add(key)
+                self.keys.append(key)
+            if r.grant is not None:
+                data = payload(key, K)
+                loc = r.grant.location
+                self.pool.nodes[loc.node_id].write(loc.tier, loc.offset, key, b"\0" * 16, data, None)
+                ids.append(r.grant.grant_id)
+                sums.append(xxhash.xxh3_64_intdigest(data))
+        committed = master.put_commit(ids, sums, tenant=tenant)
+        assert committed == [True] * len(ids)
+        for key, r in zip(stored, out):
+            if r.status == PutStatus.STORED:
+                self.removed.discard(key)
+                self.restored.add(key)
+        exists = [key for key, r in zip(stored, out) if r.status == PutStatus.EXISTS]
+        index = master.index
+        misses = [(k.hex(), [int(c[index.find(k)]) if index.find(k, -1) >= 0 else None for c in
+                             (index.state, index.node, index.tier, index.leases)])
+                  for k, r in zip(exists, master.inspect(exists)) if r is None]
+        assert not misses, f"EXISTS for a miss: {misses} of {[r.status.value for r in out]} tenant {tenant!r}"
+
+    def lookup(self) -> None:
+        rng = self.rng
+        tenant = rng.choice(TENANTS)
+        ks = [chain_key(rng.randrange(10), i) for i in range(rng.randint(1, 12))]
+        result = self.master.lookup(ks, tenant=tenant)
+        stored = self.pool.stored(ks, tenant)
+        for key, loc in zip(stored, result.locations[:result.hits]):
+            out = bytearray(loc.size)
+            assert self.pool.nodes[loc.node_id].read_into(loc.tier, loc.offset, key, loc.size, out)
+            assert bytes(out) == payload(key, loc.size).tobytes(), f"lookup of {key.hex()}: wrong bytes"
+        if rng.random() < 0.3:
+            self.held.append((result.lease_id, tenant))
+        else:
+            self.master.release([result.lease_id], tenant=tenant)
+
+    def release_all(self) -> None:
+        for lease, tenant in self.held:
+            self.master.release([lease], tenant=tenant)
+        self.held.clear()
+
+    def remove_some(self) -> None:
+        if self.keys:
+            gone = self.rng.sample(self.keys, min(len(self.keys), self.rng.randint(1, 6)))
+            self.restored = set()
+            hits = [r is not None for r in self.master.inspect(gone)]
+            self._call(self.master.remove, gone)
+            # a miss now, unless a put between two chunks stored it again (before or after its own chunk)
+            where = self.master.inspect(gone)
+            assert all(r is None or k in self.restored for k, r in zip(gone, where))
+            # what it removed stays removed (a key that was a miss, perhaps on a node that is leaving and reports
+            # its SSD records again when it restarts, was not removed by this call)
+            self.removed.update(k for k, r, hit in zip(gone, where, hits) if r is None and hit)
+            for keys in self.away.values():
+                keys.update(gone)
+            self.restored = set()
+
+    def evict_all(self) -> None:
+        self._call(self.master.evict, b"", 0.0)     # every unleased object
+        # evicted objects may come back from an SSD record a restarted node reports: not `removed`
+
+    def remove_node(self) -> None:
+        live = self.master.node_ids()
+        if not live:
+            return
+        name = self.rng.choice(live)
+        before = [k for k, r in zip(self.keys, self.master.inspect(self.keys)) if r is not None and r.node_id == name]
+        self.away[name] = set()
+        self._call(self.master.remove_node, name)
+        self._after_leaving(name, before)
+        self.pool.nodes[name].close()
+        self._start(name, self.pool.nodes[name].config)
+
+    def restart_node(self) -> None:
+        """A node process restarts: the new incarnation registers (its old objects leave), then reports."""
+        name = self.rng.choice(list(self.pool.nodes))
+        config = self.pool.nodes[name].config
+        self.pool.nodes[name].close()
+        self._call(self._start, name, config)
+
+    def reap_silent_node(self) -> None:
+        """Every node but one heartbeats; the clock passes node_ttl_s; the reaper drops the silent one."""
+        live = self.master.node_ids()
+        if len(live) < 2:
+            return
+        name = self.rng.choice(live)
+        before = [k for k, r in zip(self.keys, self.master.inspect(self.keys)) if r is not None and r.node_id == name]
+        self.pool.clock.now += TTL + 1
+        for other in live:
+            if other != name:
+                assert self.master.heartbeat(other) is False
+        self.held.clear()                   # their leases expired with the clock
+        self.away[name] = set()
+        assert self._call(self.master.reap)["nodes"] == 1
+        self._after_leaving(name, before)
+        self.pool.nodes[name].close()
+        self._start(name, self.pool.nodes[name].config)
+
+    def drain_node(self) -> None:
+        """begin_drain, every object moved as a client moves it, then the empty node removed and started again."""
+        live = self.master.node_ids()
+        if len(live) < 2:
+            return
+        name = self.rng.choice(live)
+        master, nodes = self.master, self.pool.nodes
+        master.begin_drain(name)
+        cursor = 0
+        for _ in range(50):
+            result = master.migrate_next(name, cursor, limit=4)
+            ids, sums = [], []
+            for key, mv in zip(result.keys, result.moves):
+                if mv.status != MigrateStatus.MOVING:
+                    continue
+                buf = np.zeros(mv.source.size, np.uint8)
+                assert nodes[mv.source.node_id].read_into(mv.source.tier, mv.source.offset, key, mv.source.size,
+                                                          buf)
+                assert buf.tobytes() == payload(key, mv.source.size).tobytes(), f"drain source of {key.hex()}"
+                nodes[mv.dest.node_id].write(mv.dest.tier, mv.dest.offset, key, mv.ns_digest, buf,
+                                             xxhash.xxh3_64_intdigest(buf))
+                ids.append(mv.move_id)
+                sums.append(xxhash.xxh3_64_intdigest(buf))
+            master.migrate_commit(ids, sums)
+            self.check()
+            cursor = result.next_cursor
+            if not cursor:
+                break
+        before = [k for k, r in zip(self.keys, master.inspect(self.keys)) if r is not None and r.node_id == name]
+        self.away[name] = set()
+        self._call(master.remove_node, name)
+        self._after_leaving(name, before)
+        nodes[name].close()
+        self._start(name, nodes[name].config)
+
+    def restart_master(self) -> None:
+        """A new master on the journal; every node registers again with the same incarnation (they kept their
+        memory). Leases of the old master are gone with it."""
+        self.held.clear()
+        pool = self.pool
+        pool.master = Master(MasterConfig(**self.cfg), self.meta, clock=pool.clock, token_secret=b"s" * 32,
+                             quotas=QUOTAS)
+        for name, node in pool.nodes.items():
+            pool.master.register_node(node.info(), pool.ops[name], expires=True)    # reports nothing new
+        self._hook()
+
+    def _after_leaving(self, name: str, held: list[bytes]) -> None:
+        """A node's removal returned: nothing of it left to forget, and what it held is a miss unless put again
+        (elsewhere) meanwhile."""
+        master = self.master
+        assert master.placement.leaving == 0
+        assert master.stats()["leaving_objects"] == 0
+        assert all(r is None or r.node_id != name for r in master.inspect(held))
+
+    def step(self) -> None:
+        rng = self.rng
+        roll = rng.random()
+        if roll < 0.45:
+            self.put()
+        elif roll < 0.62:
+            self.lookup()
+        elif roll < 0.68:
+            self.master.promote_pending()
+        elif roll < 0.74:
+            self.master.copy_pending()
+        elif roll < 0.80:
+            self.remove_some()
+        elif roll < 0.83:
+            self.evict_all()
+        elif roll < 0.87:
+            self.remove_node()
+        elif roll < 0.91:
+            self.restart_node()
+        elif roll < 0.94:
+            self.reap_silent_node()
+        elif roll < 0.97:
+            self.drain_node()
+        else:
+            self.restart_master()
+        if self.held and rng.random() < 0.3:
+            self.release_all()
+        self.check()
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+@pytest.mark.parametrize("write_behind", [False, True])
+@pytest.mark.parametrize("seed", range(3))
+def test_every_hit_is_the_bytes_put_and_every_removed_key_a_miss(tmp_path, seed, write_behind):
+    model = Model(tmp_path, random.Random(f"model-{seed}-{write_behind}"), write_behind)
+    try:
+        for _ in range(250):
+            model.step()
+        model.release_all()
+        model.check()
+        assert model.probes > 20                    # removals ran in several chunks, with calls between them
+        assert model.most_hits >= 10                # the pool held objects (it is evicted empty at times)
+        hits = sum(r is not None for r in model.master.inspect(model.keys))
+        assert model.master.stats()["objects"] == len(model.master.index) == hits
+    finally:
+        model.close()
