@@ -44,9 +44,9 @@ def reference_lru(chains: list[list[int]], capacity: int) -> list[int]:
       and refreshes them (the parent ends up the most recent).
     - The missed tail is stored block by block. A block already present is left alone (not refreshed), but the
       next new block is linked under it. A new block, when full, takes the coldest committed block's place (blocks
-      of the put under way cannot go; none committed: no space, and the blocks after that hole are orphans). The
-      tail's first block is a root; a block whose parent is an orphan is one, and so is a block whose parent was
-      the very victim evicted to make its room (its parent is gone).
+      of the put under way cannot go, nor the blocks of its tail already present; none other committed: no space,
+      and the blocks after that hole are orphans). The tail's first block is a root; a block whose parent is an
+      orphan is one.
     - An evicted block's descendants become orphans, unlinked, and go to the cold end in breadth-first prefix
       order (the deepest last, so first out). Stored blocks enter as the most recent, parent most recent, then the
       orphans among them go to the cold end in chain order.
@@ -101,16 +101,17 @@ def reference_lru(chains: list[list[int]], capacity: int) -> list[int]:
         stored: list[int] = []
         prev: int | None = None                               # None: nothing before the tail's first block
         hole = False
+        own = {block for block in chain[h:] if block in recency}     # the put's EXISTS keys: never its victims
         for block in chain[h:]:
             if block in recency or block in stored:
                 prev, hole = block, False
                 continue
             victim = None
             if len(recency) + len(stored) >= capacity:
-                if not recency:
-                    prev, hole = None, True                   # no space: everything held is being written
+                victim = next((b for b in recency if b not in own), None)
+                if victim is None:
+                    prev, hole = None, True                   # no space: everything held is being written or its own
                     continue
-                victim = next(iter(recency))
                 evict(victim)
             parent[block] = None
             if hole or (prev is not None and prev == victim):
