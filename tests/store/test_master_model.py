@@ -86,7 +86,13 @@ class Model:
         self.away.setdefault(name, set())
         node = StorageNode(config)
         self.pool.nodes[name], self.pool.ops[name] = node, Counted(node)
-        # as store/node_server.py registers: nothing is placed on it until its report's last batch
+        self._register(name)
+        del self.away[name]
+
+    def _register(self, name: str) -> None:
+        """As store/node_server.py registers, after its own start or a master's: with `reports_ssd` (nothing is
+        placed on it until its report's last batch), then its SSD records reported, the dropped ones erased."""
+        node = self.pool.nodes[name]
         info = dataclasses.replace(node.info(), reports_ssd=node.ssd is not None)
         self.master.register_node(info, self.pool.ops[name], expires=True)
         if node.ssd is not None:
@@ -98,8 +104,7 @@ class Model:
             assert all(r is not None and r.node_id != name for r in where), \
                 f"{name}'s report dropped {[k.hex() for k in result.dropped_keys]} after {self.trace[-6:]}"
             node.drop([Drop(k, Tier.SSD, records[k].offset, records[k].size) for k in result.dropped_keys])
-            self.removed -= self.away[name] & records.keys()
-        del self.away[name]
+            self.removed -= self.away.get(name, set()) & records.keys()
 
     # ---- checks
 
@@ -290,14 +295,15 @@ class Model:
 
     def restart_master(self) -> None:
         """A new master on the journal; every node registers again with the same incarnation (they kept their
-        memory). Leases of the old master are gone with it."""
+        memory) and reports its SSD records (the SSD copies of DRAM objects are known from those reports, not from
+        the journal). Leases of the old master are gone with it."""
         self.held.clear()
         pool = self.pool
         pool.master = Master(MasterConfig(**self.cfg), self.meta, clock=pool.clock, token_secret=b"s" * 32,
                              quotas=QUOTAS)
-        for name, node in pool.nodes.items():
-            pool.master.register_node(node.info(), pool.ops[name], expires=True)    # reports nothing new
         self._hook()
+        for name in pool.nodes:
+            self._register(name)
 
     def _after_leaving(self, name: str, held: list[bytes]) -> None:
         """A node's removal returned: nothing of it left to forget, and what it held is a miss unless put again
