@@ -209,13 +209,18 @@ class Master:
         raise ValueError before anything is adopted; conflicting ones (indexed elsewhere, repeated, overlapping,
         larger than max_object_bytes) come back in `dropped_keys`. `corrupt`: records the node's scan found with a
         damaged header (counted in ssd_corrupt). `last`: the registration's report is complete; a node that
-        registered saying `reports_ssd` gets no placement before it (store/registry.py `reporting`)."""
+        registered saying `reports_ssd` gets no placement before it (store/registry.py `reporting`). A node that
+        registered again as the process this master knew (`Member.reattached`: the master restarted on its journal,
+        or the node re-registered) adopts no key the master does not know: such a record is one whose erase was lost
+        (a removal of an object still read when the master went down, a Drop that failed), dropped, not revived."""
         if isinstance(corrupt, bool) or not isinstance(corrupt, int) or corrupt < 0:
             raise ValueError(f"corrupt must be an int >= 0, got {corrupt!r}")
         with self._lock:
             node = self.placement.node(node_id)
             checks.reported(records, node, self.config.max_object_bytes)
             self.placement.forget_leaving_keys([r.key for r in records])    # a removed node's: gone, not conflicts
+            member = self.registry.member(node_id)
+            stale = member is not None and member.reattached    # a key this master does not know: a lost erase
             result = ReportResult()
             fresh: list[ObjectRecord] = []
             seen: set[bytes] = set()
@@ -224,7 +229,7 @@ class Master:
                 placement = self.placement
                 if slot >= 0 and (placement.same_place(slot, node, r) or placement.copies.adopt(slot, node, r)):
                     result.known += 1
-                elif slot >= 0 or r.key in seen or r.size > self.config.max_object_bytes:
+                elif slot >= 0 or stale or r.key in seen or r.size > self.config.max_object_bytes:
                     result.dropped_keys.append(r.key)
                 else:
                     seen.add(r.key)

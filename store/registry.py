@@ -56,6 +56,10 @@ class Member:
     connected: bool = True          # False: known from the journal, not registered with this master process
     grace_until: float = 0.0        # a journal-reloaded node is not dropped before this (master clock)
     reporting_until: float = 0.0    # > now: its SSD records are being reported (`reporting_numbers`)
+    # registered again as the process the master knew (its restart on the journal, or a re-registration): a record it
+    # reports of a key the master does not know is stale (its erase was lost: a Drop that failed, or a removal of an
+    # object still read when the master went down), never adopted
+    reattached: bool = False
 
 
 @dataclass(slots=True)
@@ -91,7 +95,7 @@ class NodeRegistry:
                 and old.info.hbm_bytes == info.hbm_bytes:
             old.ops, old.info = ops, info
             member.expires, member.last_heartbeat, member.connected, member.grace_until = expires, now, True, 0.0
-            member.reporting_until = reporting_until
+            member.reporting_until, member.reattached = reporting_until, True
             member.epoch += 1
             return Registration(member.epoch, old)
         epoch = member.epoch + 1 if member is not None else 1

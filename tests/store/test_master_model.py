@@ -89,9 +89,10 @@ class Model:
         self._register(name)
         del self.away[name]
 
-    def _register(self, name: str) -> None:
-        """As store/node_server.py registers, after its own start or a master's: with `reports_ssd` (nothing is
-        placed on it until its report's last batch), then its SSD records reported, the dropped ones erased."""
+    def _register(self, name: str, *, again: bool = False) -> None:
+        """As store/node_server.py registers, after its own start or a master's (`again`: the same process): with
+        `reports_ssd` (nothing is placed on it until its report's last batch), then its SSD records reported, the
+        dropped ones erased."""
         node = self.pool.nodes[name]
         info = dataclasses.replace(node.info(), reports_ssd=node.ssd is not None)
         self.master.register_node(info, self.pool.ops[name], expires=True)
@@ -99,9 +100,13 @@ class Model:
             records = {r.key: r for r in node.scan_ssd()}
             result = self.master.report_objects(name, list(records.values()), last=True)
             where = self.master.inspect(result.dropped_keys)
-            # a record is dropped only where its key is indexed elsewhere (put again while the node was away); the
-            # node erases it then (store/node_server.py)
-            assert all(r is not None and r.node_id != name for r in where), \
+            # a record is dropped only where its key is indexed at another place (put again while the node was away;
+            # or a stale record: a master that died holding a lease on a promoted object's old extent never erased
+            # it), or, from the same process registering again, where the master does not know its key (a stale
+            # record too: a removal's erase lost with the master); the node erases it then (store/node_server.py)
+            assert all((r is None and again) or
+                       (r is not None and (r.node_id, r.tier, r.offset) != (name, Tier.SSD, records[k].offset))
+                       for k, r in zip(result.dropped_keys, where)), \
                 f"{name}'s report dropped {[k.hex() for k in result.dropped_keys]} after {self.trace[-6:]}"
             node.drop([Drop(k, Tier.SSD, records[k].offset, records[k].size) for k in result.dropped_keys])
             self.removed -= self.away.get(name, set()) & records.keys()
@@ -303,7 +308,7 @@ class Model:
                              quotas=QUOTAS)
         self._hook()
         for name in pool.nodes:
-            self._register(name)
+            self._register(name, again=True)
 
     def _after_leaving(self, name: str, held: list[bytes]) -> None:
         """A node's removal returned: nothing of it left to forget, and what it held is a miss unless put again

@@ -3,16 +3,20 @@ master does not know which of its SSD extents hold them, so it places nothing th
 `reporting`): a put given such an extent overwrote a record about to be adopted, and the report then dropped it, so
 the restart lost objects it had kept. A node says it will report (`NodeInfo.reports_ssd`, set by
 store/node_server.py) and marks its last batch (`ReportObjectsRequest.last`); a node that never does is placed on
-again after `MasterConfig.grace_s`, and a node from before 2026-12-06 (it does not say it) at once, as before."""
+again after `MasterConfig.grace_s`, and a node from before 2026-12-06 (it does not say it) at once, as before.
+The same process registering again (its master restarted on the journal) adopts no key the master does not know:
+such a record's erase was lost, and reviving it would bring a removed object back."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from kvpool.admin import AdminClient
-from kvpool.store.config import NodeConfig, NodeServerConfig
+from kvpool.store.config import MasterConfig, NodeConfig, NodeServerConfig
+from kvpool.store.master import Master
 from kvpool.store.master_server import MasterServer, MasterServerConfig
-from kvpool.store.node import StorageNode
+from kvpool.store.metadata import MemoryMetadata
+from kvpool.store.node import Drop, StorageNode
 from kvpool.store.node_server import NodeServer
 from kvpool.store.records import PutStatus
 from kvpool.tiers.types import Tier
@@ -118,3 +122,34 @@ def test_the_node_process_says_it_reports_and_marks_its_last_batch(tmp_path):
     finally:
         node.stop(0)
         server.stop(0)
+
+
+def test_a_re_attached_node_s_report_does_not_revive_a_removed_object_whose_erase_was_lost(tmp_path):
+    """An object removed while a reader held it is erased at its last release; a master that goes down before that
+    never erases its record. The master restarted on its journal (which no longer has the object) and the same node
+    process registers again and reports its records: that one is dropped (the node erases it), the others are
+    known. A new process of the node (after it erased the record) finds nothing to revive either."""
+    meta = MemoryMetadata(persistent=True)
+    pool = Pool(tmp_path, "a", [("n1", 0, 16)], batched=True, write_behind=False, metadata=meta)
+    master = pool.master
+    assert pool.put(KEYS) == [PutStatus.STORED] * 12
+    lease = master.lookup(KEYS[:1]).lease_id                       # a reader holds KEYS[0] ...
+    assert master.remove(KEYS[:1]) == 1                            # ... when an admin removes it
+    node = pool.nodes["n1"]
+    assert KEYS[0] in {r.key for r in node.scan_ssd()}              # its record waits for the release ...
+    del lease                                                       # ... which never comes: the master goes down
+    restarted = Master(MasterConfig(write_behind=False), meta, clock=pool.clock, token_secret=b"s" * 32)
+    restarted.register_node(dataclasses.replace(node.info(), reports_ssd=True), pool.ops["n1"], expires=False)
+    records = node.scan_ssd()
+    result = restarted.report_objects("n1", records, last=True)
+    assert (result.known, result.adopted, result.dropped_keys) == (11, 0, [KEYS[0]])
+    node.drop([Drop(r.key, Tier.SSD, r.offset, r.size) for r in records if r.key in result.dropped_keys])
+    assert restarted.contains(KEYS) == [False] + [True] * 11
+    # a new process of the node: its records are all adopted, and the removed one is not among them any more
+    node.close()
+    node = StorageNode(node.config)
+    restarted.register_node(dataclasses.replace(node.info(), reports_ssd=True), Counted(node), expires=False)
+    result = restarted.report_objects("n1", node.scan_ssd(), last=True)
+    assert (result.known, result.adopted, result.dropped_keys) == (0, 11, [])
+    assert restarted.contains(KEYS) == [False] + [True] * 11
+    node.close()
