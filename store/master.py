@@ -144,6 +144,9 @@ class Master:
         self._copy_lock = threading.Lock()          # one write-behind round at a time (writer thread, flush)
         self.promotion_wanted = threading.Event()   # set when a lookup queued promotions (the server's promoter)
         self.leaving_wanted = threading.Event()     # set when a call's own reap dropped a node (the server's reaper)
+        # set by a stopping server once its RPCs ended: a removal's remaining chunks are left to the process's end
+        # (nothing to write: a leaving node's records left the journal with it), so its reaper ends at once
+        self.closing = threading.Event()
         self.host_feed = HostIndexFeed()            # what same-host clients find without a Lookup (host_feed.py)
         self.lookup_stats = stats_mod.LookupStats(max_namespaces=self.config.max_namespaces)
         # Key spaces derive from the token secret (shared through Redis, so stable across masters); an in-process
@@ -872,6 +875,8 @@ class Master:
             if not more:
                 return total
             self._let_others_in()
+            if self.closing.is_set():
+                return total
 
     def _told_nodes(self) -> list[tuple[str, NodeOps, bool]]:
         """(id, ops, whether it forgets removed keys only) of every node: each dates what location caches remember of

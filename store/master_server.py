@@ -12,6 +12,9 @@ plus its background threads.
     recorder   while traffic is recorded (record_directory, or the StartRecording RPC): rows to Parquet files,
                outside the lock (store/recorder.py)
 
+`stop()` ends the RPCs first, then the reaper, promoter and writer (a removal's remaining chunks are left:
+`Master.closing`), then the recorder, the host feed and the journal, so no thread writes to a closed journal.
+
 With `redis_url` the index is journalled to Redis and the token secret is shared through it, so a restarted or
 standby master serves the same objects and the nodes' tokens. Metrics and the dashboard are attached by the
 process wiring (kvpool/services.py), which store/ does not know about.
@@ -178,6 +181,13 @@ class MasterServer:
         if self.control is not None:
             self.control.close()
         self.server.stop(grace).wait()
+        # The background threads end before what they use is closed (a reaper still forgetting a removed node's
+        # objects, or a copy round, would otherwise write to a closed journal). A removal's chunks stop at once;
+        # a copy round's node calls end within their deadline.
+        self.master.closing.set()
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(self.config.node_rpc_timeout_s + 5.0)
         self.master.stop_recording()                # the files complete before the process goes
         self.master.host_feed.close()
         self.servicer.close()

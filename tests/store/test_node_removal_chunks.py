@@ -8,6 +8,7 @@ by a restarted node, before its turn is forgotten first. Real master and nodes i
 from __future__ import annotations
 
 import threading
+import time
 
 import grpc
 import pytest
@@ -321,3 +322,33 @@ def test_a_silent_node_s_records_leave_the_journal_with_it(tmp_path):
     assert seen == [[False] * 12] * 2
     assert [n.node_id for n in meta.load_nodes()] == ["n3"]
     assert not master.leaving_wanted.is_set() and master.placement.leaving == 0
+
+
+def test_a_stopping_master_leaves_a_removal_s_remaining_chunks_and_joins_its_reaper():
+    """The reaper is forgetting a silent node's objects a chunk at a time when the server stops: `stop()` ends the
+    RPCs, then the removal stops at its next chunk and the reaper thread has ended before the journal is closed
+    (it used to run on, and log "reap failed" writing to a closed Redis client)."""
+    before = {t for t in threading.enumerate() if t.name == "kvpool-reaper"}
+    server = MasterServer(MasterServerConfig(listen="127.0.0.1:0", node_ttl_s=0.4, heartbeat_s=0.1)).start()
+    (reaper,) = {t for t in threading.enumerate() if t.name == "kvpool-reaper"} - before
+    master = server.master
+    entered, left, alive_at_close = threading.Event(), [], []
+
+    def pause():                                    # between two chunks, in the reaper thread
+        entered.set()
+        left.append(master.closing.wait(30))
+        time.sleep(0.2)                             # the reaper still busy a little after the stop began
+
+    stop_recording = master.stop_recording
+
+    def closing_down():                             # what stop() closes once the threads have ended
+        alive_at_close.append(reaper.is_alive())
+        return stop_recording()
+
+    master._let_others_in = pause
+    master.stop_recording = closing_down
+    _served(server, "one")                          # a node that never heartbeats
+    assert entered.wait(30)                         # silent past node_ttl_s: dropped, 4 of 12 forgotten
+    server.stop(0)
+    assert alive_at_close == [False] and left == [True] and not reaper.is_alive()
+    assert master.placement.leaving == 8            # the rest left to the process's end
