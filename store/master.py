@@ -218,6 +218,8 @@ class Master:
         (a removal of an object still read when the master went down, a Drop that failed), dropped, not revived."""
         if isinstance(corrupt, bool) or not isinstance(corrupt, int) or corrupt < 0:
             raise ValueError(f"corrupt must be an int >= 0, got {corrupt!r}")
+        if not isinstance(last, bool):
+            raise ValueError(f"last must be a bool, got {last!r}")
         with self._lock:
             node = self.placement.node(node_id)
             checks.reported(records, node, self.config.max_object_bytes)

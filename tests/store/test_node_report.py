@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from kvpool.admin import AdminClient
 from kvpool.store.config import MasterConfig, NodeConfig, NodeServerConfig
 from kvpool.store.master import Master
@@ -66,6 +68,9 @@ def test_a_node_that_never_ends_its_report_is_placed_on_after_grace_s(tmp_path):
     master = pool.master
     assert pool.put(KEYS) == [PutStatus.STORED] * 12
     node = _restart(pool, "n1", reports=True)
+    with pytest.raises(ValueError, match="last must be a bool, got 1"):    # checked before anything is adopted
+        master.report_objects("n1", node.scan_ssd(), last=1)
+    assert master.contains(KEYS) == [False] * 12 and master.stats()["reporting"] == ["n1"]
     master.report_objects("n1", node.scan_ssd()[:5])                  # and nothing more
     assert [r.status for r in master.put_start(MORE, [K] * 4)] == [PutStatus.NO_SPACE] * 4
     pool.clock.now += 39.0
