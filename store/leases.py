@@ -113,9 +113,7 @@ class Leases:
         if entry is None or (owner is not None and len(entry[0]) and int(self.index.tenant[entry[0][0]]) != owner):
             return None
         del self._leases[lease_id]
-        index, slots = self.index, entry[0]
-        _pin(index.leases, slots, up=False)
-        return slots[(index.leases[slots] == 0) & (index.state[slots] == DOOMED)].tolist()
+        return self.unpin_array(entry[0])
 
     def expired_leases(self, now: float) -> list[int]:
         return [lease for lease, (_, exp) in self._leases.items() if exp <= now]
