@@ -11,11 +11,19 @@ reads, erases and scans records. A record is a fixed header page followed by the
            +40  size       8B  u64 LE payload bytes
            +48  checksum   8B  u64 LE xxh3_64(payload)
            +56  hdr_sum    8B  u64 LE xxh3_64(bytes +0..+56)
-           +64  (unused up to HEADER_BYTES = 4096)
+           +64  written_us 8B  u64 LE master clock (µs since the Unix epoch) when written   } only with flags
+           +72  time_sum   8B  u64 LE xxh3_64(bytes +0..+72)                               } bit 0 (WRITTEN)
+           +80  (unused up to HEADER_BYTES = 4096)
  offset + 4096 ─▶ payload (size bytes)         record_size(size) = 4096 + size
 ```
-Why a whole 4 KiB page for a 64-byte header: KV blocks are multiples of 4 KiB, so with the allocator's 4 KiB
-alignment a 64-byte header would cost a full extra page anyway; a page-sized header keeps every payload
+`written_us` is the master's clock as the writing node had last heard it when it wrote the record. It lets the master
+refuse to re-adopt, after a restart's scan, a record written before a removal of its key (store/tombstones.py).
+It is an extension of the same format version, flagged in `flags` and checked by its own sum, rather than a new
+version: a reader from before 2026-12-06 (a same-host client reads records itself) checks +0..+56 and ignores the
+rest, so it still reads every record, and this reader takes a record without the flag (written by a node from
+before) with written_us = 0 (unknown). Every write sets the flag.
+Why a whole 4 KiB page for an 80-byte header: KV blocks are multiples of 4 KiB, so with the allocator's 4 KiB
+alignment an 80-byte header would cost a full extra page anyway; a page-sized header keeps every payload
 page-aligned (O_DIRECT / io_uring later, whole-page reads now) at no extra space in the common case.
 
 Crash rules (the file is the only state that survives a kill):
@@ -56,12 +64,15 @@ log = logging.getLogger(__name__)
 DATA_FILE = "kvpool.data"
 MAGIC = b"KVPR"
 FORMAT_VERSION = 1
+WRITTEN = 1                                  # flags bit: written_us and time_sum follow hdr_sum
 HEADER_BYTES = 4096
 ALIGN = 4096
 KEY_BYTES = 16
 _HDR = struct.Struct("<4sHH16s16sQQ")        # everything the header checksum covers (56 bytes)
-_HDR_LEN = _HDR.size + 8                     # + header checksum
-_ERASED = bytes(_HDR_LEN)
+_BASE_LEN = _HDR.size + 8                    # + header checksum: 64, the shortest header (no WRITTEN flag)
+_TIME = struct.Struct("<QQ")                 # written_us, time_sum (xxh3_64 of bytes +0..+72)
+_HDR_LEN = _BASE_LEN + _TIME.size            # 80: the bytes read of every header
+_ERASED = bytes(_HDR_LEN)                    # zeroes a header and its extension
 _SCAN_CHUNK = 256 * 1024                     # pages inspected per read while looking for headers
 _IOV_CAP = 1024                              # Linux's IOV_MAX: buffers one preadv may fill
 _MAX_GAP = 64 * 1024                         # unallocated bytes between two records read along rather than skipped
@@ -79,6 +90,7 @@ class SsdRecord:
     offset: int
     size: int               # payload bytes
     checksum: int           # xxh3_64 of the payload
+    written_us: int = 0     # the master's clock (µs) when written; 0 = unknown (and every version-1 record)
 
     @property
     def record_size(self) -> int:
@@ -97,24 +109,33 @@ def checksum_of(payload: Any) -> int:
     return xxhash.xxh3_64_intdigest(as_byte_view(payload, "payload"))
 
 
-def _pack_header(key: bytes, ns_digest: bytes, size: int, checksum: int) -> bytes:
-    body = _HDR.pack(MAGIC, FORMAT_VERSION, 0, key, ns_digest, size, checksum)
-    return body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little")
+def _pack_header(key: bytes, ns_digest: bytes, size: int, checksum: int, written_us: int = 0) -> bytes:
+    body = _HDR.pack(MAGIC, FORMAT_VERSION, WRITTEN, key, ns_digest, size, checksum)
+    head = body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little") + written_us.to_bytes(8, "little")
+    return head + xxhash.xxh3_64_intdigest(head).to_bytes(8, "little")
 
 
-def _unpack_header(buf: Any) -> tuple[bytes, bytes, int, int] | None:
-    """(key, ns_digest, size, checksum) of a valid header, else None."""
-    if len(buf) < _HDR_LEN:
+def _unpack_header(buf: Any) -> tuple[bytes, bytes, int, int, int] | None:
+    """(key, ns_digest, size, checksum, written_us) of a valid header (written_us 0 without the WRITTEN flag: a
+    record of a node from before), else None. `buf` holds the page's first bytes: `_HDR_LEN`, or fewer where the
+    file ends."""
+    head = bytes(buf[:_HDR_LEN])
+    if len(head) < _BASE_LEN or head[:4] != MAGIC:
         return None
-    body = bytes(buf[:_HDR.size])
-    if body[:4] != MAGIC:
-        return None
-    if xxhash.xxh3_64_intdigest(body) != int.from_bytes(buf[_HDR.size:_HDR_LEN], "little"):
-        return None
-    magic, version, _flags, key, ns_digest, size, checksum = _HDR.unpack(body)
+    _magic, version, flags, key, ns_digest, size, checksum = _HDR.unpack_from(head)
+    if flags & WRITTEN:     # one hash: time_sum covers every byte before it (hdr_sum included; the flag itself too)
+        if len(head) < _HDR_LEN:
+            return None
+        written_us, time_sum = _TIME.unpack_from(head, _BASE_LEN)
+        if xxhash.xxh3_64_intdigest(head[:_BASE_LEN + 8]) != time_sum:
+            return None
+    else:                   # a record of a node from before: hdr_sum (it covers flags: a cleared flag fails here)
+        if xxhash.xxh3_64_intdigest(head[:_HDR.size]) != int.from_bytes(head[_HDR.size:_BASE_LEN], "little"):
+            return None
+        written_us = 0
     if version != FORMAT_VERSION:
         return None
-    return key, ns_digest, size, checksum
+    return key, ns_digest, size, checksum, written_us
 
 
 def read_record(fd: int, offset: int, key: bytes, payload: memoryview, ns_digest: bytes | None = None) -> int | None:
@@ -131,7 +152,7 @@ def read_records(fd: int, offsets, keys, payloads, ns_digest: bytes | None = Non
     Records that lie one after the other in the file (a chain's blocks written together, the common case) are read
     with one preadv per run: header, the rest of its page, payload, header..., each payload straight into its
     caller's buffer, a header page's unused bytes and a gap of up to `_MAX_GAP` bytes between two records into
-    scratch buffers shared by every call (64 bytes of header per record are all a call allocates). At 64 KiB a preadv
+    scratch buffers shared by every call (80 bytes of header per record are all a call allocates). At 64 KiB a preadv
     per record cost ~18% of the read on the team machine (bench/ssd_read.py). A run stops at `_MAX_RUN` bytes: each
     payload is hashed right after its run's preadv, and a 1 MiB run is still in the core's cache then (2-core EPYC VM,
     1 MiB L2 per core, 2026-11-28, 192 MiB read with the page cache dropped, medians of 7 interleaved passes: 720 KiB
@@ -312,12 +333,16 @@ class SsdFile:
         return self._fd < 0
 
     # ---------------------------------------------------------------- write / read / erase
-    def write(self, offset: int, key: bytes, ns_digest: bytes, payload: Any, checksum: int | None = None) -> int:
+    def write(self, offset: int, key: bytes, ns_digest: bytes, payload: Any, checksum: int | None = None, *,
+              written_us: int = 0) -> int:
         """Write one record at `offset` (allocated with `record_size(len(payload))` bytes); returns the payload
-        checksum (computed unless the caller passes the one it already has for the same bytes)."""
+        checksum (computed unless the caller passes the one it already has for the same bytes). `written_us` goes
+        into the header: the master's clock (µs since the Unix epoch) as this node last heard it, 0 = unknown."""
         src = as_byte_view(payload, "payload")
         self._check_key(key, "key")
         self._check_key(ns_digest, "ns_digest")
+        if isinstance(written_us, bool) or not isinstance(written_us, int) or not 0 <= written_us < 1 << 64:
+            raise ValueError(f"written_us must be an int in [0, 2**64), got {written_us!r}")
         offset = self._check_extent(offset, record_size(src.nbytes))
         if checksum is None:
             checksum = xxhash.xxh3_64_intdigest(src)
@@ -325,7 +350,7 @@ class SsdFile:
             raise ValueError(f"checksum must be an unsigned 64-bit int, got {checksum!r}")
         _pwrite_all(self._fd, _ERASED, offset)               # an old header never vouches for new bytes
         _pwrite_all(self._fd, src, offset + HEADER_BYTES)
-        _pwrite_all(self._fd, _pack_header(key, ns_digest, src.nbytes, checksum), offset)
+        _pwrite_all(self._fd, _pack_header(key, ns_digest, src.nbytes, checksum, written_us), offset)
         return checksum
 
     def read_into(self, offset: int, key: bytes, size: int, out: Any, *, ns_digest: bytes | None = None) -> bool:
@@ -349,7 +374,7 @@ class SsdFile:
             raise ValueError(f"offsets, keys, sizes and outs must be as long, got {len(offsets)}, {len(keys)}, "
                              f"{len(sizes)}, {len(outs)}")
         views, checked = [], []
-        for i, (offset, key, size, out) in enumerate(zip(offsets, keys, sizes, outs)):
+        for i, (offset, key, size, out) in enumerate(zip(offsets, keys, sizes, outs, strict=True)):
             dst = as_byte_view(out, f"outs[{i}]")
             if dst.readonly:
                 raise ValueError(f"outs[{i}] must be a writable buffer")
@@ -388,7 +413,7 @@ class SsdFile:
     def _scan(self, end: int, verify: bool, on_truncated: Any, on_damaged: Any = None) -> Iterator[SsdRecord]:
         magic = np.frombuffer(MAGIC, dtype=np.uint8)
         pos = 0                                              # always page-aligned
-        while pos + _HDR_LEN <= end:
+        while pos + _BASE_LEN <= end:                      # (a WRITTEN header cut by the end fails to parse)
             try:                                             # jump over never-written (unwritten/hole) extents
                 pos = max(pos, os.lseek(self._fd, pos, os.SEEK_DATA) // ALIGN * ALIGN)
             except OSError as e:
@@ -396,12 +421,12 @@ class SsdFile:
                     return
                 if e.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
                     raise
-            if pos + _HDR_LEN > end:
+            if pos + _BASE_LEN > end:
                 return
             chunk = os.pread(self._fd, min(_SCAN_CHUNK, end - pos), pos)
-            if len(chunk) < _HDR_LEN:
+            if len(chunk) < _BASE_LEN:
                 return
-            n_pages = (len(chunk) - _HDR_LEN) // ALIGN + 1  # pages whose header lies wholly in this chunk
+            n_pages = (len(chunk) - _BASE_LEN) // ALIGN + 1  # pages whose base header lies in this chunk
             heads = np.frombuffer(chunk, dtype=np.uint8)[np.arange(n_pages)[:, None] * ALIGN + np.arange(4)]
             skip_to = pos                                    # the next offset a record may start at
             for page in np.flatnonzero((heads == magic).all(axis=1)).tolist():
@@ -413,7 +438,7 @@ class SsdFile:
                     if on_damaged is not None:  # the magic is there, the header's checksum or version is not
                         on_damaged(off)
                     continue
-                rec = SsdRecord(parsed[0], parsed[1], off, parsed[2], parsed[3])
+                rec = SsdRecord(parsed[0], parsed[1], off, parsed[2], parsed[3], parsed[4])
                 if off + rec.record_size > end:
                     log.info("SSD record at %d runs past the end of the file (truncated): dropped", off)
                     if on_truncated is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
 import subprocess
 import sys
 import textwrap
@@ -359,3 +360,154 @@ def test_a_run_stops_at_its_byte_cap_and_at_the_buffers_one_preadv_may_fill(tmp_
         preadv_calls.clear()
         assert f.read_many_into(offsets, keys, [0] * 600, [bytearray(0) for _ in range(600)]) == [True] * 600
         assert preadv_calls == [(0, 1023), (341 * 4096, 777)]
+
+
+# ---------------------------------------------------------------- written_us: a header extension (flags bit WRITTEN)
+def plain_header(k: bytes, ns: bytes, size: int, checksum: int, version: int = 1, flags: int = 0) -> bytes:
+    """A header as a node from before 2026-12-06 writes it: hdr_sum at +56 over bytes +0..+56, no extension."""
+    body = struct.pack("<4sHH16s16sQQ", b"KVPR", version, flags, k, ns, size, checksum)
+    return body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little")
+
+
+def old_reader_parse(head: bytes):
+    """What a reader from before 2026-12-06 checks of a header (a same-host client reads records itself): magic,
+    the sum of bytes +0..+56, version 1; flags and anything after +64 ignored."""
+    body = head[:56]
+    if body[:4] != b"KVPR" or xxhash.xxh3_64_intdigest(body) != int.from_bytes(head[56:64], "little"):
+        return None
+    _magic, version, _flags, k, ns, size, checksum = struct.unpack("<4sHH16s16sQQ", body)
+    return (k, ns, size, checksum) if version == 1 else None
+
+
+def put_raw(path: str, offset: int, header: bytes, data: bytes) -> None:
+    """A record written by hand (payload, then its header page), bypassing SsdFile.write."""
+    with open(path, "r+b") as raw:
+        raw.seek(offset + HEADER_BYTES)
+        raw.write(data)
+        raw.seek(offset)
+        raw.write(header.ljust(HEADER_BYTES, b"\0"))
+
+
+def test_a_record_carries_its_write_time_through_scan_and_reads_and_an_old_reader_still_reads_it(ssd):
+    data = payload(1, 10_000)
+    checksum = ssd.write(8192, key(1), NS, data, written_us=123456789)
+    ssd.write(32768, key(2), NS, payload(2, 100))                      # written_us left out: 0
+    ssd.write(65536, key(3), NS, payload(3, 100), xxhash.xxh3_64_intdigest(payload(3, 100)), written_us=2**64 - 1)
+    with open(ssd.path, "rb") as raw:
+        raw.seek(8192)
+        head = raw.read(88)
+    assert head[:8] == b"KVPR\x01\x00\x01\x00"                          # magic, version 1, flags WRITTEN
+    assert int.from_bytes(head[56:64], "little") == xxhash.xxh3_64_intdigest(head[:56])
+    assert int.from_bytes(head[64:72], "little") == 123456789
+    assert int.from_bytes(head[72:80], "little") == xxhash.xxh3_64_intdigest(head[:72])
+    assert head[80:] == bytes(8)
+    assert old_reader_parse(head) == (key(1), NS, 10_000, checksum)    # a rolling upgrade's older clients
+    expected = [SsdRecord(key(1), NS, 8192, 10_000, checksum, 123456789),
+                SsdRecord(key(2), NS, 32768, 100, xxhash.xxh3_64_intdigest(payload(2, 100)), 0),
+                SsdRecord(key(3), NS, 65536, 100, xxhash.xxh3_64_intdigest(payload(3, 100)), 2**64 - 1)]
+    assert list(ssd.scan()) == expected
+    assert list(ssd.scan(verify=True)) == expected
+    out = bytearray(10_000)
+    assert ssd.read_into(8192, key(1), 10_000, out, ns_digest=NS) is True and bytes(out) == data
+    outs = [bytearray(10_000), bytearray(100), bytearray(100)]
+    assert ssd.read_many_into([8192, 32768, 65536], [key(1), key(2), key(3)], [10_000, 100, 100], outs) == [True] * 3
+    assert [bytes(o) for o in outs] == [data, payload(2, 100), payload(3, 100)]
+    reader = SsdReader(ssd.path)
+    try:
+        assert reader.read_into(8192, key(1), memoryview(bytearray(10_000))) == checksum
+    finally:
+        reader.close()
+    assert ssd.corrupt_reads == 0
+
+
+def test_a_record_of_a_node_from_before_is_read_verified_and_scanned_with_written_us_0(tmp_path, preadv_calls):
+    d = str(tmp_path / "ssd")
+    old, new = payload(1, 5000), payload(2, 7000)
+    x = xxhash.xxh3_64_intdigest(b"x" * 10)
+    with SsdFile.open(d, CAP) as f:
+        put_raw(f.path, 0, plain_header(key(1), NS, 5000, xxhash.xxh3_64_intdigest(old)), old)
+        f.write(16384, key(2), NS, new, written_us=42)                  # a record with its time right after it
+        # invalid: a bad header sum; version 2; the WRITTEN flag with no valid extension after it
+        bad = bytearray(plain_header(key(3), NS, 10, x))
+        bad[60] ^= 1
+        put_raw(f.path, 65536, bytes(bad), b"x" * 10)
+        put_raw(f.path, 81920, plain_header(key(4), NS, 10, x, version=2), b"x" * 10)
+        put_raw(f.path, 98304, plain_header(key(5), NS, 10, x, flags=1) + (7).to_bytes(8, "little") + bytes(8),
+                b"x" * 10)
+
+        out = bytearray(5000)
+        assert f.read_into(0, key(1), 5000, out, ns_digest=NS) is True and bytes(out) == old
+        outs = [bytearray(5000), bytearray(7000)]
+        preadv_calls.clear()
+        assert f.read_many_into([0, 16384], [key(1), key(2)], [5000, 7000], outs) == [True, True]
+        assert preadv_calls == [(0, 7)]                                # both in one preadv, a 7288-byte gap between
+        assert [bytes(o) for o in outs] == [old, new]
+        reader = SsdReader(f.path)
+        try:
+            assert reader.read_many_into([0, 16384], [key(1), key(2)], [memoryview(bytearray(5000)),
+                                                                       memoryview(bytearray(7000))]) == [
+                xxhash.xxh3_64_intdigest(old), xxhash.xxh3_64_intdigest(new)]
+        finally:
+            reader.close()
+        assert f.read_into(0, key(9), 5000, out) is False              # the other checks still apply
+        assert f.read_into(0, key(1), 4999, out) is False
+        assert f.read_many_into([65536, 81920, 98304], [key(3), key(4), key(5)], [10] * 3,
+                                [bytearray(10) for _ in range(3)]) == [False, False, False]
+        assert f.corrupt_reads == 5
+        expected = [SsdRecord(key(1), NS, 0, 5000, xxhash.xxh3_64_intdigest(old), 0),
+                    SsdRecord(key(2), NS, 16384, 7000, xxhash.xxh3_64_intdigest(new), 42)]
+        damaged: list[int] = []
+        assert list(f.scan(on_damaged=damaged.append)) == expected
+        assert damaged == [65536, 81920, 98304]
+        assert list(f.scan(verify=True)) == expected
+        f.erase(16384)
+    with SsdFile.open(d, CAP, create=False) as f:                      # a restart's scan finds it too
+        assert list(f.scan()) == expected[:1]
+        f.write(0, key(6), NS, b"y" * 10, written_us=5)                 # an overwrite carries its time
+        assert list(f.scan()) == [SsdRecord(key(6), NS, 0, 10, xxhash.xxh3_64_intdigest(b"y" * 10), 5)]
+
+
+def test_a_header_cut_by_a_shorter_file_is_erased_when_the_file_grows(tmp_path):
+    """A page holding a whole 64-byte header without the extension is looked at, even with fewer than the 80 bytes
+    of a header with it before the old end of the file."""
+    d = str(tmp_path / "ssd")
+    data = payload(1, 4096)
+    with SsdFile.open(d, CAP) as f:
+        put_raw(f.path, 0, plain_header(key(1), NS, 4096, xxhash.xxh3_64_intdigest(data)), data)
+        put_raw(f.path, 8192, plain_header(key(2), NS, 4096, xxhash.xxh3_64_intdigest(data)), data)
+        os.truncate(f.path, 8192 + 64)                                 # record 2: its header alone is left
+    with SsdFile.open(d, CAP) as f:
+        assert [(r.key, r.written_us) for r in f.scan()] == [(key(1), 0)]
+        with open(f.path, "rb") as raw:
+            raw.seek(8192)
+            assert raw.read(80) == bytes(80)                           # erased, not left to hide later records
+
+
+@pytest.mark.parametrize("flip", [65, 6], ids=["written_us", "flag cleared"])
+def test_a_flipped_byte_of_written_us_or_its_flag_invalidates_the_header(ssd, flip):
+    """Damage to the time or to its flag is a damaged header, never a record read with another time."""
+    ssd.write(8192, key(1), NS, payload(1, 5000), written_us=123456789)
+    with open(ssd.path, "r+b") as raw:
+        raw.seek(8192 + flip)
+        b = raw.read(1)
+        raw.seek(8192 + flip)
+        raw.write(bytes([b[0] ^ (0x10 if flip == 65 else 0x01)]))
+    out = bytearray(5000)
+    assert ssd.read_into(8192, key(1), 5000, out) is False
+    assert ssd.read_many_into([8192], [key(1)], [5000], [out]) == [False]
+    assert ssd.corrupt_reads == 2
+    damaged: list[int] = []
+    assert list(ssd.scan(on_damaged=damaged.append)) == [] and damaged == [8192]
+    assert list(ssd.scan(verify=True)) == []
+
+
+def test_a_bad_written_us_is_refused_before_anything_is_written(ssd):
+    ssd.write(0, key(1), NS, payload(1, 5000), written_us=7)
+    with open(ssd.path, "rb") as raw:
+        before = raw.read()
+    for bad in (-1, True, False, 2**64, 1.5, "1", None):
+        with pytest.raises(ValueError, match=r"^written_us must be an int in \[0, 2\*\*64\), got "):
+            ssd.write(0, key(2), NS, payload(2, 100), written_us=bad)
+    with open(ssd.path, "rb") as raw:
+        assert raw.read() == before
+    assert list(ssd.scan()) == [SsdRecord(key(1), NS, 0, 5000, xxhash.xxh3_64_intdigest(payload(1, 5000)), 7)]
