@@ -57,6 +57,7 @@ class EmbeddedPool(PoolFront):
         self.config.check_recording()   # an unwritable record_directory fails here, before the node takes memory
         self.node = StorageNode(self.config.node_config())
         self.master.register_node(self.node.info(), self.node, expires=False)
+        self.node.heard_master_time(self.master.time_us())  # its SSD records carry it (store/tombstones.py)
         self.recovered = self._adopt_ssd()
         self._stop_writer = threading.Event()
         self._writer = None

@@ -67,6 +67,12 @@ STATS_FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
     "kvpool_nodes_alive": ("gauge", (), "Storage nodes registered and heartbeating."),
     "kvpool_leaving_objects": ("gauge", (), "Objects of nodes taken out of the pool that the master has not "
                                "forgotten yet (misses already; 0 once a removal is done)."),
+    "kvpool_tombstones": ("gauge", (), "Removal tombstones the master keeps: keys removed and namespaces evicted, so a "
+                          "node that was away does not bring them back."),
+    "kvpool_tombstones_folded": ("counter", (), "Tombstones folded into the floor past max_tombstones (records "
+                                 "written before it are no longer re-adopted, whatever their key)."),
+    "kvpool_records_refused": ("counter", (), "SSD records a node reported that were written before a removal of their "
+                               "key (or the floor): dropped and erased, not re-adopted."),
     "kvpool_tenant_objects": ("gauge", ("tenant",), "Objects a tenant holds (pending writes included)."),
     "kvpool_tenant_bytes": ("gauge", ("tenant", "tier"), "Payload bytes a tenant holds in a tier."),
     "kvpool_tenant_quota_bytes": ("gauge", ("tenant", "kind"), "A tenant's byte quota (kind dram or total); "
@@ -139,6 +145,9 @@ def fill_families(fams: dict, snap: PoolStats) -> None:
     fams["kvpool_dram_corrupt"].add_metric([], snap.dram_corrupt)
     fams["kvpool_nodes_alive"].add_metric([], snap.nodes_alive)
     fams["kvpool_leaving_objects"].add_metric([], snap.leaving_objects)
+    fams["kvpool_tombstones"].add_metric([], snap.tombstones)
+    fams["kvpool_tombstones_folded"].add_metric([], snap.tombstones_folded)
+    fams["kvpool_records_refused"].add_metric([], snap.records_refused)
     for name in sorted(snap.tenants):
         t = snap.tenants[name]
         fams["kvpool_tenant_objects"].add_metric([name], t.objects)

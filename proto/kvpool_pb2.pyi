@@ -98,16 +98,18 @@ class RegisterNodeRequest(_message.Message):
     def __init__(self, node: _Optional[_Union[NodeEndpoint, _Mapping]] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
-    __slots__ = ("token_secret", "heartbeat_interval_s", "node_ttl_s", "epoch")
+    __slots__ = ("token_secret", "heartbeat_interval_s", "node_ttl_s", "epoch", "master_time_us")
     TOKEN_SECRET_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     NODE_TTL_S_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MASTER_TIME_US_FIELD_NUMBER: _ClassVar[int]
     token_secret: bytes
     heartbeat_interval_s: float
     node_ttl_s: float
     epoch: int
-    def __init__(self, token_secret: _Optional[bytes] = ..., heartbeat_interval_s: _Optional[float] = ..., node_ttl_s: _Optional[float] = ..., epoch: _Optional[int] = ...) -> None: ...
+    master_time_us: int
+    def __init__(self, token_secret: _Optional[bytes] = ..., heartbeat_interval_s: _Optional[float] = ..., node_ttl_s: _Optional[float] = ..., epoch: _Optional[int] = ..., master_time_us: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "epoch")
@@ -118,13 +120,15 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("reregister",)
+    __slots__ = ("reregister", "master_time_us")
     REREGISTER_FIELD_NUMBER: _ClassVar[int]
+    MASTER_TIME_US_FIELD_NUMBER: _ClassVar[int]
     reregister: bool
-    def __init__(self, reregister: _Optional[bool] = ...) -> None: ...
+    master_time_us: int
+    def __init__(self, reregister: _Optional[bool] = ..., master_time_us: _Optional[int] = ...) -> None: ...
 
 class ReportObjectsRequest(_message.Message):
-    __slots__ = ("node_id", "keys", "namespaces", "tiers", "offsets", "sizes", "checksums", "corrupt", "last")
+    __slots__ = ("node_id", "keys", "namespaces", "tiers", "offsets", "sizes", "checksums", "corrupt", "last", "written_us")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACES_FIELD_NUMBER: _ClassVar[int]
@@ -134,6 +138,7 @@ class ReportObjectsRequest(_message.Message):
     CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     CORRUPT_FIELD_NUMBER: _ClassVar[int]
     LAST_FIELD_NUMBER: _ClassVar[int]
+    WRITTEN_US_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     namespaces: _containers.RepeatedScalarFieldContainer[bytes]
@@ -143,7 +148,8 @@ class ReportObjectsRequest(_message.Message):
     checksums: _containers.RepeatedScalarFieldContainer[int]
     corrupt: int
     last: bool
-    def __init__(self, node_id: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., namespaces: _Optional[_Iterable[bytes]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., corrupt: _Optional[int] = ..., last: _Optional[bool] = ...) -> None: ...
+    written_us: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node_id: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., namespaces: _Optional[_Iterable[bytes]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., corrupt: _Optional[int] = ..., last: _Optional[bool] = ..., written_us: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReportObjectsResponse(_message.Message):
     __slots__ = ("adopted", "known", "dropped", "dropped_keys")

@@ -130,6 +130,9 @@ def reported(records, node, max_object_bytes: int) -> None:
             raise ValueError(f"tiers[{i}]: node {node.node_id} has no {r.tier.label} tier")
         if not 1 <= r.size < 1 << 62:
             raise ValueError(f"sizes[{i}] must be an int >= 1, got {r.size}")
+        if isinstance(r.written_us, bool) or not isinstance(r.written_us, int) or not 0 <= r.written_us < 1 << 64:
+            raise ValueError(f"written_us[{i}] must be an int in [0, 2**64) (master clock µs; 0 = unknown), "
+                             f"got {r.written_us!r}")
         alignment = space.allocator.alignment
         if r.offset % alignment:
             raise ValueError(f"offsets[{i}] must be a multiple of the node's alignment {alignment}, got {r.offset}")

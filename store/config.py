@@ -6,6 +6,7 @@ exactly once.
                               grant_ttl_s node_ttl_s suspect_after_s
                               reload_grace_s promote_on_hit policy max_namespaces
                               write_behind write_behind_s pin_max_fraction
+                              max_tombstones
     NodeConfig                node_id dram_bytes ssd_path ssd_bytes shm_dir        StorageNode (a node's tiers)
                               share_dram hbm_bytes hbm_device ssd_fsync_s
     MasterServerFields        redis_url redis_prefix node_rpc_timeout_s            the master process
@@ -152,9 +153,17 @@ class MasterConfig(_Group):
     # Retention hints (a put's pin_s, store/retention.py): a tenant's pinned payload bytes stay within this share of
     # the pool's capacity (auth off: the whole pool is one tenant); pins past it are ignored and counted. 0 = none.
     pin_max_fraction: float = 0.5
+    # Removal tombstones (store/tombstones.py): removed keys remembered so a node that was away does not bring them
+    # back; beyond this many the oldest fold into one time before which no reported record is re-adopted (~120
+    # bytes of master memory each).
+    max_tombstones: int = 100_000
 
     def __post_init__(self) -> None:
         _check_nonneg_int(self, "max_object_bytes", "max_batch_keys")
+        if isinstance(self.max_tombstones, bool) or not isinstance(self.max_tombstones, int) \
+                or self.max_tombstones < 1:
+            raise ValueError(f"max_tombstones must be an int >= 1 (removed keys remembered), "
+                             f"got {self.max_tombstones!r}")
         value = self.pin_max_fraction
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
             raise ValueError(f"pin_max_fraction must be a share of the pool's capacity in [0, 1] (0 = no retention "

@@ -16,6 +16,7 @@ from typing import Callable
 from kvpool.store.index import COMMITTED, Index
 from kvpool.store.metadata import MetadataBackend
 from kvpool.store.records import NodeInfo, ObjectRecord
+from kvpool.store.tombstones import Tombstones, TombstoneState
 
 
 class Journal:
@@ -56,6 +57,23 @@ class Journal:
             self.metadata.put_objects([record_of(s) for s in live])
         self._gone.clear()
         self._touched.clear()
+
+    def flush_tombstones(self, tombstones: Tombstones) -> None:
+        """Write what changed in the removal tombstones (a failed write goes again with the next call)."""
+        if not self.persistent:
+            return
+        changes = tombstones.take_changes()
+        if not changes:
+            return
+        try:
+            self.metadata.put_tombstones(changes)
+        except BaseException:
+            tombstones.restore_changes(changes)
+            raise
+
+    def load_tombstones(self) -> TombstoneState:
+        """The persisted removal tombstones (none for a non-persistent backend)."""
+        return self.metadata.load_tombstones() if self.persistent else TombstoneState()
 
     def forget_changes(self) -> None:
         """Drop what was collected without writing it (objects just loaded from the backend are already there)."""

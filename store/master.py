@@ -82,6 +82,7 @@ from kvpool.store.records import (
 )
 from kvpool.store.registry import NodeRegistry
 from kvpool.store.tenants import UNSCOPED, Quota, Tenants
+from kvpool.store.tombstones import Tombstones
 from kvpool.store.writebehind import ROUND_BYTES, WriteBehind
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,8 @@ class Master:
         self.retention = self.placement.retention
         self.retention.max_fraction = self.config.pin_max_fraction
         self.leases = Leases(self.index, token_secret)
+        # removed keys a node that was away must not bring back (store/tombstones.py); persisted with the journal
+        self.tombstones = Tombstones(self.config.max_tombstones, track=self.journal.persistent)
         self.registry = NodeRegistry(self.placement)
         self.drains = Drains(self.index, self.placement, self.leases)
         self.promotions = Promotions(self.index, self.placement, self.leases)
@@ -206,6 +209,12 @@ class Master:
         with self._lock:
             return self.registry.heartbeat(node_id, epoch, self.clock())
 
+    def time_us(self) -> int:
+        """The master's time for a node's SSD record stamps (registration and heartbeat replies): wall-clock µs,
+        strictly increasing, later than every removal so far (store/tombstones.py)."""
+        with self._lock:
+            return self.tombstones.now_us()
+
     def report_objects(self, node_id: str, records: Sequence[ObjectRecord], corrupt: int = 0, *,
                        last: bool = False) -> ReportResult:
         """Index objects a node found on its own tiers (SSD scan after a restart) as committed. Malformed records
@@ -215,7 +224,9 @@ class Master:
         registered saying `reports_ssd` gets no placement before it (store/registry.py `reporting`). A node that
         registered again as the process this master knew (`Member.reattached`: the master restarted on its journal,
         or the node re-registered) adopts no key the master does not know: such a record is one whose erase was lost
-        (a removal of an object still read when the master went down, a Drop that failed), dropped, not revived."""
+        (a removal of an object still read when the master went down, a Drop that failed), dropped, not revived.
+        Nor does any node adopt a record written before a removal of its key (`written_us` against the removal
+        tombstones, store/tombstones.py): the node was away when the key was removed, or its erase was lost."""
         if isinstance(corrupt, bool) or not isinstance(corrupt, int) or corrupt < 0:
             raise ValueError(f"corrupt must be an int >= 0, got {corrupt!r}")
         if not isinstance(last, bool):
@@ -234,7 +245,8 @@ class Master:
                 placement = self.placement
                 if slot >= 0 and (placement.same_place(slot, node, r) or placement.copies.adopt(slot, node, r)):
                     result.known += 1
-                elif slot >= 0 or stale or r.key in seen or r.size > self.config.max_object_bytes:
+                elif slot >= 0 or stale or r.key in seen or r.size > self.config.max_object_bytes \
+                        or self.tombstones.refuses(r.key, r.ns_digest, r.written_us):
                     result.dropped_keys.append(r.key)
                 else:
                     seen.add(r.key)
@@ -807,15 +819,23 @@ class Master:
         tenant_col = self.index.tenant
         n = 0
         published: list[bytes] = []
+        stored = list(self.tenants.stored_keys(tid, keys))
+        gone: list[bytes] = []
         with self.placement.batched_ops():  # the erases of their SSD records and copies: one call per node
-            for key in self.tenants.stored_keys(tid, keys):
+            for key in stored:
                 slot = self.index.slot_of(key)
                 mine = tid == UNSCOPED or tenant_col[slot] == tid  # defence in depth: the key space is its own
                 if slot >= 0 and self.index.state[slot] == COMMITTED and mine:
                     if tenant_col[slot] == UNSCOPED:
                         published.append(bytes(key))
                     self.placement.forget(slot)
+                    gone.append(key)
                     n += 1
+        # Tombstones (store/tombstones.py; still under the lock, so no node heard a later time meanwhile): an admin's
+        # for every key given, known here or not (a node out of the pool may hold the only record of one); a
+        # tenant's for the objects it removed only, so a client cannot fill them with keys it never stored and push
+        # the floor up for everyone (a tenant's key held only by an absent node can then come back).
+        self.tombstones.bury(stored if tid == UNSCOPED else gone)
         self._flush()
         return n, published
 
@@ -958,6 +978,12 @@ class Master:
         checks.evict_args(ns_digest, older_than_s)
         older = None if older_than_s is None else queries.idle_ticks(older_than_s, ATIME_TICKS_PER_S)
         with self._lock:
+            if not older_than_s:            # a purge of a namespace, or of everything: nothing from before comes back
+                if ns_digest:
+                    self.tombstones.bury_namespace(ns_digest)
+                else:
+                    self.tombstones.bury_all()
+                self._flush()
             ns_id = self.index.ns_id_of(ns_digest) if ns_digest else None
             if ns_id == -1:
                 return 0                    # no object ever had that namespace
@@ -981,6 +1007,8 @@ class Master:
             leaving = self.placement.leaving
             record = stats_mod.snapshot(self.placement, self.lookup_stats, len(self.index) - leaving)
             record.leaving_objects = leaving
+            record.tombstones, record.tombstones_folded = len(self.tombstones), self.tombstones.folded
+            record.records_refused = self.tombstones.refused
             index, rc = self.index, self.retention.counters
             record.pinned_objects, record.pinned_bytes = index.retained_slots(), index.retained_bytes()
             record.pins_clipped, record.pinned_evictions = rc.clipped, rc.yielded
@@ -1168,11 +1196,13 @@ class Master:
         """After each change under the lock: moved objects to the host indexes, changed slots to the journal."""
         self._publish_moved()
         self.journal.flush(self.placement.record)
+        self.journal.flush_tombstones(self.tombstones)
 
     def _load(self) -> None:
         """A master starting on a persistent backend re-indexes what it persisted; nodes stay disconnected until
         they register again with the same incarnation."""
         infos, by_node = self.journal.load()
+        self.tombstones.load(self.journal.load_tombstones())
         now = self.clock()
         for info in infos:
             self.registry.add_disconnected(info, now, self.config.grace_s)

@@ -159,11 +159,13 @@ class MasterServicer(pbg.MasterServiceServicer):
             self._metadata.put_node_endpoint(ep.node_id, ep.SerializeToString())
         log.info("node %s registered (epoch %d, data %s, host %s)", ep.node_id, epoch, ep.data_address, ep.host_id)
         return pb.RegisterNodeResponse(token_secret=self.master.token_secret, node_ttl_s=self.node_ttl_s,
-                                       heartbeat_interval_s=self.heartbeat_s, epoch=epoch)
+                                       heartbeat_interval_s=self.heartbeat_s, epoch=epoch,
+                                       master_time_us=self.master.time_us())
 
     @_rpc
     def Heartbeat(self, request, context):
-        return pb.HeartbeatResponse(reregister=self.master.heartbeat(request.node_id, request.epoch))
+        return pb.HeartbeatResponse(reregister=self.master.heartbeat(request.node_id, request.epoch),
+                                    master_time_us=self.master.time_us())
 
     @_rpc
     def ReportObjects(self, request, context):

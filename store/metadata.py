@@ -6,6 +6,7 @@ Contract (batched, plain records, called under the master lock in the order the 
     delete_objects(keys)   objects gone (removed, evicted, dropped with their node)
     put_node(info) / delete_node(node_id)
     load_objects() / load_nodes()   everything persisted, for a master starting up
+    put_tombstones(changes) / load_tombstones()   removal tombstones (store/tombstones.py)
 `persistent` False means "nothing survives this process anyway": the master then skips the journal entirely, which
 is what the embedded pool wants (a second in-memory copy of every object would double master memory for nothing).
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 from typing import Iterable, Protocol, runtime_checkable
 
 from kvpool.store.records import NodeInfo, ObjectRecord
+from kvpool.store.tombstones import TombstoneChanges, TombstoneState
 
 
 class MetadataUnavailable(RuntimeError):
@@ -41,6 +43,10 @@ class MetadataBackend(Protocol):
 
     def load_nodes(self) -> list[NodeInfo]: ...
 
+    def put_tombstones(self, changes: TombstoneChanges) -> None: ...
+
+    def load_tombstones(self) -> TombstoneState: ...
+
     def close(self) -> None: ...
 
 
@@ -53,6 +59,7 @@ class MemoryMetadata:
         self.persistent = persistent
         self._objects: dict[bytes, ObjectRecord] = {}
         self._nodes: dict[str, NodeInfo] = {}
+        self._tombstones = TombstoneState()
 
     def put_objects(self, records: Iterable[ObjectRecord]) -> None:
         for record in records:
@@ -77,6 +84,20 @@ class MemoryMetadata:
 
     def load_nodes(self) -> list[NodeInfo]:
         return list(self._nodes.values())
+
+    def put_tombstones(self, changes: TombstoneChanges) -> None:
+        kept = self._tombstones
+        for table, gone, upserts in ((kept.keys, changes.gone_keys, changes.keys),
+                                     (kept.namespaces, changes.gone_namespaces, changes.namespaces)):
+            for k in gone:
+                table.pop(k, None)
+            table.update(upserts)
+        if changes.floor is not None:
+            kept.floor = changes.floor
+
+    def load_tombstones(self) -> TombstoneState:
+        kept = self._tombstones
+        return TombstoneState(dict(kept.keys), dict(kept.namespaces), kept.floor)
 
     def close(self) -> None:
         pass

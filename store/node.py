@@ -146,6 +146,7 @@ class StorageNode:
         self._dram_pages = ""
         self.ssd = None
         self.ssd_damaged_headers = 0  # records whose header failed verification at a scan (erased, reported)
+        self.master_time_us = 0     # the master's clock as last heard (heard_master_time): SSD records carry it
         self.hbm = hbm
         if hbm is None and config.hbm_bytes > 0:
             from kvpool.tiers.hbm import HbmArena
@@ -226,12 +227,19 @@ class StorageNode:
         """uint8 view of a DRAM extent: the caller copies into / out of it (that copy is the transfer)."""
         return self._dram_np[offset:offset + size]
 
+    def heard_master_time(self, time_us: int) -> None:
+        """The master's clock (µs) from a registration or heartbeat reply. An SSD record written after it carries
+        it (never less than the last one heard): a lower bound of the master time of the write, which is what lets
+        the master refuse a record written before a removal of its key (store/tombstones.py)."""
+        if time_us > self.master_time_us:
+            self.master_time_us = time_us
+
     def write(self, tier: Tier, offset: int, key: bytes, ns_digest: bytes, payload, checksum: int | None) -> None:
         """`checksum`: the payload's xxh3_64 if the caller has it (None: computed for an SSD record)."""
         if tier == Tier.DRAM:
             np.copyto(self.dram.array(offset, len(payload)), np.frombuffer(payload, dtype=np.uint8))
         elif tier == Tier.SSD:
-            self.ssd.write(offset, key, ns_digest, payload, checksum)
+            self.ssd.write(offset, key, ns_digest, payload, checksum, written_us=self.master_time_us)
             self._ssd_written()
         elif tier == Tier.HBM and self.hbm is not None:
             self.hbm.write(offset, payload)
@@ -386,7 +394,7 @@ class StorageNode:
             return []
         damaged: list[int] = []
         records = [ObjectRecord(key=r.key, ns_digest=r.ns_digest, node_id=self.node_id, tier=Tier.SSD,
-                                offset=r.offset, size=r.size, checksum=r.checksum)
+                                offset=r.offset, size=r.size, checksum=r.checksum, written_us=r.written_us)
                    for r in self.ssd.scan(on_damaged=damaged.append)]
         if damaged:
             log.warning("SSD %s: %d record header(s) damaged (lost, erased, counted in ssd_corrupt)", self.ssd.path,

@@ -310,6 +310,7 @@ class NodeServer:
         reply = self._master.RegisterNode(pb.RegisterNodeRequest(node=self.endpoint()), timeout=timeout)
         self.handler.secret = bytes(reply.token_secret)
         self._epoch = reply.epoch
+        self.node.heard_master_time(reply.master_time_us)
         records = self.node.scan_ssd()
         damaged = self.node.ssd_damaged_headers - self._damaged_reported
         adopted = dropped = 0
@@ -342,6 +343,7 @@ class NodeServer:
                 else:
                     reply = self._master.Heartbeat(pb.HeartbeatRequest(node_id=self.config.node_id, epoch=self._epoch),
                                                    timeout=self.config.rpc_timeout_s)
+                    self.node.heard_master_time(reply.master_time_us)
                     if reply.reregister:
                         log.warning("master asked node %s to register again", self.config.node_id)
                         registered = False

@@ -105,6 +105,7 @@ class ObjectRecord:
     checksum: int
     tenant: str = ""        # the owner (admin listings); "" = the unscoped space
     pinned_until: float = 0.0  # end of its retention hint, master-clock seconds (journalled; 0 = not pinned)
+    written_us: int = 0     # a reported SSD record's write time, master clock µs (tiers/ssd.py; 0 = unknown)
 
 
 @dataclass(slots=True, frozen=True)

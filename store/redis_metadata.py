@@ -7,6 +7,9 @@ Layout under one prefix (default "kvpool"), binary keys and values, no per-objec
     <p>:nodes           HASH  node_id -> JSON of NodeInfo
     <p>:endpoints       HASH  node_id -> opaque bytes (the master server's NodeEndpoint message)
     <p>:secret          STRING the pool's token secret (SET NX: the first master picks it, every later one reuses it)
+    <p>:tomb:keys       HASH  16-byte stored key -> u64 time (µs) of its last removal   } removal tombstones
+    <p>:tomb:ns         HASH  16-byte namespace digest -> u64 time of its last evict    } (store/tombstones.py)
+    <p>:tomb:floor      STRING the floor's time (decimal µs)                             }
 
     record = ns_digest 16s | tier B | offset Q | size Q | checksum Q      (little endian, 41 bytes)
              [| pinned_until d]   only for an object with a retention hint (49 bytes; its end, master-clock seconds)
@@ -48,12 +51,14 @@ from redis.retry import Retry
 
 from kvpool.store.metadata import MetadataUnavailable
 from kvpool.store.records import NodeInfo, ObjectRecord
+from kvpool.store.tombstones import TombstoneChanges, TombstoneState
 from kvpool.tiers.types import Tier
 
 log = logging.getLogger(__name__)
 
 _REC = struct.Struct("<16sBQQQ")
 _PIN = struct.Struct("<d")
+_TIME = struct.Struct("<Q")         # a tombstone's time, µs
 _CHUNK = 4096
 SENTINEL_SCHEME = "redis+sentinel://"
 _RETRY_ON = [redis.ConnectionError, redis.TimeoutError]
@@ -144,6 +149,9 @@ class RedisMetadata:
         self._nodes_key = f"{prefix}:nodes"
         self._endpoints_key = f"{prefix}:endpoints"
         self._secret_key = f"{prefix}:secret"
+        self._tomb_keys = f"{prefix}:tomb:keys"
+        self._tomb_ns = f"{prefix}:tomb:ns"
+        self._tomb_floor = f"{prefix}:tomb:floor"
 
     def _obj_key(self, node_id: str) -> str:
         return f"{self._p}:obj:{node_id}"
@@ -242,6 +250,34 @@ class RedisMetadata:
             # fields a newer master stored that this version does not know are dropped (a rollback keeps working)
             nodes.append(NodeInfo(**{k: x for k, x in stored.items() if k in known}))
         return nodes
+
+    # ---------------------------------------------------------------- removal tombstones
+    @_unavailable
+    def put_tombstones(self, changes: TombstoneChanges) -> None:
+        """One pipeline: deletions, upserts, then the floor."""
+        pipe = self._r.pipeline(transaction=False)
+        for name, gone, upserts in ((self._tomb_keys, changes.gone_keys, changes.keys),
+                                    (self._tomb_ns, changes.gone_namespaces, changes.namespaces)):
+            gone = list(gone)
+            for i in range(0, len(gone), _CHUNK):
+                pipe.hdel(name, *gone[i:i + _CHUNK])
+            items = [(k, _TIME.pack(t)) for k, t in upserts.items()]
+            for i in range(0, len(items), _CHUNK):
+                pipe.hset(name, mapping=dict(items[i:i + _CHUNK]))
+        if changes.floor is not None:
+            pipe.set(self._tomb_floor, changes.floor)
+        pipe.execute()
+        self._replicated()
+
+    @_unavailable
+    def load_tombstones(self) -> TombstoneState:
+        state = TombstoneState()
+        for name, table in ((self._tomb_keys, state.keys), (self._tomb_ns, state.namespaces)):
+            for k, v in self._r.hscan_iter(name, count=_CHUNK):
+                table[k] = _TIME.unpack(v)[0]
+        floor = self._r.get(self._tomb_floor)
+        state.floor = int(floor) if floor is not None else 0
+        return state
 
     @_unavailable
     def put_node_endpoint(self, node_id: str, data: bytes) -> None:

@@ -15,7 +15,9 @@ Prefill seconds saved (pool-wide, per namespace, per tenant): a hit rate is not 
 carry its connector's measured prefill seconds per token, and its hit tokens times that are added up. Retention
 hints (store/retention.py): pinned_objects / pinned_bytes (gauges), pins_clipped / pinned_evictions (counters).
 leaving_objects (gauge): objects of nodes taken out of the pool that the master is still forgetting (not in
-`objects`).
+`objects`). Removal tombstones (store/tombstones.py): tombstones (gauge: removed keys and evicted namespaces
+remembered), tombstones_folded (counter: the oldest folded into the floor past `max_tombstones`), records_refused
+(counter: SSD records a node reported that were written before a removal of their key, dropped and erased).
 
 Movements (evictions, demotions, promotions) are counted by the tier the object LEFT. The dict keeps `demotions` and
 `promotions` as totals (ints) beside `demotions_by_tier` / `promotions_by_tier`; a dict without the by-tier fields
@@ -47,7 +49,7 @@ _TYPED = {"tiers", "nodes", "objects", "lookups", "requested_keys", "hit_keys", 
           "requested_tokens", "hit_tokens", "hit_tokens_by_tier", "namespaces", "evictions", "demotions",
           "promotions", "demotions_by_tier", "promotions_by_tier", "ssd_corrupt", "dram_corrupt", "nodes_alive",
           "puts", "tenants", "prefill_seconds_saved", "pinned_objects", "pinned_bytes", "pins_clipped",
-          "pinned_evictions", "leaving_objects"}
+          "pinned_evictions", "leaving_objects", "tombstones", "tombstones_folded", "records_refused"}
 
 
 def _by_tier() -> dict[str, int]:
@@ -160,6 +162,9 @@ class PoolStats:
     pins_clipped: int = 0                 # yielded (demoted or evicted) because nothing unpinned could make room
     pinned_evictions: int = 0
     leaving_objects: int = 0              # objects of removed nodes not forgotten yet (misses already)
+    tombstones: int = 0                   # removal tombstones kept (store/tombstones.py), the ones folded into the
+    tombstones_folded: int = 0            # floor, and reported SSD records refused as written before a removal
+    records_refused: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     # ---- derived values (the one place they are computed)
@@ -236,6 +241,9 @@ class PoolStats:
             "pins_clipped": self.pins_clipped,
             "pinned_evictions": self.pinned_evictions,
             "leaving_objects": self.leaving_objects,
+            "tombstones": self.tombstones,
+            "tombstones_folded": self.tombstones_folded,
+            "records_refused": self.records_refused,
             "evictions": dict(self.evictions),
             "demotions": sum(self.demotions.values()),
             "promotions": sum(self.promotions.values()),
@@ -278,7 +286,7 @@ class PoolStats:
                 _seconds(c.get("prefill_seconds_saved", 0.0), f"{where}.prefill_seconds_saved"))
         for name in ("objects", "lookups", "requested_tokens", "requested_keys", "hit_keys", "ssd_corrupt",
                      "dram_corrupt", "pinned_objects", "pinned_bytes", "pins_clipped", "pinned_evictions",
-                     "leaving_objects"):
+                     "leaving_objects", "tombstones", "tombstones_folded", "records_refused"):
             setattr(s, name, _count(d.get(name, 0), name))
         s.prefill_seconds_saved = _seconds(d.get("prefill_seconds_saved", 0.0), "prefill_seconds_saved")
         s.hit_tokens_by_tier = _tier_counts(d["hit_tokens_by_tier"], "hit_tokens_by_tier")

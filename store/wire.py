@@ -357,14 +357,18 @@ def report_to_msg(node_id: str, records: Sequence[ObjectRecord]) -> pb.ReportObj
     msg.offsets.extend(r.offset for r in records)
     msg.sizes.extend(r.size for r in records)
     msg.checksums.extend(r.checksum for r in records)
+    msg.written_us.extend(r.written_us for r in records)
     return msg
 
 
 def report_from_msg(msg: pb.ReportObjectsRequest) -> list[ObjectRecord]:
     n = check_columns(msg, "keys", "namespaces", "tiers", "offsets", "sizes", "checksums")
+    written = msg.written_us
+    if len(written) not in (0, n):      # a node from before written_us sends none: its records count as unknown (0)
+        raise ValueError(f"written_us: has {len(written)} entries, keys has {n} (send one per key, or none)")
     return [ObjectRecord(key=msg.keys[i], ns_digest=msg.namespaces[i], node_id=msg.node_id,
                          tier=tier_of(msg.tiers[i], f"tiers[{i}]"), offset=msg.offsets[i], size=msg.sizes[i],
-                         checksum=msg.checksums[i]) for i in range(n)]
+                         checksum=msg.checksums[i], written_us=written[i] if written else 0) for i in range(n)]
 
 
 def report_reply(result: ReportResult) -> pb.ReportObjectsResponse:

@@ -28,7 +28,8 @@ STATS = {  # the shape kvpool.store.stats.snapshot() returns (+ keys this module
                                        "hit_tokens_by_tier": {"hbm": 0, "dram": 16, "ssd": 16}},
                    "llama/tenant-a": {"requested_tokens": 32, "hit_tokens": 0, "hit_tokens_by_tier": {}}},
     "evictions": {"dram": 0, "ssd": 1}, "demotions": 4, "promotions": 2, "ssd_corrupt": 1,
-    "grants_open": 0, "leases_open": 1, "leaving_objects": 7,
+    "grants_open": 0, "leases_open": 1, "leaving_objects": 7, "tombstones": 12, "tombstones_folded": 3,
+    "records_refused": 5,
 }
 
 
@@ -79,6 +80,8 @@ def test_stats_collector_exports_exact_values():
     assert v("kvpool_ssd_corrupt_total") == 1
     assert v("kvpool_nodes_alive") == 2
     assert v("kvpool_leaving_objects") == 7
+    assert (v("kvpool_tombstones"), v("kvpool_tombstones_folded_total"), v("kvpool_records_refused_total")) == \
+        (12, 3, 5)
     body, ctype = render_metrics(reg)
     assert ctype.startswith("text/plain")
     assert b'kvpool_hit_tokens_total{namespace="smollm2/default",tier="ssd"} 16.0\n' in body

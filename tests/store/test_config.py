@@ -21,6 +21,8 @@ from kvpool.store.config import EmbeddedConfig, MasterConfig, NodeConfig
     (MasterConfig, "suspect_after_s", 10.0, r"suspect_after_s \(10.0\) must be below node_ttl_s \(10.0\)"),
     (MasterConfig, "reload_grace_s", float("nan"), "reload_grace_s must be a number of seconds >= 0"),
     (MasterConfig, "max_namespaces", 1, "max_namespaces must be an int >= 2, got 1"),
+    (MasterConfig, "max_tombstones", 0, r"max_tombstones must be an int >= 1 \(removed keys remembered\), got 0"),
+    (MasterConfig, "max_tombstones", True, "max_tombstones must be an int >= 1"),
     (MasterConfig, "promote_on_hit", "yes", "promote_on_hit must be true or false"),
     (EmbeddedConfig, "dram_bytes", -1, "dram_bytes must be an integer >= 0"),
     (EmbeddedConfig, "ssd_bytes", -1, "ssd_bytes must be an integer >= 0"),

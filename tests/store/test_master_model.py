@@ -7,14 +7,15 @@ call runs (a put, a lookup, a removal), as it would from another thread.
 
 After every step and between every two chunks, for every key ever stored:
 - a hit (inspect, or a lookup's location) reads back exactly the bytes put under that key (never another object's);
-- a key an admin removed is a miss until it is put again, even after a node that held it restarts and reports its
-  SSD records (unless that node was out of the pool when the key was removed: the master keeps no tombstones, so
-  its record comes back with it; README "Failures");
+- a key an admin removed (or evicted with everything) is a miss until it is put again, even after a node that held
+  it restarts and reports its SSD records, and even when that node was out of the pool when the key was removed
+  (removal tombstones, store/tombstones.py; half the runs keep only 5, so the oldest fold into the floor);
 - a put answered EXISTS is a hit at once (never EXISTS for a miss); a restarted node's report drops only keys that
-  are hits elsewhere;
+  are hits elsewhere, or records written before a removal of their key (or before the tombstones' floor);
 - the index's own invariants hold (store/index.py `check_invariants`: counts, bytes per tenant and tier, links);
 - once a call returns, no removed node has objects left to forget.
-Real StorageNodes in this process (tests/store/test_node_calls.py's Pool); REMOVAL_CHUNK is 3."""
+Real StorageNodes in this process (tests/store/test_node_calls.py's Pool); REMOVAL_CHUNK is 3. Nodes hear the
+master's time when they register and at random heartbeats, so some records carry a time older than their write."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ class Model:
     def __init__(self, tmp_path, rng: random.Random, write_behind: bool) -> None:
         self.rng = rng
         self.meta = MemoryMetadata(persistent=True)
-        self.cfg = dict(write_behind=write_behind, node_ttl_s=TTL)
+        self.cfg = dict(write_behind=write_behind, node_ttl_s=TTL, max_tombstones=rng.choice([5, 100_000]))
         self.pool = Pool(tmp_path, "m", [], batched=True, quotas=QUOTAS, metadata=self.meta, **self.cfg)
         self.keys: list[bytes] = []
         self.known: set[bytes] = set()
@@ -64,9 +65,10 @@ class Model:
         self.most_hits = 0
         self.trace: list[str] = []                  # the steps so far (named in a failure)
         self.restored: set[bytes] = set()          # keys stored again during the current removal
-        # keys removed while a node was out of the pool (from the start of its removal to its report): its SSD may
-        # still hold a record of one, which it reports when it rejoins (the master keeps no tombstones)
-        self.away: dict[str, set[bytes]] = {}
+        # the master's time once each key's last removal returned, and once the last evict of everything did: a
+        # report may drop a record written before it (store/tombstones.py)
+        self.purged: dict[bytes, int] = {}
+        self.purged_all = 0
         for name, (dram, ssd) in NODES.items():
             self._start(name, NodeConfig(node_id=name, dram_bytes=dram * K, shm_dir=str(tmp_path / "m"),
                                          ssd_path=str(tmp_path / "m" / f"ssd-{name}") if ssd else None,
@@ -83,11 +85,9 @@ class Model:
     def _start(self, name: str, config: NodeConfig) -> None:
         """A node process (a new incarnation) registers and reports its SSD records."""
         self.trace.append(f"start {name}")
-        self.away.setdefault(name, set())
         node = StorageNode(config)
         self.pool.nodes[name], self.pool.ops[name] = node, Counted(node)
         self._register(name)
-        del self.away[name]
 
     def _register(self, name: str, *, again: bool = False) -> None:
         """As store/node_server.py registers, after its own start or a master's (`again`: the same process): with
@@ -96,6 +96,7 @@ class Model:
         node = self.pool.nodes[name]
         info = dataclasses.replace(node.info(), reports_ssd=node.ssd is not None)
         self.master.register_node(info, self.pool.ops[name], expires=True)
+        node.heard_master_time(self.master.time_us())        # the registration's reply carries it
         if node.ssd is not None:
             records = {r.key: r for r in node.scan_ssd()}
             result = self.master.report_objects(name, list(records.values()), last=True)
@@ -103,13 +104,22 @@ class Model:
             # a record is dropped only where its key is indexed at another place (put again while the node was away;
             # or a stale record: a master that died holding a lease on a promoted object's old extent never erased
             # it), or, from the same process registering again, where the master does not know its key (a stale
-            # record too: a removal's erase lost with the master); the node erases it then (store/node_server.py)
-            assert all((r is None and again) or
+            # record too: a removal's erase lost with the master), or where it was written before a removal of its
+            # key or the floor; the node erases it then (store/node_server.py)
+            floor = self.master.tombstones.floor
+            assert all((r is None and (again or self._predates_removal(k, records[k].written_us, floor))) or
                        (r is not None and (r.node_id, r.tier, r.offset) != (name, Tier.SSD, records[k].offset))
                        for k, r in zip(result.dropped_keys, where)), \
                 f"{name}'s report dropped {[k.hex() for k in result.dropped_keys]} after {self.trace[-6:]}"
             node.drop([Drop(k, Tier.SSD, records[k].offset, records[k].size) for k in result.dropped_keys])
-            self.removed -= self.away.get(name, set()) & records.keys()
+
+    def _predates_removal(self, key: bytes, written_us: int, floor: int) -> bool:
+        return written_us < max(self.purged.get(key, 0), self.purged_all, floor)
+
+    def heartbeats(self) -> None:
+        """Every node hears the master's time (its SSD records written from now on carry it)."""
+        for node in self.pool.nodes.values():
+            node.heard_master_time(self.master.time_us())
 
     # ---- checks
 
@@ -210,21 +220,22 @@ class Model:
         if self.keys:
             gone = self.rng.sample(self.keys, min(len(self.keys), self.rng.randint(1, 6)))
             self.restored = set()
-            hits = [r is not None for r in self.master.inspect(gone)]
             self._call(self.master.remove, gone)
+            now = self.master.time_us()
+            self.purged.update((k, now) for k in gone)
             # a miss now, unless a put between two chunks stored it again (before or after its own chunk)
             where = self.master.inspect(gone)
             assert all(r is None or k in self.restored for k, r in zip(gone, where))
-            # what it removed stays removed (a key that was a miss, perhaps on a node that is leaving and reports
-            # its SSD records again when it restarts, was not removed by this call)
-            self.removed.update(k for k, r, hit in zip(gone, where, hits) if r is None and hit)
-            for keys in self.away.values():
-                keys.update(gone)
+            # what it removed stays removed, even a key that was a miss already (perhaps on a node that was leaving
+            # and reports its SSD records again when it restarts)
+            self.removed.update(k for k, r in zip(gone, where) if r is None)
             self.restored = set()
 
     def evict_all(self) -> None:
         self._call(self.master.evict, b"", 0.0)     # every unleased object
-        # evicted objects may come back from an SSD record a restarted node reports: not `removed`
+        self.purged_all = self.master.time_us()
+        # every miss now stays one until put again (a leased object was skipped; one put meanwhile is a hit)
+        self.removed.update(k for k, r in zip(self.keys, self.master.inspect(self.keys)) if r is None)
 
     def remove_node(self) -> None:
         live = self.master.node_ids()
@@ -232,7 +243,6 @@ class Model:
             return
         name = self.rng.choice(live)
         before = [k for k, r in zip(self.keys, self.master.inspect(self.keys)) if r is not None and r.node_id == name]
-        self.away[name] = set()
         self._call(self.master.remove_node, name)
         self._after_leaving(name, before)
         self.pool.nodes[name].close()
@@ -257,7 +267,6 @@ class Model:
             if other != name:
                 assert self.master.heartbeat(other) is False
         self.held.clear()                   # their leases expired with the clock
-        self.away[name] = set()
         assert self._call(self.master.reap)["nodes"] == 1
         self._after_leaving(name, before)
         self.pool.nodes[name].close()
@@ -292,7 +301,6 @@ class Model:
             if not cursor:
                 break
         before = [k for k, r in zip(self.keys, master.inspect(self.keys)) if r is not None and r.node_id == name]
-        self.away[name] = set()
         self._call(master.remove_node, name)
         self._after_leaving(name, before)
         nodes[name].close()
@@ -345,6 +353,8 @@ class Model:
             self.restart_master()
         if self.held and rng.random() < 0.3:
             self.release_all()
+        if rng.random() < 0.5:
+            self.heartbeats()
         self.check()
 
     def close(self) -> None:

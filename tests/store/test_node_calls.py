@@ -113,6 +113,7 @@ class Pool:
             if r.grant is not None:
                 data = payload(r.grant.key, size)
                 loc = r.grant.location
+                self.nodes[loc.node_id].heard_master_time(self.master.time_us())     # as a heartbeat reply does
                 self.nodes[loc.node_id].write(loc.tier, loc.offset, r.grant.key, b"\0" * 16, data, None)
                 ids.append(r.grant.grant_id)
                 sums.append(xxhash.xxh3_64_intdigest(data))

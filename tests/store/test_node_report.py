@@ -10,9 +10,11 @@ such a record's erase was lost, and reviving it would bring a removed object bac
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 
+from kvpool import PoolClient
 from kvpool.admin import AdminClient
 from kvpool.store.config import MasterConfig, NodeConfig, NodeServerConfig
 from kvpool.store.master import Master
@@ -22,6 +24,7 @@ from kvpool.store.node import Drop, StorageNode
 from kvpool.store.node_server import NodeServer
 from kvpool.store.records import PutStatus
 from kvpool.tiers.types import Tier
+from tests.store.cluster import redis_server  # noqa: F401 - fixture
 from tests.store.test_node_calls import K, Counted, Pool, chain_key
 
 KEYS = [chain_key(0, i) for i in range(12)]     # on n1's SSD when it restarts
@@ -158,3 +161,157 @@ def test_a_re_attached_node_s_report_does_not_revive_a_removed_object_whose_eras
     assert (result.known, result.adopted, result.dropped_keys) == (0, 11, [])
     assert restarted.contains(KEYS) == [False] + [True] * 11
     node.close()
+
+
+# ---------------------------------------------------------------- removal tombstones (store/tombstones.py)
+
+def _away_and_back(pool: Pool, purge) -> tuple[StorageNode, list[bytes]]:
+    """n1 holds KEYS on its SSD and leaves the pool (removed, its records kept); `purge(master)` runs while it is
+    away; a new process of n1 registers and reports. Returns the node and the keys its report had dropped (the node
+    erases them)."""
+    master = pool.master
+    assert pool.put(KEYS) == [PutStatus.STORED] * 12
+    assert master.remove_node("n1") == 12                   # away: its objects are misses, its file keeps them
+    purge(master)
+    node = _restart(pool, "n1", reports=True)
+    records = node.scan_ssd()
+    assert len(records) == 12
+    result = master.report_objects("n1", records, last=True)
+    node.drop([Drop(r.key, Tier.SSD, r.offset, r.size) for r in records if r.key in result.dropped_keys])
+    assert result.adopted == 12 - len(result.dropped_keys)
+    return node, sorted(result.dropped_keys)
+
+
+def test_a_report_with_a_bad_write_time_is_refused_naming_it_before_anything_is_adopted(tmp_path):
+    pool = Pool(tmp_path, "a", [("n1", 0, 16)], batched=True, write_behind=False)
+    assert pool.put(KEYS) == [PutStatus.STORED] * 12
+    node = _restart(pool, "n1", reports=True)
+    records = node.scan_ssd()
+    for bad in (-1, 2**64, True, 1.0):
+        with pytest.raises(ValueError, match=r"^written_us\[3\] must be an int in \[0, 2\*\*64\)"):
+            pool.master.report_objects("n1", records[:3] + [dataclasses.replace(records[3], written_us=bad)])
+    assert pool.master.contains(KEYS) == [False] * 12
+
+
+def test_a_key_removed_while_its_node_was_away_stays_removed_when_the_node_comes_back(tmp_path):
+    """Before tombstones the master, which no longer knew the key, adopted the returning node's record: the removed
+    key was a hit again."""
+    pool = Pool(tmp_path, "a", [("n1", 0, 16)], batched=True, write_behind=False)
+    removed = []
+    node, dropped = _away_and_back(pool, lambda m: removed.append(m.remove(KEYS[:3])))
+    assert removed == [0]                                   # unknown to the master, tombstoned all the same
+    assert dropped == sorted(KEYS[:3])
+    assert pool.master.contains(KEYS) == [False] * 3 + [True] * 9
+    assert pool.check_bytes(KEYS[3:]) == 9
+    assert sorted(r.key for r in node.scan_ssd()) == sorted(KEYS[3:])   # the stale records are erased
+    stats = pool.master.stats()
+    assert (stats["tombstones"], stats["tombstones_folded"], stats["records_refused"]) == (3, 0, 3)
+
+
+def test_a_tenant_tombstones_only_the_objects_it_removed_and_an_admin_every_key_it_names(tmp_path):
+    """A client cannot fill the tombstones with keys it never stored (and so push the floor up for every tenant)."""
+    pool = Pool(tmp_path, "a", [("n1", 0, 16)], batched=True, write_behind=False)
+    master = pool.master
+    assert pool.put(KEYS[:4], tenant="acme") == [PutStatus.STORED] * 4
+    assert master.remove(KEYS[:2] + MORE, tenant="acme") == 2
+    assert master.stats()["tombstones"] == 2
+    assert master.remove(MORE) == 0
+    assert master.stats()["tombstones"] == 6
+
+
+@pytest.mark.parametrize("purge", ["namespace", "everything"])
+def test_a_namespace_or_everything_evicted_while_its_node_was_away_stays_evicted(tmp_path, purge):
+    pool = Pool(tmp_path, "a", [("n1", 0, 16)], batched=True, write_behind=False)
+    if purge == "namespace":
+        _, dropped = _away_and_back(pool, lambda m: m.evict(ns_digest=b"\0" * 16))  # the records' namespace
+    else:
+        _, dropped = _away_and_back(pool, lambda m: m.evict(older_than_s=0))
+    assert dropped == sorted(KEYS)
+    assert pool.master.contains(KEYS) == [False] * 12
+
+
+def test_an_idle_evict_is_not_a_purge_and_leaves_no_tombstone(tmp_path):
+    pool = Pool(tmp_path, "a", [("n1", 0, 16)], batched=True, write_behind=False)
+    _, dropped = _away_and_back(pool, lambda m: m.evict(ns_digest=b"\0" * 16, older_than_s=1.0))
+    assert dropped == [] and pool.master.contains(KEYS) == [True] * 12
+
+
+def test_a_key_put_again_after_its_removal_is_adopted_from_a_restarted_node(tmp_path):
+    """The rule refuses records written before the removal, not the key: one written after it comes back."""
+    pool = Pool(tmp_path, "a", [("n1", 0, 16)], batched=True, write_behind=False)
+    master = pool.master
+    assert pool.put(KEYS) == [PutStatus.STORED] * 12
+    assert master.remove(KEYS[:3]) == 3
+    assert pool.put(KEYS[:2]) == [PutStatus.STORED] * 2     # its node has heard a time after the removal
+    node = _restart(pool, "n1", reports=True)
+    result = master.report_objects("n1", node.scan_ssd(), last=True)
+    assert (result.adopted, result.dropped_keys) == (11, [])
+    assert master.contains(KEYS) == [True, True, False] + [True] * 9
+
+
+def test_a_removed_key_whose_drop_failed_is_not_revived_by_a_new_process_of_its_node(tmp_path):
+    """The node was in the pool but its Drop failed (unreachable for a moment): its record stayed. Its next process
+    reports it; the master had forgotten the key, and only the tombstone tells it the record is stale."""
+    pool = Pool(tmp_path, "a", [("n1", 0, 16)], batched=True, write_behind=False)
+    master = pool.master
+    assert pool.put(KEYS) == [PutStatus.STORED] * 12
+    pool.ops["n1"].broken = True
+    assert master.remove(KEYS[:2]) == 2
+    pool.ops["n1"].broken = False
+    node = _restart(pool, "n1", reports=True)
+    records = node.scan_ssd()
+    assert len(records) == 12                                # the two records the Drop did not erase are there
+    result = master.report_objects("n1", records, last=True)
+    assert (result.adopted, sorted(result.dropped_keys)) == (10, sorted(KEYS[:2]))
+    assert master.contains(KEYS) == [False] * 2 + [True] * 10
+
+
+@pytest.mark.parametrize("backend", ["memory-journal", "redis"])
+def test_tombstones_survive_a_master_restart_on_its_journal(tmp_path, backend, request):
+    if backend == "redis":
+        from kvpool.store.redis_metadata import RedisMetadata
+        meta = RedisMetadata(request.getfixturevalue("redis_server").url, prefix="tomb")
+    else:
+        meta = MemoryMetadata(persistent=True)
+    pool = Pool(tmp_path, "a", [("n1", 0, 16)], batched=True, write_behind=False, metadata=meta)
+    assert pool.put(KEYS) == [PutStatus.STORED] * 12
+    assert pool.master.remove_node("n1") == 12
+    assert pool.master.remove(KEYS[:3]) == 0
+    restarted = Master(MasterConfig(write_behind=False), meta, clock=pool.clock, token_secret=b"s" * 32)
+    assert restarted.stats()["tombstones"] == 3
+    pool.nodes["n1"].close()
+    node = StorageNode(pool.nodes["n1"].config)
+    node.heard_master_time(restarted.time_us())
+    restarted.register_node(dataclasses.replace(node.info(), reports_ssd=True), Counted(node), expires=False)
+    result = restarted.report_objects("n1", node.scan_ssd(), last=True)
+    assert (result.adopted, sorted(result.dropped_keys)) == (9, sorted(KEYS[:3]))
+    assert restarted.contains(KEYS) == [False] * 3 + [True] * 9
+    node.close()
+
+
+def test_the_node_process_stamps_its_ssd_records_with_the_master_time_it_heard(tmp_path):
+    """Registration and every heartbeat reply carry the master's time; a record written after carries the last one
+    heard: never later than the write (the rule's premise), and later than the registration's."""
+    server = MasterServer(MasterServerConfig(listen="127.0.0.1:0")).start()
+    before = server.master.time_us()
+    node = NodeServer(NodeServerConfig(node_id="n1", master=server.address, listen="127.0.0.1:0", dram_bytes=0,
+                                       ssd_path=str(tmp_path / "ssd"), ssd_bytes=64 * K, shm_dir=str(tmp_path),
+                                       heartbeat_s=0.05))
+    try:
+        node.start()
+        assert node.registered.wait(30)
+        registered = node.node.master_time_us
+        assert registered > before
+        deadline = time.monotonic() + 30
+        while node.node.master_time_us == registered and time.monotonic() < deadline:   # the next heartbeat
+            time.sleep(0.01)
+        heard = node.node.master_time_us
+        assert heard > registered
+        with PoolClient(server.address, timeout=10) as client:
+            assert client.put_many(MORE[:1], [b"x" * K]) == ["stored"]
+        after = server.master.time_us()
+        [record] = node.node.scan_ssd()
+        assert heard <= record.written_us < after
+    finally:
+        node.stop(0)
+        server.stop(0)

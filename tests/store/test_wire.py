@@ -23,6 +23,20 @@ def test_moves_drops_and_reports_round_trip():
     records = [ObjectRecord(key=b"k" * 16, ns_digest=b"n" * 16, node_id="n1", tier=Tier.SSD, offset=0, size=5,
                             checksum=9)]
     assert wire.report_from_msg(wire.report_to_msg("n1", records)) == records
+    stamped = [dataclasses.replace(records[0], written_us=2**64 - 1), dataclasses.replace(records[0], written_us=5)]
+    assert wire.report_from_msg(pb.ReportObjectsRequest.FromString(
+        wire.report_to_msg("n1", stamped).SerializeToString())) == stamped
+
+
+def test_a_report_from_a_node_before_written_us_reads_as_unknown_times_and_a_short_column_is_refused():
+    records = [ObjectRecord(key=b"k" * 16, ns_digest=b"n" * 16, node_id="n1", tier=Tier.SSD, offset=0, size=5,
+                            checksum=9, written_us=7)] * 2
+    msg = wire.report_to_msg("n1", records)
+    del msg.written_us[:]                           # what a node from before 2026-12-06 sends
+    assert [r.written_us for r in wire.report_from_msg(msg)] == [0, 0]
+    msg.written_us.append(7)
+    with pytest.raises(ValueError, match=r"^written_us: has 1 entries, keys has 2 \(send one per key, or none\)$"):
+        wire.report_from_msg(msg)
 
 
 def test_node_info_round_trips_through_the_endpoint():

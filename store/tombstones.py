@@ -1,0 +1,199 @@
+"""Removal tombstones: what keeps an object an admin removed from coming back with a node that was away.
+
+A removal erases the records of every node in the pool. A node out of the pool then (stopped, dropped, restarting,
+removed) still holds its SSD records; when it comes back as a new process it reports them, and the master used to
+adopt any key it did not know: a removed key was a hit again. A Drop that failed, then a node restart, did the same.
+
+The rule: **a record written before a removal of its key is never re-adopted.** Two clocks make that decidable:
+- every SSD record carries `written_us` (tiers/ssd.py), the master time its node had last heard when it wrote it
+  (registration and heartbeat replies carry `master_time_us`); that is at most the master time of the write;
+- every removal is stamped with `now_us()`, strictly later than every time handed out before it.
+So a record written before the removal has `written_us` < the tombstone's time; one written after may have a smaller
+stamp too (its node had not heard a newer time yet) and is then refused as well: a cache miss, never a stale hit.
+
+What is kept (owned here, persisted through the journal's backend with the index):
+- `keys`: stored key -> time of its last removal (`Master.remove`, per key, whether or not the master knew it: the
+  key may be only on the node that is away);
+- `namespaces`: namespace digest -> time of its last whole-namespace evict (`Master.evict(ns)` with no idle filter);
+- `floor`: records written before it are refused whatever their key (`evict` of everything, and where the
+  tombstones beyond `limit` went: the oldest are folded into it, so memory stays bounded and the rule still holds,
+  at the price of refusing more than needed).
+An idle evict (`older_than_s` > 0) and evictions for room are cache policy, not purges: no tombstone.
+
+The times are wall-clock microseconds, forced to increase (a restarted master starts after every time it kept):
+a master restarted on the memory backend keeps no tombstone, but the records written before it still compare
+right against removals made after it. A record with no time (0: a node or a file from before) is refused when a
+tombstone of its key or namespace exists, or any floor.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+_FOLD_TO = 0.9      # a fold keeps this share of `limit`: one fold per ~limit/10 removals, not one per removal
+
+
+def wall_us() -> int:
+    return time.time_ns() // 1000
+
+
+@dataclass(slots=True)
+class TombstoneState:
+    """What a backend persists and loads: the live tombstones and the floor."""
+
+    keys: dict[bytes, int] = field(default_factory=dict)
+    namespaces: dict[bytes, int] = field(default_factory=dict)
+    floor: int = 0
+
+
+@dataclass(slots=True)
+class TombstoneChanges:
+    """What changed since the last `take_changes`: upserts, deletions (folded or below the floor) and the floor."""
+
+    keys: dict[bytes, int] = field(default_factory=dict)
+    namespaces: dict[bytes, int] = field(default_factory=dict)
+    gone_keys: set[bytes] = field(default_factory=set)
+    gone_namespaces: set[bytes] = field(default_factory=set)
+    floor: int | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.keys or self.namespaces or self.gone_keys or self.gone_namespaces
+                    or self.floor is not None)
+
+
+class Tombstones:
+    """The master's removal tombstones (module docstring). Called under the master's lock."""
+
+    def __init__(self, limit: int, *, clock: Callable[[], int] = wall_us, track: bool = False) -> None:
+        """`limit`: tombstones kept (keys and namespaces together) before the oldest fold into the floor. `track`:
+        collect the changes for a persistent journal (`take_changes`)."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"tombstones must be an int >= 1, got {limit!r}")
+        self.limit = limit
+        self._clock = clock
+        self._last = 0                      # the last time handed out
+        self._keys: dict[bytes, int] = {}   # in time order (a key buried again moves to the end)
+        self._namespaces: dict[bytes, int] = {}
+        self.floor = 0
+        self.refused = 0                    # reported records refused by a tombstone or the floor
+        self.folded = 0                     # tombstones folded into the floor (beyond `limit`)
+        self._track = track
+        self._changes = TombstoneChanges()
+
+    # ---------------------------------------------------------------- time
+
+    def now_us(self) -> int:
+        """The master's time for node stamps and removals: wall-clock µs, strictly increasing."""
+        t = max(self._clock(), self._last + 1)
+        self._last = t
+        return t
+
+    # ---------------------------------------------------------------- removals
+
+    def bury(self, keys: Iterable[bytes]) -> int:
+        """Tombstones for these stored keys (a removal); returns its time."""
+        t = self.now_us()
+        for key in keys:
+            key = bytes(key)
+            self._keys.pop(key, None)
+            self._keys[key] = t
+            if self._track:
+                self._changes.keys[key] = t
+                self._changes.gone_keys.discard(key)
+        self._fold()
+        return t
+
+    def bury_namespace(self, ns_digest: bytes) -> int:
+        """A tombstone for a whole namespace (every object of it evicted); returns its time."""
+        t = self.now_us()
+        ns_digest = bytes(ns_digest)
+        self._namespaces.pop(ns_digest, None)
+        self._namespaces[ns_digest] = t
+        if self._track:
+            self._changes.namespaces[ns_digest] = t
+            self._changes.gone_namespaces.discard(ns_digest)
+        self._fold()
+        return t
+
+    def bury_all(self) -> int:
+        """Every record written before now is refused (everything evicted); returns that time."""
+        t = self.now_us()
+        self._raise_floor(t)
+        return t
+
+    # ---------------------------------------------------------------- reports
+
+    def refuses(self, key: bytes, ns_digest: bytes, written_us: int) -> bool:
+        """Whether a reported record of `key` written at `written_us` predates a removal of it (counted)."""
+        if written_us < self.floor or written_us < self._keys.get(key, 0) \
+                or written_us < self._namespaces.get(ns_digest, 0):
+            self.refused += 1
+            return True
+        return False
+
+    # ---------------------------------------------------------------- persistence
+
+    def load(self, state: TombstoneState) -> None:
+        """What a persistent backend kept (a master starting on it); times handed out start after all of it."""
+        self._keys = dict(sorted(state.keys.items(), key=lambda kv: kv[1]))
+        self._namespaces = dict(sorted(state.namespaces.items(), key=lambda kv: kv[1]))
+        self.floor = state.floor
+        self._last = max([self._last, self.floor, *self._keys.values(), *self._namespaces.values()])
+        self._changes = TombstoneChanges()
+        self._fold()
+
+    def take_changes(self) -> TombstoneChanges:
+        """The changes since the last call (empty unless `track`), for the journal to write."""
+        changes, self._changes = self._changes, TombstoneChanges()
+        return changes
+
+    def restore_changes(self, changes: TombstoneChanges) -> None:
+        """A write of `changes` failed: they go again with the next one (newer changes win)."""
+        newer = self._changes
+        for key in changes.keys.keys() - newer.keys.keys() - newer.gone_keys:
+            newer.keys[key] = changes.keys[key]
+        for ns in changes.namespaces.keys() - newer.namespaces.keys() - newer.gone_namespaces:
+            newer.namespaces[ns] = changes.namespaces[ns]
+        newer.gone_keys |= changes.gone_keys - newer.keys.keys()
+        newer.gone_namespaces |= changes.gone_namespaces - newer.namespaces.keys()
+        if changes.floor is not None and (newer.floor is None or newer.floor < changes.floor):
+            newer.floor = changes.floor
+
+    def stats(self) -> dict:
+        return {"keys": len(self._keys), "namespaces": len(self._namespaces), "floor_us": self.floor,
+                "refused": self.refused, "folded": self.folded, "limit": self.limit}
+
+    def __len__(self) -> int:
+        return len(self._keys) + len(self._namespaces)
+
+    # ---------------------------------------------------------------- internals
+
+    def _fold(self) -> None:
+        """Beyond `limit`, the oldest tombstones go into the floor (down to _FOLD_TO of it)."""
+        if len(self) <= self.limit:
+            return
+        keep = int(self.limit * _FOLD_TO)
+        times = sorted([*self._keys.values(), *self._namespaces.values()])
+        cut = times[len(times) - keep - 1]      # the newest time folded
+        n = len(self)
+        self._raise_floor(cut + 1)
+        self.folded += n - len(self)
+
+    def _raise_floor(self, floor: int) -> None:
+        """Records written before `floor` are refused: the tombstones older than it say nothing more."""
+        if floor <= self.floor:
+            return
+        self.floor = floor
+        for table, gone in ((self._keys, self._changes.gone_keys), (self._namespaces, self._changes.gone_namespaces)):
+            old = [k for k, t in table.items() if t < floor]
+            for k in old:
+                del table[k]
+            if self._track:
+                upserts = self._changes.keys if table is self._keys else self._changes.namespaces
+                for k in old:
+                    upserts.pop(k, None)
+                gone.update(old)
+        if self._track:
+            self._changes.floor = floor

@@ -1,0 +1,61 @@
+"""An object an admin removes while the node holding it is out of the pool stays removed when that node comes back.
+
+Real processes: a master and an SSD-only node n1 holding 40 objects. n1 stops (SIGTERM) and is taken out of the
+pool (`kvpool drain --no-migrate`): its objects are misses, its SSD file keeps their records. An admin then removes
+10 of them (the master no longer knows them: `remove` answers 0) and evicts the namespace of 10 others, which the
+test put under a namespace of their own. n1 starts again on the same SSD file and reports its records. Before
+removal tombstones (store/tombstones.py) the master adopted every record it did not know, so the 20 removed objects
+were hits again; now a record written before a removal of its key (or namespace) is dropped and erased by the node.
+The other 20 are hits with their own bytes."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpool import Namespace, PoolClient
+from kvpool.admin import AdminClient
+from kvpool.launcher import free_port
+from tests.store.cluster import cluster, key_of, pattern  # noqa: F401 - the cluster fixture
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+SIZE = 8192
+OBJECTS = 40
+REMOVED = range(0, 10)          # removed by key while n1 is away
+PURGED = range(10, 20)          # in namespace NS, evicted while n1 is away
+NS = Namespace(model="tombstones", fingerprint="away", kv_dtype="float32", block_tokens=16, num_layers=1,
+               num_kv_heads=1, head_dim=128)
+
+
+def _hits(address: str) -> dict[int, bool]:
+    """Per object, whether a get returns exactly its bytes (a wrong byte fails the test)."""
+    out = {}
+    buf = bytearray(SIZE)
+    with PoolClient(address, timeout=10) as c:
+        for i in range(OBJECTS):                            # one by one: a get stops at its first miss
+            ns = {"namespace": NS} if i in PURGED else {}
+            out[i] = bool(c.get_many_into([key_of(i)], [buf], **ns))
+            assert not out[i] or bytes(buf) == pattern(i, SIZE), f"object {i}: wrong bytes"
+    return out
+
+
+def test_objects_removed_while_their_node_was_away_stay_removed_when_it_comes_back(cluster):
+    master = cluster.start_master(node_ttl_s=5.0)
+    port = free_port()
+    node = cluster.start_node("n1", dram="0", ssd="16MiB", port=port)
+    with PoolClient(master.address, timeout=10) as c:
+        plain = [i for i in range(OBJECTS) if i not in PURGED]
+        assert c.put_many([key_of(i) for i in plain], [pattern(i, SIZE) for i in plain]) == ["stored"] * len(plain)
+        assert c.put_many([key_of(i) for i in PURGED], [pattern(i, SIZE) for i in PURGED],
+                          namespace=NS) == ["stored"] * len(PURGED)
+    assert _hits(master.address) == {i: True for i in range(OBJECTS)}
+    assert node.stop(timeout=60) == 0
+    with AdminClient(master.address) as admin:
+        assert admin.drain("n1", migrate=False)["dropped"] == OBJECTS     # away: every object a miss
+        assert admin.remove([key_of(i).hex() for i in REMOVED]) == 0      # the master no longer knows them
+        assert admin.evict(namespace=NS.digest.hex()) == 0
+    cluster.start_node("n1", dram="0", ssd="16MiB", port=port)           # serves once it has reported
+    assert _hits(master.address) == {i: i not in REMOVED and i not in PURGED for i in range(OBJECTS)}
+    with AdminClient(master.address) as admin:
+        stats = admin.stats()
+    assert (stats["tombstones"], stats["records_refused"]) == (len(REMOVED) + 1, len(REMOVED) + len(PURGED))

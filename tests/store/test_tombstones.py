@@ -1,0 +1,148 @@
+"""Removal tombstones (store/tombstones.py): a record written before a removal of its key is never re-adopted, with
+the tombstones bounded in number (the oldest fold into a floor) and kept by a persistent backend across a master
+restart."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpool.store.metadata import MemoryMetadata
+from kvpool.store.redis_metadata import RedisMetadata
+from kvpool.store.tombstones import TombstoneChanges, Tombstones, TombstoneState
+from tests.store.cluster import redis_server  # noqa: F401 - fixture
+
+
+class Wall:
+    """A wall clock in µs the test moves (it may even go back)."""
+
+    def __init__(self, now: int = 1_000) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def _k(i: int) -> bytes:
+    return i.to_bytes(16, "big")
+
+
+NS_A, NS_B = b"A" * 16, b"B" * 16
+
+
+def test_times_increase_even_when_the_wall_clock_stands_still_or_goes_back():
+    wall = Wall(5_000)
+    t = Tombstones(10, clock=wall)
+    assert [t.now_us(), t.now_us()] == [5_000, 5_001]
+    wall.now = 4_000                                    # an NTP step back
+    assert t.now_us() == 5_002
+    wall.now = 9_000
+    assert t.now_us() == 9_000
+
+
+def test_a_record_written_before_a_removal_of_its_key_or_namespace_is_refused_and_one_written_after_is_not():
+    wall = Wall()
+    t = Tombstones(10, clock=wall)
+    heard = t.now_us()                                  # 1000: what a node heard before the removal
+    wall.now = 2_000
+    assert t.bury([_k(1)]) == 2_000
+    assert t.refuses(_k(1), NS_A, heard) is True        # written before: refused
+    assert t.refuses(_k(1), NS_A, 0) is True            # no time (an old node or file): refused
+    assert t.refuses(_k(2), NS_A, heard) is False       # another key
+    assert t.refuses(_k(1), NS_A, t.now_us()) is False  # written after the removal (a later heartbeat's time)
+    wall.now = 3_000
+    assert t.bury_namespace(NS_A) == 3_000
+    assert [t.refuses(_k(2), NS_A, 2_999), t.refuses(_k(2), NS_A, 3_000), t.refuses(_k(2), NS_B, 2_999)] == \
+        [True, False, False]
+    assert t.stats() == {"keys": 1, "namespaces": 1, "floor_us": 0, "refused": 3, "folded": 0, "limit": 10}
+
+
+def test_a_key_buried_again_keeps_its_newest_time():
+    wall = Wall()
+    t = Tombstones(10, clock=wall)
+    t.bury([_k(1)])
+    wall.now = 5_000
+    t.bury([_k(1)])
+    assert [t.refuses(_k(1), NS_A, 4_999), t.refuses(_k(1), NS_A, 5_000)] == [True, False]
+    assert len(t) == 1
+
+
+def test_beyond_the_limit_the_oldest_fold_into_the_floor_and_the_rule_still_holds():
+    wall = Wall(100)
+    t = Tombstones(10, clock=wall)
+    for i in range(10):
+        wall.now = 100 * (i + 1)                         # key i removed at 100 (i + 1)
+        t.bury([_k(i)])
+    assert (len(t), t.floor) == (10, 0)
+    wall.now = 1_100
+    t.bury([_k(10)])                                     # the 11th: fold down to 9 (0.9 of the limit)
+    assert (len(t), t.floor, t.folded) == (9, 201, 2)    # keys 0 and 1 (times 100, 200) went into the floor
+    # a record of a folded key written before its removal is still refused (by the floor) ...
+    assert t.refuses(_k(0), NS_A, 99) is True and t.refuses(_k(1), NS_A, 199) is True
+    # ... and so is any record written before the floor, whatever its key (the price of bounded memory)
+    assert t.refuses(_k(99), NS_A, 200) is True and t.refuses(_k(99), NS_A, 201) is False
+    # the kept tombstones still decide on their own
+    assert [t.refuses(_k(2), NS_A, 299), t.refuses(_k(2), NS_A, 300)] == [True, False]
+
+
+def test_evict_of_everything_raises_the_floor_and_drops_every_tombstone_before_it():
+    wall = Wall()
+    t = Tombstones(10, clock=wall, track=True)
+    t.bury([_k(1), _k(2)])
+    t.bury_namespace(NS_A)
+    t.take_changes()
+    wall.now = 7_000
+    assert t.bury_all() == 7_000
+    assert (len(t), t.floor) == (0, 7_000)
+    assert t.take_changes() == TombstoneChanges(gone_keys={_k(1), _k(2)}, gone_namespaces={NS_A}, floor=7_000)
+    assert t.refuses(_k(3), NS_B, 6_999) is True and t.refuses(_k(3), NS_B, 7_000) is False
+
+
+def test_a_bad_limit_is_refused_naming_it():
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="tombstones must be an int >= 1"):
+            Tombstones(bad)
+
+
+def test_changes_go_to_a_backend_and_a_new_master_loads_them_and_starts_after_them():
+    meta = MemoryMetadata(persistent=True)
+    wall = Wall()
+    t = Tombstones(10, clock=wall, track=True)
+    t.bury([_k(1), _k(2)])
+    wall.now = 2_000
+    t.bury_namespace(NS_A)
+    meta.put_tombstones(t.take_changes())
+    assert t.take_changes() == TombstoneChanges()        # nothing new
+    again = Tombstones(10, clock=Wall(0))                # its wall clock is far behind
+    again.load(meta.load_tombstones())
+    assert again.now_us() == 2_001
+    assert [again.refuses(_k(1), NS_B, 999), again.refuses(_k(2), NS_B, 1_000), again.refuses(_k(9), NS_A, 1_999)] \
+        == [True, False, True]
+
+
+def test_a_failed_write_goes_again_with_the_next_one_and_newer_changes_win():
+    wall = Wall()
+    t = Tombstones(3, clock=wall, track=True)
+    t.bury([_k(1)])
+    failed = t.take_changes()
+    wall.now = 2_000
+    t.bury([_k(1), _k(2)])                               # newer time for key 1
+    t.restore_changes(failed)
+    assert t.take_changes() == TombstoneChanges(keys={_k(1): 2_000, _k(2): 2_000})
+
+
+def test_redis_keeps_tombstones_for_a_restarted_master(redis_server):
+    wall = Wall()
+    t = Tombstones(4, clock=wall, track=True)
+    a = RedisMetadata(redis_server.url, prefix="tomb")
+    for i in range(5):
+        wall.now = 1_000 * (i + 1)
+        t.bury([_k(i)])
+    wall.now = 9_000
+    t.bury_namespace(NS_B)                               # the 5th key made 5 > 4: keys 0 and 1 folded
+    a.put_tombstones(t.take_changes())
+    a.close()
+    b = RedisMetadata(redis_server.url, prefix="tomb")
+    state = b.load_tombstones()
+    assert state == TombstoneState(keys={_k(2): 3_000, _k(3): 4_000, _k(4): 5_000}, namespaces={NS_B: 9_000},
+                                   floor=2_001)
+    assert RedisMetadata(redis_server.url, prefix="other").load_tombstones() == TombstoneState()
