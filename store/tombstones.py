@@ -95,25 +95,17 @@ class Tombstones:
     def bury(self, keys: Iterable[bytes]) -> int:
         """Tombstones for these stored keys (a removal); returns its time."""
         t = self.now_us()
+        changes = self._changes
         for key in keys:
-            key = bytes(key)
-            self._keys.pop(key, None)
-            self._keys[key] = t
-            if self._track:
-                self._changes.keys[key] = t
-                self._changes.gone_keys.discard(key)
+            self._set(self._keys, changes.keys, changes.gone_keys, bytes(key), t)
         self._fold()
         return t
 
     def bury_namespace(self, ns_digest: bytes) -> int:
         """A tombstone for a whole namespace (every object of it evicted); returns its time."""
         t = self.now_us()
-        ns_digest = bytes(ns_digest)
-        self._namespaces.pop(ns_digest, None)
-        self._namespaces[ns_digest] = t
-        if self._track:
-            self._changes.namespaces[ns_digest] = t
-            self._changes.gone_namespaces.discard(ns_digest)
+        changes = self._changes
+        self._set(self._namespaces, changes.namespaces, changes.gone_namespaces, bytes(ns_digest), t)
         self._fold()
         return t
 
@@ -169,6 +161,14 @@ class Tombstones:
         return len(self._keys) + len(self._namespaces)
 
     # ---------------------------------------------------------------- internals
+
+    def _set(self, table: dict[bytes, int], upserts: dict[bytes, int], gone: set[bytes], name: bytes, t: int) -> None:
+        """`name`'s tombstone at `t`, moved to the end of `table` (kept in time order), and the change noted."""
+        table.pop(name, None)
+        table[name] = t
+        if self._track:
+            upserts[name] = t
+            gone.discard(name)
 
     def _fold(self) -> None:
         """Beyond `limit`, the oldest tombstones go into the floor (down to _FOLD_TO of it)."""
