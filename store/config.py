@@ -154,7 +154,7 @@ class MasterConfig(_Group):
     # the pool's capacity (auth off: the whole pool is one tenant); pins past it are ignored and counted. 0 = none.
     pin_max_fraction: float = 0.5
     # Removal tombstones (store/tombstones.py): removed keys remembered so a node that was away does not bring them
-    # back; beyond this many the oldest fold into one time before which no reported record is re-adopted (~120
+    # back; beyond this many the oldest fold into one time before which no reported record is re-adopted (~100
     # bytes of master memory each).
     max_tombstones: int = 100_000
 
