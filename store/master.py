@@ -89,7 +89,7 @@ log = logging.getLogger(__name__)
 
 _STORED, _EXISTS, _NO_SPACE = PutStatus.STORED, PutStatus.EXISTS, PutStatus.NO_SPACE
 ATIME_TICKS_PER_S = 10      # the index's last-access column counts tenths of a second since the master started
-YIELD_S = 0.0005             # Master._let_others_in: the GIL given up between two chunks of a removal
+YIELD_S = 0.0005             # let_others_in: the GIL given up between two chunks of a removal
 _ATIME_MAX = 2**32 - 1
 
 
@@ -116,6 +116,16 @@ def _tell_node(node_id: str, ops: NodeOps, keys: list[bytes] | None) -> None:
     except Exception as exc:  # noqa: BLE001 - the removal itself is done and stays done
         log.warning("node %s not told of a removal (a location cache may serve a "
                     "removed object until its use report's reply, one linger): %s", node_id, exc)
+
+
+def let_others_in() -> None:
+    """Between two chunks of a removal (lock not held): `Master.between_chunks`' default. CPython's Lock lets the
+    thread that lets go take it straight back while a waiter is still waking, so a lookup could wait out twenty chunks
+    in a row (239 ms in an in-process evict of 50,000 objects, one chunk ~12 ms). Half a millisecond off the GIL lets
+    a woken waiter in first (10-33 ms; `sleep(0)` 25-72 ms): ~25 ms more for that evict. A FIFO lock written in
+    Python did as well, but its `__exit__`, being Python, cannot be made safe against a signal raised in the main
+    thread (an embedded pool's caller pressing Ctrl-C could leave it held), which CPython's Lock is."""
+    time.sleep(YIELD_S)
 
 
 class Master:
@@ -150,6 +160,9 @@ class Master:
         # set by a stopping server once its RPCs ended: a removal's remaining chunks are left to the process's end
         # (nothing to write: a leaving node's records left the journal with it), so its reaper ends at once
         self.closing = threading.Event()
+        # called between two chunks of a removal, the lock not held (`let_others_in`); tests put other clients'
+        # calls there, as other threads would make them
+        self.between_chunks: Callable[[], None] = let_others_in
         self.host_feed = HostIndexFeed()            # what same-host clients find without a Lookup (host_feed.py)
         self.lookup_stats = stats_mod.LookupStats(max_namespaces=self.config.max_namespaces)
         # Key spaces derive from the token secret (shared through Redis, so stable across masters); an in-process
@@ -863,7 +876,7 @@ class Master:
         cleared: dict[str, tuple[str, NodeOps, bool]] = {}
         for start in range(0, count, queries.REMOVAL_CHUNK):
             if start:
-                self._let_others_in()
+                self.between_chunks()
             with self._lock:
                 n, keys = chunk(start, start + queries.REMOVAL_CHUNK)
                 told = self._told_nodes() if n else []
@@ -872,16 +885,6 @@ class Master:
             total += n
         self._tell_removed(list(cleared.values()))
         return total
-
-    @staticmethod
-    def _let_others_in() -> None:
-        """Between two chunks of a removal (lock not held). CPython's Lock lets the thread that lets go take it
-        straight back while a waiter is still waking, so a lookup could wait out twenty chunks in a row (239 ms in an
-        in-process evict of 50,000 objects, one chunk ~12 ms). Half a millisecond off the GIL lets a woken waiter in
-        first (10-33 ms; `sleep(0)` 25-72 ms): ~25 ms more for that evict. A FIFO lock written in Python did as well,
-        but its `__exit__`, being Python, cannot be made safe against a signal raised in the main thread (an embedded
-        pool's caller pressing Ctrl-C could leave it held), which CPython's Lock is."""
-        time.sleep(YIELD_S)
 
     def _forget_leaving(self) -> int:
         """Forget the objects of removed nodes (Placement.remove_node: misses already), `queries.REMOVAL_CHUNK` per
@@ -896,7 +899,7 @@ class Master:
             total += n
             if not more:
                 return total
-            self._let_others_in()
+            self.between_chunks()
             if self.closing.is_set():
                 return total
 

@@ -80,7 +80,7 @@ class Model:
         return self.pool.master
 
     def _hook(self) -> None:
-        self.master._let_others_in = self._between_chunks
+        self.master.between_chunks = self._between_chunks
 
     def _start(self, name: str, config: NodeConfig) -> None:
         """A node process (a new incarnation) registers and reports its SSD records."""
@@ -326,31 +326,17 @@ class Model:
         assert master.stats()["leaving_objects"] == 0
         assert all(r is None or r.node_id != name for r in master.inspect(held))
 
+    def _steps(self) -> list:
+        """(cumulative probability, step): each step's share of the random steps."""
+        return [(0.45, self.put), (0.62, self.lookup), (0.68, self.master.promote_pending),
+                (0.74, self.master.copy_pending), (0.80, self.remove_some), (0.83, self.evict_all),
+                (0.87, self.remove_node), (0.91, self.restart_node), (0.94, self.reap_silent_node),
+                (0.97, self.drain_node), (1.0, self.restart_master)]
+
     def step(self) -> None:
         rng = self.rng
         roll = rng.random()
-        if roll < 0.45:
-            self.put()
-        elif roll < 0.62:
-            self.lookup()
-        elif roll < 0.68:
-            self.master.promote_pending()
-        elif roll < 0.74:
-            self.master.copy_pending()
-        elif roll < 0.80:
-            self.remove_some()
-        elif roll < 0.83:
-            self.evict_all()
-        elif roll < 0.87:
-            self.remove_node()
-        elif roll < 0.91:
-            self.restart_node()
-        elif roll < 0.94:
-            self.reap_silent_node()
-        elif roll < 0.97:
-            self.drain_node()
-        else:
-            self.restart_master()
+        next(step for bound, step in self._steps() if roll < bound)()
         if self.held and rng.random() < 0.3:
             self.release_all()
         if rng.random() < 0.5:

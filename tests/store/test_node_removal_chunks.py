@@ -48,7 +48,7 @@ def _pool(tmp_path, **cfg) -> Pool:
 def _between_chunks(pool: Pool, probe) -> list:
     """Call `probe()` each time the removal lets the lock go between two chunks; returns its answers."""
     seen: list = []
-    pool.master._let_others_in = lambda: seen.append(probe())
+    pool.master.between_chunks = lambda: seen.append(probe())
     return seen
 
 
@@ -250,7 +250,7 @@ def _register_during(server, master, stub, ep) -> tuple[list, list, threading.Th
             thread.join(1.0)                # bounded: the answer must NOT come while the removal runs
             by_pause.append(list(answer))
 
-    master._let_others_in = pause
+    master.between_chunks = pause
     return answer, by_pause, thread
 
 
@@ -345,7 +345,7 @@ def test_a_stopping_master_leaves_a_removal_s_remaining_chunks_and_joins_its_rea
         alive_at_close.append(reaper.is_alive())
         return stop_recording()
 
-    master._let_others_in = pause
+    master.between_chunks = pause
     master.stop_recording = closing_down
     _served(server, "one")                          # a node that never heartbeats
     assert entered.wait(30)                         # silent past node_ttl_s: dropped, 4 of 12 forgotten
