@@ -16,6 +16,9 @@ a tier's share is the hit tokens it served / all requested tokens. "—" means n
 Prefill seconds saved: hit tokens x the prefill seconds per token the connectors measured and reported with their
 lookups. Pinned: objects holding a retention hint (a put's pin_s), keys stored unpinned past their tenant's cap
 (clipped), pinned objects that yielded to make room (pinned evictions); shown once any pin was asked for.
+Removal tombstones: keys removed and namespaces evicted that a node coming back must not bring back, those folded
+into the floor past max_tombstones, and the SSD records nodes reported that were refused as written before a
+removal; shown once there is any.
 With authentication on or tenant quotas, a line per tenant: its bytes against its DRAM and total quotas and its
 own token hit rate. While the master records traffic (`kvpool trace record`), a line says where to. A master
 listening beyond loopback without authentication is flagged with a WARNING line.
@@ -61,6 +64,9 @@ def render(address: str, stats: dict) -> list[str]:
         lines.append(f"pinned {stats.get('pinned_objects', 0)} objects ({human_bytes(stats.get('pinned_bytes', 0))}),"
                      f" pins clipped {stats.get('pins_clipped', 0)}, pinned evictions "
                      f"{stats.get('pinned_evictions', 0)}")
+    if stats.get("tombstones") or stats.get("records_refused"):
+        lines.append(f"removal tombstones {stats.get('tombstones', 0)} (folded {stats.get('tombstones_folded', 0)}), "
+                     f"reported SSD records refused {stats.get('records_refused', 0)}")
     evictions = sum(stats.get("evictions", {}).values())
     lines.append(f"lookups {stats['lookups']}, evictions {evictions}, demotions {stats.get('demotions', 0)}, "
                  f"promotions {stats.get('promotions', 0)}")

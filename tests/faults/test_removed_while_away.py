@@ -14,6 +14,7 @@ import pytest
 
 from kvpool import Namespace, PoolClient
 from kvpool.admin import AdminClient
+from kvpool.cli import main
 from kvpool.launcher import free_port
 from tests.store.cluster import cluster, key_of, pattern  # noqa: F401 - the cluster fixture
 
@@ -39,7 +40,7 @@ def _hits(address: str) -> dict[int, bool]:
     return out
 
 
-def test_objects_removed_while_their_node_was_away_stay_removed_when_it_comes_back(cluster):
+def test_objects_removed_while_their_node_was_away_stay_removed_when_it_comes_back(cluster, capsys):
     master = cluster.start_master(node_ttl_s=5.0)
     port = free_port()
     node = cluster.start_node("n1", dram="0", ssd="16MiB", port=port)
@@ -59,3 +60,5 @@ def test_objects_removed_while_their_node_was_away_stay_removed_when_it_comes_ba
     with AdminClient(master.address) as admin:
         stats = admin.stats()
     assert (stats["tombstones"], stats["records_refused"]) == (len(REMOVED) + 1, len(REMOVED) + len(PURGED))
+    assert main(["status", "--master", master.address]) == 0
+    assert "removal tombstones 11 (folded 0), reported SSD records refused 20" in capsys.readouterr().out.splitlines()
