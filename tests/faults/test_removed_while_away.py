@@ -6,7 +6,9 @@ pool (`kvpool drain --no-migrate`): its objects are misses, its SSD file keeps t
 test put under a namespace of their own. n1 starts again on the same SSD file and reports its records. Before
 removal tombstones (store/tombstones.py) the master adopted every record it did not know, so the 20 removed objects
 were hits again; now a record written before a removal of its key (or namespace) is dropped and erased by the node.
-The other 20 are hits with their own bytes."""
+The other 20 are hits with their own bytes. Run twice: with a master on the memory backend, and with a master on
+Redis that is killed and started again between the removals and the node's return (the tombstones come back from
+Redis with it)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from kvpool import Namespace, PoolClient
 from kvpool.admin import AdminClient
 from kvpool.cli import main
 from kvpool.launcher import free_port
-from tests.store.cluster import cluster, key_of, pattern  # noqa: F401 - the cluster fixture
+from tests.store.cluster import cluster, key_of, pattern, start_redis  # noqa: F401 - the cluster fixture
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
@@ -40,8 +42,20 @@ def _hits(address: str) -> dict[int, bool]:
     return out
 
 
-def test_objects_removed_while_their_node_was_away_stay_removed_when_it_comes_back(cluster, capsys):
-    master = cluster.start_master(node_ttl_s=5.0)
+@pytest.mark.parametrize("restart", [False, True], ids=["memory", "redis-master-restarted"])
+def test_objects_removed_while_their_node_was_away_stay_removed_when_it_comes_back(cluster, capsys, tmp_path, restart):
+    redis = start_redis(tmp_path / "redis") if restart else None
+    try:
+        _removed_while_away(cluster, capsys, redis)
+    finally:
+        if redis is not None:
+            redis.kill()
+
+
+def _removed_while_away(cluster, capsys, redis) -> None:
+    master_port = free_port()
+    url = redis.url if redis is not None else None
+    master = cluster.start_master(node_ttl_s=5.0, port=master_port, redis_url=url)
     port = free_port()
     node = cluster.start_node("n1", dram="0", ssd="16MiB", port=port)
     with PoolClient(master.address, timeout=10) as c:
@@ -55,6 +69,9 @@ def test_objects_removed_while_their_node_was_away_stay_removed_when_it_comes_ba
         assert admin.drain("n1", migrate=False)["dropped"] == OBJECTS     # away: every object a miss
         assert admin.remove([key_of(i).hex() for i in REMOVED]) == 0      # the master no longer knows them
         assert admin.evict(namespace=NS.digest.hex()) == 0
+    if redis is not None:                                               # the master goes down and comes back
+        master.kill()
+        master = cluster.start_master(node_ttl_s=5.0, port=master_port, redis_url=url)
     cluster.start_node("n1", dram="0", ssd="16MiB", port=port)           # serves once it has reported
     assert _hits(master.address) == {i: i not in REMOVED and i not in PURGED for i in range(OBJECTS)}
     with AdminClient(master.address) as admin:
