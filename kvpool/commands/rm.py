@@ -12,8 +12,10 @@ examples:
   kvpool rm --all                            # empty the pool
 
 Removed objects are misses from now on. By key: removed even while being read (the space is reused once the
-readers finish); keys not in the pool are skipped, the count says how many were removed. --namespace / --all go
-through the master's eviction (as kvpool evict): objects being read at that moment are kept.
+readers finish); keys not in the pool are not counted, the count says how many were removed. --namespace / --all go
+through the master's eviction (as kvpool evict): objects being read at that moment are kept. Every key named (in
+the pool or not), the namespace, or everything stays removed when a node that was out of the pool comes back with
+SSD records of them (removal tombstones; README "Failures").
 exit codes: 0 ok (also when 0 objects were removed), 1 master unreachable or failing, 2 bad argument."""
 
 
