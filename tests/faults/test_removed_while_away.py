@@ -42,17 +42,20 @@ def _hits(address: str) -> dict[int, bool]:
     return out
 
 
-@pytest.mark.parametrize("restart", [False, True], ids=["memory", "redis-master-restarted"])
-def test_objects_removed_while_their_node_was_away_stay_removed_when_it_comes_back(cluster, capsys, tmp_path, restart):
-    redis = start_redis(tmp_path / "redis") if restart else None
+@pytest.fixture(params=[False, True], ids=["memory", "redis-master-restarted"])
+def redis(request, tmp_path):
+    """None: the master on the memory backend; else a redis-server the master journals to (and restarts on)."""
+    if not request.param:
+        yield None
+        return
+    server = start_redis(tmp_path / "redis")
     try:
-        _removed_while_away(cluster, capsys, redis)
+        yield server
     finally:
-        if redis is not None:
-            redis.kill()
+        server.kill()
 
 
-def _removed_while_away(cluster, capsys, redis) -> None:
+def test_objects_removed_while_their_node_was_away_stay_removed_when_it_comes_back(cluster, capsys, redis):
     master_port = free_port()
     url = redis.url if redis is not None else None
     master = cluster.start_master(node_ttl_s=5.0, port=master_port, redis_url=url)
