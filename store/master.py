@@ -986,12 +986,12 @@ class Master:
                     self.tombstones.bury_namespace(ns_digest)
                 else:
                     self.tombstones.bury_all()
-                self._flush()
             ns_id = self.index.ns_id_of(ns_digest) if ns_digest else None
             if ns_id == -1:
+                self._flush()               # its tombstone
                 return 0                    # no object ever had that namespace
             candidates = queries.evict_candidates(self.index, ns_id, older, self._ticks(self._tick()))
-            self._flush()                   # what a reap run by _tick changed
+            self._flush()                   # what a reap run by _tick changed, and the tombstone
 
         def chunk(start: int, end: int) -> tuple[int, list[bytes]]:
             out = queries.evict(self.index, self.placement, candidates[start:end], ns_id, older,

@@ -74,7 +74,7 @@ class Tombstones:
         self.limit = limit
         self._clock = clock
         self._last = 0                      # the last time handed out
-        self._keys: dict[bytes, int] = {}   # in time order (a key buried again moves to the end)
+        self._keys: dict[bytes, int] = {}
         self._namespaces: dict[bytes, int] = {}
         self.floor = 0
         self.refused = 0                    # reported records refused by a tombstone or the floor
@@ -129,8 +129,8 @@ class Tombstones:
 
     def load(self, state: TombstoneState) -> None:
         """What a persistent backend kept (a master starting on it); times handed out start after all of it."""
-        self._keys = dict(sorted(state.keys.items(), key=lambda kv: kv[1]))
-        self._namespaces = dict(sorted(state.namespaces.items(), key=lambda kv: kv[1]))
+        self._keys = dict(state.keys)
+        self._namespaces = dict(state.namespaces)
         self.floor = state.floor
         self._last = max([self._last, self.floor, *self._keys.values(), *self._namespaces.values()])
         self._changes = TombstoneChanges()
@@ -153,18 +153,13 @@ class Tombstones:
         if changes.floor is not None and (newer.floor is None or newer.floor < changes.floor):
             newer.floor = changes.floor
 
-    def stats(self) -> dict:
-        return {"keys": len(self._keys), "namespaces": len(self._namespaces), "floor_us": self.floor,
-                "refused": self.refused, "folded": self.folded, "limit": self.limit}
-
     def __len__(self) -> int:
         return len(self._keys) + len(self._namespaces)
 
     # ---------------------------------------------------------------- internals
 
     def _set(self, table: dict[bytes, int], upserts: dict[bytes, int], gone: set[bytes], name: bytes, t: int) -> None:
-        """`name`'s tombstone at `t`, moved to the end of `table` (kept in time order), and the change noted."""
-        table.pop(name, None)
+        """`name`'s tombstone at `t` (a later removal's time replaces an earlier one), and the change noted."""
         table[name] = t
         if self._track:
             upserts[name] = t
@@ -186,14 +181,14 @@ class Tombstones:
         if floor <= self.floor:
             return
         self.floor = floor
-        for table, gone in ((self._keys, self._changes.gone_keys), (self._namespaces, self._changes.gone_namespaces)):
+        changes = self._changes
+        for table, upserts, gone in ((self._keys, changes.keys, changes.gone_keys),
+                                     (self._namespaces, changes.namespaces, changes.gone_namespaces)):
             old = [k for k, t in table.items() if t < floor]
             for k in old:
                 del table[k]
-            if self._track:
-                upserts = self._changes.keys if table is self._keys else self._changes.namespaces
-                for k in old:
+                if self._track:
                     upserts.pop(k, None)
-                gone.update(old)
+                    gone.add(k)
         if self._track:
             self._changes.floor = floor

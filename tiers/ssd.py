@@ -90,7 +90,7 @@ class SsdRecord:
     offset: int
     size: int               # payload bytes
     checksum: int           # xxh3_64 of the payload
-    written_us: int = 0     # the master's clock (µs) when written; 0 = unknown (and every version-1 record)
+    written_us: int = 0     # the master's clock (µs) when written; 0 = unknown (a record without the WRITTEN flag)
 
     @property
     def record_size(self) -> int:
