@@ -6,7 +6,7 @@ exactly once.
                               grant_ttl_s node_ttl_s suspect_after_s
                               reload_grace_s promote_on_hit policy max_namespaces
                               write_behind write_behind_s pin_max_fraction
-                              max_tombstones
+                              max_tombstones max_tenant_tombstones
     NodeConfig                node_id dram_bytes ssd_path ssd_bytes shm_dir        StorageNode (a node's tiers)
                               share_dram hbm_bytes hbm_device ssd_fsync_s
     MasterServerFields        redis_url redis_prefix node_rpc_timeout_s            the master process
@@ -157,13 +157,16 @@ class MasterConfig(_Group):
     # back; beyond this many the oldest fold into one time before which no reported record is re-adopted (~100
     # bytes of master memory each).
     max_tombstones: int = 100_000
+    # The same per tenant key space (a tenant's removals, auth on), folded into that space's own time: a tenant that
+    # removes many keys it never stored costs only its own older records, never another tenant's or the pool's.
+    max_tenant_tombstones: int = 10_000
 
     def __post_init__(self) -> None:
         _check_nonneg_int(self, "max_object_bytes", "max_batch_keys")
-        if isinstance(self.max_tombstones, bool) or not isinstance(self.max_tombstones, int) \
-                or self.max_tombstones < 1:
-            raise ValueError(f"max_tombstones must be an int >= 1 (removed keys remembered), "
-                             f"got {self.max_tombstones!r}")
+        for name in ("max_tombstones", "max_tenant_tombstones"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1 (removed keys remembered), got {value!r}")
         value = self.pin_max_fraction
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
             raise ValueError(f"pin_max_fraction must be a share of the pool's capacity in [0, 1] (0 = no retention "

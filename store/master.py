@@ -148,7 +148,8 @@ class Master:
         self.retention.max_fraction = self.config.pin_max_fraction
         self.leases = Leases(self.index, token_secret)
         # removed keys a node that was away must not bring back (store/tombstones.py); persisted with the journal
-        self.tombstones = Tombstones(self.config.max_tombstones, track=self.journal.persistent)
+        self.tombstones = Tombstones(self.config.max_tombstones, scope_limit=self.config.max_tenant_tombstones,
+                                     track=self.journal.persistent)
         self.registry = NodeRegistry(self.placement)
         self.drains = Drains(self.index, self.placement, self.leases)
         self.promotions = Promotions(self.index, self.placement, self.leases)
@@ -844,11 +845,13 @@ class Master:
                     self.placement.forget(slot)
                     gone.append(key)
                     n += 1
-        # Tombstones (store/tombstones.py; still under the lock, so no node heard a later time meanwhile): an admin's
-        # for every key given, known here or not (a node out of the pool may hold the only record of one); a
-        # tenant's for the objects it removed only, so a client cannot fill them with keys it never stored and push
-        # the floor up for everyone (a tenant's key held only by an absent node can then come back).
-        self.tombstones.bury(stored if tid == UNSCOPED else gone)
+        # Tombstones (store/tombstones.py; still under the lock, so no node heard a later time meanwhile) for every
+        # key given, known here or not (a node out of the pool may hold the only record of one). A tenant's go to
+        # its own key space, bounded and folded there: naming keys it never stored costs only its own records.
+        if tid == UNSCOPED:
+            self.tombstones.bury(stored)
+        else:
+            self.tombstones.bury_scoped(stored)
         self._flush()
         return n, published
 

@@ -88,16 +88,19 @@ class MemoryMetadata:
     def put_tombstones(self, changes: TombstoneChanges) -> None:
         kept = self._tombstones
         for table, gone, upserts in ((kept.keys, changes.gone_keys, changes.keys),
-                                     (kept.namespaces, changes.gone_namespaces, changes.namespaces)):
+                                     (kept.namespaces, changes.gone_namespaces, changes.namespaces),
+                                     (kept.scoped, changes.gone_scoped, changes.scoped)):
             for k in gone:
                 table.pop(k, None)
             table.update(upserts)
+        kept.scope_floors.update(changes.scope_floors)
         if changes.floor is not None:
             kept.floor = changes.floor
 
     def load_tombstones(self) -> TombstoneState:
         kept = self._tombstones
-        return TombstoneState(dict(kept.keys), dict(kept.namespaces), kept.floor)
+        return TombstoneState(dict(kept.keys), dict(kept.namespaces), kept.floor, dict(kept.scoped),
+                              dict(kept.scope_floors))
 
     def close(self) -> None:
         pass

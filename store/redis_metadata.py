@@ -10,6 +10,8 @@ Layout under one prefix (default "kvpool"), binary keys and values, no per-objec
     <p>:tomb:keys       HASH  16-byte stored key -> u64 time (µs) of its last removal   } removal tombstones
     <p>:tomb:ns         HASH  16-byte namespace digest -> u64 time of its last evict    } (store/tombstones.py)
     <p>:tomb:floor      STRING the floor's time (decimal µs)                             }
+    <p>:tomb:tkeys      HASH  16-byte stored key -> u64 time of a tenant's last removal  } (its key space: the
+    <p>:tomb:scopes     HASH  4-byte tenant tag -> u64 floor of that key space          }  key's first 4 bytes)
 
     record = ns_digest 16s | tier B | offset Q | size Q | checksum Q      (little endian, 41 bytes)
              [| pinned_until d]   only for an object with a retention hint (49 bytes; its end, master-clock seconds)
@@ -152,6 +154,8 @@ class RedisMetadata:
         self._tomb_keys = f"{prefix}:tomb:keys"
         self._tomb_ns = f"{prefix}:tomb:ns"
         self._tomb_floor = f"{prefix}:tomb:floor"
+        self._tomb_tkeys = f"{prefix}:tomb:tkeys"
+        self._tomb_scopes = f"{prefix}:tomb:scopes"
 
     def _obj_key(self, node_id: str) -> str:
         return f"{self._p}:obj:{node_id}"
@@ -254,10 +258,12 @@ class RedisMetadata:
     # ---------------------------------------------------------------- removal tombstones
     @_unavailable
     def put_tombstones(self, changes: TombstoneChanges) -> None:
-        """One pipeline: deletions, upserts, then the floor."""
+        """One pipeline: deletions, upserts, then the floors."""
         pipe = self._r.pipeline(transaction=False)
         for name, gone, upserts in ((self._tomb_keys, changes.gone_keys, changes.keys),
-                                    (self._tomb_ns, changes.gone_namespaces, changes.namespaces)):
+                                    (self._tomb_ns, changes.gone_namespaces, changes.namespaces),
+                                    (self._tomb_tkeys, changes.gone_scoped, changes.scoped),
+                                    (self._tomb_scopes, (), changes.scope_floors)):
             gone = list(gone)
             for i in range(0, len(gone), _CHUNK):
                 pipe.hdel(name, *gone[i:i + _CHUNK])
@@ -272,7 +278,8 @@ class RedisMetadata:
     @_unavailable
     def load_tombstones(self) -> TombstoneState:
         state = TombstoneState()
-        for name, table in ((self._tomb_keys, state.keys), (self._tomb_ns, state.namespaces)):
+        for name, table in ((self._tomb_keys, state.keys), (self._tomb_ns, state.namespaces),
+                            (self._tomb_tkeys, state.scoped), (self._tomb_scopes, state.scope_floors)):
             for k, v in self._r.hscan_iter(name, count=_CHUNK):
                 table[k] = _TIME.unpack(v)[0]
         floor = self._r.get(self._tomb_floor)

@@ -8,7 +8,9 @@ removal tombstones (store/tombstones.py) the master adopted every record it did 
 were hits again; now a record written before a removal of its key (or namespace) is dropped and erased by the node.
 The other 20 are hits with their own bytes. Run twice: with a master on the memory backend, and with a master on
 Redis that is killed and started again between the removals and the node's return (the tombstones come back from
-Redis with it)."""
+Redis with it). With authentication on, a tenant's own removal of its keys while n1 is away does the same (before
+2026-12-06's tenant key spaces it tombstoned only the objects the master still knew: none), and another tenant
+naming the same key bytes removes nothing of it."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from kvpool.admin import AdminClient
 from kvpool.cli import main
 from kvpool.launcher import free_port
 from tests.store.cluster import cluster, key_of, pattern, start_redis  # noqa: F401 - the cluster fixture
+from tests.store.test_secure_cluster import auth_args, write_tokens
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
@@ -30,12 +33,12 @@ NS = Namespace(model="tombstones", fingerprint="away", kv_dtype="float32", block
                num_kv_heads=1, head_dim=128)
 
 
-def _hits(address: str) -> dict[int, bool]:
+def _hits(address: str, objects=range(OBJECTS), token: str | None = None) -> dict[int, bool]:
     """Per object, whether a get returns exactly its bytes (a wrong byte fails the test)."""
     out = {}
     buf = bytearray(SIZE)
-    with PoolClient(address, timeout=10) as c:
-        for i in range(OBJECTS):                            # one by one: a get stops at its first miss
+    with PoolClient(address, timeout=10, token=token) as c:
+        for i in objects:                                   # one by one: a get stops at its first miss
             ns = {"namespace": NS} if i in PURGED else {}
             out[i] = bool(c.get_many_into([key_of(i)], [buf], **ns))
             assert not out[i] or bytes(buf) == pattern(i, SIZE), f"object {i}: wrong bytes"
@@ -82,3 +85,29 @@ def test_objects_removed_while_their_node_was_away_stay_removed_when_it_comes_ba
     assert (stats["tombstones"], stats["records_refused"]) == (len(REMOVED) + 1, len(REMOVED) + len(PURGED))
     assert main(["status", "--master", master.address]) == 0
     assert "removal tombstones 11 (folded 0), reported SSD records refused 20" in capsys.readouterr().out.splitlines()
+
+
+def test_a_tenant_s_objects_removed_while_their_node_was_away_stay_removed(cluster, tmp_path):
+    tokens = write_tokens(tmp_path / "tokens")
+    master = cluster.start_master(node_ttl_s=5.0, extra=auth_args(tmp_path / "tokens"))
+    node_auth = ["--auth-node-tokens", f"file:{tmp_path / 'tokens' / 'node.tokens'}"]
+    port = free_port()
+    node = cluster.start_node("n1", dram="0", ssd="16MiB", port=port, extra=node_auth)
+    acme, beta = range(0, 20), range(20, 30)
+    for tenant, objects in (("acme", acme), ("beta", beta)):
+        with PoolClient(master.address, timeout=10, token=tokens[tenant]) as c:
+            assert c.put_many([key_of(i) for i in objects], [pattern(i, SIZE) for i in objects]) == \
+                ["stored"] * len(objects)
+    assert node.stop(timeout=60) == 0
+    with AdminClient(master.address, token=tokens["admin"]) as admin:
+        assert admin.drain("n1", migrate=False)["dropped"] == len(acme) + len(beta)
+    with PoolClient(master.address, timeout=10, token=tokens["acme"]) as c:
+        assert c.remove_many([key_of(i) for i in REMOVED]) == 0      # its own, unknown to the master now
+    with PoolClient(master.address, timeout=10, token=tokens["beta"]) as c:
+        assert c.remove_many([key_of(i) for i in range(10, 15)]) == 0  # acme's key bytes: beta's own key space
+    cluster.start_node("n1", dram="0", ssd="16MiB", port=port, extra=node_auth)
+    assert _hits(master.address, acme, tokens["acme"]) == {i: i not in REMOVED for i in acme}
+    assert _hits(master.address, beta, tokens["beta"]) == {i: True for i in beta}
+    with AdminClient(master.address, token=tokens["admin"]) as admin:
+        stats = admin.stats()
+    assert (stats["tombstones"], stats["tombstones_folded"], stats["records_refused"]) == (15, 0, len(REMOVED))

@@ -1,17 +1,19 @@
 """The master against a model of what it promises, under random steps that mix every way an object leaves or comes
 back: puts by tenants at their quotas onto full tiers, leases held across steps, promotions and copy rounds, an
-admin's removals and evicts, a node removed (`kvpool drain --no-migrate`) or drained with its objects moved, a node
-restarting as a new process (its SSD records reported again), a silent node reaped, and the master itself restarting
-on its journal. Removals are forgotten a few objects per hold of the lock, and between two holds another client's
+admin's and tenants' removals, evicts, a node removed (`kvpool drain --no-migrate`) or drained with its objects
+moved, a node restarting as a new process (its SSD records reported again), a silent node reaped, and the master
+itself restarting on its journal. Removals are forgotten a few objects per hold of the lock, and between two holds another client's
 call runs (a put, a lookup, a removal), as it would from another thread.
 
 After every step and between every two chunks, for every key ever stored:
 - a hit (inspect, or a lookup's location) reads back exactly the bytes put under that key (never another object's);
-- a key an admin removed (or evicted with everything) is a miss until it is put again, even after a node that held
-  it restarts and reports its SSD records, and even when that node was out of the pool when the key was removed
-  (removal tombstones, store/tombstones.py; half the runs keep only 5, so the oldest fold into the floor);
+- a key an admin or its tenant removed (or evicted with everything) is a miss until it is put again, even after a
+  node that held it restarts and reports its SSD records, and even when that node was out of the pool when the key
+  was removed (removal tombstones, store/tombstones.py; half the runs keep only 5, and half only 3 per tenant key
+  space, so the oldest fold into the floors);
 - a put answered EXISTS is a hit at once (never EXISTS for a miss); a restarted node's report drops only keys that
-  are hits elsewhere, or records written before a removal of their key (or before the tombstones' floor);
+  are hits elsewhere, or records written before a removal of their key (or before the floor of the pool or of
+  their key space);
 - the index's own invariants hold (store/index.py `check_invariants`: counts, bytes per tenant and tier, links);
 - once a call returns, no removed node has objects left to forget.
 Real StorageNodes in this process (tests/store/test_node_calls.py's Pool); REMOVAL_CHUNK is 3. Nodes hear the
@@ -54,7 +56,8 @@ class Model:
     def __init__(self, tmp_path, rng: random.Random, write_behind: bool) -> None:
         self.rng = rng
         self.meta = MemoryMetadata(persistent=True)
-        self.cfg = dict(write_behind=write_behind, node_ttl_s=TTL, max_tombstones=rng.choice([5, 100_000]))
+        self.cfg = dict(write_behind=write_behind, node_ttl_s=TTL, max_tombstones=rng.choice([5, 100_000]),
+                        max_tenant_tombstones=rng.choice([3, 10_000]))
         self.pool = Pool(tmp_path, "m", [], batched=True, quotas=QUOTAS, metadata=self.meta, **self.cfg)
         self.keys: list[bytes] = []
         self.known: set[bytes] = set()
@@ -106,8 +109,9 @@ class Model:
             # it), or, from the same process registering again, where the master does not know its key (a stale
             # record too: a removal's erase lost with the master), or where it was written before a removal of its
             # key or the floor; the node erases it then (store/node_server.py)
-            floor = self.master.tombstones.floor
-            assert all((r is None and (again or self._predates_removal(k, records[k].written_us, floor))) or
+            tombstones = self.master.tombstones
+            assert all((r is None and (again or self._predates_removal(k, records[k].written_us,
+                                                                      tombstones.floor_of(k)))) or
                        (r is not None and (r.node_id, r.tier, r.offset) != (name, Tier.SSD, records[k].offset))
                        for k, r in zip(result.dropped_keys, where)), \
                 f"{name}'s report dropped {[k.hex() for k in result.dropped_keys]} after {self.trace[-6:]}"
@@ -149,11 +153,11 @@ class Model:
         finally:
             self.depth -= 1
 
-    def _call(self, fn, *args):
+    def _call(self, fn, *args, **kwargs):
         self.trace.append(fn.__name__)
         self.depth += 1
         try:
-            return fn(*args)
+            return fn(*args, **kwargs)
         finally:
             self.depth -= 1
 
@@ -217,19 +221,31 @@ class Model:
         self.held.clear()
 
     def remove_some(self) -> None:
-        if self.keys:
-            gone = self.rng.sample(self.keys, min(len(self.keys), self.rng.randint(1, 6)))
+        """An admin removes stored keys, or a tenant its own keys (some perhaps never put, or only on a node that is
+        away)."""
+        rng = self.rng
+        tenant = rng.choice(TENANTS)
+        if tenant:
+            chain = rng.randrange(12)
+            mine = [chain_key(chain, i) for i in range(rng.randrange(6), rng.randint(6, 12))]
+            gone = self.pool.stored(mine, tenant)
+            self.restored = set()
+            self._call(self.master.remove, mine, tenant=tenant)
+        elif self.keys:
+            gone = rng.sample(self.keys, min(len(self.keys), rng.randint(1, 6)))
             self.restored = set()
             self._call(self.master.remove, gone)
-            now = self.master.time_us()
-            self.purged.update((k, now) for k in gone)
-            # a miss now, unless a put between two chunks stored it again (before or after its own chunk)
-            where = self.master.inspect(gone)
-            assert all(r is None or k in self.restored for k, r in zip(gone, where))
-            # what it removed stays removed, even a key that was a miss already (perhaps on a node that was leaving
-            # and reports its SSD records again when it restarts)
-            self.removed.update(k for k, r in zip(gone, where) if r is None)
-            self.restored = set()
+        else:
+            return
+        now = self.master.time_us()
+        self.purged.update((k, now) for k in gone)
+        # a miss now, unless a put between two chunks stored it again (before or after its own chunk)
+        where = self.master.inspect(gone)
+        assert all(r is None or k in self.restored for k, r in zip(gone, where))
+        # what it removed stays removed, even a key that was a miss already (perhaps on a node that was leaving
+        # and reports its SSD records again when it restarts)
+        self.removed.update(k for k, r in zip(gone, where) if r is None)
+        self.restored = set()
 
     def evict_all(self) -> None:
         self._call(self.master.evict, b"", 0.0)     # every unleased object

@@ -208,15 +208,59 @@ def test_a_key_removed_while_its_node_was_away_stays_removed_when_the_node_comes
     assert (stats["tombstones"], stats["tombstones_folded"], stats["records_refused"]) == (3, 0, 3)
 
 
-def test_a_tenant_tombstones_only_the_objects_it_removed_and_an_admin_every_key_it_names(tmp_path):
-    """A client cannot fill the tombstones with keys it never stored (and so push the floor up for every tenant)."""
+def _tenants_away_and_back(pool: Pool, purge) -> tuple[StorageNode, list[bytes]]:
+    """As `_away_and_back`, with KEYS[:4] tenant acme's, KEYS[4:8] beta's and KEYS[8:] unscoped (an admin's)."""
+    master = pool.master
+    for keys, tenant in ((KEYS[:4], "acme"), (KEYS[4:8], "beta"), (KEYS[8:], "")):
+        assert pool.put(keys, tenant=tenant) == [PutStatus.STORED] * 4
+    assert master.remove_node("n1") == 12
+    purge(master)
+    node = _restart(pool, "n1", reports=True)
+    result = master.report_objects("n1", node.scan_ssd(), last=True)
+    assert result.adopted == 12 - len(result.dropped_keys)
+    return node, sorted(result.dropped_keys)
+
+
+def _contains(pool: Pool) -> list[bool]:
+    master = pool.master
+    return (master.contains(KEYS[:4], tenant="acme") + master.contains(KEYS[4:8], tenant="beta")
+            + master.contains(KEYS[8:]))
+
+
+def test_a_tenant_s_key_removed_while_its_node_was_away_stays_removed(tmp_path):
+    """A tenant's removal tombstones every key it names in its own key space, known to the master or not (before:
+    only the objects it removed, so its keys held only by a node that was away came back)."""
+    pool = Pool(tmp_path, "a", [("n1", 0, 16)], batched=True, write_behind=False)
+    removed = []
+    _, dropped = _tenants_away_and_back(pool, lambda m: removed.extend([
+        m.remove(KEYS[:2] + MORE, tenant="acme"), m.remove(KEYS[5:6], tenant="beta")]))
+    assert removed == [0, 0]                                # unknown to the master, tombstoned all the same
+    assert dropped == sorted(pool.stored(KEYS[:2], "acme") + pool.stored(KEYS[5:6], "beta"))
+    assert _contains(pool) == [False, False, True, True, True, False, True, True] + [True] * 4
+    stats = pool.master.stats()
+    assert (stats["tombstones"], stats["tombstones_folded"], stats["records_refused"]) == (7, 0, 3)
+
+
+def test_a_tenant_that_names_many_keys_folds_only_its_own_key_space(tmp_path):
+    """Past `max_tenant_tombstones` a tenant's oldest tombstones fold into its own key space's time: its records
+    from before it are refused, another tenant's and the pool's are not, and the pool's own limit is untouched."""
+    pool = Pool(tmp_path, "a", [("n1", 0, 16)], batched=True, write_behind=False, max_tombstones=4,
+                max_tenant_tombstones=4)
+    never_stored = [[chain_key(5 + i, j) for j in range(5)] for i in range(3)]
+    _, dropped = _tenants_away_and_back(pool, lambda m: [m.remove(KEYS[9:10])] + [
+        m.remove(keys, tenant="acme") for keys in never_stored])
+    assert dropped == sorted(pool.stored(KEYS[:4], "acme") + KEYS[9:10])
+    assert _contains(pool) == [False] * 4 + [True] * 4 + [True, False, True, True]
+    stats = pool.master.stats()
+    # each call's 5 tombstones (one time) went past 4: all 15 folded into acme's key space; the admin's one kept
+    assert (stats["tombstones"], stats["tombstones_folded"], stats["records_refused"]) == (1, 15, 5)
+
+
+def test_an_admin_tombstones_every_key_it_names(tmp_path):
     pool = Pool(tmp_path, "a", [("n1", 0, 16)], batched=True, write_behind=False)
     master = pool.master
-    assert pool.put(KEYS[:4], tenant="acme") == [PutStatus.STORED] * 4
-    assert master.remove(KEYS[:2] + MORE, tenant="acme") == 2
-    assert master.stats()["tombstones"] == 2
     assert master.remove(MORE) == 0
-    assert master.stats()["tombstones"] == 6
+    assert master.stats()["tombstones"] == 4
 
 
 @pytest.mark.parametrize("purge", ["namespace", "everything"])

@@ -1,6 +1,6 @@
 """Removal tombstones (store/tombstones.py): a record written before a removal of its key is never re-adopted, with
-the tombstones bounded in number (the oldest fold into a floor) and kept by a persistent backend across a master
-restart."""
+the tombstones bounded in number (the oldest fold into a floor; a tenant's into its own key space's) and kept by a
+persistent backend across a master restart."""
 
 from __future__ import annotations
 
@@ -27,6 +27,12 @@ def _k(i: int) -> bytes:
 
 
 NS_A, NS_B = b"A" * 16, b"B" * 16
+ACME, BETA = b"acme", b"beta"        # two tenants' tags: their stored keys start with them (store/tenants.py)
+
+
+def _t(tag: bytes, i: int) -> bytes:
+    """Stored key i of the tenant whose tag is `tag`."""
+    return tag + i.to_bytes(12, "big")
 
 
 def test_times_increase_even_when_the_wall_clock_stands_still_or_goes_back():
@@ -89,18 +95,52 @@ def test_evict_of_everything_raises_the_floor_and_drops_every_tombstone_before_i
     t = Tombstones(10, clock=wall, track=True)
     t.bury([_k(1), _k(2)])
     t.bury_namespace(NS_A)
+    t.bury_scoped([_t(ACME, 1)])
     t.take_changes()
     wall.now = 7_000
     assert t.bury_all() == 7_000
     assert (len(t), t.floor) == (0, 7_000)
-    assert t.take_changes() == TombstoneChanges(gone_keys={_k(1), _k(2)}, gone_namespaces={NS_A}, floor=7_000)
+    assert t.take_changes() == TombstoneChanges(gone_keys={_k(1), _k(2)}, gone_namespaces={NS_A},
+                                                gone_scoped={_t(ACME, 1)}, floor=7_000)
     assert t.refuses(_k(3), NS_B, 6_999) is True and t.refuses(_k(3), NS_B, 7_000) is False
 
 
 def test_a_bad_limit_is_refused_naming_it():
     for bad in (0, -1, True, 1.5):
-        with pytest.raises(ValueError, match="tombstones must be an int >= 1"):
+        with pytest.raises(ValueError, match="^tombstones must be an int >= 1"):
             Tombstones(bad)
+        with pytest.raises(ValueError, match="^scope_limit must be an int >= 1"):
+            Tombstones(10, scope_limit=bad)
+
+
+def test_a_tenant_s_tombstones_fold_into_its_own_key_space_and_never_into_anyone_else_s():
+    """A tenant may name keys it never stored (they may be on a node that is away); past `scope_limit` its oldest
+    fold into its key space's own floor: its older records are refused, the pool's and other tenants' are not."""
+    wall = Wall(100)
+    t = Tombstones(2, scope_limit=3, clock=wall, track=True)
+    t.bury([_k(1)])                                      # an admin's, at 100
+    wall.now = 200
+    t.bury_scoped([_t(BETA, 1)])                         # beta's, at 200
+    for i in range(4):
+        wall.now = 300 + 100 * i                         # acme's keys 0..3, at 300..600
+        assert t.bury_scoped([_t(ACME, i)]) == 300 + 100 * i
+    # the 4th made 4 > 3: down to 2 (0.9 of 3), acme's keys 0 and 1 (300, 400) into acme's floor
+    assert (len(t), t.floor, t.folded) == (4, 0, 2)
+    changes = t.take_changes()
+    assert changes == TombstoneChanges(keys={_k(1): 100}, scoped={_t(BETA, 1): 200, _t(ACME, 2): 500,
+                                                                  _t(ACME, 3): 600},
+                                       gone_scoped={_t(ACME, 0), _t(ACME, 1)}, scope_floors={ACME: 401})
+    # acme: a folded key, and a key it never removed, written before its floor: refused; after: kept
+    assert [t.refuses(_t(ACME, 0), NS_A, 299), t.refuses(_t(ACME, 9), NS_A, 400), t.refuses(_t(ACME, 9), NS_A, 401)] \
+        == [True, True, False]
+    assert [t.refuses(_t(ACME, 3), NS_A, 599), t.refuses(_t(ACME, 3), NS_A, 600)] == [True, False]
+    # beta's own tombstone decides alone; its other keys and the pool's, however old, are not refused
+    assert [t.refuses(_t(BETA, 1), NS_A, 199), t.refuses(_t(BETA, 2), NS_A, 0), t.refuses(_k(9), NS_A, 0),
+            t.refuses(_k(1), NS_A, 99)] == [True, False, False, True]
+    # an admin's removal of a tenant's stored key is the admin's tombstone (its limit, the pool's floor)
+    wall.now = 700
+    t.bury([_t(BETA, 5)])
+    assert (t.refuses(_t(BETA, 5), NS_A, 699), len(t), t.floor) == (True, 5, 0)
 
 
 def test_changes_go_to_a_backend_and_a_new_master_loads_them_and_starts_after_them():
@@ -121,28 +161,42 @@ def test_changes_go_to_a_backend_and_a_new_master_loads_them_and_starts_after_th
 
 def test_a_failed_write_goes_again_with_the_next_one_and_newer_changes_win():
     wall = Wall()
-    t = Tombstones(3, clock=wall, track=True)
+    t = Tombstones(3, scope_limit=2, clock=wall, track=True)
     t.bury([_k(1)])
+    t.bury_scoped([_t(ACME, 1), _t(ACME, 2)])
     failed = t.take_changes()
     wall.now = 2_000
     t.bury([_k(1), _k(2)])                               # newer time for key 1
+    t.bury_scoped([_t(ACME, 3)])                         # 3 > 2: acme's 1 and 2 (1_001) fold, its floor 1_002
     t.restore_changes(failed)
-    assert t.take_changes() == TombstoneChanges(keys={_k(1): 2_000, _k(2): 2_000})
+    assert t.take_changes() == TombstoneChanges(keys={_k(1): 2_000, _k(2): 2_000}, scoped={_t(ACME, 3): 2_001},
+                                                gone_scoped={_t(ACME, 1), _t(ACME, 2)}, scope_floors={ACME: 1_002})
 
 
 def test_redis_keeps_tombstones_for_a_restarted_master(redis_server):
     wall = Wall()
-    t = Tombstones(4, clock=wall, track=True)
+    t = Tombstones(4, scope_limit=2, clock=wall, track=True)
     a = RedisMetadata(redis_server.url, prefix="tomb")
     for i in range(5):
         wall.now = 1_000 * (i + 1)
         t.bury([_k(i)])
     wall.now = 9_000
     t.bury_namespace(NS_B)                               # the 5th key made 5 > 4: keys 0 and 1 folded
+    t.bury_scoped([_t(ACME, 1)])                         # 9_001
+    a.put_tombstones(t.take_changes())
+    for i, now in ((2, 9_500), (3, 9_600)):
+        wall.now = now
+        t.bury_scoped([_t(ACME, i)])                     # the 3rd made 3 > 2: down to 1, acme's floor 9_501
     a.put_tombstones(t.take_changes())
     a.close()
     b = RedisMetadata(redis_server.url, prefix="tomb")
     state = b.load_tombstones()
     assert state == TombstoneState(keys={_k(2): 3_000, _k(3): 4_000, _k(4): 5_000}, namespaces={NS_B: 9_000},
-                                   floor=2_001)
+                                   floor=2_001, scoped={_t(ACME, 3): 9_600}, scope_floors={ACME: 9_501})
+    again = Tombstones(4, scope_limit=2, clock=Wall(0))
+    again.load(state)
+    assert again.now_us() == 9_601
+    assert [again.refuses(_t(ACME, 7), NS_A, 9_500), again.refuses(_t(ACME, 7), NS_A, 9_501),
+            again.refuses(_t(ACME, 3), NS_A, 9_599), again.refuses(_t(BETA, 7), NS_A, 2_001)] == \
+        [True, False, True, False]
     assert RedisMetadata(redis_server.url, prefix="other").load_tombstones() == TombstoneState()
