@@ -69,9 +69,9 @@ STATS_FAMILIES: dict[str, tuple[str, tuple[str, ...], str]] = {
                                "forgotten yet (misses already; 0 once a removal is done)."),
     "kvpool_tombstones": ("gauge", (), "Removal tombstones the master keeps: keys removed and namespaces evicted, so a "
                           "node that was away does not bring them back."),
-    "kvpool_tombstones_folded": ("counter", (), "Tombstones folded into the floor past max_tombstones, or into a "
-                                 "tenant key space's past max_tenant_tombstones (records written before it are no "
-                                 "longer re-adopted, whatever their key)."),
+    "kvpool_tombstones_folded": ("counter", (), "Tombstones folded past max_tombstones (or a tenant key space's past "
+                                 "max_tenant_tombstones) into time slots by key: records of a key written before "
+                                 "its slot's time are no longer re-adopted."),
     "kvpool_records_refused": ("counter", (), "SSD records a node reported that were written before a removal of their "
                                "key (or the floor): dropped and erased, not re-adopted."),
     "kvpool_tenant_objects": ("gauge", ("tenant",), "Objects a tenant holds (pending writes included)."),

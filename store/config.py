@@ -154,11 +154,11 @@ class MasterConfig(_Group):
     # the pool's capacity (auth off: the whole pool is one tenant); pins past it are ignored and counted. 0 = none.
     pin_max_fraction: float = 0.5
     # Removal tombstones (store/tombstones.py): removed keys remembered so a node that was away does not bring them
-    # back; beyond this many the oldest fold into one time before which no reported record is re-adopted (~100
-    # bytes of master memory each).
+    # back (~100 bytes of master memory each); beyond this many the oldest fold into 2^20 time slots by key (8 MiB):
+    # a reported record written before its key's slot is not re-adopted.
     max_tombstones: int = 100_000
-    # The same per tenant key space (a tenant's removals, auth on), folded into that space's own time: a tenant that
-    # removes many keys it never stored costs only its own older records, never another tenant's or the pool's.
+    # The same per tenant key space (a tenant's removals, auth on), folded into that space's own 2^17 slots (1 MiB):
+    # a tenant that removes many keys it never stored costs only its own older records, never another's.
     max_tenant_tombstones: int = 10_000
 
     def __post_init__(self) -> None:

@@ -93,14 +93,14 @@ class MemoryMetadata:
             for k in gone:
                 table.pop(k, None)
             table.update(upserts)
-        kept.scope_floors.update(changes.scope_floors)
+        kept.buckets.update(changes.buckets)
         if changes.floor is not None:
             kept.floor = changes.floor
 
     def load_tombstones(self) -> TombstoneState:
         kept = self._tombstones
         return TombstoneState(dict(kept.keys), dict(kept.namespaces), kept.floor, dict(kept.scoped),
-                              dict(kept.scope_floors))
+                              dict(kept.buckets))
 
     def close(self) -> None:
         pass

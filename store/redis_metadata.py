@@ -10,8 +10,9 @@ Layout under one prefix (default "kvpool"), binary keys and values, no per-objec
     <p>:tomb:keys       HASH  16-byte stored key -> u64 time (µs) of its last removal   } removal tombstones
     <p>:tomb:ns         HASH  16-byte namespace digest -> u64 time of its last evict    } (store/tombstones.py)
     <p>:tomb:floor      STRING the floor's time (decimal µs)                             }
-    <p>:tomb:tkeys      HASH  16-byte stored key -> u64 time of a tenant's last removal  } (its key space: the
-    <p>:tomb:scopes     HASH  4-byte tenant tag -> u64 floor of that key space          }  key's first 4 bytes)
+    <p>:tomb:tkeys      HASH  16-byte stored key -> u64 time of a tenant's last removal  } (its key space: the key's
+    <p>:tomb:buckets    HASH  scope (b"" or a tenant's 4-byte tag) + u32 BE slot -> u64  }  first 4 bytes; folded
+                              newest time folded into that slot                          }  tombstones' slots)
 
     record = ns_digest 16s | tier B | offset Q | size Q | checksum Q      (little endian, 41 bytes)
              [| pinned_until d]   only for an object with a retention hint (49 bytes; its end, master-clock seconds)
@@ -155,7 +156,7 @@ class RedisMetadata:
         self._tomb_ns = f"{prefix}:tomb:ns"
         self._tomb_floor = f"{prefix}:tomb:floor"
         self._tomb_tkeys = f"{prefix}:tomb:tkeys"
-        self._tomb_scopes = f"{prefix}:tomb:scopes"
+        self._tomb_buckets = f"{prefix}:tomb:buckets"
 
     def _obj_key(self, node_id: str) -> str:
         return f"{self._p}:obj:{node_id}"
@@ -258,12 +259,12 @@ class RedisMetadata:
     # ---------------------------------------------------------------- removal tombstones
     @_unavailable
     def put_tombstones(self, changes: TombstoneChanges) -> None:
-        """One pipeline: deletions, upserts, then the floors."""
+        """One pipeline: deletions, upserts (a fold slot's time only grows), then the floor."""
         pipe = self._r.pipeline(transaction=False)
         for name, gone, upserts in ((self._tomb_keys, changes.gone_keys, changes.keys),
                                     (self._tomb_ns, changes.gone_namespaces, changes.namespaces),
                                     (self._tomb_tkeys, changes.gone_scoped, changes.scoped),
-                                    (self._tomb_scopes, (), changes.scope_floors)):
+                                    (self._tomb_buckets, (), changes.buckets)):
             gone = list(gone)
             for i in range(0, len(gone), _CHUNK):
                 pipe.hdel(name, *gone[i:i + _CHUNK])
@@ -279,7 +280,7 @@ class RedisMetadata:
     def load_tombstones(self) -> TombstoneState:
         state = TombstoneState()
         for name, table in ((self._tomb_keys, state.keys), (self._tomb_ns, state.namespaces),
-                            (self._tomb_tkeys, state.scoped), (self._tomb_scopes, state.scope_floors)):
+                            (self._tomb_tkeys, state.scoped), (self._tomb_buckets, state.buckets)):
             for k, v in self._r.hscan_iter(name, count=_CHUNK):
                 table[k] = _TIME.unpack(v)[0]
         floor = self._r.get(self._tomb_floor)

@@ -16,8 +16,8 @@ carry its connector's measured prefill seconds per token, and its hit tokens tim
 hints (store/retention.py): pinned_objects / pinned_bytes (gauges), pins_clipped / pinned_evictions (counters).
 leaving_objects (gauge): objects of nodes taken out of the pool that the master is still forgetting (not in
 `objects`). Removal tombstones (store/tombstones.py): tombstones (gauge: removed keys and evicted namespaces
-remembered), tombstones_folded (counter: the oldest folded into the floor past `max_tombstones`, or into a tenant
-key space's past `max_tenant_tombstones`), records_refused
+remembered), tombstones_folded (counter: the oldest folded into time slots by key past `max_tombstones`, or a
+tenant key space's past `max_tenant_tombstones`), records_refused
 (counter: SSD records a node reported that were written before a removal of their key, dropped and erased).
 
 Movements (evictions, demotions, promotions) are counted by the tier the object LEFT. The dict keeps `demotions` and

@@ -17,7 +17,7 @@ Prefill seconds saved: hit tokens x the prefill seconds per token the connectors
 lookups. Pinned: objects holding a retention hint (a put's pin_s), keys stored unpinned past their tenant's cap
 (clipped), pinned objects that yielded to make room (pinned evictions); shown once any pin was asked for.
 Removal tombstones: keys removed and namespaces evicted that a node coming back must not bring back, those folded
-into a floor past max_tombstones (or max_tenant_tombstones), and the SSD records nodes reported that were refused as written before a
+past max_tombstones (or max_tenant_tombstones), and the SSD records nodes reported that were refused as written before a
 removal; shown once there is any.
 With authentication on or tenant quotas, a line per tenant: its bytes against its DRAM and total quotas and its
 own token hit rate. While the master records traffic (`kvpool trace record`), a line says where to. A master

@@ -229,14 +229,16 @@ class Model:
             chain = rng.randrange(12)
             mine = [chain_key(chain, i) for i in range(rng.randrange(6), rng.randint(6, 12))]
             gone = self.pool.stored(mine, tenant)
-            self.restored = set()
-            self._call(self.master.remove, mine, tenant=tenant)
         elif self.keys:
             gone = rng.sample(self.keys, min(len(self.keys), rng.randint(1, 6)))
-            self.restored = set()
-            self._call(self.master.remove, gone)
         else:
             return
+        # keys stored during this removal; one nested between two chunks of another keeps that one's too
+        outer, self.restored = self.restored, set()
+        if tenant:
+            self._call(self.master.remove, mine, tenant=tenant)
+        else:
+            self._call(self.master.remove, gone)
         now = self.master.time_us()
         self.purged.update((k, now) for k in gone)
         # a miss now, unless a put between two chunks stored it again (before or after its own chunk)
@@ -245,7 +247,7 @@ class Model:
         # what it removed stays removed, even a key that was a miss already (perhaps on a node that was leaving
         # and reports its SSD records again when it restarts)
         self.removed.update(k for k, r in zip(gone, where) if r is None)
-        self.restored = set()
+        self.restored = outer | self.restored if self.depth else set()
 
     def evict_all(self) -> None:
         self._call(self.master.evict, b"", 0.0)     # every unleased object

@@ -241,19 +241,33 @@ def test_a_tenant_s_key_removed_while_its_node_was_away_stays_removed(tmp_path):
     assert (stats["tombstones"], stats["tombstones_folded"], stats["records_refused"]) == (7, 0, 3)
 
 
-def test_a_tenant_that_names_many_keys_folds_only_its_own_key_space(tmp_path):
-    """Past `max_tenant_tombstones` a tenant's oldest tombstones fold into its own key space's time: its records
-    from before it are refused, another tenant's and the pool's are not, and the pool's own limit is untouched."""
+def test_a_tenant_that_names_many_keys_folds_them_into_its_own_key_space(tmp_path):
+    """Past `max_tenant_tombstones` a tenant's oldest tombstones fold into its own key space's slots: its removed
+    keys stay removed, and its other records, another tenant's and the pool's are kept; the pool's own limit is
+    untouched."""
     pool = Pool(tmp_path, "a", [("n1", 0, 16)], batched=True, write_behind=False, max_tombstones=4,
                 max_tenant_tombstones=4)
     never_stored = [[chain_key(5 + i, j) for j in range(5)] for i in range(3)]
-    _, dropped = _tenants_away_and_back(pool, lambda m: [m.remove(KEYS[9:10])] + [
+    _, dropped = _tenants_away_and_back(pool, lambda m: [m.remove(KEYS[9:10]), m.remove(KEYS[:2], tenant="acme")] + [
         m.remove(keys, tenant="acme") for keys in never_stored])
-    assert dropped == sorted(pool.stored(KEYS[:4], "acme") + KEYS[9:10])
-    assert _contains(pool) == [False] * 4 + [True] * 4 + [True, False, True, True]
+    assert dropped == sorted(pool.stored(KEYS[:2], "acme") + KEYS[9:10])
+    assert _contains(pool) == [False, False, True, True] + [True] * 4 + [True, False, True, True]
     stats = pool.master.stats()
-    # each call's 5 tombstones (one time) went past 4: all 15 folded into acme's key space; the admin's one kept
-    assert (stats["tombstones"], stats["tombstones_folded"], stats["records_refused"]) == (1, 15, 5)
+    # each call of 5 went past 4: acme's 2 and then every 5 folded (17); the admin's one tombstone kept
+    assert (stats["tombstones"], stats["tombstones_folded"], stats["records_refused"]) == (1, 17, 3)
+
+
+def test_an_admin_s_folded_tombstones_refuse_their_keys_records_not_every_record_from_before(tmp_path):
+    """Past `max_tombstones` the oldest fold into slots by key: a restarted node keeps its records of keys never
+    removed (until 2026-12-06 the fold raised one floor, and every record written before it was refused)."""
+    pool = Pool(tmp_path, "a", [("n1", 0, 16)], batched=True, write_behind=False, max_tombstones=4)
+    never_stored = [chain_key(7, j) for j in range(5)]
+    _, dropped = _away_and_back(pool, lambda m: [m.remove(KEYS[:1]), m.remove(never_stored)])
+    assert dropped == KEYS[:1]
+    assert pool.master.contains(KEYS) == [False] + [True] * 11
+    assert pool.check_bytes(KEYS[1:]) == 11
+    stats = pool.master.stats()
+    assert (stats["tombstones"], stats["tombstones_folded"], stats["records_refused"]) == (0, 6, 1)
 
 
 def test_an_admin_tombstones_every_key_it_names(tmp_path):
