@@ -112,7 +112,8 @@ class Tombstones:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         self.limit = limit
         self.scope_limit = scope_limit
-        self._slots = {True: _power_of_two("buckets", buckets), False: _power_of_two("scope_buckets", scope_buckets)}
+        self._admin_slots = _power_of_two("buckets", buckets)
+        self._scope_slots = _power_of_two("scope_buckets", scope_buckets)
         self._clock = clock
         self._last = 0                      # the last time handed out
         self._keys: dict[bytes, int] = {}
@@ -255,7 +256,8 @@ class Tombstones:
         """A scope's fold slots, made at its first fold."""
         slots = self._buckets.get(scope)
         if slots is None:
-            slots = self._buckets[scope] = np.zeros(self._slots[scope == b""], dtype=np.uint64)
+            n = self._admin_slots if scope == b"" else self._scope_slots
+            slots = self._buckets[scope] = np.zeros(n, dtype=np.uint64)
         return slots
 
     def _folded_time(self, key: bytes) -> int:
