@@ -45,6 +45,7 @@ Not thread-safe: the master serialises access under its lock.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -160,6 +161,10 @@ class Index:
         key = self._keys[slot]
         assert key is not None, f"slot {slot} is free"
         return key
+
+    def keys_of(self, slots: np.ndarray) -> Iterator[bytes]:
+        """The keys of `slots` (none free), lazily, in their order."""
+        return map(self._keys.__getitem__, slots.tolist())
 
     def intern_ns(self, digest: bytes) -> int:
         ns_id = self._ns_ids.get(digest)
@@ -317,9 +322,15 @@ class Index:
                           checksum=int(self.checksum[slot]), atime=int(self.atime[slot]),
                           tenant=int(self.tenant[slot]))
 
-    def slots(self) -> np.ndarray:
-        """Every non-free slot (including DOOMED ones whose key is unlinked)."""
-        return np.flatnonzero(self.state[: self._capacity] != State.FREE)
+    @property
+    def capacity(self) -> int:
+        """Slots the index has now (it grows; slots never move)."""
+        return self._capacity
+
+    def slots(self, first: int = 0, end: int | None = None) -> np.ndarray:
+        """Every non-free slot (including DOOMED ones whose key is unlinked), or those in [first, end)."""
+        end = self._capacity if end is None else min(end, self._capacity)
+        return np.flatnonzero(self.state[first:end] != State.FREE) + first
 
     def check_invariants(self) -> None:
         for key, slot in self._slot_of.items():

@@ -958,9 +958,12 @@ class Master:
                      node_id: str = "", tenant: str | None = None) -> tuple[list[ObjectRecord], bytes]:
         """Committed objects in (stored) key order after `start_after` (empty = from the start), optionally of one
         namespace, one node (KeyError if it is not registered) and/or one tenant (KeyError if unknown; "" = the
-        unscoped space); returns (records, next_start_after) with next empty when there are no more. Sorts the
-        matching keys: an admin call, O(n log n) in the index size."""
+        unscoped space); returns (records, next_start_after) with next empty when there are no more. An admin call:
+        one pass over the index per page, `queries.LIST_CHUNK` slots per hold of the lock (another client's call
+        waits one chunk). Not a snapshot: an object present for the whole call is listed, one put or removed
+        meanwhile may or may not be."""
         checks.list_args(ns_digest, start_after, limit)
+        start_after = bytes(start_after)
         with self._lock:
             number = self.placement.node(node_id).number if node_id else None
             tid = None
@@ -968,7 +971,20 @@ class Master:
                 tid = self.tenants.id_of(tenant)
                 if tid < 0:
                     raise KeyError(f"tenant {tenant!r} is not known to this master")
-            return queries.list_objects(self.index, self.placement, ns_digest, start_after, limit, number, tid)
+            ns_id = self.index.ns_id_of(ns_digest) if ns_digest else None
+        if ns_id == -1:
+            return [], b""                  # no object ever had that namespace
+        listing = queries.ListFilter(ns_id, number, tid)
+        best: list[bytes] = []
+        first = 0
+        while True:
+            with self._lock:
+                end = first + queries.LIST_CHUNK
+                best = queries.list_smallest(self.index, first, end, listing, start_after, best, limit)
+                if end >= self.index.capacity:
+                    return queries.list_page(self.index, self.placement, best, listing, limit)
+            first = end
+            self.between_chunks()
 
     def evict(self, ns_digest: bytes = b"", older_than_s: float | None = None) -> int:
         """Evict committed objects of one namespace (`ns_digest`, empty = any) and/or idle for at least

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import xxhash
 
-from kvpool.store import tokens
+from kvpool.store import queries, tokens
 from kvpool.store.config import MasterConfig, NodeConfig
 from kvpool.store.master import BatchTooLarge, Master, SizeMismatch
 from kvpool.store.metadata import MemoryMetadata
@@ -326,6 +326,76 @@ def test_list_objects_pages_in_key_order(make):
     with pytest.raises(ValueError, match="start_after must be a 16-byte key, got 3 bytes"):
         master.list_objects(start_after=b"abc")
     master.release([lease])
+
+
+def test_list_pages_every_object_once_in_byte_order_across_ties_in_the_first_eight_bytes(make):
+    """A page takes the `limit` smallest keys after `start_after` by their first 8 bytes, then the last 8: keys that
+    share their first 8 bytes, and pages that end inside such a run, come out in byte order all the same."""
+    master, node = make(dram_objects=160)
+    rng = np.random.default_rng(7)
+    keys = [bytes(rng.integers(0, 256, 16, dtype=np.uint8)) for _ in range(100)]
+    keys += [b"\x80" * 8 + i.to_bytes(8, "big") for i in (9, 3, 0, 2**63, 5, 2**64 - 1, 1, 4)]   # one first word
+    keys += [i.to_bytes(8, "big") + b"\xff" * 8 for i in (2, 1, 2**64 - 2)] + [b"\0" * 16, b"\xff" * 16]
+    assert put(master, node, keys) == [PutStatus.STORED] * len(keys)
+    for limit in (1, 3, 7, 200):
+        seen, after = [], b""
+        while True:
+            records, after = master.list_objects(start_after=after, limit=limit)
+            seen += [r.key for r in records]
+            assert len(records) == limit or after == b""
+            if not after:
+                break
+        assert seen == sorted(keys), limit
+    # from a key inside the run of equal first words, and from one that is not stored
+    records, after = master.list_objects(start_after=b"\x80" * 8 + (5).to_bytes(8, "big"), limit=3)
+    assert [r.key for r in records] == [b"\x80" * 8 + i.to_bytes(8, "big") for i in (9, 2**63, 2**64 - 1)]
+    assert after == b"\x80" * 8 + (2**64 - 1).to_bytes(8, "big")
+    absent = b"\x80" * 8 + (6).to_bytes(8, "big")
+    assert [r.key for r in master.list_objects(start_after=absent, limit=2)[0]] == \
+        [b"\x80" * 8 + i.to_bytes(8, "big") for i in (9, 2**63)]
+
+
+def test_a_listing_lets_others_in_between_chunks_and_lists_every_object_present_throughout(make, monkeypatch):
+    """`queries.LIST_CHUNK` slots per hold of the lock; between two, other calls remove and put objects; one key is
+    removed and put again into a slot a later chunk scans (seen twice), one removed and put again uncommitted. Every
+    object present for the whole listing is listed, once, in key order; none that is not committed when its page
+    comes back is on it."""
+    master, node = make(dram_objects=80)
+    monkeypatch.setattr(queries, "LIST_CHUNK", 8)
+    stable = [key(i) for i in range(1, 41)]                 # slots 0-39
+    assert put(master, node, stable) == [PutStatus.STORED] * 40
+    victims, newcomers = stable[4::5], [key(i) for i in range(100, 110)]
+    pending, moved = stable[0], stable[1]                   # both on the first page, in the first chunk
+    removed: list[bytes] = []
+    calls = []
+
+    def others() -> None:
+        calls.append(len(calls))
+        if victims:
+            removed.append(victims.pop(0))
+            assert master.remove(removed[-1:]) == 1
+        if newcomers:                                       # into the slot just freed
+            assert put(master, node, [newcomers.pop(0)]) == [PutStatus.STORED]
+        if len(calls) == 2:                                 # its new slot holds an uncommitted put
+            assert master.remove([pending]) == 1 and master.put_start([pending], [OBJ])[0].grant is not None
+            removed.append(pending)
+        if len(calls) == 3:                                 # slot 1 to a filler, the key to a slot past 39
+            assert master.remove([moved]) == 1
+            assert put(master, node, [key(200), moved]) == [PutStatus.STORED] * 2
+            assert master.index.slot_of(moved) > 39
+
+    master.between_chunks = others
+    listed, after = [], b""
+    while True:
+        records, after = master.list_objects(start_after=after, limit=6)
+        assert not {r.key for r in records} & set(removed)
+        listed += [r.key for r in records]
+        if not after:
+            break
+    assert listed == sorted(set(listed))                      # in order, each once
+    assert moved in listed and pending not in listed
+    throughout = set(stable) - set(stable[4::5]) - {moved, pending}
+    assert throughout <= set(listed) and len(calls) >= 10
 
 
 def test_leased_ssd_objects_are_not_evicted_to_make_room_for_demotions(make):
