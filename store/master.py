@@ -43,6 +43,7 @@ reclaims expired grants, leases and silent nodes (tests drive it with a fake clo
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -88,6 +89,7 @@ from kvpool.store.writebehind import ROUND_BYTES, WriteBehind
 log = logging.getLogger(__name__)
 
 _STORED, _EXISTS, _NO_SPACE = PutStatus.STORED, PutStatus.EXISTS, PutStatus.NO_SPACE
+_TIERS = tuple(Tier)        # the index's tier column -> Tier, without an enum call per object
 ATIME_TICKS_PER_S = 10      # the index's last-access column counts tenths of a second since the master started
 YIELD_S = 0.0005             # let_others_in: the GIL given up between two chunks of a removal
 _ATIME_MAX = 2**32 - 1
@@ -518,25 +520,24 @@ class Master:
         held; sent off it). A node with a shared arena shares its SSD file too (store/node.py ssd_share_path)."""
         index = self.index
         arr = np.array(slots, dtype=np.int64)
-        tiers = index.tier[arr].tolist()
-        numbers, offsets = index.node[arr].tolist(), index.offset[arr].tolist()
-        sizes, sums = index.size[arr].tolist(), index.checksum[arr].tolist()
-        by_node: dict[int, list[int]] = {}
-        for i, tier in enumerate(tiers):
-            if tier == Tier.DRAM or tier == Tier.SSD:
-                by_node.setdefault(numbers[i], []).append(i)
+        tiers, numbers = index.tier[arr], index.node[arr]
+        on_tier = (tiers == Tier.DRAM) | (tiers == Tier.SSD)
         by_number = self.placement.by_number
-        for number, picked in by_node.items():
+        for number in np.unique(numbers[on_tier]).tolist():     # columns per node, not a loop per object
             node = by_number[number] if number < len(by_number) else None
             if not self._indexed(node):
                 continue
+            picked = on_tier & (numbers == number)
             if not node.info.ssd_index_rows:    # a node from before SSD rows would take them as DRAM extents
-                picked = [i for i in picked if tiers[i] == Tier.DRAM]
-                if not picked:
-                    continue
-            self.host_feed.committed(node.node_id, node.ops, [keys[i] for i in picked], [offsets[i] for i in picked],
-                                     [sizes[i] for i in picked], [int(sums[i]) for i in picked],
-                                     [Tier(tiers[i]) for i in picked])
+                picked &= tiers == Tier.DRAM
+            picked = np.flatnonzero(picked)
+            if not len(picked):
+                continue
+            sel = arr[picked]
+            self.host_feed.committed(node.node_id, node.ops, list(map(keys.__getitem__, picked.tolist())),
+                                     index.offset[sel].tolist(), index.size[sel].tolist(),
+                                     index.checksum[sel].tolist(),
+                                     list(map(_TIERS.__getitem__, tiers[picked].tolist())))
 
     @staticmethod
     def _indexed(node) -> bool:
@@ -866,9 +867,10 @@ class Master:
                 continue
             slots = np.flatnonzero((index.state == COMMITTED) & ((index.tier == Tier.DRAM) | (index.tier == Tier.SSD))
                                    & (index.node == node.number) & (index.tenant == UNSCOPED)).tolist()
-            slots = [s for s in slots if not self.placement.in_flight(s)]   # published when they land
+            flying = self.placement.in_flight
+            slots = list(itertools.filterfalse(flying, slots))     # published when they land
             if slots:
-                self._publish(slots, [index.key_at(slot) for slot in slots])
+                self._publish(slots, list(index.keys_of(np.array(slots, dtype=np.int64))))
 
     def _in_chunks(self, count: int, chunk: Callable[[int, int], tuple[int, list[bytes]]]) -> int:
         """A removal of `count` objects, `queries.REMOVAL_CHUNK` per hold of the lock: `chunk(start, end)` (lock held)
