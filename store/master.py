@@ -520,24 +520,25 @@ class Master:
         held; sent off it). A node with a shared arena shares its SSD file too (store/node.py ssd_share_path)."""
         index = self.index
         arr = np.array(slots, dtype=np.int64)
-        tiers, numbers = index.tier[arr], index.node[arr]
-        on_tier = (tiers == Tier.DRAM) | (tiers == Tier.SSD)
+        tiers = index.tier[arr].tolist()
+        numbers, offsets = index.node[arr].tolist(), index.offset[arr].tolist()
+        sizes, sums = index.size[arr].tolist(), index.checksum[arr].tolist()
+        by_node: dict[int, list[int]] = {}
+        for i, tier in enumerate(tiers):
+            if tier == Tier.DRAM or tier == Tier.SSD:
+                by_node.setdefault(numbers[i], []).append(i)
         by_number = self.placement.by_number
-        for number in np.unique(numbers[on_tier]).tolist():     # columns per node, not a loop per object
+        for number, picked in by_node.items():
             node = by_number[number] if number < len(by_number) else None
             if not self._indexed(node):
                 continue
-            picked = on_tier & (numbers == number)
             if not node.info.ssd_index_rows:    # a node from before SSD rows would take them as DRAM extents
-                picked &= tiers == Tier.DRAM
-            picked = np.flatnonzero(picked)
-            if not len(picked):
-                continue
-            sel = arr[picked]
-            self.host_feed.committed(node.node_id, node.ops, list(map(keys.__getitem__, picked.tolist())),
-                                     index.offset[sel].tolist(), index.size[sel].tolist(),
-                                     index.checksum[sel].tolist(),
-                                     list(map(_TIERS.__getitem__, tiers[picked].tolist())))
+                picked = [i for i in picked if tiers[i] == Tier.DRAM]
+                if not picked:
+                    continue
+            self.host_feed.committed(node.node_id, node.ops, [keys[i] for i in picked], [offsets[i] for i in picked],
+                                     [sizes[i] for i in picked], [int(sums[i]) for i in picked],
+                                     [_TIERS[tiers[i]] for i in picked])
 
     @staticmethod
     def _indexed(node) -> bool:
@@ -870,7 +871,7 @@ class Master:
             flying = self.placement.in_flight
             slots = list(itertools.filterfalse(flying, slots))     # published when they land
             if slots:
-                self._publish(slots, list(index.keys_of(np.array(slots, dtype=np.int64))))
+                self._publish(slots, list(map(index.key_at, slots)))
 
     def _in_chunks(self, count: int, chunk: Callable[[int, int], tuple[int, list[bytes]]]) -> int:
         """A removal of `count` objects, `queries.REMOVAL_CHUNK` per hold of the lock: `chunk(start, end)` (lock held)
