@@ -65,3 +65,36 @@ def test_ssd_records_are_published_only_to_nodes_that_take_ssd_rows(nodes):
     master.register_node(nodes["ssd-old"].info(), nodes["ssd-old"], expires=False)
     assert master.host_feed.flush(10)
     assert nodes["ssd-old"].host_index.find([key(3), key(4)])[3] == [SSD_ROW, SSD_ROW]
+
+
+def test_a_registration_republishes_in_chunks_and_the_index_ends_as_the_master_s(nodes, monkeypatch):
+    """A node that kept its memory registers again (its master restarted): its objects go back into its host index
+    `REPUBLISH_SLOTS` slots per hold of the master's lock, other calls between. One removed between two chunks, one
+    put, one removed and put again: the index ends with exactly the objects the master has there, where it has
+    them."""
+    from kvpool.store import master as master_mod
+    monkeypatch.setattr(master_mod, "REPUBLISH_SLOTS", 2)
+    node = nodes["dram-old"]                                   # 8 DRAM objects, shares its arena
+    master = Master(MasterConfig(grant_ttl_s=10, lease_ttl_s=10, node_ttl_s=100), clock=Clock())
+    master.register_node(node.info(), node, expires=False)
+    put(master, nodes, [1, 2, 3, 4, 5, 6], "dram-old")         # slots 0-5
+    assert master.host_feed.flush(10)
+    calls = []
+
+    def others() -> None:
+        calls.append(len(calls))
+        if len(calls) == 1:                                   # slots 0-1 done: one of them goes, one not yet seen
+            assert master.remove([key(1), key(5)]) == 2
+        if len(calls) == 2:                                   # a new object, into a slot already passed
+            put(master, nodes, [7], "dram-old")
+
+    master.between_chunks = others
+    master.register_node(node.info(), node, expires=False)     # the same process: its objects stay
+    assert master.host_feed.flush(10)
+    assert len(calls) >= 3
+    held = [i for i in range(1, 8) if master.inspect([key(i)])[0] is not None]
+    assert held == [2, 3, 4, 6, 7]
+    for i in range(1, 8):
+        found = node.host_index.find([key(i)])
+        where = master.inspect([key(i)])[0]
+        assert found[0] == ([] if where is None else [where.offset]), i
