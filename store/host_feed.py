@@ -16,6 +16,14 @@ finds nothing (not published yet, or the node did not answer: logged and dropped
 feed only ever delays or loses a publication, never changes what a read returns: every row is checked again by the
 read fence.
 
+Backfills: a node that registered again keeping its memory (its master restarted), or that cleared its index after a
+removal, gets every object it holds published again. `backfill(node, chunk)` hands that to the feed's backfill thread,
+so the call that asked for it (RegisterNode, Remove) returns at once: `chunk(first)` publishes one chunk of the
+master's index from slot `first` under the master's lock and says where the next starts. A chunk waits until its
+node's queue has room for all it may add, so a backfill of any size loses nothing to MAX_QUEUED; a node that takes
+its publications slowly delays only its own backfill. A registration or a full removal (`reset`, `removed(node)`)
+drops the node's backfill in progress: the master starts it again from the first slot.
+
 Removals: `removed(node)` runs before the node is told of a removal (which clears its index). It drops what is
 queued for that node and waits for a send in flight, so no publication made before the removal lands after the
 node cleared its index; a batch the thread took before the removal is dropped when it sees the node's epoch moved.
@@ -30,6 +38,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvpool.store.node import Publication, PublishOps
@@ -42,6 +51,14 @@ SEND_INTERVAL_S = 0.005 # the least time between two rounds of Publish calls: th
                         # goes at once, and under a stream of puts the commits of a few puts share one call
 MAX_QUEUED = 1 << 20    # entries queued per node; past it the oldest go (counted `dropped`): a node that cannot keep
                         # up loses publications (its clients ask the master), the master never its memory
+
+
+@dataclass(slots=True)
+class _Backfill:
+    chunk: Callable[[int], int | None]  # publishes one chunk from a slot (the master's lock taken): the next, or None
+    room: int                           # the most entries one chunk may queue
+    pause: Callable[[], None]           # between two chunks (the master's lock not held)
+    first: int = 0                      # where the next chunk starts
 
 
 @dataclass(slots=True)
@@ -108,6 +125,8 @@ class HostIndexFeed:
         self._busy = 0                  # batches taken and not yet sent (flush waits for 0)
         self._closed = False
         self._thread: threading.Thread | None = None
+        self._backfills: dict[str, _Backfill] = {}
+        self._backfiller: threading.Thread | None = None    # runs while there are backfills
         self.published = 0
         self.gone_sent = 0
         self.failed = 0
@@ -140,9 +159,33 @@ class HostIndexFeed:
             q.gone_at += [len(q.keys)] * len(keys)      # the order of the calls, settled when the queue is taken
             self._cond.notify()
 
-    def reset(self, node_id: str) -> None:
-        """Drop what is queued for `node_id` (it registered again: its index starts empty)."""
+    def backfill(self, node_id: str, chunk: Callable[[int], int | None], *, room: int,
+                 pause: Callable[[], None]) -> None:
+        """Publish again everything `node_id` holds, off the caller's thread (module docstring): `chunk(first)` from
+        slot 0 until it returns None, each call queueing at most `room` entries, `pause()` between two. Replaces a
+        backfill of the node in progress."""
+        if isinstance(room, bool) or not isinstance(room, int) or not 1 <= room <= MAX_QUEUED:
+            raise ValueError(f"room must be an int in [1, MAX_QUEUED={MAX_QUEUED}], got {room!r}")
         with self._cond:
+            if self._closed:
+                return
+            self._backfills.pop(node_id, None)  # to the end of the round
+            self._backfills[node_id] = _Backfill(chunk, room, pause)
+            if self._backfiller is None:
+                self._backfiller = threading.Thread(target=self._run_backfills, name="kvpool-host-backfill",
+                                                    daemon=True)
+                self._backfiller.start()
+            self._cond.notify_all()
+
+    def backfilling(self) -> list[str]:
+        """The nodes with a backfill in progress."""
+        with self._cond:
+            return list(self._backfills)
+
+    def reset(self, node_id: str) -> None:
+        """Drop what is queued for `node_id`, and its backfill (it registered again: its index starts empty)."""
+        with self._cond:
+            self._backfills.pop(node_id, None)
             q = self._queues.get(node_id)
             if q is not None:
                 q.epoch += 1
@@ -153,6 +196,8 @@ class HostIndexFeed:
         `keys`: the node forgets only these (NodeInfo.removes_keys), so only their queued entries are dropped (and a
         batch taken but not sent yet, which may hold them); None: everything queued."""
         with self._cond:
+            if keys is None:
+                self._backfills.pop(node_id, None)  # it clears its index: the master backfills it again after
             q = self._queues.get(node_id)
             if q is None:
                 return
@@ -169,17 +214,21 @@ class HostIndexFeed:
         return {"published": self.published, "gone": self.gone_sent, "failed": self.failed, "dropped": self.dropped}
 
     def flush(self, timeout: float) -> bool:
-        """Wait until everything queued so far was sent (tests and benchmarks); False on timeout."""
+        """Wait until every backfill ended and everything queued so far was sent (tests and benchmarks); False on
+        timeout."""
         with self._cond:
-            return self._cond.wait_for(lambda: self._busy == 0 and not any(
+            return self._cond.wait_for(lambda: self._busy == 0 and not self._backfills and not any(
                 q.keys or q.gone for q in self._queues.values()), timeout)
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
+            self._backfills.clear()
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+            threads = [t for t in (self._thread, self._backfiller) if t is not None]
+        for t in threads:
+            if t is not threading.current_thread():
+                t.join(timeout=10)
 
     def _queue(self, node_id: str, ops: PublishOps) -> _Queue:
         q = self._queues.get(node_id)
@@ -189,6 +238,39 @@ class HostIndexFeed:
             self._thread = threading.Thread(target=self._run, name="kvpool-host-feed", daemon=True)
             self._thread.start()
         return q
+
+    def _room(self, node_id: str, backfill: _Backfill) -> bool:
+        q = self._queues.get(node_id)
+        return q is None or len(q.keys) + backfill.room <= MAX_QUEUED
+
+    def _run_backfills(self) -> None:
+        """The backfill thread: one chunk of each backfill in turn, of those whose node's queue has room."""
+        while True:
+            with self._cond:
+                ready = lambda: self._closed or not self._backfills or any(     # noqa: E731
+                    self._room(n, b) for n, b in self._backfills.items())
+                self._cond.wait_for(ready)
+                if self._closed or not self._backfills:
+                    self._backfiller = None
+                    return
+                node_id, backfill = next((n, b) for n, b in self._backfills.items() if self._room(n, b))
+                first = backfill.first
+            try:
+                nxt = backfill.chunk(first)
+            except Exception as exc:  # noqa: BLE001 - a lost backfill costs those objects a Lookup, as a lost send
+                log.warning("node %s: host index backfill stopped at slot %d (its same-host clients ask the master "
+                            "for the rest): %s", node_id, first, exc)
+                nxt = None
+            with self._cond:
+                ours = self._backfills.get(node_id) is backfill  # not replaced or dropped meanwhile
+                if ours:
+                    del self._backfills[node_id]
+                    if nxt is not None:
+                        backfill.first = nxt
+                        self._backfills[node_id] = backfill     # to the end of the round
+                self._cond.notify_all()
+            if ours and nxt is not None:
+                backfill.pause()
 
     def _run(self) -> None:
         last = -math.inf
@@ -203,6 +285,7 @@ class HostIndexFeed:
                 last = time.monotonic()
                 work = [(node_id, q, q.epoch, q.take()) for node_id, q in self._queues.items() if q.keys or q.gone]
                 self._busy += len(work)
+                self._cond.notify_all()     # room in the queues: a backfill may go on
             for node_id, q, epoch, batches in work:
                 try:
                     with q.send_lock:

@@ -43,6 +43,7 @@ reclaims expired grants, leases and silent nodes (tests drive it with a fake clo
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -167,6 +168,8 @@ class Master:
         # called between two chunks of a removal, the lock not held (`let_others_in`); tests put other clients'
         # calls there, as other threads would make them
         self.between_chunks: Callable[[], None] = let_others_in
+        # called between two chunks of a host index backfill, on the feed's backfill thread (`_republish`)
+        self.between_republish_chunks: Callable[[], None] = let_others_in
         self.host_feed = HostIndexFeed()            # what same-host clients find without a Lookup (host_feed.py)
         self.lookup_stats = stats_mod.LookupStats(max_namespaces=self.config.max_namespaces)
         # Key spaces derive from the token secret (shared through Redis, so stable across masters); an in-process
@@ -211,10 +214,12 @@ class Master:
             self._stopping.discard(info.node_id)
             self.journal.put_node(info)  # addresses may have changed
             self._flush()
+            spaces = self.placement.nodes[info.node_id].spaces
+            holds = any(spaces[t].allocator.num_allocations for t in (Tier.DRAM, Tier.SSD) if t in spaces)
         if restarted:
             self._forget_leaving()  # before the answer: the node reports its SSD records after it
-        else:
-            self._republish([info.node_id])         # the objects a node that kept its memory still holds
+        elif holds:
+            self._republish([info.node_id])         # what a node that kept its memory holds: after the answer
         return reg.epoch
 
     @staticmethod
@@ -860,20 +865,27 @@ class Master:
         return n, published
 
     def _republish(self, node_ids: Collection[str]) -> None:
-        """Queue every committed unscoped DRAM or SSD object of these nodes for their host indexes (lock not held): a
-        removal or a registration has just cleared them. `REPUBLISH_SLOTS` index slots per hold of the lock, other
-        calls in between (a node of 1,000,000 objects held it ~1 s in one piece); an object committed, moved or
-        removed meanwhile is published or told gone by that call itself, so the host index ends as the master's."""
-        first = 0
-        while True:
-            with self._lock:
-                end = first + REPUBLISH_SLOTS
-                for node_id in node_ids:
-                    self._republish_slots(node_id, first, end)
-                if end >= self.index.capacity:
-                    return
-            first = end
-            self.between_chunks()
+        """Publish again every committed unscoped DRAM or SSD object of these nodes into their host indexes, which a
+        removal or a registration has just cleared: a backfill on the feed's thread (store/host_feed.py), so the
+        call that asked returns at once (a node of 1,000,000 objects took its RegisterNode ~1-3.5 s, and one of a few
+        million would have run past the node's RPC deadline and registered again forever). `REPUBLISH_SLOTS` index
+        slots per hold of the lock, `between_republish_chunks` between two; an object committed, moved or removed
+        meanwhile is published or told gone by that call itself, so the host index ends as the master's."""
+        for node_id in node_ids:
+            self.host_feed.backfill(node_id, functools.partial(self._republish_chunk, node_id),
+                                    room=REPUBLISH_SLOTS, pause=self._between_republish_chunks)
+
+    def _between_republish_chunks(self) -> None:
+        self.between_republish_chunks()
+
+    def _republish_chunk(self, node_id: str, first: int) -> int | None:
+        """One chunk of `_republish` from slot `first`: where the next starts, or None when done (or the node left)."""
+        with self._lock:
+            if not self._indexed(self.placement.nodes.get(node_id)):
+                return None
+            end = first + REPUBLISH_SLOTS
+            self._republish_slots(node_id, first, end)
+            return end if end < self.index.capacity else None
 
     def _republish_slots(self, node_id: str, first: int, end: int) -> None:
         """One chunk of `_republish` (lock held): `node_id`'s objects in index slots [first, end)."""
@@ -941,9 +953,9 @@ class Master:
 
         `keys` (the unscoped stored keys a `remove`, or one chunk of an admin `evict`, took) go to the nodes that
         say `removes_keys`: their host indexes forget those rows only. A node from before `removes_keys` clears its
-        host index and the master publishes again every object it still holds: one scan of the index and a
-        publication of every row, ~86 ms of the master's lock and ~250 ms of feed per removal at 100,000 objects on
-        one node (scratch, 2-core box, 2026-12-06).
+        host index and the master publishes again every object it still holds, a backfill after the removal returned
+        (`_republish`): one scan of the index and a publication of every row, ~86 ms of the master's lock in chunks
+        and ~250 ms of feed per removal at 100,000 objects on one node (scratch, 2-core box, 2026-12-06).
 
         The nodes are told at once, one thread per node past the first, so a removal waits one round trip, not one
         per node (each call is bounded by the node RPC deadline)."""

@@ -67,6 +67,13 @@ def test_ssd_records_are_published_only_to_nodes_that_take_ssd_rows(nodes):
     assert nodes["ssd-old"].host_index.find([key(3), key(4)])[3] == [SSD_ROW, SSD_ROW]
 
 
+def _index_is_the_master_s(master, node, indices) -> None:
+    """`node`'s host index holds exactly the objects the master has there, at their offsets."""
+    for i in indices:
+        where = master.inspect([key(i)])[0]
+        assert node.host_index.find([key(i)])[0] == ([] if where is None else [where.offset]), i
+
+
 def test_a_registration_republishes_in_chunks_and_the_index_ends_as_the_master_s(nodes, monkeypatch):
     """A node that kept its memory registers again (its master restarted): its objects go back into its host index
     `REPUBLISH_SLOTS` slots per hold of the master's lock, other calls between. One removed between two chunks, one
@@ -88,13 +95,107 @@ def test_a_registration_republishes_in_chunks_and_the_index_ends_as_the_master_s
         if len(calls) == 2:                                   # a new object, into a slot already passed
             put(master, nodes, [7], "dram-old")
 
-    master.between_chunks = others
+    master.between_republish_chunks = others
+    node.objects_removed()                                     # as a node registering again clears its index
     master.register_node(node.info(), node, expires=False)     # the same process: its objects stay
     assert master.host_feed.flush(10)
     assert len(calls) >= 3
     held = [i for i in range(1, 8) if master.inspect([key(i)])[0] is not None]
     assert held == [2, 3, 4, 6, 7]
-    for i in range(1, 8):
-        found = node.host_index.find([key(i)])
-        where = master.inspect([key(i)])[0]
-        assert found[0] == ([] if where is None else [where.offset]), i
+    _index_is_the_master_s(master, node, range(1, 8))
+
+
+def test_a_registration_is_answered_before_its_republication_ends(nodes, monkeypatch):
+    """The republication is a backfill on the feed's thread: `register_node` (the RegisterNode RPC) returns while it
+    runs, however many objects the node holds (a node of a few million ran past its RPC deadline). Registering again
+    meanwhile starts it over from the first slot (the node cleared its index again); the index ends complete."""
+    import threading
+
+    from kvpool.store import master as master_mod
+    monkeypatch.setattr(master_mod, "REPUBLISH_SLOTS", 2)
+    node = nodes["dram-old"]
+    master = Master(MasterConfig(grant_ttl_s=10, lease_ttl_s=10, node_ttl_s=100), clock=Clock())
+    master.register_node(node.info(), node, expires=False)
+    put(master, nodes, list(range(1, 9)), "dram-old")           # slots 0-7: four chunks
+    assert master.host_feed.flush(10)
+    paused, go = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        paused.set()
+        assert go.wait(10)
+
+    master.between_republish_chunks = hold
+    node.objects_removed()
+    master.register_node(node.info(), node, expires=False)     # returns with three chunks still to go
+    assert paused.wait(10)
+    assert master.host_feed.backfilling() == ["dram-old"]
+    assert master.host_feed.flush(0.05) is False
+    node.objects_removed()                                     # registers again meanwhile: from slot 0 again
+    master.register_node(node.info(), node, expires=False)
+    master.between_republish_chunks = lambda: None
+    go.set()
+    assert master.host_feed.flush(10)
+    assert master.host_feed.backfilling() == []
+    assert [len(node.host_index.find([key(i)])[0]) for i in range(1, 9)] == [1] * 8
+    _index_is_the_master_s(master, node, range(1, 9))
+
+
+def test_a_republication_larger_than_the_feed_s_queue_loses_nothing(nodes, monkeypatch):
+    """A chunk waits until its node's queue has room for all it may add: a node holding more objects than
+    `MAX_QUEUED` gets every one back (before, the oldest were pushed out of the queue, counted `dropped`)."""
+    from kvpool.store import host_feed
+    from kvpool.store import master as master_mod
+    monkeypatch.setattr(master_mod, "REPUBLISH_SLOTS", 2)
+    monkeypatch.setattr(host_feed, "MAX_QUEUED", 3)
+    node = nodes["dram-old"]
+    master = Master(MasterConfig(grant_ttl_s=10, lease_ttl_s=10, node_ttl_s=100), clock=Clock())
+    master.host_feed.interval_s = 0.02                          # a sender slower than the chunks
+    master.register_node(node.info(), node, expires=False)
+    for i in range(1, 9):                                      # one at a time: a put's commit fits the queue
+        put(master, nodes, [i], "dram-old")
+        assert master.host_feed.flush(10)
+    published = master.host_feed.as_dict()["published"]
+    node.objects_removed()
+    master.register_node(node.info(), node, expires=False)
+    assert master.host_feed.flush(10)
+    assert master.host_feed.as_dict() == {"published": published + 8, "gone": 0, "failed": 0, "dropped": 0}
+    _index_is_the_master_s(master, node, range(1, 9))
+
+
+def test_a_node_that_restarted_or_left_ends_its_republication(nodes, monkeypatch):
+    """A new process of the node (new incarnation) holds nothing the master had: its backfill in progress is
+    dropped; a node removed from the pool ends its backfill at its next chunk."""
+    import threading
+
+    from kvpool.store import master as master_mod
+    monkeypatch.setattr(master_mod, "REPUBLISH_SLOTS", 2)
+    node = nodes["dram-old"]
+    master = Master(MasterConfig(grant_ttl_s=10, lease_ttl_s=10, node_ttl_s=100), clock=Clock())
+    master.register_node(node.info(), node, expires=False)
+    put(master, nodes, list(range(1, 9)), "dram-old")
+    assert master.host_feed.flush(10)
+    for leave in ("restart", "remove"):
+        paused, go = threading.Event(), threading.Event()
+        chunks = []
+
+        def hold(chunks=chunks, paused=paused, go=go) -> None:
+            chunks.append(1)
+            paused.set()
+            assert go.wait(10)
+
+        master.between_republish_chunks = hold
+        node.objects_removed()
+        master.register_node(node.info(), node, expires=False)
+        assert paused.wait(10)
+        if leave == "restart":
+            master.register_node(dataclasses.replace(node.info(), incarnation="new-process"), node, expires=False)
+        else:
+            master.remove_node("dram-old")
+        go.set()
+        assert master.host_feed.flush(10)
+        assert chunks == [1]                                    # none after the one in progress
+        assert master.inspect([key(i) for i in range(1, 9)]) == [None] * 8
+        if leave == "restart":                                  # back for the next round, its objects again
+            master.register_node(node.info(), node, expires=False)
+            put(master, nodes, list(range(1, 9)), "dram-old")
+            assert master.host_feed.flush(10)
