@@ -52,6 +52,63 @@ def key(i: int) -> bytes:
     return xxhash.xxh3_128_digest(i.to_bytes(8, "little"))
 
 
+def put_objects(master, total: int, size: int) -> None:
+    """`total` objects of `size` bytes (keys `key(0..total-1)`) through the client's put path, BATCH a call; their
+    bytes are never written (the master's cost only)."""
+    bar = tqdm(total=total, desc="puts", unit="obj", leave=False)
+    for start in range(0, total, BATCH):
+        keys = [key(i) for i in range(start, min(start + BATCH, total))]
+        grants = master.put_start(keys, [size] * len(keys))
+        assert all(g.grant is not None for g in grants), "the node is full"
+        assert master.put_commit([g.grant.grant_id for g in grants], [0] * len(keys)) == [True] * len(keys)
+        bar.update(len(keys))
+    bar.close()
+    assert master.stats()["objects"] == total, "the node evicted some: its arena is too small"
+
+
+class LookupProber:
+    """A thread looking up a CHAIN-key chain every LOOKUP_EVERY_S (an engine's lookup before a prefill), each
+    latency recorded as `idle` or, between `during.set()` and `during.clear()`, `busy` (ms)."""
+
+    def __init__(self, master, chain: list[bytes], bound_s: float) -> None:
+        self.master, self.chain, self.bound_s = master, chain, bound_s
+        self.during = threading.Event()
+        self.idle: list[float] = []
+        self.busy: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._probe, daemon=True)
+
+    def __enter__(self) -> "LookupProber":
+        self._thread.start()
+        time.sleep(IDLE_S)                                      # the idle phase (a fixed span, not a wait)
+        self.during.set()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wait_until = time.monotonic() + 5                       # a short phase may end before any lookup does
+        while not self.busy and time.monotonic() < wait_until:
+            time.sleep(0.001)
+        self.during.clear()
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _probe(self) -> None:
+        deadline = time.monotonic() + self.bound_s              # bounded whatever happens to the main thread
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            busy = self.during.is_set()
+            t0 = time.perf_counter()
+            hits = self.master.lookup(self.chain, lease=False).hits
+            took = (time.perf_counter() - t0) * 1e3
+            assert hits == len(self.chain)
+            (self.busy if busy and self.during.is_set() else self.idle).append(took)
+            time.sleep(LOOKUP_EVERY_S)
+
+    def summary(self) -> dict:
+        return {"idle_p50": pct(self.idle, 0.5), "idle_p99": pct(self.idle, 0.99), "idle_max": max(self.idle),
+                "busy_p50": pct(self.busy, 0.5), "busy_p99": pct(self.busy, 0.99),
+                "busy_max": max(self.busy) if self.busy else float("nan")}
+
+
 def one_round(args, workdir: str) -> dict:
     from kvpool.store.config import MasterConfig, NodeConfig
     from kvpool.store.master import Master
@@ -61,55 +118,19 @@ def one_round(args, workdir: str) -> dict:
     master = Master(MasterConfig(write_behind=False))
     master.register_node(node.info(), node, expires=False)
     try:
-        chain = [key(args.objects + i) for i in range(CHAIN)]
-        bar = tqdm(total=args.objects + CHAIN, desc="puts", unit="obj", leave=False)
-        for start in range(0, args.objects + CHAIN, BATCH):
-            keys = [key(i) for i in range(start, min(start + BATCH, args.objects + CHAIN))]
-            grants = master.put_start(keys, [args.size] * len(keys))
-            assert all(g.grant is not None for g in grants), "the node is full"
-            assert master.put_commit([g.grant.grant_id for g in grants], [0] * len(keys)) == [True] * len(keys)
-            bar.update(len(keys))
-        bar.close()
-        assert master.stats()["objects"] == args.objects + CHAIN, "the node evicted some: its arena is too small"
-        stop = threading.Event()
-        during = threading.Event()
-        idle_ms: list[float] = []
-        busy_ms: list[float] = []
-
-        def probe() -> None:
-            deadline = time.monotonic() + 600                   # bounded whatever happens to the main thread
-            while not stop.is_set() and time.monotonic() < deadline:
-                listing = during.is_set()
-                t0 = time.perf_counter()
-                hits = master.lookup(chain, lease=False).hits
-                took = (time.perf_counter() - t0) * 1e3
-                assert hits == CHAIN
-                (busy_ms if listing and during.is_set() else idle_ms).append(took)
-                time.sleep(LOOKUP_EVERY_S)
-
-        prober = threading.Thread(target=probe, daemon=True)
-        prober.start()
-        time.sleep(IDLE_S)
-        during.set()
+        put_objects(master, args.objects + CHAIN, args.size)
         page_ms: list[float] = []
         listed, after = 0, b""
-        for _ in range(args.pages):
-            t0 = time.perf_counter()
-            records, after = master.list_objects(start_after=after, limit=args.limit)
-            page_ms.append((time.perf_counter() - t0) * 1e3)
-            listed += len(records)
-            if not after:
-                break
-        wait_until = time.monotonic() + 5                       # a tiny listing may end before any lookup does
-        while not busy_ms and time.monotonic() < wait_until:
-            time.sleep(0.001)
-        during.clear()
-        stop.set()
-        prober.join(timeout=30)
+        with LookupProber(master, [key(args.objects + i) for i in range(CHAIN)], 600) as prober:
+            for _ in range(args.pages):
+                t0 = time.perf_counter()
+                records, after = master.list_objects(start_after=after, limit=args.limit)
+                page_ms.append((time.perf_counter() - t0) * 1e3)
+                listed += len(records)
+                if not after:
+                    break
         return {"pages": len(page_ms), "page_ms": statistics.median(page_ms), "page_max_ms": max(page_ms),
-                "listed": listed, "idle_p50": pct(idle_ms, 0.5), "idle_p99": pct(idle_ms, 0.99),
-                "idle_max": max(idle_ms), "busy_p50": pct(busy_ms, 0.5), "busy_p99": pct(busy_ms, 0.99),
-                "busy_max": max(busy_ms) if busy_ms else float("nan")}
+                "listed": listed, **prober.summary()}
     finally:
         node.close()
 
