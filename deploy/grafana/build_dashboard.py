@@ -138,6 +138,18 @@ def build() -> dict:
               [(f"sum by (tenant) (rate(kvpool_tenant_quota_evictions_total[{RI}]))", "{{tenant}} evicted"),
                (f"sum by (tenant) (rate(kvpool_tenant_no_space_total[{RI}]))", "{{tenant}} no space")], "ops",
               "A tenant at its quota evicts its own coldest objects; no space: nothing of its own could go."),
+        row(105, "Removals and returning nodes", 68),
+        panel(21, "Removal tombstones and objects of removed nodes", "timeseries", (0, 69, 12, 8),
+              [("max(kvpool_tombstones)", "tombstones kept"),
+               ("max(kvpool_leaving_objects)", "objects of removed nodes not yet forgotten")], "short",
+              "Keys removed and namespaces evicted the master remembers, so a node that was away cannot bring them "
+              "back; objects of nodes taken out of the pool, forgotten a chunk at a time."),
+        panel(22, "Tombstones folded and SSD records refused", "timeseries", (12, 69, 12, 8),
+              [(f"sum(rate(kvpool_tombstones_folded_total[{RI}]))", "folded past max_tombstones"),
+               (f"sum(rate(kvpool_records_refused_total[{RI}]))", "SSD records refused")], "ops",
+              "Folded: the oldest tombstones merged into time slots by key (a record of a key sharing a slot, written "
+              "before it, is refused too: a miss). Refused: records returning nodes reported, written before a "
+              "removal of their key."),
     ]
     return {
         "uid": "kvpool-overview",

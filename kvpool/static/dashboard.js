@@ -108,6 +108,9 @@ function renderCards(s, lastPoint) {
   $("demotions").textContent = fmtInt(total(s.demotions || 0));
   $("promotions").textContent = fmtInt(total(s.promotions || 0));
   $("ssd-corrupt").textContent = fmtInt(s.ssd_corrupt || 0);
+  $("tombstones").textContent = fmtInt(s.tombstones || 0) +
+    (s.tombstones_folded ? ` (+${fmtInt(s.tombstones_folded)} folded)` : "");
+  $("records-refused").textContent = fmtInt(s.records_refused || 0);
   $("nodes-alive").textContent = fmtInt(s.nodes_alive);
 }
 

@@ -346,6 +346,9 @@ def check_dashboard_page(driver, url: str, stats: dict) -> PoolStats:
     assert text("pinned") == (f"pinned {snap.pinned_objects:,} objects ({fmt_bytes(snap.pinned_bytes)}) \u00b7 "
                               f"{snap.pins_clipped:,} clipped \u00b7 {snap.pinned_evictions:,} yielded")
     assert text("nodes-alive") == str(snap.nodes_alive)
+    assert text("tombstones") == f"{snap.tombstones:,}" + (f" (+{snap.tombstones_folded:,} folded)"
+                                                           if snap.tombstones_folded else "")
+    assert text("records-refused") == f"{snap.records_refused:,}"
     assert driver.find_element(By.ID, "conn-status").get_attribute("data-state") == "live"
     bars = {(node, tier): (int(used), int(cap)) for node, tier, used, cap in lists["bars"]}
     assert bars == {(n, t): (u.bytes, u.capacity) for n, tiers in snap.nodes.items() for t, u in tiers.items()}
@@ -392,10 +395,14 @@ def test_dashboard_page_in_headless_chromium_shows_exact_hit_rate(tmp_path):
         n = pool.lookup_prefix(keys, namespace=ns, prefill_s_per_token=0.0375)
         requested, hit = requested + len(keys) * ns.block_tokens, hit + n * ns.block_tokens
         pool.put_many(keys[:2], [b"p" * ns.block_bytes] * 2, namespace=ns, pin_s=600)
+        # two objects put and removed: the "tombstones" of the movement card
+        gone = [b"removed-%08d" % i for i in range(2)]
+        assert pool.put_many(gone, [b"r" * 64] * 2) == ["stored"] * 2 and pool.remove_many(gone) == 2
         clock.t += 1
         server.sample()
         stats = pool.stats()
         assert stats["prefill_seconds_saved"] == n * ns.block_tokens * 0.0375 > 0 and stats["pinned_objects"] == 2
+        assert (stats["tombstones"], stats["tombstones_folded"], stats["records_refused"]) == (2, 0, 0)
         snap = check_dashboard_page(driver, server.url, stats)
         # The master counted exactly what the clients saw, and the page showed it.
         assert (snap.requested_tokens, snap.hit_tokens) == (requested, hit)
