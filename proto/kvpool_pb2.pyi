@@ -614,7 +614,7 @@ class ReadChunk(_message.Message):
     def __init__(self, data: _Optional[bytes] = ...) -> None: ...
 
 class MoveRequest(_message.Message):
-    __slots__ = ("keys", "namespaces", "sizes", "checksums", "src_tiers", "src_offsets", "dst_tiers", "dst_offsets", "drops")
+    __slots__ = ("keys", "namespaces", "sizes", "checksums", "src_tiers", "src_offsets", "dst_tiers", "dst_offsets", "drops", "incarnation")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     NAMESPACES_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
@@ -624,6 +624,7 @@ class MoveRequest(_message.Message):
     DST_TIERS_FIELD_NUMBER: _ClassVar[int]
     DST_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     DROPS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     namespaces: _containers.RepeatedScalarFieldContainer[bytes]
     sizes: _containers.RepeatedScalarFieldContainer[int]
@@ -633,7 +634,8 @@ class MoveRequest(_message.Message):
     dst_tiers: _containers.RepeatedScalarFieldContainer[Tier]
     dst_offsets: _containers.RepeatedScalarFieldContainer[int]
     drops: DropRequest
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., namespaces: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., src_tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., src_offsets: _Optional[_Iterable[int]] = ..., dst_tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., dst_offsets: _Optional[_Iterable[int]] = ..., drops: _Optional[_Union[DropRequest, _Mapping]] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., namespaces: _Optional[_Iterable[bytes]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., src_tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., src_offsets: _Optional[_Iterable[int]] = ..., dst_tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., dst_offsets: _Optional[_Iterable[int]] = ..., drops: _Optional[_Union[DropRequest, _Mapping]] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class MoveResponse(_message.Message):
     __slots__ = ("ok",)
@@ -642,7 +644,7 @@ class MoveResponse(_message.Message):
     def __init__(self, ok: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class DropRequest(_message.Message):
-    __slots__ = ("keys", "tiers", "offsets", "sizes", "objects_removed", "removed_keys_only", "removed_keys")
+    __slots__ = ("keys", "tiers", "offsets", "sizes", "objects_removed", "removed_keys_only", "removed_keys", "incarnation")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
@@ -650,6 +652,7 @@ class DropRequest(_message.Message):
     OBJECTS_REMOVED_FIELD_NUMBER: _ClassVar[int]
     REMOVED_KEYS_ONLY_FIELD_NUMBER: _ClassVar[int]
     REMOVED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     tiers: _containers.RepeatedScalarFieldContainer[Tier]
     offsets: _containers.RepeatedScalarFieldContainer[int]
@@ -657,7 +660,8 @@ class DropRequest(_message.Message):
     objects_removed: bool
     removed_keys_only: bool
     removed_keys: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., objects_removed: _Optional[bool] = ..., removed_keys_only: _Optional[bool] = ..., removed_keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., objects_removed: _Optional[bool] = ..., removed_keys_only: _Optional[bool] = ..., removed_keys: _Optional[_Iterable[bytes]] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class DropResponse(_message.Message):
     __slots__ = ("dropped",)
@@ -666,20 +670,22 @@ class DropResponse(_message.Message):
     def __init__(self, dropped: _Optional[int] = ...) -> None: ...
 
 class PublishRequest(_message.Message):
-    __slots__ = ("keys", "offsets", "sizes", "checksums", "gone", "tiers")
+    __slots__ = ("keys", "offsets", "sizes", "checksums", "gone", "tiers", "incarnation")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
     CHECKSUMS_FIELD_NUMBER: _ClassVar[int]
     GONE_FIELD_NUMBER: _ClassVar[int]
     TIERS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     offsets: _containers.RepeatedScalarFieldContainer[int]
     sizes: _containers.RepeatedScalarFieldContainer[int]
     checksums: _containers.RepeatedScalarFieldContainer[int]
     gone: _containers.RepeatedScalarFieldContainer[bytes]
     tiers: _containers.RepeatedScalarFieldContainer[Tier]
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., gone: _Optional[_Iterable[bytes]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., checksums: _Optional[_Iterable[int]] = ..., gone: _Optional[_Iterable[bytes]] = ..., tiers: _Optional[_Iterable[_Union[Tier, str]]] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class PublishResponse(_message.Message):
     __slots__ = ("published",)

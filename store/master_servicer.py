@@ -154,7 +154,8 @@ class MasterServicer(pbg.MasterServiceServicer):
             self._endpoints[ep.node_id] = pb.NodeEndpoint.FromString(ep.SerializeToString())
         if old is not None:
             old.close()
-        epoch = self.master.register_node(info, ops)
+        # the calls for this process name it: one made for the process before it at this address is refused there
+        epoch = self.master.register_node(info, ops.bound(ep.incarnation))
         if self._metadata is not None and hasattr(self._metadata, "put_node_endpoint"):
             self._metadata.put_node_endpoint(ep.node_id, ep.SerializeToString())
         log.info("node %s registered (epoch %d, data %s, host %s)", ep.node_id, epoch, ep.data_address, ep.host_id)

@@ -166,6 +166,14 @@ class NodeServicer(pbg.NodeServiceServicer):
         self.node = node
         self.handler = handler
 
+    def _for_me(self, request, context) -> None:
+        """A master's call made for another process of this node (it restarted at this address since): refused
+        before anything changes, since its offsets are that process's (store/remote_node.py)."""
+        if request.incarnation and request.incarnation != self.node.incarnation:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"incarnation: the call was made for node process {request.incarnation}, this is "
+                          f"{self.node.incarnation} (the node restarted): nothing done")
+
     def Write(self, request_iterator, context):
         view, pos, e = None, 0, None
         try:
@@ -200,6 +208,7 @@ class NodeServicer(pbg.NodeServiceServicer):
             yield pb.ReadChunk(data=bytes(view[pos:pos + step]))
 
     def Demote(self, request, context):
+        self._for_me(request, context)
         try:
             moves = wire.moves_from_msg(request)
             node_checks.moves(self.node, moves)
@@ -212,6 +221,7 @@ class NodeServicer(pbg.NodeServiceServicer):
         return reply
 
     def Promote(self, request, context):
+        self._for_me(request, context)
         try:
             moves = wire.moves_from_msg(request)
             node_checks.moves(self.node, moves)
@@ -222,6 +232,7 @@ class NodeServicer(pbg.NodeServiceServicer):
         return reply
 
     def Drop(self, request, context):
+        self._for_me(request, context)
         try:
             drops = wire.drops_from_msg(request)
             node_checks.drops(self.node, drops)
@@ -235,6 +246,7 @@ class NodeServicer(pbg.NodeServiceServicer):
         return pb.DropResponse(dropped=dropped)
 
     def Publish(self, request, context):
+        self._for_me(request, context)
         try:
             publication = wire.publication_from_msg(request)
             node_checks.publication(self.node, publication)

@@ -5,6 +5,12 @@ carries a short deadline: a node that does not answer makes the demotion fail (t
 miss) instead of stalling every client of the master. Promotions run outside the lock; a failed call raises
 NodeUnavailable, and the objects stay where they are. With authentication on the master presents a node token (and
 with TLS its certificate): a node accepts Demote / Promote / Drop from node credentials only.
+
+Every call names the node process it is meant for (`incarnation`, as that process registered): a node restarted at
+the same address refuses a call the master made for the process before it (FAILED_PRECONDITION, nothing changed),
+which could otherwise erase or overwrite, at the old process's offsets, SSD records the new one is about to report.
+One channel per node address (`RemoteNodeOps`); each registration gets a view bound to its incarnation
+(`bound`), so the calls for a process that left keep its incarnation while the new one's carry the new.
 """
 
 from __future__ import annotations
@@ -39,8 +45,24 @@ class RemoteNodeOps:
     def __init__(self, address: str, timeout: float, *, token: TokenSource | None = None, tls=None) -> None:
         self.address = address
         self.timeout = timeout
+        self.incarnation = ""           # empty: any process (this object); `bound` views name one
         self._channel = auth_channel(address, token=token, tls=tls, options=GRPC_OPTIONS)
         self._stub = pbg.NodeServiceStub(self._channel)
+        self._latest: RemoteNodeOps | None = None
+
+    def bound(self, incarnation: str) -> "RemoteNodeOps":
+        """The same channel, every call naming the node process `incarnation`: the same view as the last call's for
+        the same process (registering again, it keeps its ops), a new one for a new process. Closing stays this
+        object's."""
+        if not isinstance(incarnation, str):
+            raise ValueError(f"incarnation must be a str, got {incarnation!r}")
+        view = self._latest
+        if view is None or view.incarnation != incarnation:
+            view = object.__new__(RemoteNodeOps)
+            view.address, view.timeout, view.incarnation = self.address, self.timeout, incarnation
+            view._channel, view._stub, view._latest = self._channel, self._stub, None
+            self._latest = view
+        return view
 
     def demote(self, moves: list[Move], drops: Sequence[Drop] = ()) -> list[bool]:
         try:
@@ -53,7 +75,9 @@ class RemoteNodeOps:
 
     def _move(self, rpc, moves: list[Move], drops: Sequence[Drop] = ()) -> list[bool]:
         try:
-            ok = list(rpc(wire.moves_to_msg(moves, drops), timeout=self.timeout).ok)
+            msg = wire.moves_to_msg(moves, drops)
+            msg.incarnation = self.incarnation
+            ok = list(rpc(msg, timeout=self.timeout).ok)
         except grpc.RpcError as exc:
             log.warning("node %s: move of %d objects failed: %s", self.address, len(moves), exc.code())
             raise NodeUnavailable(f"node {self.address}: {exc.code().name}") from None
@@ -63,7 +87,9 @@ class RemoteNodeOps:
 
     def drop(self, drops: list[Drop]) -> int:
         try:
-            return self._stub.Drop(wire.drops_to_msg(drops), timeout=self.timeout).dropped
+            msg = wire.drops_to_msg(drops)
+            msg.incarnation = self.incarnation
+            return self._stub.Drop(msg, timeout=self.timeout).dropped
         except grpc.RpcError as exc:
             log.warning("node %s: drop of %d extents failed: %s", self.address, len(drops), exc.code())
             return 0
@@ -72,7 +98,8 @@ class RemoteNodeOps:
         """Raises NodeUnavailable when the node did not answer (the master logs it: that node's same-host caches
         may serve a removed object until the reply to that get's use report forgets it, one linger). `keys`: see
         NodeOps.objects_removed."""
-        request = pb.DropRequest(objects_removed=True, removed_keys_only=keys is not None, removed_keys=keys or ())
+        request = pb.DropRequest(objects_removed=True, removed_keys_only=keys is not None, removed_keys=keys or (),
+                                 incarnation=self.incarnation)
         try:
             self._stub.Drop(request, timeout=self.timeout)
         except grpc.RpcError as exc:
@@ -82,7 +109,9 @@ class RemoteNodeOps:
         """Raises NodeUnavailable when the node did not answer (the feed logs it and drops the publication: those
         objects are found through the master, as if never published)."""
         try:
-            return self._stub.Publish(wire.publication_to_msg(publication), timeout=self.timeout).published
+            msg = wire.publication_to_msg(publication)
+            msg.incarnation = self.incarnation
+            return self._stub.Publish(msg, timeout=self.timeout).published
         except grpc.RpcError as exc:
             raise NodeUnavailable(f"node {self.address}: {exc.code().name}") from None
 
