@@ -15,6 +15,7 @@ One channel per node address (`RemoteNodeOps`); each registration gets a view bo
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Sequence
 
@@ -58,9 +59,8 @@ class RemoteNodeOps:
             raise ValueError(f"incarnation must be a str, got {incarnation!r}")
         view = self._latest
         if view is None or view.incarnation != incarnation:
-            view = object.__new__(RemoteNodeOps)
-            view.address, view.timeout, view.incarnation = self.address, self.timeout, incarnation
-            view._channel, view._stub, view._latest = self._channel, self._stub, None
+            view = copy.copy(self)      # the same channel and stub
+            view.incarnation, view._latest = incarnation, None
             self._latest = view
         return view
 
