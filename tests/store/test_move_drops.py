@@ -5,22 +5,20 @@ is erased or moved."""
 
 from __future__ import annotations
 
-from concurrent import futures
-
 import grpc
 import numpy as np
 import pytest
 import xxhash
 
-from kvpool.launcher import free_port
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
 from kvpool.store import wire
 from kvpool.store.config import NodeConfig
 from kvpool.store.node import Drop, Move, StorageNode
-from kvpool.store.node_server import NodeDataHandler, NodeServicer
 from kvpool.store.remote_node import RemoteNodeOps
 from kvpool.tiers.types import Tier
+
+from tests.store.node_service import serve_node
 
 SIZE = 4096
 NS = b"n" * 16
@@ -32,11 +30,7 @@ def served(tmp_path):
     """A node with DRAM and SSD tiers behind its real NodeService; OLD's record at SSD offset 0, NEW at DRAM 0."""
     node = StorageNode(NodeConfig(node_id="n1", dram_bytes=64 * SIZE, shm_dir=str(tmp_path),
                                   ssd_path=str(tmp_path / "ssd"), ssd_bytes=64 * SIZE))
-    server = grpc.server(futures.ThreadPoolExecutor(2))
-    pbg.add_NodeServiceServicer_to_server(NodeServicer(node, NodeDataHandler(node)), server)
-    address = f"127.0.0.1:{free_port()}"
-    assert server.add_insecure_port(address)
-    server.start()
+    server, address = serve_node(node)
     old, new = payload(1), payload(2)
     node.write(Tier.SSD, 0, OLD, NS, old, None)
     node.write(Tier.DRAM, 0, NEW, NS, new, None)

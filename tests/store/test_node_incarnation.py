@@ -6,8 +6,6 @@ and address."""
 
 from __future__ import annotations
 
-from concurrent import futures
-
 import grpc
 import numpy as np
 import pytest
@@ -18,9 +16,10 @@ from kvpool.proto import kvpool_pb2_grpc as pbg
 from kvpool.store import wire
 from kvpool.store.config import NodeConfig
 from kvpool.store.node import Drop, Move, NodeUnavailable, Publication, StorageNode
-from kvpool.store.node_server import NodeDataHandler, NodeServicer
 from kvpool.store.remote_node import RemoteNodeOps
 from kvpool.tiers.types import Tier
+
+from tests.store.node_service import serve_node
 
 SIZE = 4096
 NS = b"n" * 16
@@ -29,14 +28,6 @@ KEEP, HOT = b"k" * 16, b"h" * 16    # a record on the SSD tier; an object in DRA
 
 def payload(seed: int) -> bytes:
     return np.random.default_rng(seed).bytes(SIZE)
-
-
-def serve(node: StorageNode, address: str) -> grpc.Server:
-    server = grpc.server(futures.ThreadPoolExecutor(2))
-    pbg.add_NodeServiceServicer_to_server(NodeServicer(node, NodeDataHandler(node)), server)
-    assert server.add_insecure_port(address)
-    server.start()
-    return server
 
 
 def read(node: StorageNode, tier: Tier, offset: int, key: bytes) -> bytes | None:
@@ -52,7 +43,7 @@ def restarted(tmp_path):
                         ssd_bytes=64 * SIZE, share_dram=True)
     address = f"127.0.0.1:{free_port()}"
     a = StorageNode(config)
-    server = serve(a, address)
+    server, _ = serve_node(a, address)
     kept = payload(1)
     a.write(Tier.SSD, 0, KEEP, NS, kept, None)
     old = a.incarnation
@@ -62,7 +53,7 @@ def restarted(tmp_path):
     assert b.incarnation != old and [r.key for r in b.scan_ssd()] == [KEEP]
     hot = payload(2)
     b.write(Tier.DRAM, 0, HOT, NS, hot, None)
-    server = serve(b, address)
+    server, _ = serve_node(b, address)
     ops = RemoteNodeOps(address, 10.0)
     try:
         yield b, ops, old, kept, hot

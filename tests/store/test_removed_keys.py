@@ -8,24 +8,23 @@ nothing."""
 from __future__ import annotations
 
 import dataclasses
-from concurrent import futures
 
 import grpc
 import numpy as np
 import pytest
 import xxhash
 
-from kvpool.launcher import free_port
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
 from kvpool.store import queries
 from kvpool.store.config import MasterConfig, NodeConfig
 from kvpool.store.master import Master
 from kvpool.store.node import StorageNode
-from kvpool.store.node_server import NodeDataHandler, NodeServicer
 from kvpool.store.records import PutStatus
 from kvpool.store.remote_node import RemoteNodeOps
+
 from tests.store.fakes import Clock
+from tests.store.node_service import serve_node
 
 OBJ = 4096
 N = 40
@@ -39,11 +38,7 @@ def key(i: int) -> bytes:
 def served(tmp_path):
     """A node with a shared DRAM arena (and so a host index) behind its real NodeService, and its RemoteNodeOps."""
     node = StorageNode(NodeConfig(node_id="n1", dram_bytes=2 * N * OBJ, shm_dir=str(tmp_path), share_dram=True))
-    server = grpc.server(futures.ThreadPoolExecutor(2))
-    pbg.add_NodeServiceServicer_to_server(NodeServicer(node, NodeDataHandler(node)), server)
-    address = f"127.0.0.1:{free_port()}"
-    assert server.add_insecure_port(address)
-    server.start()
+    server, address = serve_node(node)
     ops = RemoteNodeOps(address, 10.0)
     try:
         yield node, ops, address
