@@ -214,8 +214,7 @@ class Master:
             self._stopping.discard(info.node_id)
             self.journal.put_node(info)  # addresses may have changed
             self._flush()
-            spaces = self.placement.nodes[info.node_id].spaces
-            holds = any(spaces[t].allocator.num_allocations for t in (Tier.DRAM, Tier.SSD) if t in spaces)
+            holds = self.placement.holds_shared(reg.node)
         if restarted:
             self._forget_leaving()  # before the answer: the node reports its SSD records after it
         elif holds:

@@ -265,6 +265,11 @@ class Placement:
             raise KeyError(f"node_id {node_id!r} is not registered")
         return node
 
+    def holds_shared(self, node: NodeState) -> bool:
+        """Whether `node` has any extent in its DRAM or SSD tier (what its host index can show)."""
+        return any(space.allocator.num_allocations for tier, space in node.spaces.items()
+                   if tier in (Tier.DRAM, Tier.SSD))
+
     def capacity(self) -> int:
         """Bytes of every tier of every node (what retention caps are a share of)."""
         return sum(space.allocator.capacity for node in self.nodes.values() for space in node.spaces.values())
