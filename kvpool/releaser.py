@@ -7,8 +7,13 @@
     report_uses(ns, keys)             a get was served from the location cache (kvpool/locations.py): the gets of
                                       one chain within a linger coalesce into one `send_uses(ns, keys, uses)` call,
                                       whose leased Lookup also carries the pending releases
+    report_lookup(ns, keys, s)        a lookup was answered from a same-host node's host index: the Lookup the
+                                      client would have sent (`send_lookup(ns, keys, s)`) goes within the linger,
+                                      its answer unread, so the master counts it as before; False when
+                                      MAX_LOOKUPS wait already (the caller then asks the master itself)
     flush_uses(timeout)               the caller's next call must find the master knowing of its cached gets (a
                                       put that may evict, stats): the pending reports go now
+    flush_lookups(timeout)            the same, only while a lookup report waits (a get about to ask the master)
 
 A Release per get cost client and master a request each: ~15% of a 64 KiB x 32 get (bench/pool_remote.py).
 Nothing here is awaited by a get: a lost release only delays eviction until the lease expires, a lost report only
@@ -33,12 +38,21 @@ class Releaser:
     """One thread per client; `send_uses(ns, keys, uses)` is the client's report call (PoolClient._report_uses)."""
 
     _MAX_IDS = 1024  # lease ids per Release request
+    MAX_LOOKUPS = 256  # lookup reports waiting at most: a caller past them asks the master itself
 
-    def __init__(self, rpc: MasterRpc, linger_s: float, send_uses=None) -> None:
+    def __init__(self, rpc: MasterRpc, linger_s: float, send_uses=None, send_lookup=None) -> None:
         self._rpc = rpc
         self._linger_s = linger_s
         self._send_uses_to = send_uses
-        self._uses: dict[tuple, list] = {}   # (ns, keys) -> [ns, keys, gets]
+        self._send_lookup_to = send_lookup
+        # The reports in the order made, so the master hears of this client's reads in the order they were served:
+        # [ns, keys, gets, seq] per chain's gets (more gets of it join the entry until a lookup report is queued
+        # after it), ("lookup", ns, keys, s_per_token) per lookup report
+        self._uses: list[list | tuple] = []
+        self._open: dict[tuple, list] = {}   # (ns, keys) -> that chain's entry the next get joins
+        self._seq = 0
+        self._last_lookup = 0                # seq of the last lookup report queued
+        self._lookups = 0                    # lookup reports queued
         lock = threading.Lock()
         self._cond = threading.Condition(lock)
         self._sent = threading.Condition(lock)      # same lock: a report the thread has finished sending
@@ -64,16 +78,31 @@ class Releaser:
         """One get of the chain `keys` was served without a lookup: report it within the linger time."""
         k = (ns, tuple(keys))
         with self._cond:
-            entry = self._uses.get(k)
-            if entry is None:
-                entry = self._uses[k] = [ns, keys, 0]
-            elif entry[2] >= MAX_USES:     # full: it goes as it is, a new report counts on
-                self._uses[(k, len(self._uses))] = entry
-                entry = self._uses[k] = [ns, keys, 0]
+            entry = self._open.get(k)
+            if entry is None or entry[2] >= MAX_USES or entry[3] < self._last_lookup:
+                # new, full (it goes as it is), or a lookup was answered after it: a new report counts on
+                self._seq += 1
+                entry = self._open[k] = [ns, keys, 0, self._seq]
+                self._uses.append(entry)
             entry[2] += 1
             if self._idle:
                 self._idle = False
                 self._cond.notify()
+
+    def report_lookup(self, ns: NsRef, keys: list[bytes], s_per_token: float) -> bool:
+        """A lookup of `keys` was answered without the master: send it within the linger time (False, nothing
+        queued: MAX_LOOKUPS are waiting, or this releaser has no `send_lookup`)."""
+        with self._cond:
+            if self._send_lookup_to is None or self._lookups >= self.MAX_LOOKUPS or self._closing:
+                return False
+            self._seq += 1
+            self._last_lookup = self._seq
+            self._uses.append(("lookup", ns, keys, s_per_token))
+            self._lookups += 1
+            if self._idle:
+                self._idle = False
+                self._cond.notify()
+        return True
 
     def flush_uses(self, timeout: float) -> None:
         """Before a call whose effect depends on what the master knows of this client's gets (a put that may evict,
@@ -84,13 +113,27 @@ class Releaser:
             return
         deadline = time.monotonic() + timeout
         with self._cond:
-            uses, self._uses = list(self._uses.values()), {}
+            uses, self._uses, self._open, self._lookups = self._uses, [], {}, 0
             while self._sending and (left := deadline - time.monotonic()) > 0:
                 self._sent.wait(left)
         self._send_uses(uses)
 
+    def flush_lookups(self, timeout: float) -> None:
+        """`flush_uses`, only while a lookup report waits (a get that asks the master: its Lookup must reach the
+        master after the lookups answered before it; pending use reports alone keep their linger, as before)."""
+        if self._lookups:
+            self.flush_uses(timeout)
+
     def _send_uses(self, uses: list) -> None:
-        for ns, keys, gets in uses:     # their lookups carry the pending releases
+        for entry in uses:              # their lookups carry the pending releases
+            if isinstance(entry, tuple):    # ("lookup", ns, keys, s_per_token)
+                _, ns, keys, s_per_token = entry
+                try:
+                    self._send_lookup_to(ns, keys, s_per_token)
+                except Exception as exc:  # noqa: BLE001 - the lookup was answered; only its count is lost
+                    log.warning("report of a lookup answered from the host index failed: %s", exc)
+                continue
+            ns, keys, gets, _ = entry
             try:
                 self._send_uses_to(ns, keys, gets)
             except Exception as exc:  # noqa: BLE001 - the gets were served; only their report is lost
@@ -124,7 +167,7 @@ class Releaser:
                 if (self._pending or self._uses) and not (self._closing or self._reports):
                     # a lookup may take them meanwhile; only close() or a corrupt report wakes this
                     self._cond.wait(self._linger_s)
-                uses, self._uses = list(self._uses.values()), {}
+                uses, self._uses, self._open, self._lookups = self._uses, [], {}, 0
                 self._sending = bool(uses)
             try:
                 self._send_uses(uses)

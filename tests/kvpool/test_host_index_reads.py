@@ -9,7 +9,7 @@ import grpc
 import pytest
 import xxhash
 
-from kvpool import PoolClient
+from kvpool import Namespace, PoolClient
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
 from kvpool.store.node import Publication
@@ -21,6 +21,7 @@ KEYS = [(0xD1 << 120 | i).to_bytes(16, "big") for i in range(8)]
 DATAS = [bytes([i + 1]) * OBJ for i in range(8)]
 OTHER_KEYS = [(0xD2 << 120 | i).to_bytes(16, "big") for i in range(4)]
 OTHER = [bytes([0xF0 + i]) * OBJ for i in range(4)]
+MISSING = (0xD3 << 120).to_bytes(16, "big")      # never put
 
 
 def bufs(n: int) -> list[bytearray]:
@@ -45,7 +46,7 @@ def test_another_clients_first_get_needs_no_lookup_and_is_still_counted(small_up
         assert out == [bytearray(d) for d in DATAS[:4]] and tiers == ["dram"] * 4
         assert calls["Lookup"] == base and c.host_index_gets == 1 and c.checksum_failures == 0
         # stats() sends the use report first
-        assert c.stats()["client_host_index"] == {"gets": 1, "acquires": 0, "stale": 0}
+        assert c.stats()["client_host_index"] == {"gets": 1, "acquires": 0, "lookups": 0, "stale": 0}
         assert calls["Lookup"] == base + 1
     with PoolClient(small_up.address) as admin:
         s = admin.stats()
@@ -284,7 +285,8 @@ def test_an_acquire_of_a_published_chain_needs_no_lookup_and_no_lease(small_up):
         for r in reads:
             r.release()
         assert c.host_index_acquires == 1 and c.host_index_stale == 0 and c.checksum_failures == 0
-        assert c.stats()["client_host_index"] == {"gets": 0, "acquires": 1, "stale": 0}  # sends the report first
+        # stats() sends the report first
+        assert c.stats()["client_host_index"] == {"gets": 0, "acquires": 1, "lookups": 0, "stale": 0}
     after = master.stats()
     assert [after[n] - before[n] for n in ("lookups", "requested_keys", "hit_keys")] == [1, 8, 8]
     assert calls["Lookup"] == base + 1                  # the use report (a count-only Lookup), not a leased one
@@ -302,7 +304,8 @@ def test_an_unleased_acquire_reports_its_use_only_once_every_read_of_it_is_relea
     promote the chain's SSD entries, and the room for them is made by moving DRAM objects, whose extents nothing
     pins for this read (reported at acquire, an engine's own report had a promotion reuse the DRAM extents it was
     still copying: a shorter hit). A lookup flushes the reports pending before it, so the count shows when it was
-    queued: none while the reads (the first and its `rest`) are held, one after the last is released."""
+    queued: none while the reads (the first and its `rest`) are held, one after the last is released. (A key no
+    host index holds: a lookup the index answers sends nothing before its own report.)"""
     put_and_publish(small_up, KEYS[:4], DATAS[:4])
     put_and_publish(small_up, OTHER_KEYS, OTHER)        # 4 SSD rows, then 4 DRAM rows
     chain = KEYS[:4] + OTHER_KEYS
@@ -314,11 +317,11 @@ def test_an_unleased_acquire_reports_its_use_only_once_every_read_of_it_is_relea
         second = first.rest(max_staged=3)
         assert (first.count, second.count, calls["Lookup"]) == (3, 5, base)
         first.release()
-        assert c.lookup_prefix(OTHER_KEYS[:1]) == 1 and calls["Lookup"] == base + 1     # no report queued yet
+        assert c.lookup_prefix([MISSING]) == 0 and calls["Lookup"] == base + 1         # no report queued yet
         second.release()
-        assert c.lookup_prefix(OTHER_KEYS[:1]) == 1 and calls["Lookup"] == base + 3     # the report, then the lookup
+        assert c.lookup_prefix([MISSING]) == 0 and calls["Lookup"] == base + 3         # the report, then the lookup
         second.release()                                                                # idempotent: no second one
-        assert c.lookup_prefix(OTHER_KEYS[:1]) == 1 and calls["Lookup"] == base + 4
+        assert c.lookup_prefix([MISSING]) == 0 and calls["Lookup"] == base + 4
 
 
 def test_an_acquire_that_finds_a_published_extent_changed_asks_the_master_at_release(small_up):
@@ -358,3 +361,65 @@ def test_an_acquire_that_finds_a_published_extent_changed_asks_the_master_at_rel
     after = small_up.master.master.stats()
     assert after["lookups"] - before["lookups"] == 3
     assert after["requested_keys"] - before["requested_keys"] == 10
+
+
+def test_a_lookup_of_a_published_chain_needs_no_round_trip_and_is_still_counted(small_up):
+    """lookup_prefix of a chain one same-host node's host index holds whole: answered there, its Lookup sent after
+    (within the linger, or first thing at the next call that must find the master knowing of it: stats here), so
+    the master counts it as before: one lookup, its hit keys, its prefill seconds saved (a namespace)."""
+    calls = small_up.master.control.calls
+    put_and_publish(small_up, KEYS[:4], DATAS[:4])
+    ns = Namespace(model="m", fingerprint="f", kv_dtype="float32", block_tokens=16, num_layers=1, num_kv_heads=1,
+                   head_dim=32)
+    with PoolClient(small_up.address, release_linger_s=60) as c:
+        c.warm(prefault=False)
+        base = calls["Lookup"]
+        assert c.lookup_prefix(KEYS[:4], namespace=ns, prefill_s_per_token=0.001) == 4
+        assert calls["Lookup"] == base and c.host_index_lookups == 1
+        assert c.stats()["client_host_index"] == {"gets": 0, "acquires": 0, "lookups": 1, "stale": 0}
+        assert calls["Lookup"] == base + 1                              # the report went before Stats
+    with PoolClient(small_up.address, host_index_reads=False) as admin:
+        s = admin.stats()
+    assert (s["lookups"], s["hit_keys"], s["requested_keys"]) == (1, 4, 4)
+    assert s["prefill_seconds_saved"] == pytest.approx(4 * 16 * 0.001)
+
+
+def test_a_lookup_the_index_cannot_answer_whole_asks_the_master_at_once(small_up):
+    """A chain only partly published (its tail may be on another node) or an index that is not mapped here: the
+    Lookup goes as before, and it finds the master's answer."""
+    calls = small_up.master.control.calls
+    put_and_publish(small_up, KEYS[:4], DATAS[:4])
+    with PoolClient(small_up.address, release_linger_s=60) as c:
+        c.warm(prefault=False)
+        base = calls["Lookup"]
+        assert c.lookup_prefix(KEYS[:4] + [MISSING]) == 4 and calls["Lookup"] == base + 1
+        assert c.lookup_prefix([MISSING] + KEYS[:4]) == 0 and calls["Lookup"] == base + 2
+        assert c.host_index_lookups == 0
+    with PoolClient(small_up.address, release_linger_s=60) as cold:   # never warmed: no arena, no index
+        base = calls["Lookup"]
+        assert cold.lookup_prefix(KEYS[:4]) == 4 and calls["Lookup"] == base + 1 and cold.host_index_lookups == 0
+    with PoolClient(small_up.address, host_index_reads=False) as off:
+        off.warm(prefault=False)
+        base = calls["Lookup"]
+        assert off.lookup_prefix(KEYS[:4]) == 4 and calls["Lookup"] == base + 1 and off.host_index_lookups == 0
+
+
+def test_a_get_that_asks_the_master_sends_the_lookups_answered_before_it_first(small_up):
+    """The master hears of a client's calls in the order they were made (its stats, policy and traffic recorder):
+    a get that must ask it sends the pending lookup reports first; one served from the index queues its use report
+    after them. Past MAX_LOOKUPS waiting reports a lookup asks the master itself."""
+    calls = small_up.master.control.calls
+    put_and_publish(small_up, KEYS[:4], DATAS[:4])
+    with PoolClient(small_up.address, release_linger_s=60) as c:
+        c.warm(prefault=False)
+        base = calls["Lookup"]
+        assert c.lookup_prefix(KEYS[:2]) == 2 and c.lookup_prefix(KEYS[:4]) == 4 and calls["Lookup"] == base
+        assert c.get_many_into([MISSING], bufs(1)) == 0                 # not published: asks the master
+        assert calls["Lookup"] == base + 3                              # the two reports, then its own
+        c._releaser.MAX_LOOKUPS = 2
+        base = calls["Lookup"]
+        assert c.lookup_prefix(KEYS[:1]) == 1 and c.lookup_prefix(KEYS[:1]) == 1 and calls["Lookup"] == base
+        assert c.lookup_prefix(KEYS[:3]) == 3 and calls["Lookup"] == base + 3       # 2 reports, then its own
+        assert c.host_index_lookups == 4
+    with PoolClient(small_up.address, host_index_reads=False) as admin:
+        assert admin.stats()["lookups"] == 5 + 1                       # the 5 lookups and the get, each once
