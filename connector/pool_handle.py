@@ -70,14 +70,15 @@ class PoolHandle:
                 threading.Thread(target=_close_quietly, args=(pool,), daemon=True).start()
         return reason
 
-    def warm(self) -> dict[str, str]:
-        """Open the pool now and have it map (and prefault) the same-host nodes' arenas, so the first load takes
-        no connect and no page faults: {node id: what was done}. A fault is noted like any other ({})."""
+    def warm(self, prefault: bool = True) -> dict[str, str]:
+        """Open the pool now and have it map (and, with `prefault`, prefault) the same-host nodes' arenas, so the
+        first load takes no connect and no page faults, and lookups find the nodes' host indexes: {node id: what
+        was done}. A fault is noted like any other ({})."""
         pool = self.get()
         if pool is None:
             return {}
         try:
-            report = pool.warm()
+            report = pool.warm(prefault=prefault)
         except Exception as exc:  # noqa: BLE001 - a pool fault must never reach the engine
             self.fault(exc, "warm")
             return {}

@@ -203,6 +203,9 @@ class KVPoolConnector(KVConnectorBase_V1):
         self._transfer: WorkerTransfer | None = None
         if role == KVConnectorRole.SCHEDULER:
             self._planner = SchedulerPlanner(config, self.namespace, self._pool, self._stats)
+            if config.warm_start:   # connect, and map the arenas (no prefault): lookups answered by host indexes
+                threading.Thread(target=self._pool.warm, kwargs={"prefault": False}, name="kvpool-connector-warm",
+                                 daemon=True).start()
         log.info("kvpool connector (%s): pool %s, namespace %s/%s layout %s", role.name, config.pool, name,
                  config.tenant, self.layout.tag)
 

@@ -8,6 +8,7 @@ import logging
 import pytest
 
 from kvpool import PoolClient, block_keys
+from kvpool.connector.pool_handle import PoolHandle
 from kvpool.connector.stats import ConnectorStats
 from kvpool.connector.vllm_plan import ScheduledRequest, SchedulerPlanner
 from kvpool.embedded import EmbeddedPool
@@ -319,3 +320,26 @@ def test_a_failing_save_plan_never_loses_the_step_s_loads(pool):
 
     plan = p.build([step("r", 12, 1)], broken)
     assert [(l.keys, l.block_ids) for l in plan.loads] == [(keys, [1, 2, 3])] and plan.saves == []
+
+
+def test_a_warm_planner_answers_lookups_from_the_host_index(small_up):
+    """The vLLM scheduler's planner over a PoolClient warmed with `prefault=False` (what the connector starts in
+    the scheduler role, engine_adapter/vllm/connector.py): the same-host node's arena is mapped, so a lookup of a
+    chain the node published asks the master nothing; the Lookup goes afterwards (here: when the client closes)."""
+    tokens = list(range(100, 117))
+    with PoolClient(small_up.address, host_index_reads=False) as writer:
+        store(writer, tokens, 4)
+    assert small_up.master.master.host_feed.flush(10)
+    calls = small_up.master.control.calls
+    stats = ConnectorStats()
+    h = PoolHandle(lambda: PoolClient(small_up.address, release_linger_s=60), address=small_up.address,
+                   retry_after_s=60.0, on_fault=lambda reason, where: None)
+    try:
+        assert h.warm(prefault=False)                       # {node id: what was done}: the arena is mapped
+        p = SchedulerPlanner(config(pool=small_up.address), NS, h, stats)
+        base = calls["Lookup"]
+        assert p.lookup(FakeRequest("r", tokens), 0) == 16
+        assert calls["Lookup"] == base and h.get().host_index_lookups == 1
+    finally:
+        h.close()
+    assert calls["Lookup"] == base + 1                      # the client's close sent the lookup's report
