@@ -3,7 +3,8 @@
 One master process and one node process (`kvpool master` / `kvpool node`, DRAM + SSD), then for each number of
 client processes, each process a `PoolClient` of its own, running for a fixed time:
 
-  lookup 64      lookup_prefix of a 64-key chain (one Lookup RPC without a lease): the master's index path
+  lookup 64      lookup_prefix of a 64-key chain (one Lookup RPC without a lease): the master's index path (its
+                 clients never map a node's arena, so no lookup is answered by a host index, 2026-12-07 on)
   get 8 (dram)   get_many_into of an 8-block chain whose blocks are in DRAM: one Lookup + copy + check (an
                  optimistic Lookup, no lease, from builds of 2026-11-27 on; before: a leased Lookup + Release)
   get 8 (ssd)    the same on chains whose blocks sit on SSD, so every hit is promoted to DRAM (demoting others:
