@@ -72,7 +72,7 @@ _HDR = struct.Struct("<4sHH16s16sQQ")        # everything the header checksum co
 _BASE_LEN = _HDR.size + 8                    # + header checksum: 64, the shortest header (no WRITTEN flag)
 _TIME = struct.Struct("<QQ")                 # written_us, time_sum (xxh3_64 of bytes +0..+72)
 _HDR_LEN = _BASE_LEN + _TIME.size            # 80: the bytes read of every header
-_FULL = struct.Struct("<4sHH16s16sQQQQQ")   # all of them: _HDR, hdr_sum, written_us, time_sum
+_FULL = struct.Struct("<4sHH16s16sQQQQQ")   # all of them: _HDR, hdr_sum, written_us, time_sum (_unpack_header)
 _ERASED = bytes(_HDR_LEN)                    # zeroes a header and its extension
 _SCAN_CHUNK = 256 * 1024                     # pages inspected per read while looking for headers
 _IOV_CAP = 1024                              # Linux's IOV_MAX: buffers one preadv may fill
@@ -116,22 +116,25 @@ def _pack_header(key: bytes, ns_digest: bytes, size: int, checksum: int, written
     return head + xxhash.xxh3_64_intdigest(head).to_bytes(8, "little")
 
 
-def _unpack_header(buf: Any) -> tuple[bytes, bytes, int, int, int] | None:
-    """(key, ns_digest, size, checksum, written_us) of a valid header (written_us 0 without the WRITTEN flag: a
-    record of a node from before), else None. `buf` holds the page's first bytes: `_HDR_LEN`, or fewer where the
-    file ends."""
-    head = bytes(buf[:_HDR_LEN])
-    if len(head) < _BASE_LEN or head[:4] != MAGIC:
-        return None
-    _magic, version, flags, key, ns_digest, size, checksum = _HDR.unpack_from(head)
-    if flags & WRITTEN:     # one hash: time_sum covers every byte before it (hdr_sum included; the flag itself too)
-        if len(head) < _HDR_LEN:
+def _unpack_header(buf: Any, at: int = 0) -> tuple[bytes, bytes, int, int, int] | None:
+    """(key, ns_digest, size, checksum, written_us) of a valid header at `buf[at:]` (written_us 0 without the
+    WRITTEN flag: a record of a node from before), else None. `buf` holds the page's first bytes: `_HDR_LEN`, or
+    fewer where the file ends. A whole header is read in place: one unpack, its checksum hashed from a slice, no
+    copy (the reads' hot path: `_verified_at`)."""
+    head = buf[at:at + _HDR_LEN]
+    short = len(head) < _HDR_LEN
+    if short:               # where the file ends: only a header without the extension fits
+        if len(head) < _BASE_LEN:
             return None
-        written_us, time_sum = _TIME.unpack_from(head, _BASE_LEN)
-        if xxhash.xxh3_64_intdigest(head[:_BASE_LEN + 8]) != time_sum:
+        head = bytes(head).ljust(_HDR_LEN, b"\0")
+    magic, version, flags, key, ns_digest, size, checksum, hdr_sum, written_us, time_sum = _FULL.unpack_from(head)
+    if magic != MAGIC:
+        return None
+    if flags & WRITTEN:     # one hash: time_sum covers every byte before it (hdr_sum included; the flag itself too)
+        if short or xxhash.xxh3_64_intdigest(head[:_BASE_LEN + 8]) != time_sum:
             return None
     else:                   # a record of a node from before: hdr_sum (it covers flags: a cleared flag fails here)
-        if xxhash.xxh3_64_intdigest(head[:_HDR.size]) != int.from_bytes(head[_HDR.size:_BASE_LEN], "little"):
+        if xxhash.xxh3_64_intdigest(head[:_HDR.size]) != hdr_sum:
             return None
         written_us = 0
     if version != FORMAT_VERSION:
@@ -202,23 +205,13 @@ def read_records(fd: int, offsets, keys, payloads, ns_digest: bytes | None = Non
 
 def _verified_at(heads: memoryview, at: int, payload: memoryview, key: bytes, ns_digest: bytes | None) -> int | None:
     """The payload's xxh3_64 when heads[at:at + _HDR_LEN] is a valid header of `key` (and `ns_digest`, when given)
-    for exactly `payload.nbytes` bytes and the payload hashes to its checksum; else None.
-
-    `_unpack_header`'s checks, on a whole header read in place: one unpack of all 80 bytes, and the header's own
-    checksum hashed from a slice of `heads`, no copy (at 64 KiB per record, the copy and the tuple of the general
-    parser were a tenth of a get's CPU time: bench/ssd_read.py)."""
-    magic, version, flags, head_key, head_ns, size, checksum, hdr_sum, _written_us, time_sum = \
-        _FULL.unpack_from(heads, at)
-    if magic != MAGIC or version != FORMAT_VERSION or head_key != key or size != payload.nbytes or \
-            (ns_digest is not None and head_ns != ns_digest):
-        return None
-    if flags & WRITTEN:     # time_sum covers every byte before it; a record of a node from before: hdr_sum
-        if xxhash.xxh3_64_intdigest(heads[at:at + _BASE_LEN + 8]) != time_sum:
-            return None
-    elif xxhash.xxh3_64_intdigest(heads[at:at + _HDR.size]) != hdr_sum:
+    for exactly `payload.nbytes` bytes and the payload hashes to its checksum; else None."""
+    parsed = _unpack_header(heads, at)
+    if parsed is None or parsed[0] != key or parsed[2] != payload.nbytes or (ns_digest is not None and
+                                                                           parsed[1] != ns_digest):
         return None
     digest = xxhash.xxh3_64_intdigest(payload)
-    return digest if digest == checksum else None
+    return digest if digest == parsed[3] else None
 
 
 class SsdReader:
