@@ -228,8 +228,13 @@ class Master:
 
     def heartbeat(self, node_id: str, epoch: int = 0) -> bool:
         """Returns True when the node must register again (unknown to this master, or a stale epoch)."""
+        return self.heartbeat_stamped(node_id, epoch)[0]
+
+    def heartbeat_stamped(self, node_id: str, epoch: int = 0) -> tuple[bool, int]:
+        """`heartbeat` and `time_us` under one hold of the lock (the Heartbeat reply carries both): (reregister,
+        the master time the node stamps its next SSD records with)."""
         with self._lock:
-            return self.registry.heartbeat(node_id, epoch, self.clock())
+            return self.registry.heartbeat(node_id, epoch, self.clock()), self.tombstones.now_us()
 
     def time_us(self) -> int:
         """The master's time for a node's SSD record stamps (registration and heartbeat replies): wall-clock µs,

@@ -165,8 +165,8 @@ class MasterServicer(pbg.MasterServiceServicer):
 
     @_rpc
     def Heartbeat(self, request, context):
-        return pb.HeartbeatResponse(reregister=self.master.heartbeat(request.node_id, request.epoch),
-                                    master_time_us=self.master.time_us())
+        reregister, time_us = self.master.heartbeat_stamped(request.node_id, request.epoch)
+        return pb.HeartbeatResponse(reregister=reregister, master_time_us=time_us)
 
     @_rpc
     def ReportObjects(self, request, context):

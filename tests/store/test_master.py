@@ -271,6 +271,24 @@ def test_silent_node_is_dropped_and_its_objects_become_misses(tmp_path, clock):
         node.close()
 
 
+def test_heartbeat_stamped_answers_both_fields_of_the_reply(tmp_path, clock):
+    node = StorageNode(NodeConfig(node_id="n", dram_bytes=2 * OBJ, shm_dir=str(tmp_path)))
+    try:
+        master = Master(MasterConfig(node_ttl_s=10.0), clock=clock)
+        assert master.heartbeat_stamped("n")[0] is True         # unknown: register first
+        epoch = master.register_node(node.info(), node)
+        before = master.time_us()
+        reregister, stamp = master.heartbeat_stamped("n", epoch)
+        assert reregister is False and stamp > before and master.time_us() > stamp    # strictly increasing
+        assert master.heartbeat_stamped("n", epoch + 1)[0] is True                    # a stale epoch
+        master.remove([key(9)])
+        # a record stamped before the removal is refused at adoption, one stamped with the next reply's time is not
+        assert master.tombstones.refuses(key(9), b"", stamp) is True
+        assert master.tombstones.refuses(key(9), b"", master.heartbeat_stamped("n", epoch)[1]) is False
+    finally:
+        node.close()
+
+
 def test_report_objects_adopts_known_and_drops_conflicts(make):
     master, node = make(dram_objects=1, ssd_objects=3, write_behind=False)  # no SSD copy of key 1 in the way
     put(master, node, [key(1)])
