@@ -227,7 +227,8 @@ class Index:
         self.tier[slot] = tier
 
     def tenant_bytes(self, tenant: int, tier: Tier | None = None) -> int:
-        """Payload bytes of `tenant`'s slots in `tier` (None: every tier), pending and doomed ones included."""
+        """Payload bytes of `tenant`'s slots in `tier` (None: every tier): pending and committed ones (a DOOMED or
+        LEAVING slot stopped counting when it turned so)."""
         if tenant >= len(self._count):
             return 0
         base = tenant * _NT
@@ -284,12 +285,13 @@ class Index:
                 self.unretain(slot)
 
     def doom(self, slot: int) -> None:
-        """A removed object still leased: its key unlinked, the slot DOOMED until its last release frees it (its bytes
-        held meanwhile: counted again if it was LEAVING)."""
-        if self.state[slot] == LEAVING:
+        """A removed object still leased: its key unlinked, the slot DOOMED until its last release frees it. Its bytes
+        stop counting for its tenant now, as a LEAVING slot's do (`leave`): the object is gone for its owner (a quota
+        has room for what replaces it), while its space stays reserved until the last reader or copy lets go."""
+        if self.state[slot] != LEAVING:
             tenant = int(self.tenant[slot])
-            self._usage[tenant * _NT + int(self.tier[slot])] += int(self.size[slot])
-            self._count[tenant] += 1
+            self._usage[tenant * _NT + int(self.tier[slot])] -= int(self.size[slot])
+            self._count[tenant] -= 1
         self.unlink_key(slot)
         self.state[slot] = State.DOOMED
 
@@ -308,7 +310,7 @@ class Index:
         if self.retained:
             self.unretain(slot)
         self._keys[slot] = None
-        if self.state[slot] != LEAVING:     # a LEAVING slot's bytes stopped counting when it left (`leave`)
+        if self.state[slot] != LEAVING and self.state[slot] != DOOMED:  # stopped counting then (`leave`, `doom`)
             tenant = int(self.tenant[slot])
             self._usage[tenant * _NT + int(self.tier[slot])] -= int(self.size[slot])
             self._count[tenant] -= 1
@@ -342,7 +344,7 @@ class Index:
             assert (slot in free) == (self._keys[slot] is None), f"slot {slot}: free list and key table disagree"
             assert (slot in free) == (self.state[slot] == State.FREE), f"slot {slot}: free list and state disagree"
         states = self.state[: self._capacity]
-        used = np.flatnonzero((states != State.FREE) & (states != State.LEAVING))   # counted: see `leave`
+        used = np.flatnonzero((states == State.PENDING) | (states == State.COMMITTED))   # counted: see `leave`, `doom`
         for t in range(len(self._count)):
             mine = used[self.tenant[used] == t]
             assert self._count[t] == len(mine), f"tenant {t}: counted {self._count[t]} slots, holds {len(mine)}"

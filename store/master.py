@@ -180,7 +180,8 @@ class Master:
         self.tenant_lookups: list[stats_mod.LookupStats] = []
         self.placement.owner_of = self.tenants.owner_of
         self.placement.tenant_name = self.tenants.name
-        self.quotas = Quotas(self.index, self.placement, self.tenants) if self.tenants.has_quotas else None
+        self.quotas = (Quotas(self.index, self.placement, self.tenants, self.write_behind.pinned_alone)
+                       if self.tenants.has_quotas else None)
         if self.quotas is not None:
             self.promotions.allowed = self.quotas.may_promote
             self.drains.skip_tiers = self.quotas.move_skip

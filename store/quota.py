@@ -6,7 +6,8 @@
                    insert / touch / remove the pool makes: commit, hit, demotion, promotion, drain, eviction
     Quotas.admit   at put_start, per key, before placement:
                      total quota  evict the tenant's coldest objects, slowest tier first (SSD, then DRAM, then HBM),
-                                  until the new object fits; if its own unleased objects are not enough: no_space
+                                  until the new object fits (one the write-behind is copying counts: it leaves when
+                                  its copy ends); if its own unleased objects are not enough: no_space
                      DRAM quota   demote its coldest DRAM objects one tier down where that tier has free room (nobody
                                   else's object is pushed out for them), else evict them; if that cannot make room,
                                   the object is placed below DRAM (SSD) instead
@@ -16,18 +17,19 @@ finding one tenant's coldest there means walking past everyone else's, O(pool) p
 O(victims + its own leased objects skipped) per put. The per-(node, tier) policies still decide whenever a TIER is
 full (pool pressure evicts the pool's coldest, whoever owns them: a quota is a ceiling, not a reservation).
 
-Quota bytes are payload bytes (what the client put), of every object the tenant holds: pending writes and objects
-removed while still being read count until their space is free. A hit is not promoted into DRAM past its tenant's
-DRAM quota (`may_promote`): it is served from where it is, and a drain does not move an object into DRAM past it
-(`move_skip`). Retention hints (store/retention.py) hold here as under pool pressure: a tenant's pinned objects are
-its last victims, taken (coldest first, counted in `pinned_evictions`) only when its unpinned ones cannot make the
-room. Not thread-safe: the master's lock serialises every call.
+Quota bytes are payload bytes (what the client put), of every object the tenant holds: pending writes count; an
+object removed or evicted while still being read or copied stops counting at once (it is gone for its owner; its
+space is freed when the last reader or copy lets go, store/index.py `doom`). A hit is not promoted into DRAM past
+its tenant's DRAM quota (`may_promote`): it is served from where it is, and a drain does not move an object into
+DRAM past it (`move_skip`). Retention hints (store/retention.py) hold here as under pool pressure: a tenant's
+pinned objects are its last victims, taken (coldest first, counted in `pinned_evictions`) only when its unpinned ones
+cannot make the room. Not thread-safe: the master's lock serialises every call.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -137,10 +139,14 @@ class Quotas:
     """Enforces `tenants`' quotas on the index through `placement` (whose policies it wraps: call before any node
     registers)."""
 
-    def __init__(self, index: Index, placement: Placement, tenants: Tenants) -> None:
+    def __init__(self, index: Index, placement: Placement, tenants: Tenants,
+                 copy_pinned_alone: Callable[[int], bool] = lambda slot: False) -> None:
+        """`copy_pinned_alone(slot)`: whether the write-behind's copy is the only pin on it
+        (WriteBehind.pinned_alone): such an object may still be a total quota's victim."""
         if placement.nodes:
             raise RuntimeError("Quotas must be set up before the first node registers")
         self.index, self.placement, self.tenants = index, placement, tenants
+        self.copy_pinned_alone = copy_pinned_alone
         self.lists = TenantLists(index)
         placement.track = self.lists
 
@@ -195,7 +201,8 @@ class Quotas:
                 return True
             if size > limit:
                 return False
-            victims, freed, pins, passed = self._walk(tenant, _TOTAL_ORDER if tier is None else (tier,), over)
+            victims, freed, pins, passed = self._walk(tenant, _TOTAL_ORDER if tier is None else (tier,), over,
+                                                      evicting=tier is None)
             if freed < over:
                 return False    # not enough of its own: nothing taken (the tenant keeps what it has)
             if not self.placement.settle(victims):
@@ -211,20 +218,25 @@ class Quotas:
             counters.quota_evictions += evicted
         return True
 
-    def _walk(self, tenant: int, tiers: Sequence[Tier], need: int) -> tuple[list[int], int, int, list[int]]:
+    def _walk(self, tenant: int, tiers: Sequence[Tier], need: int, *,
+              evicting: bool) -> tuple[list[int], int, int, list[int]]:
         """The tenant's coldest committed, unleased objects in `tiers` (in that order) until `need` payload bytes:
         unpinned ones first, then (as pool pressure does, store/retention.py) its pinned ones, coldest first, only
-        if the unpinned cannot make the room. Changes nothing. Returns (victims, bytes, how many of them are pinned,
-        the pinned objects passed over: `pass_over` once the victims are taken)."""
+        if the unpinned cannot make the room. `evicting` (the total quota): an object whose only pin is the
+        write-behind's copy counts as unleased: evicted, it leaves when its copy ends, as an object removed mid-copy
+        does, so a tenant whose coldest objects are being copied is not refused its put (a move, the DRAM quota's,
+        still waits for the copy). Changes nothing. Returns (victims, bytes, how many of them are pinned, the pinned
+        objects passed over: `pass_over` once the victims are taken)."""
         index = self.index
         state, leases, size = index.state, index.leases, index.size
         pinned, protects = index.retained, self.placement.retention.protects
+        copying = self.copy_pinned_alone
         picked: list[int] = []
         held: list[int] = []
         freed = 0
         for tier in tiers:
             for slot in self.lists.victims(tenant, int(tier)):
-                if leases[slot] > 0 or state[slot] != COMMITTED:
+                if state[slot] != COMMITTED or (leases[slot] > 0 and not (evicting and copying(slot))):
                     continue
                 if pinned and protects(slot):
                     held.append(slot)

@@ -74,12 +74,17 @@ class WriteBehind:
         self.placement = placement
         self.leases = leases
         self.counters = WriteBehindCounters()
-        self._inflight = 0      # copies taken by `start` and not finished yet
+        self._copying: set[int] = set()     # slots a round took (`start`) and has not finished: each pinned once
+
+    def pinned_alone(self, slot: int) -> bool:
+        """Whether a round's copy is the only pin on `slot` (no reader holds it): a tenant's total quota may evict it
+        (store/quota.py); it then leaves as any object removed mid-copy does (`finish`)."""
+        return slot in self._copying and int(self.index.leases[slot]) == 1
 
     @property
     def pending(self) -> int:
         """Objects whose copy is not written yet: queued, or being written right now."""
-        return len(self.placement.copies.dirty) + self._inflight
+        return len(self.placement.copies.dirty) + len(self._copying)
 
     def pending_on(self, number: int) -> int:
         index, find, dirty = self.index, self.index.find, self.placement.copies.dirty
@@ -113,7 +118,7 @@ class WriteBehind:
             total += size
             taken.append(key)
             self.leases.pin(slot)
-            self._inflight += 1
+            self._copying.add(slot)
             move = Move(key, index.ns_digest(int(index.ns[slot])), size, int(index.checksum[slot]),
                         _TIERS[int(index.tier[slot])], int(index.offset[slot]), Tier.SSD,
                         int(index.copy[slot]) * COPY_PAGE)
@@ -132,7 +137,7 @@ class WriteBehind:
         index, placement = self.index, self.placement
         clean = 0
         for i, job in enumerate(batch.jobs):
-            self._inflight -= 1
+            self._copying.discard(job.slot)
             ok = results is not None and bool(results[i])
             slot, key = job.slot, job.move.key
             current = (index.find(key, -1) == slot and int(index.state[slot]) == COMMITTED

@@ -32,13 +32,14 @@ def test_add_lookup_free_reuses_lowest_slot():
 def test_unlinked_slot_stays_reserved_until_freed():
     idx = Index()
     slot = idx.add(key(1), node=0, tier=Tier.DRAM, state=State.COMMITTED, offset=0, size=1, ns=0)
-    idx.unlink_key(slot)
-    idx.state[slot] = State.DOOMED
+    idx.doom(slot)
     assert idx.slot_of(key(1)) == -1 and list(idx.slots()) == [slot]
+    assert (idx.tenant_bytes(0), idx.tenant_slots(0)) == (0, 0)     # gone for its tenant from the doom on
     # The key can be indexed again (a new put) while the doomed slot waits for its readers.
-    assert idx.add(key(1), node=0, tier=Tier.DRAM, state=State.PENDING, offset=4096, size=1, ns=0) != slot
+    assert idx.add(key(1), node=0, tier=Tier.DRAM, state=State.PENDING, offset=4096, size=3, ns=0) != slot
+    idx.check_invariants()
     idx.free(slot)
-    assert idx.slot_of(key(1)) >= 0
+    assert idx.slot_of(key(1)) >= 0 and (idx.tenant_bytes(0), idx.tenant_slots(0)) == (3, 1)
     idx.check_invariants()
 
 
@@ -91,10 +92,10 @@ def test_bytes_are_counted_per_tenant_and_tier_through_add_move_and_free():
     idx.set_tier(b, Tier.SSD)
     assert (idx.tenant_bytes(2, Tier.DRAM), idx.tenant_bytes(2, Tier.SSD), idx.tenant_bytes(2)) == (100, 30, 130)
     idx.check_invariants()
-    idx.unlink_key(a)
-    idx.state[a] = State.DOOMED  # removed while leased: still held, still counted
-    assert idx.tenant_bytes(2) == 130
-    idx.free(a)
+    idx.doom(a)  # removed while leased: its space still held, no longer its tenant's
+    assert (idx.tenant_bytes(2), idx.tenant_slots(2)) == (30, 1)
+    idx.check_invariants()
+    idx.free(a)  # counts nothing again
     idx.free(c)
     assert (idx.tenant_bytes(2), idx.tenant_slots(2), idx.tenant_bytes(0), idx.tenant_slots(0)) == (30, 1, 0, 0)
     idx.check_invariants()
