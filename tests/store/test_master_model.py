@@ -1,8 +1,8 @@
 """The master against a model of what it promises, under random steps that mix every way an object leaves or comes
-back: puts by tenants at their quotas onto full tiers, leases held across steps, promotions and copy rounds, an
-admin's and tenants' removals, evicts, a node removed (`kvpool drain --no-migrate`) or drained with its objects
-moved, a node restarting as a new process (its SSD records reported again), a silent node reaped, and the master
-itself restarting on its journal. Removals are forgotten a few objects per hold of the lock, and between two holds
+back: puts by tenants at their quotas onto full tiers, leases held across steps, promotions and copy rounds (other
+clients' calls running while a round's node call is out), an admin's and tenants' removals, evicts, a node removed
+(`kvpool drain --no-migrate`) or drained with its objects moved, a node restarting as a new process (its SSD
+records reported again), a silent node reaped, and the master itself restarting on its journal. Removals are forgotten a few objects per hold of the lock, and between two holds
 another client's call runs (a put, a lookup, a removal), as it would from another thread.
 
 After every step and between every two chunks, for every key ever stored:
@@ -344,10 +344,37 @@ class Model:
         assert master.stats()["leaving_objects"] == 0
         assert all(r is None or r.node_id != name for r in master.inspect(held))
 
+    def copy_round(self) -> None:
+        """A write-behind round (`copy_pending`); half the time other clients' calls run while its node call is out
+        (the lock let go, as from other threads): their puts at the quotas may evict the objects being copied
+        (store/quota.py), their removals remove them, and each such object leaves when the round ends."""
+        self.trace.append("copy_round")
+        rng = self.rng
+
+        def during(moves) -> None:
+            if self.depth:
+                return
+            self.depth += 1
+            try:
+                for _ in range(rng.randint(1, 3)):
+                    rng.choice([self.put, self.put, self.lookup, self.remove_some])()
+                    self.check()
+            finally:
+                self.depth -= 1
+
+        ops = list(self.pool.ops.values()) if rng.random() < 0.5 else []
+        for o in ops:
+            o.on_demote = during
+        try:
+            self.master.copy_pending()
+        finally:
+            for o in ops:
+                o.on_demote = None
+
     def _steps(self) -> list:
         """(cumulative probability, step): each step's share of the random steps."""
         return [(0.45, self.put), (0.62, self.lookup), (0.68, self.master.promote_pending),
-                (0.74, self.master.copy_pending), (0.80, self.remove_some), (0.83, self.evict_all),
+                (0.74, self.copy_round), (0.80, self.remove_some), (0.83, self.evict_all),
                 (0.87, self.remove_node), (0.91, self.restart_node), (0.94, self.reap_silent_node),
                 (0.97, self.drain_node), (1.0, self.restart_master)]
 
