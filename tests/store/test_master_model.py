@@ -2,8 +2,9 @@
 back: puts by tenants at their quotas onto full tiers, leases held across steps, promotions and copy rounds (other
 clients' calls running while a round's node call is out), an admin's and tenants' removals, evicts, a node removed
 (`kvpool drain --no-migrate`) or drained with its objects moved, a node restarting as a new process (its SSD
-records reported again), a silent node reaped, and the master itself restarting on its journal. Removals are forgotten a few objects per hold of the lock, and between two holds
-another client's call runs (a put, a lookup, a removal), as it would from another thread.
+records reported again), a silent node reaped, and the master itself restarting on its journal. Removals are
+forgotten a few objects per hold of the lock, and between two holds another client's call runs (a put, a lookup, a
+removal), as it would from another thread.
 
 After every step and between every two chunks, for every key ever stored:
 - a hit (inspect, or a lookup's location) reads back exactly the bytes put under that key (never another object's);
