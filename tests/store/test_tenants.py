@@ -3,6 +3,7 @@ key space (exact keys of another tenant miss and cannot be removed), grants and 
 per tenant, and quotas that evict (or demote) only the tenant's own objects in exact LRU order."""
 
 import threading
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -258,68 +259,75 @@ class _CopyGate:
         return getattr(self.node, name)
 
 
-def test_total_quota_evicts_an_object_the_write_behind_is_copying(tmp_path):
+@pytest.fixture
+def gated(tmp_path):
+    """`gated(quota)`: a master whose tenant acme has `quota`, over a DRAM + SSD node whose copies wait at a gate."""
+    made = []
+
+    def _gated(quota):
+        node = StorageNode(NodeConfig(node_id="n1", dram_bytes=8 * OBJ, shm_dir=str(tmp_path),
+                                      ssd_path=str(tmp_path / "ssd"), ssd_bytes=16 * OBJ))
+        made.append(node)
+        master = Master(MasterConfig(promote_on_hit=False), clock=Clock(), token_secret=b"s" * 32,
+                        quotas={"acme": quota})
+        ops = _CopyGate(node)
+        master.register_node(node.info(), ops, expires=False)
+        return master, node, ops
+
+    yield _gated
+    for node in made:
+        node.close()
+
+
+@contextmanager
+def _round_held(master, ops):
+    """A write-behind round (`copy_pending`) held at its node call for the body (its objects pinned), then let go
+    and ended. Yields the list its result lands in."""
+    copied: list[int] = []
+    round_ = threading.Thread(target=lambda: copied.append(master.copy_pending()), daemon=True)
+    round_.start()
+    assert ops.entered.wait(30)
+    try:
+        yield copied
+    finally:
+        ops.gate.set()
+        round_.join(30)
+
+
+def test_total_quota_evicts_an_object_the_write_behind_is_copying(gated):
     """A tenant at its total quota whose every object is in a write-behind round (pinned while the node copies it to
     its SSD extent) used to be refused its put (no_space) until the round ended. Now the coldest is evicted as an
     object removed mid-copy is: it leaves when its copy ends, and stops counting for the tenant at once."""
-    node = StorageNode(NodeConfig(node_id="n1", dram_bytes=8 * OBJ, shm_dir=str(tmp_path),
-                                  ssd_path=str(tmp_path / "ssd"), ssd_bytes=16 * OBJ))
-    try:
-        master = Master(MasterConfig(promote_on_hit=False), clock=Clock(), token_secret=b"s" * 32,
-                        quotas={"acme": Quota(total_bytes=3 * OBJ)})
-        ops = _CopyGate(node)
-        master.register_node(node.info(), ops, expires=False)
-        a = [key(i) for i in range(1, 5)]
-        for k in a[:3]:
-            assert put(master, node, [k], "acme") == [STORED]
-        copied: list[int] = []
-        round_ = threading.Thread(target=lambda: copied.append(master.copy_pending()), daemon=True)
-        round_.start()
-        assert ops.entered.wait(30)                 # a1-a3 pinned by the round, their copies being written
-        try:
-            assert put(master, node, [a[3]], "acme") == [STORED]
-            assert present(master, a, "acme") == [False, True, True, True]     # the coldest went
-            acme = master.stats()["tenants"]["acme"]
-            assert (acme["bytes"], acme["objects"], acme["quota_evictions"], acme["no_space"]) == (3 * OBJ, 3, 1, 0)
-        finally:
-            ops.gate.set()
-            round_.join(30)
-        assert copied == [2]                        # a2 and a3 are clean; a1 left meanwhile: freed with its copy
-        assert int(master.index.leases.sum()) == 0
-        master.index.check_invariants()
-        assert put(master, node, [key(9)], "acme") == [STORED]                  # the quota goes on as before
-        assert present(master, a + [key(9)], "acme") == [False, False, True, True, True]
-    finally:
-        node.close()
+    master, node, ops = gated(Quota(total_bytes=3 * OBJ))
+    a = [key(i) for i in range(1, 5)]
+    for k in a[:3]:
+        assert put(master, node, [k], "acme") == [STORED]
+    with _round_held(master, ops) as copied:       # a1-a3 pinned by the round, their copies being written
+        assert put(master, node, [a[3]], "acme") == [STORED]
+        assert present(master, a, "acme") == [False, True, True, True]     # the coldest went
+        acme = master.stats()["tenants"]["acme"]
+        assert (acme["bytes"], acme["objects"], acme["quota_evictions"], acme["no_space"]) == (3 * OBJ, 3, 1, 0)
+    assert copied == [2]                            # a2 and a3 are clean; a1 left meanwhile: freed with its copy
+    assert int(master.index.leases.sum()) == 0
+    master.index.check_invariants()
+    assert put(master, node, [key(9)], "acme") == [STORED]                      # the quota goes on as before
+    assert present(master, a + [key(9)], "acme") == [False, False, True, True, True]
 
 
-def test_dram_quota_does_not_move_an_object_the_write_behind_is_copying(tmp_path):
+def test_dram_quota_does_not_move_an_object_the_write_behind_is_copying(gated):
     """The DRAM quota moves its victims one tier down: one being copied is not moved (the copy reads it); the new
     object goes below DRAM instead, and nothing is evicted."""
-    node = StorageNode(NodeConfig(node_id="n1", dram_bytes=8 * OBJ, shm_dir=str(tmp_path),
-                                  ssd_path=str(tmp_path / "ssd"), ssd_bytes=16 * OBJ))
-    try:
-        master = Master(MasterConfig(promote_on_hit=False), clock=Clock(), token_secret=b"s" * 32,
-                        quotas={"acme": Quota(dram_bytes=2 * OBJ)})
-        ops = _CopyGate(node)
-        master.register_node(node.info(), ops, expires=False)
-        a = [key(i) for i in range(1, 4)]
-        for k in a[:2]:
-            assert put(master, node, [k], "acme") == [STORED]
-        round_ = threading.Thread(target=master.copy_pending, daemon=True)
-        round_.start()
-        assert ops.entered.wait(30)
-        try:
-            assert put(master, node, [a[2]], "acme") == [STORED]
-            stored = master.tenants.stored_keys(master.tenants.intern("acme"), a)
-            assert [r.tier for r in master.inspect(stored)] == [Tier.DRAM, Tier.DRAM, Tier.SSD]
-            assert master.stats()["tenants"]["acme"]["quota_evictions"] == 0
-        finally:
-            ops.gate.set()
-            round_.join(30)
-        master.index.check_invariants()
-    finally:
-        node.close()
+    master, node, ops = gated(Quota(dram_bytes=2 * OBJ))
+    a = [key(i) for i in range(1, 4)]
+    for k in a[:2]:
+        assert put(master, node, [k], "acme") == [STORED]
+    with _round_held(master, ops) as copied:
+        assert put(master, node, [a[2]], "acme") == [STORED]
+        stored = master.tenants.stored_keys(master.tenants.intern("acme"), a)
+        assert [r.tier for r in master.inspect(stored)] == [Tier.DRAM, Tier.DRAM, Tier.SSD]
+        assert master.stats()["tenants"]["acme"]["quota_evictions"] == 0
+    assert copied == [2]
+    master.index.check_invariants()
 
 
 def test_pending_writes_count_against_the_quota(make):
