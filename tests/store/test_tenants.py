@@ -308,6 +308,8 @@ def test_total_quota_evicts_an_object_the_write_behind_is_copying(gated):
         acme = master.stats()["tenants"]["acme"]
         assert (acme["bytes"], acme["objects"], acme["quota_evictions"], acme["no_space"]) == (3 * OBJ, 3, 1, 0)
     assert copied == [2]                            # a2 and a3 are clean; a1 left meanwhile: freed with its copy
+    stored = master.tenants.stored_keys(master.tenants.intern("acme"), a)
+    assert sorted(r.key for r in node.scan_ssd()) == sorted(stored[1:3])    # a1's copy record erased, a4's not due
     assert int(master.index.leases.sum()) == 0
     master.index.check_invariants()
     assert put(master, node, [key(9)], "acme") == [STORED]                      # the quota goes on as before
