@@ -140,7 +140,7 @@ class Quotas:
     registers)."""
 
     def __init__(self, index: Index, placement: Placement, tenants: Tenants,
-                 copy_pinned_alone: Callable[[int], bool] = lambda slot: False) -> None:
+                 copy_pinned_alone: Callable[[int], bool]) -> None:
         """`copy_pinned_alone(slot)`: whether the write-behind's copy is the only pin on it
         (WriteBehind.pinned_alone): such an object may still be a total quota's victim."""
         if placement.nodes:
