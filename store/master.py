@@ -320,7 +320,9 @@ class Master:
             with self.placement.batched_ops():     # the room made on destinations: one Demote / Drop per node
                 result = self.drains.start(keys, now + self.config.grant_ttl_s, self._no_destination(now))
             self._flush()  # placing may have evicted or demoted objects on the destination
-            return result
+            ssd_nodes = self._ssd_numbers(m.dest for m in result.moves)
+        self.placement.erasures.flush_nodes(ssd_nodes)     # its client writes the SSD destinations after the answer
+        return result
 
     def migrate_next(self, node_id: str, cursor: int = 0, limit: int = 256, max_bytes: int = 0
                      ) -> MigrateStartResult:
@@ -335,7 +337,9 @@ class Master:
             result = self.drains.start(keys, now + self.config.grant_ttl_s, self._no_destination(now))
             result.next_cursor = next_cursor
             self._flush()
-            return result
+            ssd_nodes = self._ssd_numbers(m.dest for m in result.moves)
+        self.placement.erasures.flush_nodes(ssd_nodes)     # as migrate_start
+        return result
 
     def migrate_commit(self, move_ids: Sequence[int], checksums: Sequence[int]) -> list[bool]:
         """Switch moved objects to their destination. False = the move is gone (unknown, expired, the object was
@@ -394,12 +398,24 @@ class Master:
                 if (rec := self.recorder) is not None:
                     rec.put(now, ns, list(keys), out)
                 self._flush()
+                ssd_nodes = self._ssd_numbers(r.grant.location for r in out if r.grant is not None)
         finally:
             # before the answer: its client writes those extents after it (sent also if the rest raised: the
             # extents were freed for reuse all the same)
             self._send_deferred(deferred)
+        # its client writes its SSD grants after the answer: the erases queued before them land first
+        self.placement.erasures.flush_nodes(ssd_nodes)
         self._sign_grants(out)
         return out
+
+    def _ssd_numbers(self, locations) -> list[int]:
+        """The node numbers of the SSD extents among `locations` that a client will write (store/erasures.py); none
+        while erases are not queued. Under the lock."""
+        if not self.placement.erasures.background:
+            return []
+        nodes = self.placement.nodes
+        return [nodes[loc.node_id].number for loc in locations
+                if loc is not None and loc.tier == Tier.SSD and loc.node_id in nodes]
 
     def _send_deferred(self, deferred: Deferred) -> None:
         """put_start's node calls left until after the lock (Placement.batched_ops(defer=True)): sent, then the
@@ -785,6 +801,20 @@ class Master:
                 batches = self.write_behind.start(self._no_copies(), self._busy, max_bytes)
             return self._copy(batches)
 
+    def erase_in_background(self) -> threading.Event:
+        """From now on a put's SSD erases are queued and sent after its answer (store/erasures.py) by a thread that
+        calls `erase_pending` when the Event returned is set (a master process's eraser, `erasures.erase_loop`)."""
+        self.placement.erasures.background = True
+        return self.placement.erasures.wanted
+
+    @property
+    def erase_wanted(self) -> threading.Event:
+        return self.placement.erasures.wanted
+
+    def erase_pending(self) -> None:
+        """Send every queued SSD erase (store/erasures.py), without the lock."""
+        self.placement.erasures.flush_all()
+
     def flush_node(self, node_id: str, deadline_s: float = 60.0,
                    max_bytes: int = ROUND_BYTES) -> tuple[int, int]:
         """A clean stop of a node: nothing new is placed on it from now on (until it registers again), and every
@@ -815,6 +845,7 @@ class Master:
     def _copy(self, batches) -> int:
         clean = 0
         for batch in batches:
+            self.placement.erasures.flush(batch.node.number)    # the copies write SSD extents: queued erases first
             try:
                 results = batch.ops.demote(batch.moves)
             except Exception as exc:  # noqa: BLE001 - a failing node keeps its objects dirty; the next round retries

@@ -42,6 +42,7 @@ from kvpool.store.auth import AuthInterceptor
 from kvpool.store.auth.client import is_loopback
 from kvpool.store.config import MasterServerConfig
 from kvpool.store.control_channel import ControlServer
+from kvpool.store.erasures import erase_loop
 from kvpool.store.master import Master
 from kvpool.store.master_servicer import MasterServicer
 from kvpool.store.remote_node import GRPC_OPTIONS
@@ -105,6 +106,10 @@ class MasterServer:
         if config.write_behind:
             self._threads.append(threading.Thread(target=write_behind_loop, args=(self.master, self._stop),
                                                   name="kvpool-writer", daemon=True))
+        # a put's SSD erases sent after its answer (store/erasures.py)
+        self.master.erase_in_background()
+        self._threads.append(threading.Thread(target=erase_loop, args=(self.master, self._stop),
+                                              name="kvpool-eraser", daemon=True))
 
     def _control_server(self, config: MasterServerConfig, auth, serve_tls: bool, host: str) -> ControlServer | None:
         """The control channel beside gRPC (store/control_channel.py), announced by the Hello RPC."""
@@ -185,9 +190,11 @@ class MasterServer:
         # objects, or a copy round, would otherwise write to a closed journal). A removal's chunks stop at once;
         # a copy round's node calls end within their deadline.
         self.master.closing.set()
+        self.master.erase_wanted.set()              # wakes the eraser to see the stop
         for thread in self._threads:
             if thread.is_alive():
                 thread.join(self.config.node_rpc_timeout_s + 5.0)
+        self.master.erase_pending()                 # the last puts' erases (one lost is what a failed Drop was)
         self.master.stop_recording()                # the files complete before the process goes
         self.master.host_feed.close()
         self.servicer.close()

@@ -16,7 +16,9 @@ through the node's `NodeOps`, batched per round, and inside `batched_ops` (a put
 migrate_start) per operation: one Demote call per node carrying the drops (store/node_calls.py).
 Drops are sent before the writes that may reuse their extents (an SSD erase must never land on a new record); a
 put's calls whose extents it handed out again (a Drop of them; a Demote of dirty victims from them) are sent by
-put_start after the lock (`batched_ops(defer=True)`), their objects in flight until it settles them.
+put_start after the lock (`batched_ops(defer=True)`), their objects in flight until it settles them. In a master
+process a put's drops-only calls are queued instead (`erasures`, store/erasures.py), sent after its answer by the
+eraser thread; every call that writes a node's SSD extents flushes that node's queue first.
 
 Inclusive SSD tier (`write_behind`, store/copies.py): an object placed on a faster tier of a node with an SSD
 also gets an SSD extent at once; a demotion onto a clean copy moves no bytes, a promoted SSD record stays as the
@@ -48,6 +50,7 @@ import numpy as np
 
 from kvpool.store.chains import ORPHAN, Chains
 from kvpool.store.copies import Copies
+from kvpool.store.erasures import Erasures
 from kvpool.store.index import COMMITTED, LEAVING, MAX_SIZE, NO_COPY, PENDING, Index, State
 from kvpool.store.journal import Journal
 from kvpool.store.node import Drop, Move, NodeOps
@@ -145,6 +148,7 @@ class Placement:
         self._evicted: list[tuple[int, int, bytes]] = []    # (node number, tenant id, key) that left a node since
                                                             # `take_evicted` (evicted, or drained elsewhere)
         self._calls: dict[int, NodeCalls] | None = None     # per node number, inside `batched_ops`
+        self.erasures = Erasures()      # a put's SSD erases sent after its answer (store/erasures.py)
         self._in_flight: set[int] = set()   # slots a deferred move carries, until `settle_deferred`
         self._leaving: dict[int, Leaving] = {}     # per removed node's number, oldest removal first
 
@@ -196,6 +200,7 @@ class Placement:
         last release, as before."""
         state = self.nodes.pop(node_id)
         state.leaving = True
+        self.erasures.forget(state.number)      # its queued erases go nowhere (a new process reports afresh)
         index = self.index
         slots = index.slots()
         slots = slots[index.node[slots] == state.number]
@@ -734,7 +739,10 @@ class Placement:
             calls = self._calls
             try:
                 for node_calls in calls.values():
-                    if done and defer and self._reused(node_calls):
+                    if done and defer and self.erasures.background and node_calls.drops \
+                            and not node_calls.demotions:
+                        self.erasures.queue(node_calls.node, node_calls.take()[0])
+                    elif done and defer and self._reused(node_calls):
                         drops, demotions = node_calls.take()
                         if demotions:
                             deferred.moves.append(DeferredCall(node_calls.node, drops, demotions))
@@ -783,15 +791,14 @@ class Placement:
             return len(slots)
         return next((i for i, s in enumerate(slots) if s in flying), len(slots))
 
-    @staticmethod
-    def send_deferred(deferred: Deferred) -> None:
+    def send_deferred(self, deferred: Deferred) -> None:
         """Send the calls a batch deferred (`batched_ops(defer=True)`), without the master's lock: the erases, then
         each Demote (its drops carried, or erased first), keeping its answer for `settle_deferred`. A move call that
         made no move may not have erased its carried drops: they are erased here again (extents still this put's)."""
         for node, drops in deferred.erases:
             Placement._erase(node, drops)
         for call in deferred.moves:
-            call.results, erase = Placement._call(call.node, call.drops, call.demotions)
+            call.results, erase = self._call(call.node, call.drops, call.demotions)
             Placement._erase(call.node, erase)
 
     def settle_deferred(self, deferred: Deferred, unpin) -> None:
@@ -872,8 +879,7 @@ class Placement:
             self._evict_one(node, d.slot, d.src_tier, erase)
         self._erase(node, erase)
 
-    @staticmethod
-    def _call(node: NodeState, drops: list[Drop], demotions: list[Demotion]) -> tuple[list[bool], list[Drop]]:
+    def _call(self, node: NodeState, drops: list[Drop], demotions: list[Demotion]) -> tuple[list[bool], list[Drop]]:
         """The node calls of `_send`: a node that says `move_drops` gets the drops and moves in one Demote call (it
         erases before it moves); an older one a Drop call first. Returns each move's answer (all False when the
         call failed) and the carried drops to erase again: with no move made, the call may have failed before they
@@ -884,6 +890,7 @@ class Placement:
             Placement._erase(node, drops)
         if not demotions:
             return [], []
+        self.erasures.flush(node.number)    # the moves write SSD extents: the erases queued before them land first
         moves = [d.move for d in demotions]
         try:
             results = list(node.ops.demote(moves, carried))

@@ -76,6 +76,10 @@ class WriteBehind:
         self.counters = WriteBehindCounters()
         self._copying: set[int] = set()     # slots a round took (`start`) and has not finished: each pinned once
 
+    def copying(self, slot: int) -> bool:
+        """A round has taken this object's copy and not finished it (its record may be half written)."""
+        return slot in self._copying
+
     def pinned_alone(self, slot: int) -> bool:
         """Whether a round's copy is the only pin on `slot` (no reader holds it): a tenant's total quota may evict it
         (store/quota.py); it then leaves as any object removed mid-copy does (`finish`)."""
