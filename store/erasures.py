@@ -122,11 +122,17 @@ class Erasures:
             log.exception("node %s: drop of %d records failed", node.node_id, len(drops))
 
 
+LINGER_S = 0.02
+"""How long the eraser thread lets erases gather after the first is queued, so that puts close together share one
+Drop call (nothing waits on it: a call that needs them sends them itself, `Erasures.flush`)."""
+
+
 def erase_loop(master, stop: threading.Event) -> None:
-    """The eraser thread of a master process: send the queued erases as they come (`Master.erase_pending`)."""
+    """The eraser thread of a master process: send the queued erases (`Master.erase_pending`), `LINGER_S` after the
+    first of them."""
     wanted = master.erase_wanted
     while not stop.is_set():
-        if not wanted.wait(0.5):
+        if not wanted.wait(0.5) or stop.wait(LINGER_S):
             continue
         try:
             master.erase_pending()
@@ -134,4 +140,4 @@ def erase_loop(master, stop: threading.Event) -> None:
             log.exception("erase round failed")
 
 
-__all__ = ["Erasures", "erase_loop"]
+__all__ = ["Erasures", "erase_loop", "LINGER_S"]
