@@ -16,8 +16,9 @@ extent first flushes that node** (`flush`: every erase queued before it began is
     a drain's client, on an SSD destination           Master.migrate_start / migrate_next, before they answer
     a Demote (moves onto SSD, write-behind copies)    Placement._call and Master._copy, before the call
 
-A queued erase is decided under the lock when its extent is freed, so whatever is given that extent later flushes it
-first. A Drop call that fails is logged and forgotten, as a failed Drop always was (a record it leaves is dropped by
+An erase is queued in the same hold of the master's lock that freed its extent (when the put's batch ends), so
+whatever is given that extent later flushes it first; only a put's drops-only calls are queued (a call that also
+moves objects is sent as before, its drops carried). A Drop call that fails is logged and forgotten, as a failed Drop always was (a record it leaves is dropped by
 the node's next report: store/registry.py `reattached`, or its extent's overlap). A node that leaves or restarts
 takes its queue with it (`forget`): its calls go nowhere after that (registry.DisconnectedOps), and a new process
 of it reports its records afresh. A master that restarts loses its queues the same way, and each node's report to
