@@ -107,6 +107,11 @@ class Erasures:
             numbers = list(self._queues)
         self.flush_nodes(numbers)
 
+    def as_dict(self) -> dict[str, int]:
+        """`kvpool status`'s "erasures": queued and not sent yet, sent in background, and the Drop calls that sent
+        them."""
+        return {"pending": self.pending(), "sent": self.sent, "calls": self.calls}
+
     def forget(self, number: int) -> None:
         """The node left (or a new process of it registered): its queued erases are not sent."""
         with self._lock:

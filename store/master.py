@@ -1107,7 +1107,8 @@ class Master:
                             "orphaned": self.placement.counters.orphaned, "stopping": sorted(self._stopping),
                             "reporting": sorted(self.placement.by_number[n].node_id
                                                 for n in self.registry.reporting_numbers(self.clock())),
-                            "host_index": self.host_feed.as_dict()}
+                            "host_index": self.host_feed.as_dict(),
+                            "erasures": self.placement.erasures.as_dict()}
             record.tenants = {self.tenants.name(t): self._tenant_stats(t) for t in range(1, len(self.tenants))}
             if (rec := self.recorder) is not None:       # only while one runs: `kvpool status` says so
                 record.extra["recording"] = rec.status.as_dict()

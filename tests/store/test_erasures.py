@@ -47,9 +47,10 @@ def test_a_full_put_answers_before_its_erase_and_the_erase_follows(full):
     assert master.placement.erasures.pending() == 1
     assert _records(full) == before
     assert out[0].grant.location.tier == Tier.DRAM
+    assert master.stats()["erasures"] == {"pending": 1, "sent": 0, "calls": 0}
     master.erase_pending()
     assert (ops.drop_calls, ops.dropped) == (1, 1)
-    assert master.placement.erasures.pending() == 0
+    assert master.stats()["erasures"] == {"pending": 0, "sent": 1, "calls": 1}
     assert _records(full) == [r for r in before if r[0] != KEYS[0]]
 
 
