@@ -18,11 +18,11 @@ extent first flushes that node** (`flush`: every erase queued before it began is
 
 An erase is queued in the same hold of the master's lock that freed its extent (when the put's batch ends), so
 whatever is given that extent later flushes it first; only a put's drops-only calls are queued (a call that also
-moves objects is sent as before, its drops carried). A Drop call that fails is logged and forgotten, as a failed Drop always was (a record it leaves is dropped by
-the node's next report: store/registry.py `reattached`, or its extent's overlap). A node that leaves or restarts
-takes its queue with it (`forget`): its calls go nowhere after that (registry.DisconnectedOps), and a new process
-of it reports its records afresh. A master that restarts loses its queues the same way, and each node's report to
-the new master drops the records whose keys it does not know.
+moves objects is sent as before, its drops carried). A Drop call that fails is logged and forgotten, as a failed
+Drop always was (a record it leaves is dropped by the node's next report: store/registry.py `reattached`, or its
+extent's overlap). A node that leaves or restarts takes its queue with it (`forget`): its calls go nowhere after
+that (registry.DisconnectedOps), and a new process of it reports its records afresh. A master that restarts loses
+its queues the same way, and each node's report to the new master drops the records whose keys it does not know.
 
 Without `background` (the embedded pool, in-process tests) nothing is queued: the put sends its erases itself, as
 before. Thread-safe: `queue` runs under the master's lock; `flush` from any thread, without it or with it (the
@@ -94,8 +94,9 @@ class Erasures:
                 drops, q.pending = q.pending, []
             if drops:
                 self._send(q.node, drops)
-                self.sent += len(drops)
-                self.calls += 1
+                with self._lock:
+                    self.sent += len(drops)
+                    self.calls += 1
 
     def flush_nodes(self, numbers: Iterable[int]) -> None:
         for number in sorted(set(numbers)):
