@@ -11,8 +11,10 @@ import pytest
 
 from kvpool.store.config import MasterServerConfig
 from kvpool.store.master_server import MasterServer
+from kvpool.store.records import PutStatus
+from kvpool.store.tenants import Quota
 from kvpool.tiers.types import Tier
-from tests.store.test_node_calls import K, Pool, chain_key
+from tests.store.test_node_calls import K, Pool, chain_key, payload
 
 KEYS = [chain_key(i, 0) for i in range(12)]
 
@@ -87,6 +89,43 @@ def test_a_put_given_an_ssd_grant_sends_the_queued_erases_before_it_answers(tmp_
         assert (loc.tier, loc.offset) == (Tier.SSD, 0)
         assert (ops.drop_calls, master.placement.erasures.pending()) == (1, 0)
         assert [k for k, _ in _records(pool)] == sorted(KEYS[1:4])
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("call", ["migrate_next", "migrate_start"])
+def test_a_drain_given_an_ssd_destination_sends_the_queued_erases_before_it_answers(tmp_path, call):
+    """A tenant at its total quota evicts its own coldest object on n1's SSD for a put that lands in n2's DRAM: the
+    erase is queued (no SSD grant flushed it). Draining n2 then moves that object onto the freed extent, and the
+    drainer writes it after the answer: the answer waits for the erase."""
+    pool = Pool(tmp_path, "d", [("n1", 0, 4), ("n2", 1, 0)], batched=True, quotas={"t": Quota(total_bytes=4 * K)})
+    master, ops = pool.master, pool.ops["n1"]
+    master.erase_in_background()
+    try:
+        other = chain_key(99, 0)
+        assert pool.put([other]) == [PutStatus.STORED]            # fills n2's DRAM: t's next 4 land on n1's SSD
+        for key in KEYS[:4]:
+            pool.put([key], tenant="t")
+        stored = pool.stored(KEYS[:5], "t")
+        assert [(r.node_id, r.tier, r.offset) for r in master.inspect(stored[:4])] == \
+            [("n1", Tier.SSD, o) for o in (0, 8192, 16384, 24576)]
+        assert master.remove([other]) == 1
+        pool.put([KEYS[4]], tenant="t")                             # evicts t's KEYS[0] (n1, offset 0)
+        assert master.inspect(stored[:1]) == [None]
+        assert (master.inspect(stored[4:])[0].node_id, master.placement.erasures.pending(), ops.drop_calls) == \
+            ("n2", 1, 0)
+        assert master.begin_drain("n2") == (1, 0)
+        result = master.migrate_next("n2") if call == "migrate_next" else master.migrate_start([stored[4]])
+        (move,) = result.moves
+        assert (move.dest.node_id, move.dest.tier, move.dest.offset) == ("n1", Tier.SSD, 0)
+        assert (master.placement.erasures.pending(), ops.drop_calls) == (0, 1)     # sent before the answer
+        data = payload(stored[4], K)
+        pool.nodes["n1"].write(Tier.SSD, 0, stored[4], b"\0" * 16, data, None)     # the drainer's copy
+        assert master.migrate_commit([move.move_id], [move.checksum]) == [True]
+        master.erase_pending()
+        assert ops.drop_calls == 1
+        assert pool.check_bytes(stored) == 4
+        assert (stored[4], 0) in _records(pool)
     finally:
         pool.close()
 
