@@ -66,7 +66,7 @@ class Erasures:
         if not drops:
             return
         if not self.background:
-            self._send(node, drops)
+            self.send(node, drops)
             return
         with self._lock:
             q = self._queues.get(node.number)
@@ -93,7 +93,7 @@ class Erasures:
             with q.lock:
                 drops, q.pending = q.pending, []
             if drops:
-                self._send(q.node, drops)
+                self.send(q.node, drops)
                 with self._lock:
                     self.sent += len(drops)
                     self.calls += 1
@@ -122,7 +122,11 @@ class Erasures:
                 q.pending = []
 
     @staticmethod
-    def _send(node, drops: list[Drop]) -> None:
+    def send(node, drops: list[Drop]) -> None:
+        """Erase `drops` on `node` now (one Drop call; none for an empty list). A failure is logged, and the
+        operation goes on, as a failed Drop always did."""
+        if not drops:
+            return
         try:
             node.ops.drop(drops)
         except Exception:  # noqa: BLE001 - as a failed Drop always was: logged, the node's next report drops it

@@ -801,11 +801,10 @@ class Master:
                 batches = self.write_behind.start(self._no_copies(), self._busy, max_bytes)
             return self._copy(batches)
 
-    def erase_in_background(self) -> threading.Event:
+    def erase_in_background(self) -> None:
         """From now on a put's SSD erases are queued and sent after its answer (store/erasures.py) by a thread that
-        calls `erase_pending` when the Event returned is set (a master process's eraser, `erasures.erase_loop`)."""
+        calls `erase_pending` when `erase_wanted` is set (a master process's eraser, `erasures.erase_loop`)."""
         self.placement.erasures.background = True
-        return self.placement.erasures.wanted
 
     @property
     def erase_wanted(self) -> threading.Event:

@@ -796,10 +796,10 @@ class Placement:
         each Demote (its drops carried, or erased first), keeping its answer for `settle_deferred`. A move call that
         made no move may not have erased its carried drops: they are erased here again (extents still this put's)."""
         for node, drops in deferred.erases:
-            Placement._erase(node, drops)
+            Erasures.send(node, drops)
         for call in deferred.moves:
             call.results, erase = self._call(call.node, call.drops, call.demotions)
-            Placement._erase(call.node, erase)
+            Erasures.send(call.node, erase)
 
     def settle_deferred(self, deferred: Deferred, unpin) -> None:
         """Under the lock again, after `send_deferred`: each deferred move's pin goes (`unpin(slot)`, the caller's
@@ -821,7 +821,7 @@ class Placement:
                     self._demoted(d.slot, d.src_tier)
                 else:
                     self._evict_one(node, d.slot, d.src_tier, erase)
-            self._erase(node, erase)
+            Erasures.send(node, erase)
         deferred.moves = []
 
     def _drop(self, node: NodeState, drops: list[Drop]) -> None:
@@ -877,7 +877,7 @@ class Placement:
             # the object sits, in the index, at its target: forgetting it frees that extent (erasing the record a
             # failed write may have begun there) and its policy entry
             self._evict_one(node, d.slot, d.src_tier, erase)
-        self._erase(node, erase)
+        Erasures.send(node, erase)
 
     def _call(self, node: NodeState, drops: list[Drop], demotions: list[Demotion]) -> tuple[list[bool], list[Drop]]:
         """The node calls of `_send`: a node that says `move_drops` gets the drops and moves in one Demote call (it
@@ -887,7 +887,7 @@ class Placement:
         it."""
         carried = drops if demotions and node.info.move_drops else []
         if not carried:
-            Placement._erase(node, drops)
+            Erasures.send(node, drops)
         if not demotions:
             return [], []
         self.erasures.flush(node.number)    # the moves write SSD extents: the erases queued before them land first
@@ -898,15 +898,6 @@ class Placement:
             log.exception("node %s: demotion of %d objects failed", node.node_id, len(demotions))
             results = [False] * len(demotions)
         return results, (list(carried) if carried and not any(results) else [])
-
-    @staticmethod
-    def _erase(node: NodeState, drops: list[Drop]) -> None:
-        if not drops:
-            return
-        try:
-            node.ops.drop(drops)
-        except Exception:  # noqa: BLE001 - as RemoteNodeOps.drop does: logged, the operation goes on
-            log.exception("node %s: drop of %d records failed", node.node_id, len(drops))
 
     def relocate(self, slot: int, node: NodeState, tier: Tier, offset: int) -> int:
         """Re-index a committed object at a new extent (its bytes were copied there): a new slot with the same key,
