@@ -7,8 +7,9 @@
             of a pinned object only unlinks its key (DOOMED), and the last unpin hands the slot back to be freed.
 
 One counter hands out every id (grants, leases, moves, the read ids of a move batch), so an id never means two
-things to a node checking a token. Tokens are HMACs over (kind, id, tier, offset, size, expiry) signed with the
-secret the nodes get at registration (store/tokens.py); with no secret (an in-process pool) they are empty.
+things to a node checking a token. Tokens are HMACs over (kind, id, tier, offset, size, expiry) signed with the key
+of the node that serves them (`NodeState.token_key`, handed to that node at registration: store/tokens.py); a master
+with no secret (an in-process pool) signs nothing, its tokens are empty.
 Owned by the Master and called under its lock; not thread-safe by itself.
 """
 
@@ -23,9 +24,9 @@ from kvpool.store.index import COMMITTED, DOOMED, LEASE_CAP, Index
 
 
 class Leases:
-    def __init__(self, index: Index, token_secret: bytes | None) -> None:
+    def __init__(self, index: Index, signs: bool) -> None:
         self.index = index
-        self.token_secret = token_secret
+        self.signs = signs
         self._grants: dict[int, tuple[int, float]] = {}         # grant_id -> (slot, expires_at)
         self._leases: dict[int, tuple[np.ndarray, float]] = {}  # lease_id -> (slots, expires_at)
         self._next_id = 1
@@ -42,10 +43,11 @@ class Leases:
     def open_leases(self) -> int:
         return len(self._leases)
 
-    def sign(self, kind: bytes, ident: int, tier: int, offset: int, size: int, expires_at: float) -> bytes:
-        if self.token_secret is None:
+    def sign(self, key: bytes, kind: bytes, ident: int, tier: int, offset: int, size: int, expires_at: float) -> bytes:
+        """The token a node whose registration handed it `key` accepts for this extent until `expires_at`."""
+        if not self.signs:
             return b""
-        return tokens.sign(self.token_secret, kind, ident, tier, offset, size, int(expires_at * 1000))
+        return tokens.sign(key, kind, ident, tier, offset, size, int(expires_at * 1000))
 
     # ---- grants
 

@@ -79,6 +79,7 @@ from kvpool.store.records import (
     ObjectRecord,
     PutStartResult,
     PutStatus,
+    Registered,
     ReportResult,
     Tier,
 )
@@ -141,7 +142,8 @@ class Master:
         self.config = config or MasterConfig()
         self.metadata = metadata if metadata is not None else MemoryMetadata()
         self.clock = clock
-        # None: grants/leases carry no tokens (in-process pool, where there is no one to check them).
+        # None: grants/leases carry no tokens (in-process pool, where there is no one to check them). Else tenants'
+        # key spaces derive from it; tokens are signed with a key per node registration (`register`)
         self.token_secret = token_secret
         self._lock = threading.Lock()
         self.index = Index()
@@ -150,7 +152,7 @@ class Master:
                                    write_behind=self.config.write_behind)
         self.retention = self.placement.retention
         self.retention.max_fraction = self.config.pin_max_fraction
-        self.leases = Leases(self.index, token_secret)
+        self.leases = Leases(self.index, token_secret is not None)
         # removed keys a node that was away must not bring back (store/tombstones.py); persisted with the journal
         self.tombstones = Tombstones(self.config.max_tombstones, scope_limit=self.config.max_tenant_tombstones,
                                      track=self.journal.persistent)
@@ -198,9 +200,14 @@ class Master:
     # ------------------------------------------------------------------ nodes
 
     def register_node(self, info: NodeInfo, ops: NodeOps, *, expires: bool = True) -> int:
-        """Add (or re-attach) a node; returns its epoch. A node re-registering with the same `incarnation` kept its
-        memory (the master restarted): its objects stay. A new incarnation means the node restarted: everything it
-        held is dropped, and it re-adopts its SSD objects with `report_objects`."""
+        """`register`, returning the node's epoch."""
+        return self.register(info, ops, expires=expires).epoch
+
+    def register(self, info: NodeInfo, ops: NodeOps, *, expires: bool = True) -> Registered:
+        """Add (or re-attach) a node; returns its epoch and the key its tokens are signed with. A node re-registering
+        with the same `incarnation` kept its memory (the master restarted, or it was told to register again): its
+        objects stay, and so does its key while this master process knows it. A new incarnation means the node
+        restarted: everything it held is dropped, and it re-adopts its SSD objects with `report_objects`."""
         checks.node_info(info)
         with self._lock:
             old = self.placement.nodes.get(info.node_id)
@@ -220,7 +227,7 @@ class Master:
             self._forget_leaving()  # before the answer: the node reports its SSD records after it
         elif holds:
             self._republish([info.node_id])         # what a node that kept its memory holds: after the answer
-        return reg.epoch
+        return Registered(reg.epoch, reg.node.token_key if self.leases.signs else b"")
 
     @staticmethod
     def _same_process(a: NodeInfo, b: NodeInfo) -> bool:
@@ -399,14 +406,23 @@ class Master:
                     rec.put(now, ns, list(keys), out)
                 self._flush()
                 ssd_nodes = self._ssd_numbers(r.grant.location for r in out if r.grant is not None)
+                keys = self._token_keys(r.grant.location.node_id for r in out if r.grant is not None)
         finally:
             # before the answer: its client writes those extents after it (sent also if the rest raised: the
             # extents were freed for reuse all the same)
             self._send_deferred(deferred)
         # its client writes its SSD grants after the answer: the erases queued before them land first
         self.placement.erasures.flush_nodes(ssd_nodes)
-        self._sign_grants(out)
+        self._sign_grants(out, keys)
         return out
+
+    def _token_keys(self, node_ids) -> dict[str, bytes]:
+        """{node_id: the key its tokens are signed with} for `node_ids` (none where this master signs nothing). Under
+        the lock: signed after it, a token must still name the node process the extent was placed on."""
+        if not self.leases.signs:
+            return {}
+        nodes = self.placement.nodes
+        return {n: nodes[n].token_key for n in set(node_ids)}
 
     def _ssd_numbers(self, locations) -> list[int]:
         """The node numbers of the SSD extents among `locations` that a client will write (store/erasures.py); none
@@ -426,18 +442,20 @@ class Master:
                 self.placement.settle_deferred(deferred, self.leases.unpin)
                 self._flush()
 
-    def _sign_grants(self, out: list[PutStartResult]) -> None:
-        """The write tokens of put_start's grants, signed after the lock (pure CPU on the grants' own fields: 1.6 us
-        an HMAC, 51 us for 32 grants, which every other call waited for when they were signed under it)."""
-        if self.token_secret is None:
+    def _sign_grants(self, out: list[PutStartResult], keys: dict[str, bytes]) -> None:
+        """The write tokens of put_start's grants, signed after the lock with `keys` (`_token_keys`, taken under it):
+        pure CPU on the grants' own fields, 1.6 us an HMAC, 51 us for 32 grants, which every other call waited for
+        when they were signed under it."""
+        if not self.leases.signs:
             return
         sign = self.leases.sign
         for r in out:
             g = r.grant
             if g is not None:
                 loc = g.location
-                r.grant = Grant(g.grant_id, g.key, loc, g.expires_at,
-                                sign(tokens.WRITE, g.grant_id, loc.tier, loc.offset, loc.size, g.expires_at))
+                r.grant = Grant(g.grant_id, g.key, loc, g.expires_at, sign(keys[loc.node_id], tokens.WRITE,
+                                                                           g.grant_id, loc.tier, loc.offset, loc.size,
+                                                                           g.expires_at))
 
     def _grant(self, keys: list[bytes], sizes: Sequence[int], ns_id: int, tid: int, prefer_node: str | None,
                exclude: set[int], hold, pin_cap: int, pin_until: float, expires_at: float,
@@ -705,15 +723,15 @@ class Master:
                         and all(n in mapped_nodes for n in set(node_ids)):
                     result = LookupResult(hits=len(found), released=bool(release), node_ids=node_ids, tiers=tiers,
                                           offsets=offsets, sizes=sizes, checksums=index.checksum[slots].tolist(),
-                                          tokens=[b""] * len(found) if self.token_secret is not None else [])
+                                          tokens=[b""] * len(found) if self.leases.signs else [])
                 else:
                     expires_at = now + self.config.lease_ttl_s
                     lease_id = self.leases.lease(slots, expires_at)
                     result = LookupResult(hits=len(found), lease_id=lease_id, expires_at=expires_at,
                                           released=bool(release), node_ids=node_ids, tiers=tiers, offsets=offsets,
                                           sizes=sizes, checksums=index.checksum[slots].tolist())
-                    if self.token_secret is not None:
-                        reads = (lease_id, expires_at)
+                    if self.leases.signs:
+                        reads = (lease_id, expires_at, self._token_keys(node_ids))
                 if tid != UNSCOPED:
                     result.record_keys = list(keys[: len(found)])
             if self.config.promote_on_hit and self.promotions.want(slots, tiers):
@@ -721,9 +739,9 @@ class Master:
         if reads is not None:
             # Signed after the lock (1.6 us an HMAC: ~100 us for a 64-key TCP read, which every other call waited
             # for when signed under it). A hit in DRAM the caller maps gets none: it reads it itself.
-            sign, (lease_id, expires_at) = self.leases.sign, reads
+            sign, (lease_id, expires_at, keys) = self.leases.sign, reads
             result.tokens = [b"" if t == Tier.DRAM and n in mapped_nodes else
-                             sign(tokens.READ, lease_id, t, o, z, expires_at)
+                             sign(keys[n], tokens.READ, lease_id, t, o, z, expires_at)
                              for n, t, o, z in zip(result.node_ids, result.tiers, result.offsets, result.sizes)]
         return result
 

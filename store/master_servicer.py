@@ -155,11 +155,12 @@ class MasterServicer(pbg.MasterServiceServicer):
         if old is not None:
             old.close()
         # the calls for this process name it: one made for the process before it at this address is refused there
-        epoch = self.master.register_node(info, ops.bound(ep.incarnation))
+        registered = self.master.register(info, ops.bound(ep.incarnation))
+        epoch = registered.epoch
         if self._metadata is not None and hasattr(self._metadata, "put_node_endpoint"):
             self._metadata.put_node_endpoint(ep.node_id, ep.SerializeToString())
         log.info("node %s registered (epoch %d, data %s, host %s)", ep.node_id, epoch, ep.data_address, ep.host_id)
-        return pb.RegisterNodeResponse(token_secret=self.master.token_secret, node_ttl_s=self.node_ttl_s,
+        return pb.RegisterNodeResponse(token_secret=registered.token_key, node_ttl_s=self.node_ttl_s,
                                        heartbeat_interval_s=self.heartbeat_s, epoch=epoch,
                                        master_time_us=self.master.time_us())
 

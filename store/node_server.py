@@ -69,6 +69,10 @@ class NodeDataHandler:
         raise ValueError(f"tier: {e.tier} is not a tier of node {self.node.node_id}")
 
     def write_done(self, e: Extent, view: memoryview) -> None:
+        """A staged write (SSD, HBM) lands only now: its token is checked again, so a grant that expired, or that
+        this node's registration since has made stale (store/tokens.py), while its bytes arrived writes nothing."""
+        if e.tier in (Tier.SSD, Tier.HBM):
+            self._verify(tokens.WRITE, e)
         if e.tier == Tier.SSD:
             self.node.write(Tier.SSD, e.offset, e.key, e.ns, view, None)
         elif e.tier == Tier.HBM:

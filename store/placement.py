@@ -42,6 +42,7 @@ apart (store/copies.py, store/node_calls.py).
 from __future__ import annotations
 
 import logging
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
@@ -91,6 +92,10 @@ class NodeState:
     ops: NodeOps
     spaces: dict[Tier, TierSpace]
     leaving: bool = False           # removed: its objects are being forgotten (`Placement.forget_leaving`)
+    # The key this master signs the node's tokens with (store/tokens.py), handed to the node at registration: new
+    # with every NodeState, so a grant made for an earlier process of the node, or by an earlier master process,
+    # does not verify at this one (its extent may be someone else's by now)
+    token_key: bytes = field(default_factory=lambda: os.urandom(32))
 
 
 @dataclass(slots=True)

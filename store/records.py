@@ -141,3 +141,13 @@ class NodeInfo:
     def persisted(self) -> dict:
         """The fields a metadata store keeps (JSON-able), without what a node says anew each time it registers."""
         return {f.name: getattr(self, f.name) for f in fields(self) if f.metadata.get("persist", True)}
+
+
+@dataclass(slots=True, frozen=True)
+class Registered:
+    """What a node's registration answers it: its epoch, and the key the master signs its tokens with (b"" from a
+    master that signs none). The key is new whenever the master starts tracking the node afresh (a new node process,
+    a node it had dropped, a master process of its own), so a grant of before does not verify at the node now."""
+
+    epoch: int
+    token_key: bytes = b""

@@ -10,6 +10,14 @@ the request's own fields, so a writer that changes offset, size, tier or expiry 
 does one whose grant has expired. 16 bytes of an HMAC-SHA256 is ample against forgery and keeps frames small.
 Same-host clients that map the arena are trusted at the host level and bypass tokens (they could write the
 file anyway).
+
+The secret is one node registration's, not the master's (`NodeState.token_key`, random): it is new whenever the
+master starts tracking the node afresh, i.e. when the node process restarted, when the master had dropped it, and
+when the master process itself restarted (on Redis, whose shared secret stays). A writer that stalled across such a
+change holds a grant of an extent that the master now places from scratch, perhaps under another object already
+committed; its write is refused there, and that object stays whole. A node that registers again with the master
+that still knows it (the same process, told to register again) keeps its key: grants given meanwhile stay good.
+A staged write (SSD, HBM) is checked again when its last byte has arrived, before it is written.
 """
 
 from __future__ import annotations

@@ -414,3 +414,58 @@ def test_a_client_that_stops_receiving_a_large_read_loses_its_connection_and_the
     finally:
         client.close()
         server.close()
+
+
+@pytest.mark.parametrize("stale", ["re-registered", "expired"])
+def test_a_staged_write_whose_grant_goes_stale_while_its_bytes_arrive_writes_nothing(tmp_path, stale):
+    """A real node's handler: an SSD record is written only once its last byte is in, and its token is checked again
+    then. Its header passes; before the rest of its payload arrives the node registers afresh (a new key: the master
+    now places that extent from scratch, store/tokens.py) or the grant expires. The write is refused with
+    PERMISSION_DENIED, nothing lands on the SSD file, and the same write with a good grant then goes through."""
+    from kvpool.tiers.types import Tier
+
+    node, handler = _real_node(tmp_path)
+    verified = threading.Event()
+    real_write_view = handler.write_view
+
+    def write_view(e):
+        view = real_write_view(e)
+        verified.set()
+        return view
+
+    handler.write_view = write_view
+    server = DataServer(handler).start()
+    size, key = 8192, b"r" * 16
+    payload = bytes(range(256)) * (size // 256)
+    expires = tokens.now_ms() + (300 if stale == "expired" else 60_000)
+    e = Extent(9, Tier.SSD, 0, size, expires, tokens.sign(SECRET, tokens.WRITE, 9, Tier.SSD, 0, size, expires), key)
+    try:
+        host, port = server.address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            sock.sendall(e.header(OP_WRITE) + payload[:100])
+            assert verified.wait(5)
+            if stale == "re-registered":
+                handler.secret = b"n" * 32
+            else:
+                wait_until(lambda: tokens.now_ms() > expires, 5, "the grant to expire")
+            sock.sendall(payload[100:])
+            status, msg_len, _ = REP.unpack(recv_exact(sock, REP.size))
+            message = recv_exact(sock, msg_len).decode()
+        assert status == DENIED
+        assert message == ("token: does not match the grant (forged, or offset/size/tier/expiry altered)"
+                           if stale == "re-registered" else "expires_unix_ms: grant expired")
+        assert node.scan_ssd() == []
+        secret = handler.secret
+        good = tokens.now_ms() + 60_000
+        client = DataClient(server.address, timeout=5)
+        try:
+            assert client.write_many([Extent(10, Tier.SSD, 0, size, good, tokens.sign(
+                secret, tokens.WRITE, 10, Tier.SSD, 0, size, good), key)], [memoryview(payload)]) == [None]
+        finally:
+            client.close()
+        assert [r.key for r in node.scan_ssd()] == [key]
+        out = bytearray(size)
+        assert node.read_into(Tier.SSD, 0, key, size, out) and bytes(out) == payload
+    finally:
+        server.close()
+        node.close()

@@ -1,6 +1,8 @@
 """store/master.py against a real StorageNode (tiny /dev/shm-style arena in tmp_path, real SSD file) and a fake
 clock: grants, leases, expiry, removal while leased, pinning, node liveness, reload from a persistent backend."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import xxhash
@@ -160,27 +162,71 @@ def test_tokens_sign_grants_and_leases(tmp_path, clock):
     node = StorageNode(NodeConfig(node_id="n", dram_bytes=OBJ, shm_dir=str(tmp_path)))
     try:
         master = Master(MasterConfig(), clock=clock, token_secret=b"s" * 32)
-        master.register_node(node.info(), node, expires=False)
+        secret = master.register(node.info(), node, expires=False).token_key   # what the node verifies with
         grant = master.put_start([key(1)], [OBJ])[0].grant
         loc = grant.location
-        tokens.verify(b"s" * 32, tokens.WRITE, grant.grant_id, loc.tier, loc.offset, loc.size,
+        tokens.verify(secret, tokens.WRITE, grant.grant_id, loc.tier, loc.offset, loc.size,
                       int(grant.expires_at * 1000), grant.token, now=int(clock.now * 1000))
         master.put_commit([grant.grant_id], [0])
         res = master.lookup([key(1)])
-        tokens.verify(b"s" * 32, tokens.READ, res.lease_id, Tier.DRAM, 0, OBJ, int(res.expires_at * 1000),
+        tokens.verify(secret, tokens.READ, res.lease_id, Tier.DRAM, 0, OBJ, int(res.expires_at * 1000),
                       res.tokens[0], now=int(clock.now * 1000))
-        # The same token does not cover a stretched extent, nor a write, nor another secret.
+        # The same token does not cover a stretched extent, nor a write, nor another secret (the master's own too).
         with pytest.raises(tokens.TokenError, match="does not match"):
-            tokens.verify(b"s" * 32, tokens.READ, res.lease_id, Tier.DRAM, 0, OBJ + 1, int(res.expires_at * 1000),
+            tokens.verify(secret, tokens.READ, res.lease_id, Tier.DRAM, 0, OBJ + 1, int(res.expires_at * 1000),
                           res.tokens[0], now=int(clock.now * 1000))
         with pytest.raises(tokens.TokenError, match="does not match"):
-            tokens.verify(b"s" * 32, tokens.WRITE, res.lease_id, Tier.DRAM, 0, OBJ, int(res.expires_at * 1000),
+            tokens.verify(secret, tokens.WRITE, res.lease_id, Tier.DRAM, 0, OBJ, int(res.expires_at * 1000),
                           res.tokens[0], now=int(clock.now * 1000))
-        with pytest.raises(tokens.TokenError, match="does not match"):
-            tokens.verify(b"t" * 32, tokens.READ, res.lease_id, Tier.DRAM, 0, OBJ, int(res.expires_at * 1000),
-                          res.tokens[0], now=int(clock.now * 1000))
+        for other in (b"t" * 32, b"s" * 32):
+            with pytest.raises(tokens.TokenError, match="does not match"):
+                tokens.verify(other, tokens.READ, res.lease_id, Tier.DRAM, 0, OBJ, int(res.expires_at * 1000),
+                              res.tokens[0], now=int(clock.now * 1000))
     finally:
         node.close()
+
+
+def test_token_keys_are_new_for_each_registration_the_master_starts_afresh(tmp_path, clock):
+    """The key a node's tokens are signed with is its registration's: kept while the master that gave it still
+    tracks the node (it registers again as the same process: its grants stay good), new for a restarted node process
+    and for a new master process on the same metadata and secret (Redis), so a grant from before verifies at
+    neither. Another node gets a key of its own."""
+    config = NodeConfig(node_id="n", dram_bytes=4 * OBJ, shm_dir=str(tmp_path))
+    meta = MemoryMetadata()
+    node, other = StorageNode(config), StorageNode(dataclasses.replace(config, node_id="m"))
+    restarted = None
+    try:
+        master = Master(MasterConfig(), meta, clock=clock, token_secret=b"s" * 32)
+        first = master.register(node.info(), node).token_key
+        assert master.register(other.info(), other).token_key not in (first, b"")
+        grant = master.put_start([key(1)], [OBJ], prefer_node="n")[0].grant
+        loc = grant.location
+        assert loc.node_id == "n"
+
+        def good(secret: bytes) -> bool:
+            try:
+                tokens.verify(secret, tokens.WRITE, grant.grant_id, loc.tier, loc.offset, loc.size,
+                              int(grant.expires_at * 1000), grant.token, now=int(clock.now * 1000))
+            except tokens.TokenError:
+                return False
+            return True
+
+        assert good(first)
+        again = master.register(node.info(), node)          # the same process registers again
+        assert again.token_key == first and good(again.token_key)
+        restarted_master = Master(MasterConfig(), meta, clock=clock, token_secret=b"s" * 32)
+        later = restarted_master.register(node.info(), node).token_key
+        assert later not in (first, b"") and not good(later)
+        node.close()
+        node, restarted = None, StorageNode(config)         # a new process of node "n"
+        fresh = master.register(restarted.info(), restarted).token_key
+        assert fresh not in (first, later, b"") and not good(fresh)
+        # no secret: nothing is signed, and a node is handed no key
+        assert Master(MasterConfig(), clock=clock).register(other.info(), other).token_key == b""
+    finally:
+        for n in (node, other, restarted):
+            if n is not None:
+                n.close()
 
 
 def test_tokens_are_signed_while_other_calls_go_on(tmp_path, clock):
@@ -192,16 +238,17 @@ def test_tokens_are_signed_while_other_calls_go_on(tmp_path, clock):
     node = StorageNode(NodeConfig(node_id="n", dram_bytes=4 * OBJ, shm_dir=str(tmp_path)))
     try:
         master = Master(MasterConfig(), clock=clock, token_secret=b"s" * 32)
-        master.register_node(node.info(), node, expires=False)
+        secret = master.register(node.info(), node, expires=False).token_key    # the node's, handed to it
+        assert len(secret) == 32 and secret != b"s" * 32
         signed, answered = [], []
         real = master.leases.sign
 
-        def sign(kind, *fields):
+        def sign(node_key, kind, *fields):
             probe = threading.Thread(target=lambda: answered.append(master.contains([key(9)])), daemon=True)
             probe.start()
             probe.join(10)
             signed.append(kind)
-            return real(kind, *fields)
+            return real(node_key, kind, *fields)
 
         master.leases.sign = sign
         grants = [r.grant for r in master.put_start([key(1), key(2)], [OBJ, OBJ])]
@@ -211,10 +258,10 @@ def test_tokens_are_signed_while_other_calls_go_on(tmp_path, clock):
         assert answered == [[False]] * 4
         for g in grants:
             loc = g.location
-            tokens.verify(b"s" * 32, tokens.WRITE, g.grant_id, loc.tier, loc.offset, loc.size,
+            tokens.verify(secret, tokens.WRITE, g.grant_id, loc.tier, loc.offset, loc.size,
                           int(g.expires_at * 1000), g.token, now=int(clock.now * 1000))
         for i, t in enumerate(res.tokens):
-            tokens.verify(b"s" * 32, tokens.READ, res.lease_id, Tier.DRAM, res.offsets[i], OBJ,
+            tokens.verify(secret, tokens.READ, res.lease_id, Tier.DRAM, res.offsets[i], OBJ,
                           int(res.expires_at * 1000), t, now=int(clock.now * 1000))
     finally:
         node.close()

@@ -1,0 +1,89 @@
+"""A remote writer that stalls across a node restart, or a master restart, never overwrites the object the pool
+placed on its extent since: the node refuses its write (store/tokens.py: tokens are signed with a key per node
+registration, new whenever the master starts tracking the node afresh).
+
+Real processes: a master and a node n1 (its data channel on a fixed port, so its next process listens where the
+stalled writer's route points), a writer in a child process (harness.ChildClient, transport tcp) that SIGSTOPs
+itself right after its PutStart answered, before its data-channel write. Then either n1 is SIGKILLed and started
+again (a new process on the same ports and SSD file), or the master is SIGKILLed and started again on the same
+Redis (whose shared secret it keeps). The pool, starting from nothing on n1, places the next put (b) on the very
+extent the stalled writer was granted; b is acknowledged. The writer is let go: before per-registration keys its
+token still verified at n1 (the same secret), its bytes landed on b, and every read of b was a miss (DRAM) or read
+a's record header (SSD): an acknowledged object lost. Now the write is refused, the writer is told "no_space", and
+b reads back exact over TCP and same-host. Run for a DRAM-only and an SSD-only n1."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpool import PoolClient
+from kvpool.launcher import free_port
+from kvpool.tiers.types import Tier
+from tests.faults.harness import (ChildClient, Cluster, Figures, connected_nodes, cont, inspect, payload_of,
+                                  start_redis, stats, wait_stopped, wait_until)
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+SIZE = 64 << 10
+TIERS = {"dram": dict(dram="1MiB"), "ssd": dict(dram="0", ssd="16MiB")}
+TIER_OF = {"dram": Tier.DRAM, "ssd": Tier.SSD}
+
+
+def _key(i: int) -> bytes:
+    return (0x57A1E << 64 | i).to_bytes(16, "big")
+
+
+@pytest.mark.parametrize("tier", sorted(TIERS))
+@pytest.mark.parametrize("restart", ["node", "master"])
+def test_a_writer_stalled_across_a_restart_never_overwrites_the_object_placed_there_since(tmp_path, restart, tier,
+                                                                                        capsys):
+    redis = start_redis(tmp_path / "redis") if restart == "master" else None
+    cluster = Cluster(workdir=tmp_path)
+    a, b = _key(1), _key(2)
+    figures = Figures(f"writer stalled across a {restart} restart ({tier})")
+    child = None
+    try:
+        master_port, port, data_port = free_port(), free_port(), free_port()
+        node_args = dict(port=port, extra=["--data-listen", f"127.0.0.1:{data_port}"], **TIERS[tier])
+        master = cluster.start_master(port=master_port, node_ttl_s=30.0, redis_url=redis and redis.url,
+                                      extra=["--heartbeat-s", "0.3"])
+        node = cluster.start_node("n1", **node_args)
+        child = ChildClient(master.address, timeout=5, retries=0, transport="tcp")
+        child.pause_at("kvpool.store.data_channel:DataClient.write_many")   # granted, nothing sent yet
+        child.send("put", ([a], SIZE, 0))
+        wait_stopped(child.pid)
+        assert stats(master.address)["grants_open"] == 1
+        if restart == "node":
+            node.kill()
+            cluster.start_node("n1", **node_args)       # serves once registered (and, with an SSD, reported)
+            wait_until(lambda: stats(master.address)["grants_open"] == 0, 10, "the old process's grant to go")
+        else:
+            master.kill()
+            master = cluster.start_master(port=master_port, node_ttl_s=30.0, redis_url=redis.url,
+                                          extra=["--heartbeat-s", "0.3"])
+            wait_until(lambda: connected_nodes(master.address) == {"n1"}, 20, "n1 to register again")
+        with PoolClient(master.address, timeout=5) as parent:
+            # polled: an SSD node takes no new object until its report is in (a no_space put stores nothing)
+            wait_until(lambda: parent.put_many([b], [payload_of(b, SIZE)]) == ["stored"], 20, "b to be stored")
+            figures.acked += 1
+            where = inspect(master.address, [b])[0]
+            assert (where.node_id, where.tier, where.offset) == ("n1", TIER_OF[tier], 0)  # the stalled writer's extent
+            cont(child.pid)
+            assert child.recv() == ["no_space"]          # its write was refused: its put did not happen
+            for transport in ("auto", "tcp"):
+                with PoolClient(master.address, timeout=5, transport=transport) as reader:
+                    buf = bytearray(SIZE)
+                    n = reader.get_many_into([b], [buf])
+                    figures.wrong_bytes += n == 1 and bytes(buf) != payload_of(b, SIZE)
+                    figures.acked_lost += n == 0
+                    assert n == 1 and bytes(buf) == payload_of(b, SIZE), f"b read over {transport}"
+            assert parent.contains_many([a]) == [False]
+    finally:
+        if child is not None:
+            child.close()
+        cluster.close()
+        if redis is not None:
+            redis.kill()
+        print(cluster.logs())
+    figures.report(capsys)
+    figures.check()
