@@ -60,7 +60,7 @@ class TierCapacity(_message.Message):
     def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., capacity_bytes: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
 
 class NodeEndpoint(_message.Message):
-    __slots__ = ("node_id", "host_id", "data_address", "control_address", "tiers", "ssd_record_overhead", "alignment", "incarnation", "data_tls", "ssd_index_rows", "dram_pages", "move_drops", "removes_keys", "reports_ssd")
+    __slots__ = ("node_id", "host_id", "data_address", "control_address", "tiers", "ssd_record_overhead", "alignment", "incarnation", "data_tls", "ssd_index_rows", "dram_pages", "move_drops", "removes_keys", "reports_ssd", "write_keys")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +75,7 @@ class NodeEndpoint(_message.Message):
     MOVE_DROPS_FIELD_NUMBER: _ClassVar[int]
     REMOVES_KEYS_FIELD_NUMBER: _ClassVar[int]
     REPORTS_SSD_FIELD_NUMBER: _ClassVar[int]
+    WRITE_KEYS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     host_id: str
     data_address: str
@@ -89,7 +90,8 @@ class NodeEndpoint(_message.Message):
     move_drops: bool
     removes_keys: bool
     reports_ssd: bool
-    def __init__(self, node_id: _Optional[str] = ..., host_id: _Optional[str] = ..., data_address: _Optional[str] = ..., control_address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., ssd_record_overhead: _Optional[int] = ..., alignment: _Optional[int] = ..., incarnation: _Optional[str] = ..., data_tls: _Optional[bool] = ..., ssd_index_rows: _Optional[bool] = ..., dram_pages: _Optional[str] = ..., move_drops: _Optional[bool] = ..., removes_keys: _Optional[bool] = ..., reports_ssd: _Optional[bool] = ...) -> None: ...
+    write_keys: bool
+    def __init__(self, node_id: _Optional[str] = ..., host_id: _Optional[str] = ..., data_address: _Optional[str] = ..., control_address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., ssd_record_overhead: _Optional[int] = ..., alignment: _Optional[int] = ..., incarnation: _Optional[str] = ..., data_tls: _Optional[bool] = ..., ssd_index_rows: _Optional[bool] = ..., dram_pages: _Optional[str] = ..., move_drops: _Optional[bool] = ..., removes_keys: _Optional[bool] = ..., reports_ssd: _Optional[bool] = ..., write_keys: _Optional[bool] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
     __slots__ = ("node",)
@@ -98,18 +100,20 @@ class RegisterNodeRequest(_message.Message):
     def __init__(self, node: _Optional[_Union[NodeEndpoint, _Mapping]] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
-    __slots__ = ("token_secret", "heartbeat_interval_s", "node_ttl_s", "epoch", "master_time_us")
+    __slots__ = ("token_secret", "heartbeat_interval_s", "node_ttl_s", "epoch", "master_time_us", "write_key")
     TOKEN_SECRET_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     NODE_TTL_S_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     MASTER_TIME_US_FIELD_NUMBER: _ClassVar[int]
+    WRITE_KEY_FIELD_NUMBER: _ClassVar[int]
     token_secret: bytes
     heartbeat_interval_s: float
     node_ttl_s: float
     epoch: int
     master_time_us: int
-    def __init__(self, token_secret: _Optional[bytes] = ..., heartbeat_interval_s: _Optional[float] = ..., node_ttl_s: _Optional[float] = ..., epoch: _Optional[int] = ..., master_time_us: _Optional[int] = ...) -> None: ...
+    write_key: bytes
+    def __init__(self, token_secret: _Optional[bytes] = ..., heartbeat_interval_s: _Optional[float] = ..., node_ttl_s: _Optional[float] = ..., epoch: _Optional[int] = ..., master_time_us: _Optional[int] = ..., write_key: _Optional[bytes] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "epoch")

@@ -7,9 +7,10 @@
             of a pinned object only unlinks its key (DOOMED), and the last unpin hands the slot back to be freed.
 
 One counter hands out every id (grants, leases, moves, the read ids of a move batch), so an id never means two
-things to a node checking a token. Tokens are HMACs over (kind, id, tier, offset, size, expiry) signed with the key
-of the node that serves them (`NodeState.token_key`, handed to that node at registration: store/tokens.py); a master
-with no secret (an in-process pool) signs nothing, its tokens are empty.
+things to a node checking a token. Tokens are HMACs over (kind, id, tier, offset, size, expiry) (store/tokens.py):
+read tokens signed with the master's secret, write grants with the key of the node's registration
+(`NodeState.write_key`, handed to the node with the secret) where the node says `write_keys`; a master with no
+secret (an in-process pool) signs nothing, its tokens are empty.
 Owned by the Master and called under its lock; not thread-safe by itself.
 """
 
@@ -24,9 +25,10 @@ from kvpool.store.index import COMMITTED, DOOMED, LEASE_CAP, Index
 
 
 class Leases:
-    def __init__(self, index: Index, signs: bool) -> None:
+    def __init__(self, index: Index, token_secret: bytes | None) -> None:
         self.index = index
-        self.signs = signs
+        self.signs = token_secret is not None
+        self.read_key = token_secret or b""     # what read tokens are signed with
         self._grants: dict[int, tuple[int, float]] = {}         # grant_id -> (slot, expires_at)
         self._leases: dict[int, tuple[np.ndarray, float]] = {}  # lease_id -> (slots, expires_at)
         self._next_id = 1
@@ -43,8 +45,14 @@ class Leases:
     def open_leases(self) -> int:
         return len(self._leases)
 
+    def write_key(self, node) -> bytes:
+        """What write grants to `node` (a NodeState) are signed with: its registration's key where it says
+        `write_keys`, else the master's secret (a node from before 2026-12-07). Under the master's lock."""
+        return node.write_key if node.info.write_keys else self.read_key
+
     def sign(self, key: bytes, kind: bytes, ident: int, tier: int, offset: int, size: int, expires_at: float) -> bytes:
-        """The token a node whose registration handed it `key` accepts for this extent until `expires_at`."""
+        """The token a node that verifies with `key` (`read_key`, `write_key(node)`) accepts for this extent until
+        `expires_at`; b"" where this master signs nothing."""
         if not self.signs:
             return b""
         return tokens.sign(key, kind, ident, tier, offset, size, int(expires_at * 1000))

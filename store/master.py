@@ -142,8 +142,9 @@ class Master:
         self.config = config or MasterConfig()
         self.metadata = metadata if metadata is not None else MemoryMetadata()
         self.clock = clock
-        # None: grants/leases carry no tokens (in-process pool, where there is no one to check them). Else tenants'
-        # key spaces derive from it; tokens are signed with a key per node registration (`register`)
+        # None: grants/leases carry no tokens (in-process pool, where there is no one to check them). Else it signs
+        # read tokens, and the write grants of nodes without keys of their own (`write_key`); tenants' key spaces
+        # derive from it
         self.token_secret = token_secret
         self._lock = threading.Lock()
         self.index = Index()
@@ -152,7 +153,7 @@ class Master:
                                    write_behind=self.config.write_behind)
         self.retention = self.placement.retention
         self.retention.max_fraction = self.config.pin_max_fraction
-        self.leases = Leases(self.index, token_secret is not None)
+        self.leases = Leases(self.index, token_secret)
         # removed keys a node that was away must not bring back (store/tombstones.py); persisted with the journal
         self.tombstones = Tombstones(self.config.max_tombstones, scope_limit=self.config.max_tenant_tombstones,
                                      track=self.journal.persistent)
@@ -227,7 +228,7 @@ class Master:
             self._forget_leaving()  # before the answer: the node reports its SSD records after it
         elif holds:
             self._republish([info.node_id])         # what a node that kept its memory holds: after the answer
-        return Registered(reg.epoch, reg.node.token_key if self.leases.signs else b"")
+        return Registered(reg.epoch, reg.node.write_key if self.leases.signs and info.write_keys else b"")
 
     @staticmethod
     def _same_process(a: NodeInfo, b: NodeInfo) -> bool:
@@ -406,7 +407,7 @@ class Master:
                     rec.put(now, ns, list(keys), out)
                 self._flush()
                 ssd_nodes = self._ssd_numbers(r.grant.location for r in out if r.grant is not None)
-                keys = self._token_keys(r.grant.location.node_id for r in out if r.grant is not None)
+                keys = self._write_keys(r.grant.location.node_id for r in out if r.grant is not None)
         finally:
             # before the answer: its client writes those extents after it (sent also if the rest raised: the
             # extents were freed for reuse all the same)
@@ -416,13 +417,13 @@ class Master:
         self._sign_grants(out, keys)
         return out
 
-    def _token_keys(self, node_ids) -> dict[str, bytes]:
-        """{node_id: the key its tokens are signed with} for `node_ids` (none where this master signs nothing). Under
-        the lock: signed after it, a token must still name the node process the extent was placed on."""
+    def _write_keys(self, node_ids) -> dict[str, bytes]:
+        """{node_id: the key its write grants are signed with} for `node_ids` (none where this master signs nothing).
+        Under the lock: signed after it, a grant must still name the node process its extent was placed on."""
         if not self.leases.signs:
             return {}
-        nodes = self.placement.nodes
-        return {n: nodes[n].token_key for n in set(node_ids)}
+        nodes, key = self.placement.nodes, self.leases.write_key
+        return {n: key(nodes[n]) for n in set(node_ids)}
 
     def _ssd_numbers(self, locations) -> list[int]:
         """The node numbers of the SSD extents among `locations` that a client will write (store/erasures.py); none
@@ -443,7 +444,7 @@ class Master:
                 self._flush()
 
     def _sign_grants(self, out: list[PutStartResult], keys: dict[str, bytes]) -> None:
-        """The write tokens of put_start's grants, signed after the lock with `keys` (`_token_keys`, taken under it):
+        """The write tokens of put_start's grants, signed after the lock with `keys` (`_write_keys`, taken under it):
         pure CPU on the grants' own fields, 1.6 us an HMAC, 51 us for 32 grants, which every other call waited for
         when they were signed under it."""
         if not self.leases.signs:
@@ -731,7 +732,7 @@ class Master:
                                           released=bool(release), node_ids=node_ids, tiers=tiers, offsets=offsets,
                                           sizes=sizes, checksums=index.checksum[slots].tolist())
                     if self.leases.signs:
-                        reads = (lease_id, expires_at, self._token_keys(node_ids))
+                        reads = (lease_id, expires_at)
                 if tid != UNSCOPED:
                     result.record_keys = list(keys[: len(found)])
             if self.config.promote_on_hit and self.promotions.want(slots, tiers):
@@ -739,9 +740,9 @@ class Master:
         if reads is not None:
             # Signed after the lock (1.6 us an HMAC: ~100 us for a 64-key TCP read, which every other call waited
             # for when signed under it). A hit in DRAM the caller maps gets none: it reads it itself.
-            sign, (lease_id, expires_at, keys) = self.leases.sign, reads
+            sign, (lease_id, expires_at), secret = self.leases.sign, reads, self.leases.read_key
             result.tokens = [b"" if t == Tier.DRAM and n in mapped_nodes else
-                             sign(keys[n], tokens.READ, lease_id, t, o, z, expires_at)
+                             sign(secret, tokens.READ, lease_id, t, o, z, expires_at)
                              for n, t, o, z in zip(result.node_ids, result.tiers, result.offsets, result.sizes)]
         return result
 

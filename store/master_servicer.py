@@ -160,7 +160,8 @@ class MasterServicer(pbg.MasterServiceServicer):
         if self._metadata is not None and hasattr(self._metadata, "put_node_endpoint"):
             self._metadata.put_node_endpoint(ep.node_id, ep.SerializeToString())
         log.info("node %s registered (epoch %d, data %s, host %s)", ep.node_id, epoch, ep.data_address, ep.host_id)
-        return pb.RegisterNodeResponse(token_secret=registered.token_key, node_ttl_s=self.node_ttl_s,
+        return pb.RegisterNodeResponse(token_secret=self.master.token_secret, write_key=registered.write_key,
+                                       node_ttl_s=self.node_ttl_s,
                                        heartbeat_interval_s=self.heartbeat_s, epoch=epoch,
                                        master_time_us=self.master.time_us())
 

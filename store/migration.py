@@ -175,9 +175,9 @@ class Drains:
                 MigrateStatus.MOVING, move_id, Location(src.node_id, src_tier, src_offset, size),
                 Location(dst.node_id, tier, offset, size), int(index.checksum[slot]),
                 index.ns_digest(int(index.ns[slot])),
-                read_token=leases.sign(src.token_key, tokens.READ, result.read_id, src_tier, src_offset, size,
+                read_token=leases.sign(leases.read_key, tokens.READ, result.read_id, src_tier, src_offset, size,
                                        expires_at),
-                write_token=leases.sign(dst.token_key, tokens.WRITE, move_id, tier, offset, size, expires_at)))
+                write_token=leases.sign(leases.write_key(dst), tokens.WRITE, move_id, tier, offset, size, expires_at)))
         return result
 
     def commit(self, move_ids: Sequence[int], checksums: Sequence[int]) -> list[bool]:

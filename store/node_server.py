@@ -51,12 +51,17 @@ class NodeDataHandler:
     def __init__(self, node: StorageNode) -> None:
         self.node = node
         self.secret: bytes | None = None  # set at registration; until then every request is refused
+        # the key write grants are checked with where the master gave one (RegisterNodeResponse.write_key, new with
+        # each registration the master starts afresh: store/tokens.py); b"": `secret`, as a master from before signs
+        self.write_key = b""
         self._scratch = threading.local()  # per serving thread: the buffer SSD/HBM reads are staged in
 
     def _verify(self, kind: bytes, e: Extent) -> None:
         secret = self.secret
         if secret is None:
             raise TokenError("token: node is not registered with a master yet")
+        if kind == tokens.WRITE and self.write_key:
+            secret = self.write_key
         tokens.verify(secret, kind, e.ident, e.tier, e.offset, e.size, e.expires_ms, e.token)
 
     def write_view(self, e: Extent) -> memoryview:
@@ -299,7 +304,7 @@ class NodeServer:
 
     def endpoint(self) -> pb.NodeEndpoint:
         info = dataclasses.replace(self.node.info(), address=self.address, incarnation=self.incarnation,
-                                   reports_ssd=self.node.ssd is not None)
+                                   reports_ssd=self.node.ssd is not None, write_keys=True)
         return wire.endpoint_from_info(info, host_id=host_id(), data_address=self.data_address,
                                        ssd_path=self.node.ssd_share_path(),
                                        data_tls=self.data_server.ssl_context is not None)
@@ -324,6 +329,7 @@ class NodeServer:
         # caches remember from the last one: they must ask again.
         self.node.objects_removed()
         reply = self._master.RegisterNode(pb.RegisterNodeRequest(node=self.endpoint()), timeout=timeout)
+        self.handler.write_key = bytes(reply.write_key)
         self.handler.secret = bytes(reply.token_secret)
         self._epoch = reply.epoch
         self.node.heard_master_time(reply.master_time_us)

@@ -92,10 +92,10 @@ class NodeState:
     ops: NodeOps
     spaces: dict[Tier, TierSpace]
     leaving: bool = False           # removed: its objects are being forgotten (`Placement.forget_leaving`)
-    # The key this master signs the node's tokens with (store/tokens.py), handed to the node at registration: new
-    # with every NodeState, so a grant made for an earlier process of the node, or by an earlier master process,
-    # does not verify at this one (its extent may be someone else's by now)
-    token_key: bytes = field(default_factory=lambda: os.urandom(32))
+    # The key this master signs the node's write grants with where the node says `write_keys` (store/tokens.py),
+    # handed to it at registration: new with every NodeState, so a grant made for an earlier process of the node, or
+    # by an earlier master process, does not verify at this one (its extent may be someone else's by now)
+    write_key: bytes = field(default_factory=lambda: os.urandom(32))
 
 
 @dataclass(slots=True)

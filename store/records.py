@@ -137,6 +137,9 @@ class NodeInfo:
     # after registering it reports its SSD records and marks the last batch (nodes since 2026-12-06): nothing new is
     # placed on it until then, or for at most MasterConfig.grace_s; said at each registration
     reports_ssd: bool = field(default=False, metadata={"persist": False})
+    # it checks write grants with the key its registration hands it (RegisterNodeResponse.write_key; nodes since
+    # 2026-12-07, store/tokens.py; else they are signed with the master's secret); said at each registration
+    write_keys: bool = field(default=False, metadata={"persist": False})
 
     def persisted(self) -> dict:
         """The fields a metadata store keeps (JSON-able), without what a node says anew each time it registers."""
@@ -145,9 +148,10 @@ class NodeInfo:
 
 @dataclass(slots=True, frozen=True)
 class Registered:
-    """What a node's registration answers it: its epoch, and the key the master signs its tokens with (b"" from a
-    master that signs none). The key is new whenever the master starts tracking the node afresh (a new node process,
-    a node it had dropped, a master process of its own), so a grant of before does not verify at the node now."""
+    """What a node's registration answers it: its epoch, and the key the master signs its write grants with (b"":
+    none of its own, they are signed with the master's secret: a master that signs nothing, or a node that does not
+    say `write_keys`). The key is new whenever the master starts tracking the node afresh (a new node process, a node
+    it had dropped, a master process of its own), so a grant of before does not verify at the node now."""
 
     epoch: int
-    token_key: bytes = b""
+    write_key: bytes = b""

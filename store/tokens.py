@@ -11,13 +11,16 @@ does one whose grant has expired. 16 bytes of an HMAC-SHA256 is ample against fo
 Same-host clients that map the arena are trusted at the host level and bypass tokens (they could write the
 file anyway).
 
-The secret is one node registration's, not the master's (`NodeState.token_key`, random): it is new whenever the
-master starts tracking the node afresh, i.e. when the node process restarted, when the master had dropped it, and
-when the master process itself restarted (on Redis, whose shared secret stays). A writer that stalled across such a
+Write grants to a node that says `write_keys` (nodes since 2026-12-07) are signed with a key of its registration
+instead (`NodeState.write_key`, random, handed to it as RegisterNodeResponse.write_key): new whenever the master
+starts tracking the node afresh, i.e. when the node process restarted, when the master had dropped it, and when the
+master process itself restarted (on Redis too, whose shared secret stays). A writer that stalled across such a
 change holds a grant of an extent that the master now places from scratch, perhaps under another object already
 committed; its write is refused there, and that object stays whole. A node that registers again with the master
 that still knows it (the same process, told to register again) keeps its key: grants given meanwhile stay good.
-A staged write (SSD, HBM) is checked again when its last byte has arrived, before it is written.
+Read tokens keep the shared secret: a restarted master's reads are served before its nodes have found it (a stale
+read is harmless, every read is checked against its checksum), and it places nothing on a node until then. A
+staged write (SSD, HBM) is checked again when its last byte has arrived, before it is written.
 """
 
 from __future__ import annotations

@@ -469,3 +469,23 @@ def test_a_staged_write_whose_grant_goes_stale_while_its_bytes_arrive_writes_not
     finally:
         server.close()
         node.close()
+
+
+def test_write_grants_are_checked_with_the_registration_s_write_key_where_the_master_gave_one(tmp_path):
+    """A real node's handler: with a write key (RegisterNodeResponse.write_key) a write grant must be signed with it,
+    never with the secret; reads stay the secret's. Without one (a master from before), both are the secret's."""
+    from kvpool.tiers.types import Tier
+
+    node, handler = _real_node(tmp_path)
+    try:
+        for write_key in (b"w" * 32, b""):
+            handler.write_key = write_key
+            signs_writes = write_key or SECRET
+            for kind, good in ((tokens.WRITE, signs_writes), (tokens.READ, SECRET)):
+                attempt = handler.write_view if kind == tokens.WRITE else handler.read_view
+                assert len(attempt(tiered(kind, 1, Tier.DRAM, 0, 4096, secret=good))) == 4096
+                for bad in {SECRET, b"w" * 32} - {good}:
+                    with pytest.raises(tokens.TokenError, match="does not match"):
+                        attempt(tiered(kind, 1, Tier.DRAM, 0, 4096, secret=bad))
+    finally:
+        node.close()

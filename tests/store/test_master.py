@@ -162,7 +162,8 @@ def test_tokens_sign_grants_and_leases(tmp_path, clock):
     node = StorageNode(NodeConfig(node_id="n", dram_bytes=OBJ, shm_dir=str(tmp_path)))
     try:
         master = Master(MasterConfig(), clock=clock, token_secret=b"s" * 32)
-        secret = master.register(node.info(), node, expires=False).token_key   # what the node verifies with
+        secret = b"s" * 32          # a node that does not say `write_keys`: writes too are signed with the secret
+        assert master.register(node.info(), node, expires=False).write_key == b""
         grant = master.put_start([key(1)], [OBJ])[0].grant
         loc = grant.location
         tokens.verify(secret, tokens.WRITE, grant.grant_id, loc.tier, loc.offset, loc.size,
@@ -171,34 +172,38 @@ def test_tokens_sign_grants_and_leases(tmp_path, clock):
         res = master.lookup([key(1)])
         tokens.verify(secret, tokens.READ, res.lease_id, Tier.DRAM, 0, OBJ, int(res.expires_at * 1000),
                       res.tokens[0], now=int(clock.now * 1000))
-        # The same token does not cover a stretched extent, nor a write, nor another secret (the master's own too).
+        # The same token does not cover a stretched extent, nor a write, nor another secret.
         with pytest.raises(tokens.TokenError, match="does not match"):
             tokens.verify(secret, tokens.READ, res.lease_id, Tier.DRAM, 0, OBJ + 1, int(res.expires_at * 1000),
                           res.tokens[0], now=int(clock.now * 1000))
         with pytest.raises(tokens.TokenError, match="does not match"):
             tokens.verify(secret, tokens.WRITE, res.lease_id, Tier.DRAM, 0, OBJ, int(res.expires_at * 1000),
                           res.tokens[0], now=int(clock.now * 1000))
-        for other in (b"t" * 32, b"s" * 32):
-            with pytest.raises(tokens.TokenError, match="does not match"):
-                tokens.verify(other, tokens.READ, res.lease_id, Tier.DRAM, 0, OBJ, int(res.expires_at * 1000),
-                              res.tokens[0], now=int(clock.now * 1000))
+        with pytest.raises(tokens.TokenError, match="does not match"):
+            tokens.verify(b"t" * 32, tokens.READ, res.lease_id, Tier.DRAM, 0, OBJ, int(res.expires_at * 1000),
+                          res.tokens[0], now=int(clock.now * 1000))
     finally:
         node.close()
 
 
-def test_token_keys_are_new_for_each_registration_the_master_starts_afresh(tmp_path, clock):
-    """The key a node's tokens are signed with is its registration's: kept while the master that gave it still
-    tracks the node (it registers again as the same process: its grants stay good), new for a restarted node process
-    and for a new master process on the same metadata and secret (Redis), so a grant from before verifies at
-    neither. Another node gets a key of its own."""
+def test_write_keys_are_new_for_each_registration_the_master_starts_afresh(tmp_path, clock):
+    """A node that says `write_keys` gets a key of its registration's, and its write grants are signed with it: kept
+    while the master that gave it still tracks the node (it registers again as the same process: its grants stay
+    good), new for a restarted node process and for a new master process on the same metadata and secret (Redis), so
+    a grant from before verifies at neither. Another node gets a key of its own; read tokens stay the secret's."""
     config = NodeConfig(node_id="n", dram_bytes=4 * OBJ, shm_dir=str(tmp_path))
     meta = MemoryMetadata()
     node, other = StorageNode(config), StorageNode(dataclasses.replace(config, node_id="m"))
     restarted = None
+
+    def info(n: StorageNode):
+        return dataclasses.replace(n.info(), write_keys=True)
+
     try:
         master = Master(MasterConfig(), meta, clock=clock, token_secret=b"s" * 32)
-        first = master.register(node.info(), node).token_key
-        assert master.register(other.info(), other).token_key not in (first, b"")
+        first = master.register(info(node), node).write_key
+        assert len(first) == 32 and first != b"s" * 32
+        assert master.register(info(other), other).write_key not in (first, b"")
         grant = master.put_start([key(1)], [OBJ], prefer_node="n")[0].grant
         loc = grant.location
         assert loc.node_id == "n"
@@ -211,18 +216,22 @@ def test_token_keys_are_new_for_each_registration_the_master_starts_afresh(tmp_p
                 return False
             return True
 
-        assert good(first)
-        again = master.register(node.info(), node)          # the same process registers again
-        assert again.token_key == first and good(again.token_key)
+        assert good(first) and not good(b"s" * 32)
+        master.put_commit([grant.grant_id], [0])
+        res = master.lookup([key(1)])                       # a read token: the secret's
+        tokens.verify(b"s" * 32, tokens.READ, res.lease_id, loc.tier, loc.offset, loc.size, int(res.expires_at * 1000),
+                      res.tokens[0], now=int(clock.now * 1000))
+        again = master.register(info(node), node)           # the same process registers again
+        assert again.write_key == first
         restarted_master = Master(MasterConfig(), meta, clock=clock, token_secret=b"s" * 32)
-        later = restarted_master.register(node.info(), node).token_key
+        later = restarted_master.register(info(node), node).write_key
         assert later not in (first, b"") and not good(later)
         node.close()
         node, restarted = None, StorageNode(config)         # a new process of node "n"
-        fresh = master.register(restarted.info(), restarted).token_key
+        fresh = master.register(info(restarted), restarted).write_key
         assert fresh not in (first, later, b"") and not good(fresh)
         # no secret: nothing is signed, and a node is handed no key
-        assert Master(MasterConfig(), clock=clock).register(other.info(), other).token_key == b""
+        assert Master(MasterConfig(), clock=clock).register(info(other), other).write_key == b""
     finally:
         for n in (node, other, restarted):
             if n is not None:
@@ -238,8 +247,7 @@ def test_tokens_are_signed_while_other_calls_go_on(tmp_path, clock):
     node = StorageNode(NodeConfig(node_id="n", dram_bytes=4 * OBJ, shm_dir=str(tmp_path)))
     try:
         master = Master(MasterConfig(), clock=clock, token_secret=b"s" * 32)
-        secret = master.register(node.info(), node, expires=False).token_key    # the node's, handed to it
-        assert len(secret) == 32 and secret != b"s" * 32
+        secret = master.register(dataclasses.replace(node.info(), write_keys=True), node, expires=False).write_key
         signed, answered = [], []
         real = master.leases.sign
 
@@ -261,7 +269,7 @@ def test_tokens_are_signed_while_other_calls_go_on(tmp_path, clock):
             tokens.verify(secret, tokens.WRITE, g.grant_id, loc.tier, loc.offset, loc.size,
                           int(g.expires_at * 1000), g.token, now=int(clock.now * 1000))
         for i, t in enumerate(res.tokens):
-            tokens.verify(secret, tokens.READ, res.lease_id, Tier.DRAM, res.offsets[i], OBJ,
+            tokens.verify(b"s" * 32, tokens.READ, res.lease_id, Tier.DRAM, res.offsets[i], OBJ,
                           int(res.expires_at * 1000), t, now=int(clock.now * 1000))
     finally:
         node.close()
