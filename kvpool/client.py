@@ -174,7 +174,7 @@ class PoolClient(PoolFront):
         req.keys.extend(bytes(k) for k in keys)
         req.sizes.extend(v.nbytes for v in views)
         self._releaser.flush_uses(self.timeout)     # a put may evict: the master first hears of the cached gets
-        gens = self.transfers.generations() if self.locations is not None else None
+        gens = self.transfers.generations()     # dates the location cache's entries and the same-host copies
         sent_at = fence.now()
         reply = self.rpc.call("PutStart", req, what="put_start")
         statuses = [wire.PUT_STATUS_NAME.get(s, "no_space") for s in reply.statuses]
@@ -184,12 +184,13 @@ class PoolClient(PoolFront):
         landed: dict[int, int] = {}     # same-host copies: their checksums, taken in the copy's pass
         try:
             failed = self.transfers.write(grants, granted, keys, views, digest,
-                                          deadline=fence.write_deadline(sent_at, reply.ttl_ms), landed=landed)
+                                          deadline=fence.write_deadline(sent_at, reply.ttl_ms), landed=landed,
+                                          dated=gens)
         except BaseException:
             self._abort([reply.grant_ids[i] for i in granted])
             raise
         sums = self._commit(reply.grant_ids, granted, failed, views, statuses, landed)
-        if gens:
+        if gens and self.locations is not None:
             self._remember_put(digest, keys, grants, [i for i in granted if statuses[i] == "stored"], sums, gens)
         return statuses
 
@@ -714,6 +715,7 @@ class PoolClient(PoolFront):
         out = json.loads(self.rpc.call("Stats", pb.StatsRequest(), retry=True, what="stats").json)
         out["client_checksum_failures"] = self.checksum_failures
         out["client_late_writes_skipped"] = self.transfers.late_writes_skipped
+        out["client_stale_writes_skipped"] = self.transfers.stale_writes_skipped
         out["client_dead_owner_writes"] = self.transfers.dead_owner_writes
         out["client_optimistic_retries"] = self.optimistic_retries
         out["client_dated_reads"] = {"reads": self.transfers.dated_reads, "refused": self.transfers.stamp_refusals}

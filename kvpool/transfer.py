@@ -138,6 +138,9 @@ class Transfers:
         self.verify = verify
         self.checksum_failures = 0      # reads whose bytes did not match the committed checksum (misses)
         self.late_writes_skipped = 0    # same-host copies not started: the grant's deadline had passed
+        # same-host copies not started: the arena's removal generation moved since the PutStart (its node registered
+        # again, maybe with a restarted master that has placed something else there; or objects were removed)
+        self.stale_writes_skipped = 0
         self.dead_owner_writes = 0      # same-host copies failed because the arena's node died meanwhile
         self.direct_ssd_reads = 0       # SSD records read here from a same-host node's data file (not its channel)
         self.direct_ssd_retries = 0     # ... of which failed here and were read again through the node's channel
@@ -151,12 +154,18 @@ class Transfers:
         self.pin_arenas = False         # register mapped arenas as CUDA pinned memory (a GPU caller's DMA)
 
     def write(self, batch: ExtentBatch, positions: Sequence[int], keys: Sequence[bytes], views: Sequence[memoryview],
-              ns: bytes, *, deadline: float = math.inf, landed: dict[int, int] | None = None) -> set[int]:
+              ns: bytes, *, deadline: float = math.inf, landed: dict[int, int] | None = None,
+              dated: dict[int, int | bytes] | None = None) -> set[int]:
         """Write views[i] to entry i of `batch` for i in `positions` (`ns`: the namespace an SSD record carries).
-        `deadline` (fence.write_deadline): no same-host copy starts after it (that entry fails). `landed`: filled
-        with {i: xxh3_64 of the bytes copied} for the same-host copies, hashed in the copy's pass
-        (fence.copy_hashed), so the commit need not read them again."""
-        return self._move(batch, positions, keys, views, ns, write=True, deadline=deadline, landed=landed)
+        `deadline` (fence.write_deadline): no same-host copy starts after it (that entry fails). `dated`
+        (`generations()` read before the PutStart): nor into an arena whose removal generation has moved since. A
+        node bumps it when it registers, so a writer that stalled across a master restart (on Redis, where its grant
+        has not expired: the new master may have placed another object on that extent) writes nothing; the grants of
+        a master that is gone are refused at commit anyway. `landed`: filled with {i: xxh3_64 of the bytes copied}
+        for the same-host copies, hashed in the copy's pass (fence.copy_hashed), so the commit need not read them
+        again."""
+        return self._move(batch, positions, keys, views, ns, write=True, deadline=deadline, landed=landed,
+                          dated=dated)
 
     def read(self, batch: ExtentBatch, positions: Sequence[int], keys: Sequence[bytes],
              views: Sequence[memoryview], *, corrupt: set[int] | None = None) -> set[int]:
@@ -397,7 +406,7 @@ class Transfers:
 
     def _move(self, batch: ExtentBatch, positions: Sequence[int], keys, views, ns: bytes, *, write: bool,
               deadline: float = math.inf, corrupt: set[int] | None = None,
-              landed: dict[int, int] | None = None) -> set[int]:
+              landed: dict[int, int] | None = None, dated: dict[int, int | bytes] | None = None) -> set[int]:
         failed: set[int] = set()
         bad: set[int] = set()
         unreachable: list[tuple[Route, OSError]] = []
@@ -420,6 +429,10 @@ class Transfers:
                 if write:
                     if fence.now() >= deadline:  # the grant may be gone: the extent may be someone else's
                         self.late_writes_skipped += 1
+                        failed.add(i)
+                        continue
+                    if dated and dated.get(id(route.arena), route.arena.generation) != route.arena.generation:
+                        self.stale_writes_skipped += 1      # (`write`)
                         failed.add(i)
                         continue
                     if landed is None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from kvpool.tiers.types import Location, Tier
 
 __all__ = ["PutStatus", "NsRef", "Grant", "PutStartResult", "LookupResult", "ReportResult", "ObjectRecord", "NodeInfo", "Location",
-           "Tier", "NO_NS"]
+           "Registered", "Tier", "NO_NS"]
 
 
 class PutStatus(str, enum.Enum):

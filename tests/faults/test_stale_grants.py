@@ -1,16 +1,21 @@
-"""A remote writer that stalls across a node restart, or a master restart, never overwrites the object the pool
-placed on its extent since: the node refuses its write (store/tokens.py: tokens are signed with a key per node
-registration, new whenever the master starts tracking the node afresh).
+"""A writer that stalls across a node restart, or a master restart, never overwrites the object the pool placed on
+its extent since.
 
 Real processes: a master and a node n1 (its data channel on a fixed port, so its next process listens where the
-stalled writer's route points), a writer in a child process (harness.ChildClient, transport tcp) that SIGSTOPs
-itself right after its PutStart answered, before its data-channel write. Then either n1 is SIGKILLed and started
-again (a new process on the same ports and SSD file), or the master is SIGKILLed and started again on the same
-Redis (whose shared secret it keeps). The pool, starting from nothing on n1, places the next put (b) on the very
-extent the stalled writer was granted; b is acknowledged. The writer is let go: before per-registration keys its
-token still verified at n1 (the same secret), its bytes landed on b, and every read of b was a miss (DRAM) or read
-a's record header (SSD): an acknowledged object lost. Now the write is refused, the writer is told "no_space", and
-b reads back exact over TCP and same-host. Run for a DRAM-only and an SSD-only n1."""
+stalled writer's route points), a writer in a child process (harness.ChildClient) that SIGSTOPs itself right after
+its PutStart answered, before it writes: over TCP (transport tcp), or into n1's mapped arena (transport auto; its
+first put, of an object then removed, mapped it; an SSD grant goes through n1's data channel either way). Then
+either n1 is SIGKILLed and started again (a new process on the same ports and SSD file), or the master is SIGKILLed
+and started again on the same Redis (whose shared secret it keeps; the grant has not expired). The pool, starting from nothing on n1, places the next put (b) on the
+very extent the stalled writer was granted; b is acknowledged. Then the writer is let go:
+- over TCP, before 2026-12-07 its token still verified at n1 (the one secret) and its bytes landed on b, so every
+  read of b missed (DRAM) or found a's record header (SSD): an acknowledged object lost. Now write grants are signed
+  with a key of n1's registration (store/tokens.py) and the write is refused;
+- into the arena, across a master restart, it copied over b the same way; now it compares the arena's removal
+  generation with the one it read before its PutStart (n1 bumps it when it registers) and copies nothing
+  (kvpool/transfer.py `write`). Across a node restart it writes into the dead process's arena, as before.
+The writer is told "no_space" (PoolUnavailable where it copied into the dead arena), and b reads back exact over TCP
+and same-host. Run for a DRAM-only and an SSD-only n1."""
 
 from __future__ import annotations
 
@@ -33,14 +38,15 @@ def _key(i: int) -> bytes:
     return (0x57A1E << 64 | i).to_bytes(16, "big")
 
 
+@pytest.mark.parametrize("transport", ["tcp", "auto"])
 @pytest.mark.parametrize("tier", sorted(TIERS))
 @pytest.mark.parametrize("restart", ["node", "master"])
 def test_a_writer_stalled_across_a_restart_never_overwrites_the_object_placed_there_since(tmp_path, restart, tier,
-                                                                                        capsys):
+                                                                                        transport, capsys):
     redis = start_redis(tmp_path / "redis") if restart == "master" else None
     cluster = Cluster(workdir=tmp_path)
     a, b = _key(1), _key(2)
-    figures = Figures(f"writer stalled across a {restart} restart ({tier})")
+    figures = Figures(f"writer ({transport}) stalled across a {restart} restart ({tier})")
     child = None
     try:
         master_port, port, data_port = free_port(), free_port(), free_port()
@@ -48,8 +54,15 @@ def test_a_writer_stalled_across_a_restart_never_overwrites_the_object_placed_th
         master = cluster.start_master(port=master_port, node_ttl_s=30.0, redis_url=redis and redis.url,
                                       extra=["--heartbeat-s", "0.3"])
         node = cluster.start_node("n1", **node_args)
-        child = ChildClient(master.address, timeout=5, retries=0, transport="tcp")
-        child.pause_at("kvpool.store.data_channel:DataClient.write_many")   # granted, nothing sent yet
+        child = ChildClient(master.address, timeout=5, retries=0, transport=transport)
+        # a first put maps n1's arena in the child (a client dates its same-host copies by what it has mapped before
+        # its PutStart); its object is then removed, so that a's grant takes offset 0 again
+        z = _key(0)
+        assert child.call("put", ([z], SIZE, 0)) == ["stored"]
+        with PoolClient(master.address, timeout=5) as parent:
+            assert parent.remove_many([z]) == 1
+        child.pause_at("kvpool.store.data_channel:DataClient.write_many" if transport == "tcp"
+                       else "kvpool.transfer:Transfers.write")             # granted, nothing written yet
         child.send("put", ([a], SIZE, 0))
         wait_stopped(child.pid)
         assert stats(master.address)["grants_open"] == 1
@@ -69,7 +82,15 @@ def test_a_writer_stalled_across_a_restart_never_overwrites_the_object_placed_th
             where = inspect(master.address, [b])[0]
             assert (where.node_id, where.tier, where.offset) == ("n1", TIER_OF[tier], 0)  # the stalled writer's extent
             cont(child.pid)
-            assert child.recv() == ["no_space"]          # its write was refused: its put did not happen
+            if restart == "node" and tier == "dram" and transport == "auto":
+                # it copied into the dead process's arena: the put fails as an outage (that arena's owner is gone)
+                with pytest.raises(AssertionError, match=r"PoolUnavailable: node n1 .* is gone \(arena unlocked\)"):
+                    child.recv()
+            else:
+                assert child.recv() == ["no_space"]      # it wrote nothing there: its put did not happen
+            skipped = child.call("stats")["client_stale_writes_skipped"]
+            figures.extra["stale same-host writes skipped"] = skipped
+            assert skipped == (restart == "master" and tier == "dram" and transport == "auto")
             for transport in ("auto", "tcp"):
                 with PoolClient(master.address, timeout=5, transport=transport) as reader:
                     buf = bytearray(SIZE)
