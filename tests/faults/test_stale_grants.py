@@ -6,8 +6,9 @@ stalled writer's route points), a writer in a child process (harness.ChildClient
 its PutStart answered, before it writes: over TCP (transport tcp), or into n1's mapped arena (transport auto; its
 first put, of an object then removed, mapped it; an SSD grant goes through n1's data channel either way). Then
 either n1 is SIGKILLed and started again (a new process on the same ports and SSD file), or the master is SIGKILLed
-and started again on the same Redis (whose shared secret it keeps; the grant has not expired). The pool, starting from nothing on n1, places the next put (b) on the
-very extent the stalled writer was granted; b is acknowledged. Then the writer is let go:
+and started again on the same Redis (whose shared secret it keeps; the grant has not expired). The pool, starting
+from nothing on n1, places the next put (b) on the very extent the stalled writer was granted; b is acknowledged.
+Then the writer is let go:
 - over TCP, before 2026-12-07 its token still verified at n1 (the one secret) and its bytes landed on b, so every
   read of b missed (DRAM) or found a's record header (SSD): an acknowledged object lost. Now write grants are signed
   with a key of n1's registration (store/tokens.py) and the write is refused;
