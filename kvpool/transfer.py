@@ -431,7 +431,8 @@ class Transfers:
                         self.late_writes_skipped += 1
                         failed.add(i)
                         continue
-                    if dated and dated.get(id(route.arena), route.arena.generation) != route.arena.generation:
+                    before = dated.get(id(route.arena)) if dated else None
+                    if before is not None and before != route.arena.generation:
                         self.stale_writes_skipped += 1      # (`write`)
                         failed.add(i)
                         continue

@@ -205,7 +205,7 @@ class Master:
         return self.register(info, ops, expires=expires).epoch
 
     def register(self, info: NodeInfo, ops: NodeOps, *, expires: bool = True) -> Registered:
-        """Add (or re-attach) a node; returns its epoch and the key its tokens are signed with. A node re-registering
+        """Add (or re-attach) a node; returns its epoch and the key of its write grants. A node re-registering
         with the same `incarnation` kept its memory (the master restarted, or it was told to register again): its
         objects stay, and so does its key while this master process knows it. A new incarnation means the node
         restarted: everything it held is dropped, and it re-adopts its SSD objects with `report_objects`."""
@@ -407,14 +407,14 @@ class Master:
                     rec.put(now, ns, list(keys), out)
                 self._flush()
                 ssd_nodes = self._ssd_numbers(r.grant.location for r in out if r.grant is not None)
-                keys = self._write_keys(r.grant.location.node_id for r in out if r.grant is not None)
+                write_keys = self._write_keys(r.grant.location.node_id for r in out if r.grant is not None)
         finally:
             # before the answer: its client writes those extents after it (sent also if the rest raised: the
             # extents were freed for reuse all the same)
             self._send_deferred(deferred)
         # its client writes its SSD grants after the answer: the erases queued before them land first
         self.placement.erasures.flush_nodes(ssd_nodes)
-        self._sign_grants(out, keys)
+        self._sign_grants(out, write_keys)
         return out
 
     def _write_keys(self, node_ids) -> dict[str, bytes]:
