@@ -4,7 +4,7 @@
     remote client ──TCP data channel──▶ NodeDataHandler ─┘   (token-checked: writes only inside a grant)
     same-host client ── mmap of the DRAM arena file (advertised path + host id) ── no node code involved
 
-Lifecycle: serve, then register with the master (RegisterNode hands back the token secret), report the objects
+Lifecycle: serve, then register with the master (RegisterNode hands back the token keys), report the objects
 found on the SSD file (ReportObjects, so a restarted node's SSD contents are hits again), and heartbeat. A clean
 stop first asks the master to write this node's DRAM objects to its SSD (FlushNode, served while the node still
 answers the master's Demote calls), so the next process re-adopts them. A heartbeat
@@ -51,17 +51,14 @@ class NodeDataHandler:
     def __init__(self, node: StorageNode) -> None:
         self.node = node
         self.secret: bytes | None = None  # set at registration; until then every request is refused
-        # the key write grants are checked with where the master gave one (RegisterNodeResponse.write_key, new with
-        # each registration the master starts afresh: store/tokens.py); b"": `secret`, as a master from before signs
-        self.write_key = b""
+        self.write_key = b""    # write grants' key (RegisterNodeResponse.write_key, store/tokens.py); b"": `secret`
         self._scratch = threading.local()  # per serving thread: the buffer SSD/HBM reads are staged in
 
     def _verify(self, kind: bytes, e: Extent) -> None:
         secret = self.secret
         if secret is None:
             raise TokenError("token: node is not registered with a master yet")
-        if kind == tokens.WRITE and self.write_key:
-            secret = self.write_key
+        secret = self.write_key if kind == tokens.WRITE and self.write_key else secret
         tokens.verify(secret, kind, e.ident, e.tier, e.offset, e.size, e.expires_ms, e.token)
 
     def write_view(self, e: Extent) -> memoryview:
@@ -74,8 +71,7 @@ class NodeDataHandler:
         raise ValueError(f"tier: {e.tier} is not a tier of node {self.node.node_id}")
 
     def write_done(self, e: Extent, view: memoryview) -> None:
-        """A staged write (SSD, HBM) lands only now: its token is checked again, so a grant that expired, or that
-        this node's registration since has made stale (store/tokens.py), while its bytes arrived writes nothing."""
+        """A staged write (SSD, HBM) lands only now: its token is checked again (expired, or stale: store/tokens.py)."""
         if e.tier in (Tier.SSD, Tier.HBM):
             self._verify(tokens.WRITE, e)
         if e.tier == Tier.SSD:
