@@ -396,3 +396,35 @@ def test_client_direct_write_past_its_grant_is_never_committed(up):
         w = client.reserve_many([key(7)], [SIZE])              # a fresh grant works
         fill(w, [7])
         assert w.commit() == ["stored"]
+
+
+def test_a_same_host_copy_is_not_made_once_the_arena_s_generation_moved_since_the_put_start(up):
+    """A node bumps its arena's removal generation when it registers (a restarted master has maybe placed another
+    object on a granted extent since: tests/faults/test_stale_grants.py). A put whose copy comes after such a bump
+    copies nothing into the arena (`Transfers.write(dated=)`): the key answers no_space, the extent keeps the bytes
+    it had, the skip is counted. A put that starts after the bump goes through."""
+    with PoolClient(up.address) as client:
+        assert client.put_many([key(1)], [data(1)]) == ["stored"]       # maps the arena
+        assert client.remove_many([key(1)]) == 1
+        node, transfers = up.node.node, client.transfers
+        arena = node.dram
+        before = bytes(arena.view(0, 4 * SIZE))                        # the whole DRAM tier
+        real_write = transfers.write
+        bumped = []
+
+        def write(*args, **kwargs):
+            node.objects_removed()          # as the node does when it registers, between the PutStart and the copy
+            bumped.append(arena.generation)
+            return real_write(*args, **kwargs)
+
+        transfers.write = write
+        assert client.put_many([key(2)], [data(2)]) == ["no_space"]
+        del transfers.write
+        assert len(bumped) == 1 and transfers.stale_writes_skipped == 1 and transfers.late_writes_skipped == 0
+        assert bytes(arena.view(0, 4 * SIZE)) == before                 # nothing landed on the granted extent
+        assert client.stats()["client_stale_writes_skipped"] == 1
+        assert client.contains_many([key(2)]) == [False]
+        assert client.put_many([key(2)], [data(2)]) == ["stored"]
+        out = bytearray(SIZE)
+        assert client.get_many_into([key(2)], [out]) == 1 and bytes(out) == data(2).tobytes()
+        assert transfers.stale_writes_skipped == 1
