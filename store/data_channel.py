@@ -50,7 +50,7 @@ TLS (optional, store/tls.py builds the contexts): `DataServer(ssl_context=...)` 
 it dials (or `server_hostname`). The frames are the same; only the reply of a READ is sent as two writes (an
 SSLSocket has no sendmsg). Without a context the code path is the plaintext one, unchanged.
 
-One module of ~420 lines because it is one concept, the wire protocol: the frame layout, the server that answers it
+One module of ~480 lines because it is one concept, the wire protocol: the frame layout, the server that answers it
 and the client that speaks it change together.
 """
 
@@ -65,8 +65,10 @@ from typing import Protocol, Sequence
 
 import xxhash
 
-from kvpool.store.sockets import ConnectionPool, ThreadedServer, kernel_timeouts, recv_exact, tune_socket
+from kvpool.store.sockets import (ConnectionPool, RecvTimeout, ThreadedServer, kernel_timeouts, recv_exact,
+                                  tune_socket)
 from kvpool.store.tokens import TokenError
+from kvpool.store.write_fence import Landing, WriteCut, WriteFence, receive
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +101,9 @@ class DataHandler(Protocol):
     Optionally `read_views(extents) -> list[memoryview | Exception]`: `read_view` of each (the exception it would
     raise in place of a view), all valid together until the next call on the same thread; the server then answers
     the READs it finds one after another with one sendmsg (store/node_server.py's handler has it). Optionally
-    `removal_stamp() -> bytes` (STAMP_BYTES): with it the node answers STAMP and READ_DATED frames."""
+    `removal_stamp() -> bytes` (STAMP_BYTES): with it the node answers STAMP and READ_DATED frames. Optionally
+    `write_fence` (store/write_fence.py WriteFence): with it each write is a landing of the fence, its payload
+    received piece by piece under the landing's checks (none after the grant's deadline, none once cut)."""
 
     def write_view(self, e: "Extent") -> memoryview: ...
 
@@ -117,9 +121,15 @@ class DataChannelError(Exception):
         self.message = message
 
 
-def _discard(sock: socket.socket, size: int, scratch: memoryview) -> None:
+def _discard(sock: socket.socket, size: int, scratch: memoryview, timeout: RecvTimeout | None = None) -> None:
     while size:
-        k = sock.recv_into(scratch, min(size, len(scratch)))
+        try:
+            k = sock.recv_into(scratch, min(size, len(scratch)))
+        except (BlockingIOError, TimeoutError):
+            if timeout is None or not timeout.lowered():
+                raise
+            timeout.reset()     # a write lowered it (store/write_fence.py): the idle timeout holds here
+            continue
         if k == 0:
             raise ConnectionError("peer closed the connection mid-frame")
         size -= k
@@ -143,8 +153,9 @@ class _Inbox:
     """What a connection sent that the server has not parsed yet: request headers are read in bulk (recv_into of
     up to 64 KiB), so a pipelined window of them costs one syscall, not one per frame."""
 
-    def __init__(self, conn: socket.socket) -> None:
+    def __init__(self, conn: socket.socket, timeout: RecvTimeout) -> None:
         self.conn = conn
+        self.timeout = timeout
         self.buf = bytearray(_INBOX_BYTES)
         self.view = memoryview(self.buf)
         self.start = 0
@@ -162,7 +173,13 @@ class _Inbox:
             self.view[:left] = self.view[self.start:self.end]
             self.start, self.end = 0, left
         while self.end < n:
-            k = self.conn.recv_into(self.view[self.end:])
+            try:
+                k = self.conn.recv_into(self.view[self.end:])
+            except (BlockingIOError, TimeoutError):
+                if not self.timeout.lowered():
+                    raise
+                self.timeout.reset()    # lowered by a write (store/write_fence.py): wait on under the idle timeout
+                continue
             if k == 0:
                 raise ConnectionError("peer closed the connection" + (" mid-frame" if self.end else ""))
             self.end += k
@@ -186,6 +203,7 @@ class DataServer(ThreadedServer):
         super().__init__(host, port, what="data", max_connections=max_connections, ssl_context=ssl_context,
                          handshake_timeout_s=handshake_timeout_s)
         self.handler = handler
+        self.fence: WriteFence | None = getattr(handler, "write_fence", None)
         self.max_object_bytes = max_object_bytes
         self.idle_timeout_s = idle_timeout_s
 
@@ -196,7 +214,7 @@ class DataServer(ThreadedServer):
         tls = isinstance(conn, ssl.SSLSocket)
         kernel_timeouts(conn, self.idle_timeout_s)  # a silent peer (between requests or mid-frame) loses its connection
         read_views = getattr(self.handler, "read_views", None)
-        inbox = _Inbox(conn)
+        inbox = _Inbox(conn, RecvTimeout(conn, self.idle_timeout_s))
         scratch: memoryview | None = None
         try:
             while True:
@@ -221,28 +239,65 @@ class DataServer(ThreadedServer):
                 if magic != MAGIC or op != OP_WRITE:
                     self._reply(conn, BAD_REQUEST, "magic/op: not a kvpool data frame")
                     return
+                landing = None
                 try:
+                    if self.fence is not None:
+                        landing = self.fence.begin(expires, conn)
                     view = self.handler.write_view(e)
                 except Exception as exc:  # noqa: BLE001 - every refusal is reported, the stream continues
+                    if landing is not None:
+                        self.fence.end(landing)
                     if size > self.max_object_bytes:
                         self._reply(conn, _status_of(exc), str(exc))
                         return
                     if scratch is None:
                         scratch = memoryview(bytearray(_DISCARD_CHUNK))
-                    _discard(conn, size - inbox.take_into(None, size), scratch)
+                    _discard(conn, size - inbox.take_into(None, size), scratch, inbox.timeout)
                     self._reply(conn, _status_of(exc), str(exc))
                     continue
-                got = inbox.take_into(view, size)
-                if got < size:
-                    recv_exact(conn, view[got:])
                 try:
-                    self.handler.write_done(e, view)
-                except Exception as exc:  # noqa: BLE001
-                    self._reply(conn, _status_of(exc), str(exc))
+                    refused = self._land(conn, inbox, e, view, landing)
+                finally:
+                    if landing is not None:
+                        self.fence.end(landing)
+                if refused is not None:
+                    self._reply(conn, _status_of(refused), str(refused))
                     continue
                 self._reply(conn, OK, "", size)
         except (ConnectionError, OSError) as exc:
             log.debug("data connection ended: %s", exc)
+
+    def _land(self, conn: socket.socket, inbox: "_Inbox", e: Extent, view: memoryview,
+              landing: Landing | None) -> Exception | None:
+        """A granted write's payload into `view`, then the handler's `write_done`; returns the refusal to answer
+        (its payload consumed all the same), or None. With the handler's `write_fence`, each piece lands only
+        while its grant still holds (store/write_fence.py): past the deadline the rest is read and dropped."""
+        size = e.size
+        if landing is None:
+            got = inbox.take_into(view, size)
+            if got < size:
+                recv_exact(conn, view[got:])
+        else:
+            with landing.lock:
+                got = inbox.take_into(view, size) if landing.left() > 0 and not landing.cut else 0
+            if got < size:
+                got += receive(conn, view[got:], landing, inbox.timeout)
+            if got < size:          # the deadline came first
+                self.fence.late_writes += 1
+                rest = size - got
+                _discard(conn, rest - inbox.take_into(None, rest), memoryview(bytearray(_DISCARD_CHUNK)), inbox.timeout)
+        try:
+            if landing is None:
+                self.handler.write_done(e, view)
+            else:
+                with landing.lock:
+                    landing.check()
+                    self.handler.write_done(e, view)
+        except WriteCut:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported, the stream continues
+            return exc
+        return None
 
     def _answer_reads(self, conn: socket.socket, frames: list[tuple[int, Extent]], read_views, tls: bool) -> None:
         """The replies of consecutive READ / READ_DATED / STAMP frames, in order: each its header and payload (or

@@ -4,12 +4,13 @@
     remote client ──TCP data channel──▶ NodeDataHandler ─┘   (token-checked: writes only inside a grant)
     same-host client ── mmap of the DRAM arena file (advertised path + host id) ── no node code involved
 
-Lifecycle: serve, then register with the master (RegisterNode hands back the token keys), report the objects
-found on the SSD file (ReportObjects, so a restarted node's SSD contents are hits again), and heartbeat. A clean
-stop first asks the master to write this node's DRAM objects to its SSD (FlushNode, served while the node still
-answers the master's Demote calls), so the next process re-adopts them. A heartbeat
-answered with `reregister` (master restarted on the memory backend, or it dropped us) or failing repeatedly makes
-the node register again. Health is SERVING only while registered: a client's health check means "usable".
+Lifecycle: serve, then register with the master (RegisterNode hands back the token keys; the writes in flight are
+cut first, store/write_fence.py), report the objects found on the SSD file (ReportObjects, so a restarted node's
+SSD contents are hits again), and heartbeat. A clean stop first asks the master to write this node's DRAM objects
+to its SSD (FlushNode, served while the node still answers the master's Demote calls), so the next process
+re-adopts them. A heartbeat answered with `reregister` (master restarted on the memory backend, or it dropped us)
+or failing repeatedly makes the node register again. Health is SERVING only while registered: a client's health
+check means "usable".
 
 Security (PeerAuthFields, TlsFields): with node tokens configured the node presents the first one to the master
 and accepts only node credentials for Demote / Promote / Drop (store/auth; Write / Read carry their own grant
@@ -37,6 +38,7 @@ from kvpool.store.hostid import host_id
 from kvpool.store.node import Drop, StorageNode
 from kvpool.store.remote_node import GRPC_OPTIONS
 from kvpool.store.tokens import TokenError
+from kvpool.store.write_fence import WriteCut, WriteFence
 from kvpool.tiers.types import Tier
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,7 @@ class NodeDataHandler:
         self.node = node
         self.secret: bytes | None = None  # set at registration; until then every request is refused
         self.write_key = b""    # write grants' key (RegisterNodeResponse.write_key, store/tokens.py); b"": `secret`
+        self.write_fence = WriteFence()  # writes in flight: cut at their deadline and before a registration
         self._scratch = threading.local()  # per serving thread: the buffer SSD/HBM reads are staged in
 
     def _verify(self, kind: bytes, e: Extent) -> None:
@@ -159,6 +162,8 @@ class NodeDataHandler:
 
 
 def _abort_for(context, exc: Exception) -> None:
+    if isinstance(exc, WriteCut):
+        context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
     if isinstance(exc, TokenError):
         context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
     if isinstance(exc, KeyError):
@@ -180,25 +185,34 @@ class NodeServicer(pbg.NodeServiceServicer):
                           f"{self.node.incarnation} (the node restarted): nothing done")
 
     def Write(self, request_iterator, context):
-        view, pos, e = None, 0, None
+        """Each chunk lands only while its grant holds, as on the data channel (store/write_fence.py)."""
+        view, pos, e, landing, fence = None, 0, None, None, self.handler.write_fence
         try:
             for chunk in request_iterator:
                 if view is None:
                     e = Extent(chunk.grant_id, chunk.tier, chunk.offset, chunk.size, chunk.expires_unix_ms,
                                chunk.token, chunk.key or bytes(16), chunk.namespace or bytes(16))
+                    landing = fence.begin(e.expires_ms)
                     view = self.handler.write_view(e)
                 n = len(chunk.data)
                 if pos + n > len(view):
                     raise ValueError(f"data: {pos + n} bytes sent for a grant of size {len(view)}")
-                view[pos:pos + n] = chunk.data
+                with landing.lock:
+                    landing.check()
+                    view[pos:pos + n] = chunk.data
                 pos += n
             if view is None:
                 raise ValueError("grant_id: empty write stream")
             if pos != len(view):
                 raise ValueError(f"data: {pos} bytes sent for a grant of size {len(view)}")
-            self.handler.write_done(e, view)
-        except (TokenError, ValueError, KeyError) as exc:
+            with landing.lock:
+                landing.check()
+                self.handler.write_done(e, view)
+        except (TokenError, ValueError, KeyError, WriteCut) as exc:
             _abort_for(context, exc)
+        finally:
+            if landing is not None:
+                fence.end(landing)
         return pb.WriteResponse(written=pos)
 
     def Read(self, request, context):
@@ -324,9 +338,16 @@ class NodeServer:
         # A master that lost its index (a restart on the memory backend) no longer has what same-host location
         # caches remember from the last one: they must ask again.
         self.node.objects_removed()
-        reply = self._master.RegisterNode(pb.RegisterNodeRequest(node=self.endpoint()), timeout=timeout)
-        self.handler.write_key = bytes(reply.write_key)
-        self.handler.secret = bytes(reply.token_secret)
+        # Writes in flight may hold grants of a master that restarted since: cut before it can place anything here
+        # (store/write_fence.py); writes wait until the registration's keys are in.
+        if cut := self.handler.write_fence.close():
+            log.warning("node %s: %d write(s) in flight cut before registering", self.config.node_id, cut)
+        try:
+            reply = self._master.RegisterNode(pb.RegisterNodeRequest(node=self.endpoint()), timeout=timeout)
+            self.handler.write_key = bytes(reply.write_key)
+            self.handler.secret = bytes(reply.token_secret)
+        finally:
+            self.handler.write_fence.reopen()
         self._epoch = reply.epoch
         self.node.heard_master_time(reply.master_time_us)
         records = self.node.scan_ssd()

@@ -7,6 +7,7 @@ control channel (store/control_channel.py).
     ConnectionPool   a client's idle connections to one server (one per concurrent caller): a pooled connection the
                      server closed (readable while idle: EOF) or that idled past `max_idle_s` is dropped, not reused
     tune_socket / kernel_timeouts / recv_exact / readable   socket helpers both channels use
+    RecvTimeout      a served connection's receive timeout, lowered near a write's deadline and put back
 """
 
 from __future__ import annotations
@@ -55,6 +56,37 @@ def kernel_timeouts(sock: socket.socket, seconds: float | None) -> None:
     sock.settimeout(None)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+
+
+class RecvTimeout:
+    """A served connection's receive timeout as last set: `idle_s` (kernel_timeouts) until `at_most` lowers it (a
+    write near its grant's deadline, store/write_fence.py), back by `reset` (a wait that timed out under a lowered
+    timeout goes on under the idle one). Each sets the socket only when the value changes: SO_RCVTIMEO alone on a
+    plaintext socket, the Python timeout (send and receive) on a TLS one."""
+
+    def __init__(self, sock: socket.socket, idle_s: float) -> None:
+        self.sock = sock
+        self.idle_s = idle_s
+        self.seconds = idle_s
+
+    def lowered(self) -> bool:
+        return self.seconds < self.idle_s
+
+    def at_most(self, seconds: float) -> None:
+        if seconds < self.seconds:
+            self._set(seconds)
+
+    def reset(self) -> None:
+        if self.seconds != self.idle_s:
+            self._set(self.idle_s)
+
+    def _set(self, seconds: float) -> None:
+        self.seconds = seconds
+        if isinstance(self.sock, ssl.SSLSocket):
+            self.sock.settimeout(seconds)
+        else:
+            timeval = _TIMEVAL.pack(*divmod(max(round(seconds * 1e6), 1), 1_000_000))
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
 
 
 # No recv_into asks for more than this. Smaller receives kept loopback streams faster here; our reading of why: a

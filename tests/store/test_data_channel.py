@@ -420,7 +420,8 @@ def test_a_client_that_stops_receiving_a_large_read_loses_its_connection_and_the
 def test_a_staged_write_whose_grant_goes_stale_while_its_bytes_arrive_writes_nothing(tmp_path, stale):
     """A real node's handler: an SSD record is written only once its last byte is in, and its token is checked again
     then. Its header passes; before the rest of its payload arrives the node registers afresh (a new key: the master
-    now places that extent from scratch, store/tokens.py) or the grant expires. The write is refused with
+    now places that extent from scratch, store/tokens.py) or the grant expires (then the node's write fence refuses
+    it at the deadline, store/write_fence.py, dropping the bytes that come after). The write is refused with
     PERMISSION_DENIED, nothing lands on the SSD file, and the same write with a good grant then goes through."""
     from kvpool.tiers.types import Tier
 
@@ -453,7 +454,8 @@ def test_a_staged_write_whose_grant_goes_stale_while_its_bytes_arrive_writes_not
             message = recv_exact(sock, msg_len).decode()
         assert status == DENIED
         assert message == ("token: does not match the grant (forged, or offset/size/tier/expiry altered)"
-                           if stale == "re-registered" else "expires_unix_ms: grant expired")
+                           if stale == "re-registered" else
+                           "expires_unix_ms: grant expired before its bytes all arrived (nothing of it counts)")
         assert node.scan_ssd() == []
         secret = handler.secret
         good = tokens.now_ms() + 60_000

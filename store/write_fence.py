@@ -1,0 +1,140 @@
+"""A storage node's writes in flight, and the two fences that keep a late writer's bytes off the next object.
+
+A DRAM write over the data channel (or gRPC Write) lands straight in the node's arena as its payload arrives; the
+extent belongs to its grant only until the grant ends. Before 2026-12-07 a writer that stalled in the middle of its
+payload and woke after its grant had ended (expired, or made by a master that has restarted since) still landed the
+rest of its bytes, over the object the master had placed on that extent meanwhile: that object was then a miss for
+every reader (its checksum), an acknowledged object lost. Now every write is a `Landing` of the node's `WriteFence`,
+and each piece of its payload lands under the landing's lock, after two checks:
+
+  deadline   no piece lands later than LAND_MARGIN_S before the grant expires (the node's clock): a receive never
+             waits past that point (`receive` lowers the connection's receive timeout as it nears), and a write whose
+             payload has not all arrived by then is refused (its remaining bytes are read and dropped, the stream
+             goes on). The master reclaims a grant at its expiry, so a clock skew between hosts below the margin
+             keeps the two apart, as it already must for the token's own expiry check (store/tokens.py).
+  cut        `close()`, called by the node before it registers again (a new registration may come with a new write
+             key: the master then places this node's extents from scratch), refuses new writes and cuts those in
+             flight: their sockets are shut down, and `close` returns only once none can land another byte. A
+             registration that turns out to keep its key (the same master re-attached) costs the writes it cut;
+             they fail, and nothing of them counts.
+
+A staged write (SSD, HBM) takes the same lock for its final landing (store/node_server.py `write_done`).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+from kvpool.store.sockets import RECV_PIECE, RecvTimeout
+from kvpool.store.tokens import TokenError
+
+log = logging.getLogger(__name__)
+
+LAND_MARGIN_S = 0.1     # a write's last byte lands at least this long before its grant expires (node clock)
+_SHORTEST_WAIT_S = 0.001
+_CUT = "node: the write was cut, the node is registering with its master again"
+
+
+class WriteCut(ConnectionError):
+    """The node cut this write (it is registering with its master again): its connection is shut down."""
+
+
+@dataclass(eq=False, slots=True)
+class Landing:
+    """One write in flight: its bytes may land while `deadline` (time.monotonic()) has not passed and it is not cut;
+    each piece lands holding `lock` (`WriteFence.close` takes it once to know no piece is landing)."""
+
+    deadline: float
+    conn: socket.socket | None = None
+    cut: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def check(self) -> None:
+        """Raise unless a piece may land now (call with `lock` held)."""
+        if self.cut:
+            raise WriteCut(_CUT)
+        if self.left() <= 0:
+            raise TokenError("expires_unix_ms: grant expired before its bytes all arrived (nothing of it counts)")
+
+
+class WriteFence:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open = True
+        self._landings: set[Landing] = set()
+        self.cut_writes = 0         # cut by `close`
+        self.late_writes = 0        # refused at their deadline with bytes still to come (`receive`)
+
+    def begin(self, expires_ms: int, conn: socket.socket | None = None) -> Landing:
+        """A write to land by its grant's `expires_ms` (unix ms); `conn` is shut down if the write is cut. Raises
+        TokenError while the node is registering. Pair with `end`."""
+        deadline = time.monotonic() + (expires_ms / 1000 - time.time()) - LAND_MARGIN_S
+        with self._lock:
+            if not self._open:
+                raise TokenError("node: registering with its master again, writes are refused until it has")
+            landing = Landing(deadline, conn)
+            self._landings.add(landing)
+        return landing
+
+    def end(self, landing: Landing) -> None:
+        with self._lock:
+            self._landings.discard(landing)
+
+    def close(self) -> int:
+        """Refuse writes until `reopen` and cut those in flight; returns how many were cut, once none can land."""
+        with self._lock:
+            self._open = False
+            landings = list(self._landings)
+        for landing in landings:
+            landing.cut = True
+            if landing.conn is not None:
+                try:    # the base class's: an SSLSocket's own shutdown would drop its SSL object under its reader
+                    socket.socket.shutdown(landing.conn, socket.SHUT_RDWR)
+                except OSError:
+                    pass
+        for landing in landings:
+            with landing.lock:  # a piece landing now finishes; `check` stops the next
+                pass
+        self.cut_writes += len(landings)
+        return len(landings)
+
+    def reopen(self) -> None:
+        with self._lock:
+            self._open = True
+
+
+def receive(sock: socket.socket, view: memoryview, landing: Landing, timeout: RecvTimeout) -> int:
+    """Fill `view` from `sock` in pieces (as store/sockets.py `recv_exact`), each landing under `landing.lock` after
+    its checks; returns how many bytes landed: all of them, or fewer when the deadline came first (the rest is still
+    on the socket). No receive may wait past the deadline: while one could, the connection's receive `timeout` is
+    lowered to half the time left (a syscall on the first write of a connection and in a grant's last moments, not
+    per write: the next write's grant has more time left). A receive that times out looks at the clock again.
+    Raises WriteCut when cut, ConnectionError when the peer closes, TimeoutError after the connection's idle timeout
+    without a byte (when that is shorter than the grant)."""
+    got, n = 0, len(view)
+    while got < n:
+        with landing.lock:
+            if landing.cut:
+                raise WriteCut(_CUT)
+            left = landing.left()
+            if left <= 0:
+                return got
+            if left < timeout.seconds:
+                timeout.at_most(left / 2 if left > _SHORTEST_WAIT_S else left)
+            try:
+                k = sock.recv_into(view[got:], min(n - got, RECV_PIECE))
+            except (BlockingIOError, TimeoutError) as exc:
+                if not timeout.lowered():
+                    raise TimeoutError(f"data channel: no payload byte in {timeout.seconds}s") from exc
+                continue
+        if k == 0:
+            raise WriteCut(_CUT) if landing.cut else ConnectionError("peer closed the connection mid-frame")
+        got += k
+    return got

@@ -1,0 +1,231 @@
+"""A node's write fence (store/write_fence.py) on a real node's handler behind a real loopback data channel and a
+real gRPC NodeService: a write stalled in the middle of its payload never lands a byte after its grant ends, by
+expiry or by the node registering again, over the object the pool placed on its extent since."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+
+from kvpool.proto import kvpool_pb2 as pb
+from kvpool.proto import kvpool_pb2_grpc as pbg
+from kvpool.store import tokens
+from kvpool.store.config import NodeConfig
+from kvpool.store.data_channel import DENIED, OK, OP_WRITE, REP, DataClient, DataServer, Extent
+from kvpool.store.node import StorageNode
+from kvpool.store.node_server import NodeDataHandler, NodeServicer
+from kvpool.store.write_fence import LAND_MARGIN_S, WriteFence
+from kvpool.tiers.types import Tier
+from tests.faults.harness import wait_until
+
+SIZE, HALF = 64 << 10, 32 << 10
+STALE, FRESH = bytes([0xA5]) * SIZE, bytes(range(256)) * (SIZE // 256)
+EXPIRED = "expires_unix_ms: grant expired before its bytes all arrived (nothing of it counts)"
+REGISTERING = "node: registering with its master again, writes are refused until it has"
+
+
+@pytest.fixture
+def node(tmp_path):
+    node = StorageNode(NodeConfig(node_id="n1", dram_bytes=1 << 20, ssd_path=str(tmp_path / "ssd"),
+                                  ssd_bytes=4 << 20))
+    handler = NodeDataHandler(node)
+    handler.secret, handler.write_key = b"s" * 32, b"w" * 32
+    server = DataServer(handler).start()
+    yield node, handler, server
+    server.close()
+    node.close()
+
+
+def grant(ident: int, key: bytes, ttl_ms: int, tier: int = Tier.DRAM) -> Extent:
+    expires = tokens.now_ms() + ttl_ms
+    return Extent(ident, tier, 0, SIZE, expires, tokens.sign(key, tokens.WRITE, ident, tier, 0, SIZE, expires),
+                  b"k" * 16)
+
+
+def dram(node: StorageNode) -> bytes:
+    return bytes(node.dram.view(0, SIZE))
+
+
+def connect(server: DataServer) -> socket.socket:
+    host, port = server.address.rsplit(":", 1)
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def reply(sock: socket.socket) -> tuple[int, str]:
+    head = b""
+    while len(head) < REP.size:
+        chunk = sock.recv(REP.size - len(head))
+        assert chunk, "the node closed the connection"
+        head += chunk
+    status, msg_len, _ = REP.unpack(head)
+    msg = b""
+    while len(msg) < msg_len:
+        msg += sock.recv(msg_len - len(msg))
+    return status, msg.decode()
+
+
+def write(server: DataServer, e: Extent, payload: bytes) -> list:
+    client = DataClient(server.address, timeout=5)
+    try:
+        return [err and err.message for err in client.write_many([e], [memoryview(payload)])]
+    finally:
+        client.close()
+
+
+def test_a_dram_write_stalled_past_its_grant_lands_nothing_after_the_deadline_and_the_stream_goes_on(node):
+    """Half the payload, then nothing until the grant has expired and the extent holds the next object (FRESH, a
+    later grant's write). The node's receive stopped waiting at the deadline (LAND_MARGIN_S before the expiry): the
+    late half is read and dropped, the write refused with DENIED, and the arena holds FRESH exactly; the same
+    connection then serves a good write. Before the fence, the late half landed over FRESH."""
+    node, handler, server = node
+    stale = grant(1, handler.write_key, ttl_ms=400)
+    with connect(server) as sock:
+        sock.sendall(stale.header(OP_WRITE) + STALE[:HALF])
+        wait_until(lambda: dram(node)[:HALF] == STALE[:HALF], 5, "the first half to land")
+        wait_until(lambda: tokens.now_ms() > stale.expires_ms, 5, "the grant to expire")
+        assert write(server, grant(2, handler.write_key, ttl_ms=60_000), FRESH) == [None]
+        sock.sendall(STALE[HALF:])
+        assert reply(sock) == (DENIED, EXPIRED)
+        assert dram(node) == FRESH
+        assert handler.write_fence.late_writes == 1
+        again = grant(3, handler.write_key, ttl_ms=60_000)
+        sock.sendall(again.header(OP_WRITE) + STALE)
+        assert reply(sock) == (OK, "")
+        assert dram(node) == STALE
+
+
+def test_registering_again_cuts_the_writes_in_flight_and_refuses_new_ones_until_the_new_key_is_in(node):
+    """What NodeServer.register does around RegisterNode: `close` shuts the in-flight write's connection and
+    returns once it can land nothing; a write arriving meanwhile is refused; the registration's new key goes in,
+    `reopen`, and the next object lands. The stalled writer's late half finds its connection gone, and the arena
+    holds the next object exactly."""
+    node, handler, server = node
+    fence = handler.write_fence
+    stale = grant(1, handler.write_key, ttl_ms=60_000)
+    with connect(server) as sock:
+        sock.sendall(stale.header(OP_WRITE) + STALE[:HALF])
+        wait_until(lambda: dram(node)[:HALF] == STALE[:HALF], 5, "the first half to land")
+        assert fence.close() == 1
+        assert write(server, grant(2, handler.write_key, ttl_ms=60_000), FRESH) == [REGISTERING]
+        handler.write_key = b"n" * 32
+        fence.reopen()
+        assert write(server, grant(3, b"n" * 32, ttl_ms=60_000), FRESH) == [None]
+        try:
+            sock.sendall(STALE[HALF:])
+            closed = sock.recv(REP.size) == b""
+        except (BrokenPipeError, ConnectionResetError):
+            closed = True
+        assert closed
+    assert dram(node) == FRESH
+    assert fence.cut_writes == 1 and fence.close() == 0
+    fence.reopen()
+
+
+def test_a_staged_ssd_write_cut_by_a_registration_writes_no_record(node):
+    """An SSD write is staged and written whole at its end: cut while its bytes arrive, it writes nothing."""
+    node, handler, server = node
+    stale = grant(1, handler.write_key, ttl_ms=60_000, tier=Tier.SSD)
+    landed = threading.Event()
+    real = handler.write_view
+    handler.write_view = lambda e: (real(e), landed.set())[0]
+    with connect(server) as sock:
+        sock.sendall(stale.header(OP_WRITE) + STALE[:HALF])
+        assert landed.wait(5)
+        assert handler.write_fence.close() == 1
+        handler.write_fence.reopen()
+        try:
+            sock.sendall(STALE[HALF:])
+            assert sock.recv(REP.size) == b""
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+    assert node.scan_ssd() == []
+
+
+@pytest.mark.parametrize("ends", ["expired", "cut"])
+def test_a_grpc_write_stream_stalled_past_its_grant_lands_no_chunk_after_it(node, ends):
+    """NodeService.Write (the gRPC data path): the first chunk lands, the stream stalls, its grant ends (expiry, or
+    the node registering again) and the next object takes the extent. The stalled stream's next chunk is refused
+    (PERMISSION_DENIED / UNAVAILABLE) and never lands."""
+    node, handler, data = node
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    pbg.add_NodeServiceServicer_to_server(NodeServicer(node, handler), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        stale = grant(1, handler.write_key, ttl_ms=400 if ends == "expired" else 60_000)
+        go = threading.Event()
+
+        def chunks():
+            yield pb.WriteChunk(grant_id=stale.ident, tier=stale.tier, offset=0, size=SIZE,
+                                expires_unix_ms=stale.expires_ms, token=stale.token, key=stale.key,
+                                data=STALE[:HALF])
+            go.wait(30)
+            yield pb.WriteChunk(data=STALE[HALF:])
+
+        call = pbg.NodeServiceStub(channel).Write.future(chunks(), timeout=30)
+        wait_until(lambda: dram(node)[:HALF] == STALE[:HALF], 5, "the first chunk to land")
+        if ends == "expired":
+            wait_until(lambda: tokens.now_ms() > stale.expires_ms, 5, "the grant to expire")
+            fresh = grant(2, handler.write_key, ttl_ms=60_000)
+        else:
+            assert handler.write_fence.close() == 1
+            handler.write_key = b"n" * 32
+            handler.write_fence.reopen()
+            fresh = grant(2, b"n" * 32, ttl_ms=60_000)
+        assert write(data, fresh, FRESH) == [None]
+        go.set()
+        with pytest.raises(grpc.RpcError) as info:
+            call.result(timeout=10)
+        assert (info.value.code(), info.value.details()) == (
+            (grpc.StatusCode.PERMISSION_DENIED, EXPIRED) if ends == "expired" else
+            (grpc.StatusCode.UNAVAILABLE, "node: the write was cut, the node is registering with its master again"))
+        assert dram(node) == FRESH
+    finally:
+        channel.close()
+        server.stop(0)
+
+
+def test_a_write_begun_with_less_than_the_margin_left_lands_nothing(node):
+    """The deadline is LAND_MARGIN_S before the expiry: a grant with less left than that is already past it."""
+    node, handler, server = node
+    late = grant(1, handler.write_key, ttl_ms=int(LAND_MARGIN_S * 1000) // 2)
+    assert write(server, late, STALE) == [EXPIRED]
+    assert dram(node) == bytes(SIZE)
+
+
+def test_a_fence_refuses_while_closed_and_counts_what_it_cut():
+    fence = WriteFence()
+    landing = fence.begin(tokens.now_ms() + 60_000)
+    assert fence.close() == 1 and landing.cut
+    with pytest.raises(tokens.TokenError, match="registering with its master again"):
+        fence.begin(tokens.now_ms() + 60_000)
+    fence.end(landing)
+    fence.reopen()
+    fence.end(fence.begin(tokens.now_ms() + 60_000))
+    assert fence.close() == 0 and fence.cut_writes == 1
+
+
+def test_a_receive_timeout_lowered_near_a_deadline_does_not_shorten_the_connection_s_idle_timeout(node):
+    """A write with less time left than the idle timeout lowers the connection's receive timeout (to half the time
+    left). The wait for the next frame then times out under it and goes on under the idle timeout: a peer silent for
+    longer than the lowered timeout keeps its connection, one silent past the idle timeout loses it."""
+    node, handler, _ = node
+    server = DataServer(handler, idle_timeout_s=3.0).start()
+    try:
+        with connect(server) as sock:
+            sock.sendall(grant(1, handler.write_key, ttl_ms=1000).header(OP_WRITE) + STALE)  # lowers it to <= 0.45 s
+            assert reply(sock) == (OK, "")
+            time.sleep(1.0)                     # the peer stays silent past the lowered timeout
+            sock.sendall(grant(2, handler.write_key, ttl_ms=60_000).header(OP_WRITE) + FRESH)
+            assert reply(sock) == (OK, "") and dram(node) == FRESH
+            started = time.monotonic()
+            assert sock.recv(1) == b""          # then silent past the idle timeout: the node closes it
+            assert time.monotonic() - started >= 2.9
+    finally:
+        server.close()
