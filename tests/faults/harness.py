@@ -8,6 +8,7 @@ one way to print and check what each scenario shows.
                                         makes the child SIGSTOP itself the next time it calls `target` (an injected
                                         pause at an exact point of the data path)
     master_stub, node_stub, stats, inspect, wait_until
+    read_back_exact                     a key read back over same-host and TCP by fresh clients, byte-exact
     Ledger                              what a load generator was told: keys acknowledged "stored", and when
     Figures                             the line every scenario prints (wrong bytes, acknowledged-then-lost objects,
                                         recovery time, ...) and the assertions the design promises
@@ -291,6 +292,20 @@ class Figures:
         assert self.wrong_bytes == 0, self.line()
         if not lost_allowed:
             assert self.acked_lost == 0, self.line()
+
+
+def read_back_exact(address: str, key: bytes, size: int, figures: Figures) -> None:
+    """`key` read by a fresh client over the same-host path and one over TCP: each must be payload_of(key, size),
+    exactly (wrong bytes and misses counted in `figures` first)."""
+    from kvpool import PoolClient
+
+    for transport in ("auto", "tcp"):
+        with PoolClient(address, timeout=5, transport=transport) as reader:
+            buf = bytearray(size)
+            n = reader.get_many_into([key], [buf])
+            figures.wrong_bytes += n == 1 and bytes(buf) != payload_of(key, size)
+            figures.acked_lost += n == 0
+            assert n == 1 and bytes(buf) == payload_of(key, size), f"read over {transport}"
 
 
 # ---------------------------------------------------------------------------------------------- Redis Sentinel
