@@ -60,6 +60,7 @@ import logging
 import socket
 import ssl
 import struct
+import time
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -68,7 +69,7 @@ import xxhash
 from kvpool.store.sockets import (ConnectionPool, RecvTimeout, ThreadedServer, kernel_timeouts, recv_exact,
                                   tune_socket)
 from kvpool.store.tokens import TokenError
-from kvpool.store.write_fence import Landing, WriteCut, WriteFence, receive
+from kvpool.store.write_fence import EXPIRED_MID_WRITE, Landing, WriteCut, WriteFence, receive
 
 log = logging.getLogger(__name__)
 
@@ -270,34 +271,37 @@ class DataServer(ThreadedServer):
     def _land(self, conn: socket.socket, inbox: "_Inbox", e: Extent, view: memoryview,
               landing: Landing | None) -> Exception | None:
         """A granted write's payload into `view`, then the handler's `write_done`; returns the refusal to answer
-        (its payload consumed all the same), or None. With the handler's `write_fence`, each piece lands only
-        while its grant still holds (store/write_fence.py): past the deadline the rest is read and dropped."""
+        (its payload consumed all the same), or None. With the handler's `write_fence`, the payload lands holding
+        the landing's lock and only while its grant holds (store/write_fence.py): past the deadline the rest is read
+        and dropped."""
         size = e.size
         if landing is None:
             got = inbox.take_into(view, size)
             if got < size:
                 recv_exact(conn, view[got:])
-        else:
-            with landing.lock:
-                got = inbox.take_into(view, size) if landing.left() > 0 and not landing.cut else 0
+            try:
+                self.handler.write_done(e, view)
+            except Exception as exc:  # noqa: BLE001 - reported, the stream continues
+                return exc
+            return None
+        refused = None
+        with landing.lock:  # each piece after a look at the clock (and `receive`'s at the cut flag: a cut waits
+            # for this lock): a payload that is all in landed in time, and `write_done` (a staged write's landing)
+            # needs no check of its own
+            got = inbox.take_into(view, size) if landing.deadline > time.time() else 0
             if got < size:
                 got += receive(conn, view[got:], landing, inbox.timeout)
-            if got < size:          # the deadline came first
-                self.fence.late_writes += 1
-                rest = size - got
-                _discard(conn, rest - inbox.take_into(None, rest), memoryview(bytearray(_DISCARD_CHUNK)), inbox.timeout)
-        try:
-            if landing is None:
-                self.handler.write_done(e, view)
-            else:
-                with landing.lock:
-                    landing.check()
+            if got == size:
+                try:
                     self.handler.write_done(e, view)
-        except WriteCut:
-            raise
-        except Exception as exc:  # noqa: BLE001 - reported, the stream continues
-            return exc
-        return None
+                except Exception as exc:  # noqa: BLE001 - reported, the stream continues
+                    refused = exc
+        if got < size:                  # the deadline came first: the rest is dropped
+            self.fence.late_writes += 1
+            rest = size - got
+            _discard(conn, rest - inbox.take_into(None, rest), memoryview(bytearray(_DISCARD_CHUNK)), inbox.timeout)
+            refused = TokenError(EXPIRED_MID_WRITE)
+        return refused
 
     def _answer_reads(self, conn: socket.socket, frames: list[tuple[int, Extent]], read_views, tls: bool) -> None:
         """The replies of consecutive READ / READ_DATED / STAMP frames, in order: each its header and payload (or

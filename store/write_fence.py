@@ -5,7 +5,7 @@ extent belongs to its grant only until the grant ends. Before 2026-12-07 a write
 payload and woke after its grant had ended (expired, or made by a master that has restarted since) still landed the
 rest of its bytes, over the object the master had placed on that extent meanwhile: that object was then a miss for
 every reader (its checksum), an acknowledged object lost. Now every write is a `Landing` of the node's `WriteFence`,
-and each piece of its payload lands under the landing's lock, after two checks:
+and its payload lands holding the landing's lock, each piece after two checks:
 
   deadline   no piece lands later than LAND_MARGIN_S before the grant expires (the node's clock): a receive never
              waits past that point (`receive` lowers the connection's receive timeout as it nears), and a write whose
@@ -18,12 +18,11 @@ and each piece of its payload lands under the landing's lock, after two checks:
              registration that turns out to keep its key (the same master re-attached) costs the writes it cut;
              they fail, and nothing of them counts.
 
-A staged write (SSD, HBM) takes the same lock for its final landing (store/node_server.py `write_done`).
+A staged write (SSD, HBM) lands in the handler's `write_done`, called holding the same lock after the same checks.
 """
 
 from __future__ import annotations
 
-import logging
 import socket
 import threading
 import time
@@ -32,11 +31,10 @@ from dataclasses import dataclass, field
 from kvpool.store.sockets import RECV_PIECE, RecvTimeout
 from kvpool.store.tokens import TokenError
 
-log = logging.getLogger(__name__)
-
 LAND_MARGIN_S = 0.1     # a write's last byte lands at least this long before its grant expires (node clock)
 _SHORTEST_WAIT_S = 0.001
 _CUT = "node: the write was cut, the node is registering with its master again"
+EXPIRED_MID_WRITE = "expires_unix_ms: grant expired before its bytes all arrived (nothing of it counts)"
 
 
 class WriteCut(ConnectionError):
@@ -45,8 +43,9 @@ class WriteCut(ConnectionError):
 
 @dataclass(eq=False, slots=True)
 class Landing:
-    """One write in flight: its bytes may land while `deadline` (time.monotonic()) has not passed and it is not cut;
-    each piece lands holding `lock` (`WriteFence.close` takes it once to know no piece is landing)."""
+    """One write in flight: its bytes may land while `deadline` (unix seconds, the node's clock) has not passed and
+    it is not cut, holding `lock` (`WriteFence.close` shuts `conn`, which ends a receive, then takes the lock once
+    to know nothing is landing: a data-channel write holds it for its whole payload, a gRPC Write per chunk)."""
 
     deadline: float
     conn: socket.socket | None = None
@@ -54,14 +53,14 @@ class Landing:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def left(self) -> float:
-        return self.deadline - time.monotonic()
+        return self.deadline - time.time()
 
     def check(self) -> None:
         """Raise unless a piece may land now (call with `lock` held)."""
         if self.cut:
             raise WriteCut(_CUT)
         if self.left() <= 0:
-            raise TokenError("expires_unix_ms: grant expired before its bytes all arrived (nothing of it counts)")
+            raise TokenError(EXPIRED_MID_WRITE)
 
 
 class WriteFence:
@@ -75,11 +74,10 @@ class WriteFence:
     def begin(self, expires_ms: int, conn: socket.socket | None = None) -> Landing:
         """A write to land by its grant's `expires_ms` (unix ms); `conn` is shut down if the write is cut. Raises
         TokenError while the node is registering. Pair with `end`."""
-        deadline = time.monotonic() + (expires_ms / 1000 - time.time()) - LAND_MARGIN_S
+        landing = Landing(expires_ms / 1000 - LAND_MARGIN_S, conn)
         with self._lock:
             if not self._open:
                 raise TokenError("node: registering with its master again, writes are refused until it has")
-            landing = Landing(deadline, conn)
             self._landings.add(landing)
         return landing
 
@@ -111,29 +109,29 @@ class WriteFence:
 
 
 def receive(sock: socket.socket, view: memoryview, landing: Landing, timeout: RecvTimeout) -> int:
-    """Fill `view` from `sock` in pieces (as store/sockets.py `recv_exact`), each landing under `landing.lock` after
-    its checks; returns how many bytes landed: all of them, or fewer when the deadline came first (the rest is still
-    on the socket). No receive may wait past the deadline: while one could, the connection's receive `timeout` is
-    lowered to half the time left (a syscall on the first write of a connection and in a grant's last moments, not
-    per write: the next write's grant has more time left). A receive that times out looks at the clock again.
-    Raises WriteCut when cut, ConnectionError when the peer closes, TimeoutError after the connection's idle timeout
-    without a byte (when that is shorter than the grant)."""
-    got, n = 0, len(view)
+    """Fill `view` from `sock` in pieces (as store/sockets.py `recv_exact`), the caller holding `landing.lock`,
+    looking at the clock and the cut flag before each; returns how many bytes landed: all of them, or fewer when
+    the deadline came first (the rest is still on the socket). No receive may wait past the deadline: while one
+    could, the connection's receive `timeout` is lowered to half the time left (a syscall on the first write of a
+    connection and in a grant's last moments, not per write: the next write's grant has more time left). A receive
+    that times out looks at the clock again. Raises WriteCut when cut (its socket was shut down: the receive ends
+    at once), ConnectionError when the peer closes, TimeoutError after the connection's idle timeout without a
+    byte (where that is shorter than the grant)."""
+    got, n, deadline = 0, len(view), landing.deadline
     while got < n:
-        with landing.lock:
-            if landing.cut:
-                raise WriteCut(_CUT)
-            left = landing.left()
-            if left <= 0:
-                return got
-            if left < timeout.seconds:
-                timeout.at_most(left / 2 if left > _SHORTEST_WAIT_S else left)
-            try:
-                k = sock.recv_into(view[got:], min(n - got, RECV_PIECE))
-            except (BlockingIOError, TimeoutError) as exc:
-                if not timeout.lowered():
-                    raise TimeoutError(f"data channel: no payload byte in {timeout.seconds}s") from exc
-                continue
+        if landing.cut:
+            raise WriteCut(_CUT)
+        left = deadline - time.time()
+        if left <= 0:
+            return got
+        if left < timeout.seconds:
+            timeout.at_most(left / 2 if left > _SHORTEST_WAIT_S else left)
+        try:
+            k = sock.recv_into(view[got:], min(n - got, RECV_PIECE))
+        except (BlockingIOError, TimeoutError) as exc:
+            if not timeout.lowered():
+                raise TimeoutError(f"data channel: no payload byte in {timeout.seconds}s") from exc
+            continue
         if k == 0:
             raise WriteCut(_CUT) if landing.cut else ConnectionError("peer closed the connection mid-frame")
         got += k
