@@ -69,7 +69,7 @@ import xxhash
 from kvpool.store.sockets import (ConnectionPool, RecvTimeout, ThreadedServer, kernel_timeouts, recv_exact,
                                   tune_socket)
 from kvpool.store.tokens import TokenError
-from kvpool.store.write_fence import EXPIRED_MID_WRITE, Landing, WriteCut, WriteFence, receive
+from kvpool.store.write_fence import EXPIRED_MID_WRITE, Landing, WriteFence, receive
 
 log = logging.getLogger(__name__)
 
