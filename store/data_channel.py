@@ -298,6 +298,8 @@ class DataServer(ThreadedServer):
                     refused = exc
         if got < size:                  # the deadline came first: the rest is dropped
             self.fence.late_writes += 1
+            log.warning("write of grant %d refused: %d of its %d bytes had arrived by its deadline", e.ident, got,
+                        size)
             rest = size - got
             _discard(conn, rest - inbox.take_into(None, rest), memoryview(bytearray(_DISCARD_CHUNK)), inbox.timeout)
             refused = TokenError(EXPIRED_MID_WRITE)
