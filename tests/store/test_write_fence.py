@@ -22,6 +22,8 @@ from kvpool.store.node_server import NodeDataHandler, NodeServicer
 from kvpool.store.write_fence import LAND_MARGIN_S, WriteFence
 from kvpool.tiers.types import Tier
 from tests.faults.harness import wait_until
+from tests.store.pki import make_pki
+from tests.store.test_tls import client_tls, server_tls
 
 SIZE, HALF = 64 << 10, 32 << 10
 STALE, FRESH = bytes([0xA5]) * SIZE, bytes(range(256)) * (SIZE // 256)
@@ -29,13 +31,19 @@ EXPIRED = "expires_unix_ms: grant expired before its bytes all arrived (nothing 
 REGISTERING = "node: registering with its master again, writes are refused until it has"
 
 
-@pytest.fixture
-def node(tmp_path):
+@pytest.fixture(params=["plain", "tls"])
+def node(tmp_path, request):
+    """A real node's handler behind a data channel, plaintext or TLS (its receive timeouts are Python's there)."""
     node = StorageNode(NodeConfig(node_id="n1", dram_bytes=1 << 20, ssd_path=str(tmp_path / "ssd"),
                                   ssd_bytes=4 << 20))
     handler = NodeDataHandler(node)
     handler.secret, handler.write_key = b"s" * 32, b"w" * 32
-    server = DataServer(handler).start()
+    tls = None
+    if request.param == "tls":
+        pki = make_pki(tmp_path / "pki")
+        tls = (server_tls(pki).server_ssl_context(), client_tls(pki).client_ssl_context())
+    server = DataServer(handler, ssl_context=tls and tls[0]).start()
+    server.client_ssl = tls and tls[1]
     yield node, handler, server
     server.close()
     node.close()
@@ -53,7 +61,8 @@ def dram(node: StorageNode) -> bytes:
 
 def connect(server: DataServer) -> socket.socket:
     host, port = server.address.rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=10)
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    return server.client_ssl.wrap_socket(sock, server_hostname=host) if server.client_ssl else sock
 
 
 def reply(sock: socket.socket) -> tuple[int, str]:
@@ -70,7 +79,7 @@ def reply(sock: socket.socket) -> tuple[int, str]:
 
 
 def write(server: DataServer, e: Extent, payload: bytes) -> list:
-    client = DataClient(server.address, timeout=5)
+    client = DataClient(server.address, timeout=5, ssl_context=server.client_ssl)
     try:
         return [err and err.message for err in client.write_many([e], [memoryview(payload)])]
     finally:
@@ -118,7 +127,7 @@ def test_registering_again_cuts_the_writes_in_flight_and_refuses_new_ones_until_
         try:
             sock.sendall(STALE[HALF:])
             closed = sock.recv(REP.size) == b""
-        except (BrokenPipeError, ConnectionResetError):
+        except OSError:     # BrokenPipeError, ConnectionResetError; ssl.SSLError over TLS
             closed = True
         assert closed
     assert dram(node) == FRESH
@@ -141,7 +150,7 @@ def test_a_staged_ssd_write_cut_by_a_registration_writes_no_record(node):
         try:
             sock.sendall(STALE[HALF:])
             assert sock.recv(REP.size) == b""
-        except (BrokenPipeError, ConnectionResetError):
+        except OSError:     # BrokenPipeError, ConnectionResetError; ssl.SSLError over TLS
             pass
     assert node.scan_ssd() == []
 
@@ -215,8 +224,9 @@ def test_a_receive_timeout_lowered_near_a_deadline_does_not_shorten_the_connecti
     """A write with less time left than the idle timeout lowers the connection's receive timeout (to half the time
     left). The wait for the next frame then times out under it and goes on under the idle timeout: a peer silent for
     longer than the lowered timeout keeps its connection, one silent past the idle timeout loses it."""
-    node, handler, _ = node
-    server = DataServer(handler, idle_timeout_s=3.0).start()
+    node, handler, fixture_server = node
+    server = DataServer(handler, idle_timeout_s=3.0, ssl_context=fixture_server.ssl_context).start()
+    server.client_ssl = fixture_server.client_ssl
     try:
         with connect(server) as sock:
             sock.sendall(grant(1, handler.write_key, ttl_ms=1000).header(OP_WRITE) + STALE)  # lowers it to <= 0.45 s
