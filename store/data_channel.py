@@ -101,7 +101,7 @@ class DataHandler(Protocol):
 
     Optionally `read_views(extents) -> list[memoryview | Exception]`: `read_view` of each (the exception it would
     raise in place of a view), all valid together until the next call on the same thread; the server then answers
-    the READs it finds one after another with one sendmsg (store/node_server.py's handler has it). Optionally
+    the READs it finds one after another with one sendmsg (store/node_data.py's handler has it). Optionally
     `removal_stamp() -> bytes` (STAMP_BYTES): with it the node answers STAMP and READ_DATED frames. Optionally
     `write_fence` (store/write_fence.py WriteFence): with it each write is a landing of the fence, its payload
     received piece by piece under the landing's checks (none after the grant's deadline, none once cut)."""
@@ -297,7 +297,7 @@ class DataServer(ThreadedServer):
                 except Exception as exc:  # noqa: BLE001 - reported, the stream continues
                     refused = exc
         if got < size:                  # the deadline came first: the rest is dropped
-            self.fence.late_writes += 1
+            self.fence.count_late()
             log.warning("write of grant %d refused: %d of its %d bytes had arrived by its deadline", e.ident, got,
                         size)
             rest = size - got

@@ -69,7 +69,7 @@ class WriteFence:
         self._open = True
         self._landings: set[Landing] = set()
         self.cut_writes = 0         # cut by `close`
-        self.late_writes = 0        # refused at their deadline with bytes still to come (`receive`)
+        self.late_writes = 0        # refused at their deadline with bytes still to come (`count_late`)
 
     def begin(self, expires_ms: int, conn: socket.socket | None = None) -> Landing:
         """A write to land by its grant's `expires_ms` (unix ms); `conn` is shut down if the write is cut. Raises
@@ -102,6 +102,10 @@ class WriteFence:
                 pass
         self.cut_writes += len(landings)
         return len(landings)
+
+    def count_late(self) -> None:
+        """A write refused at its deadline with bytes still to come (the data channel's `_land`)."""
+        self.late_writes += 1
 
     def reopen(self) -> None:
         with self._lock:
