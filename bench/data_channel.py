@@ -27,7 +27,8 @@ from kvpool.store import tokens
 from kvpool.store.config import NodeConfig
 from kvpool.store.data_channel import DataClient, DataServer, Extent
 from kvpool.store.node import StorageNode
-from kvpool.store.node_server import NodeDataHandler, NodeServicer
+from kvpool.store.node_data import NodeDataHandler
+from kvpool.store.node_server import NodeServicer
 
 ARENA = 64 << 20
 SECRET = b"bench-secret"

@@ -30,135 +30,21 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
-from kvpool.store import node_checks, tokens, wire
+from kvpool.store import node_checks, wire
 from kvpool.store.auth import AuthInterceptor, auth_channel
 from kvpool.store.config import NodeServerConfig
 from kvpool.store.data_channel import DataServer, Extent
 from kvpool.store.hostid import host_id
 from kvpool.store.node import Drop, StorageNode
+from kvpool.store.node_data import NodeDataHandler
 from kvpool.store.remote_node import GRPC_OPTIONS
 from kvpool.store.tokens import TokenError
-from kvpool.store.write_fence import WriteCut, WriteFence
+from kvpool.store.write_fence import WriteCut
 from kvpool.tiers.types import Tier
 
 log = logging.getLogger(__name__)
 
 _REPORT_BATCH = 4096
-_SCRATCH_MAX = 8 << 20   # largest SSD/HBM read staged in a kept per-thread buffer
-
-
-class NodeDataHandler:
-    """Token-checked access to the node's tiers for the data channel and the gRPC data path."""
-
-    def __init__(self, node: StorageNode) -> None:
-        self.node = node
-        self.secret: bytes | None = None  # set at registration; until then every request is refused
-        self.write_key = b""    # write grants' key (RegisterNodeResponse.write_key, store/tokens.py); b"": `secret`
-        self.write_fence = WriteFence()  # writes in flight: cut at their deadline and before a registration
-        self._scratch = threading.local()  # per serving thread: the buffer SSD/HBM reads are staged in
-
-    def _verify(self, kind: bytes, e: Extent) -> None:
-        secret = self.secret
-        if secret is None:
-            raise TokenError("token: node is not registered with a master yet")
-        secret = self.write_key if kind == tokens.WRITE and self.write_key else secret
-        tokens.verify(secret, kind, e.ident, e.tier, e.offset, e.size, e.expires_ms, e.token)
-
-    def write_view(self, e: Extent) -> memoryview:
-        self._verify(tokens.WRITE, e)
-        if e.tier == Tier.DRAM and self.node.dram is not None:
-            return self.node.dram.view(e.offset, e.size)
-        if (e.tier == Tier.SSD and self.node.ssd is not None) or (e.tier == Tier.HBM and self.node.hbm is not None):
-            # staged: an SSD record is written whole, header last; HBM takes one host -> device copy
-            return memoryview(bytearray(e.size))
-        raise ValueError(f"tier: {e.tier} is not a tier of node {self.node.node_id}")
-
-    def write_done(self, e: Extent, view: memoryview) -> None:
-        """A staged write (SSD, HBM) lands only now: its token is checked again (expired, or stale: store/tokens.py)."""
-        if e.tier in (Tier.SSD, Tier.HBM):
-            self._verify(tokens.WRITE, e)
-        if e.tier == Tier.SSD:
-            self.node.write(Tier.SSD, e.offset, e.key, e.ns, view, None)
-        elif e.tier == Tier.HBM:
-            self.node.hbm.write(e.offset, view)
-
-    def removal_stamp(self) -> bytes:
-        """The node's removal stamp (StorageNode.removal_stamp): the data channel's STAMP and READ_DATED."""
-        return self.node.removal_stamp()
-
-    def read_view(self, e: Extent) -> memoryview:
-        """The extent's bytes (the gRPC Read path and single reads): `read_views` of one, its error raised."""
-        view = self.read_views([e])[0]
-        if isinstance(view, Exception):
-            raise view
-        return view
-
-    def read_views(self, extents: list[Extent]) -> list:
-        """`read_view` of each extent (the exception it would raise in its place), all valid together until this
-        thread's next read_views or read_view: the data channel answers a window of READs with one sendmsg. SSD
-        records are read in one `read_ssd_many` (records side by side: one preadv, tiers/ssd.py) into slices of
-        this thread's staging buffer."""
-        out: list = [None] * len(extents)
-        staged: list[int] = []          # SSD records and HBM extents: read into this thread's staging buffer
-        node = self.node
-        for i, e in enumerate(extents):
-            try:
-                self._verify(tokens.READ, e)
-                if e.tier == Tier.DRAM and node.dram is not None:
-                    out[i] = node.dram.view(e.offset, e.size)
-                elif (e.tier == Tier.SSD and node.ssd is not None) or (e.tier == Tier.HBM and node.hbm is not None):
-                    staged.append(i)
-                else:
-                    raise ValueError(f"tier: {e.tier} is not a tier of node {node.node_id}")
-            except Exception as exc:  # noqa: BLE001 - each refusal is its own extent's reply
-                out[i] = exc
-        if staged:
-            bufs = self._staging_many([extents[i].size for i in staged])
-            records = [(i, b) for i, b in zip(staged, bufs) if extents[i].tier == Tier.SSD]
-            for i, buf in zip(staged, bufs):
-                if extents[i].tier == Tier.HBM:       # one host copy each
-                    try:
-                        node.hbm.read_into(extents[i].offset, buf)
-                        out[i] = buf
-                    except Exception as exc:  # noqa: BLE001
-                        out[i] = exc
-            if records:
-                try:
-                    oks = node.read_ssd_many([extents[i].offset for i, _ in records],
-                                             [extents[i].key for i, _ in records],
-                                             [extents[i].size for i, _ in records], [b for _, b in records])
-                except ValueError:      # one extent is out of the file: each alone, for its own error
-                    oks = []
-                    for i, buf in records:
-                        try:
-                            oks.append(node.read_into(Tier.SSD, extents[i].offset, extents[i].key, extents[i].size,
-                                                      buf))
-                        except Exception as exc:  # noqa: BLE001
-                            oks.append(exc)
-                for (i, buf), ok in zip(records, oks):
-                    out[i] = ok if isinstance(ok, Exception) else buf if ok else KeyError(
-                        "checksum: SSD record failed verification (served as a miss)")
-        return out
-
-    def _staging_many(self, sizes: list[int]) -> list[memoryview]:
-        """A buffer per size, slices of this thread's staging buffer (grown to fit them, up to _SCRATCH_MAX) while
-        they fit, then buffers of their own: reused, so a read pays no allocation and no first-touch page faults (a
-        fresh 2 MiB bytearray costs both on every read), and a connection thread never keeps more than _SCRATCH_MAX."""
-        total = sum(sizes)
-        buf = getattr(self._scratch, "buf", None)
-        if (buf is None or len(buf) < total) and total <= _SCRATCH_MAX:
-            want = 1 << 20 if total <= 1 << 20 else _SCRATCH_MAX
-            if buf is None or len(buf) < want:
-                buf = self._scratch.buf = bytearray(want)
-        view = memoryview(buf) if buf is not None else memoryview(b"")
-        out, at = [], 0
-        for size in sizes:
-            if at + size <= len(view):
-                out.append(view[at:at + size])
-                at += size
-            else:
-                out.append(memoryview(bytearray(size)))
-        return out
 
 
 def _abort_for(context, exc: Exception) -> None:

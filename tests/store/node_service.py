@@ -10,7 +10,8 @@ import grpc
 from kvpool.launcher import free_port
 from kvpool.proto import kvpool_pb2_grpc as pbg
 from kvpool.store.node import StorageNode
-from kvpool.store.node_server import NodeDataHandler, NodeServicer
+from kvpool.store.node_data import NodeDataHandler
+from kvpool.store.node_server import NodeServicer
 
 
 def serve_node(node: StorageNode, address: str | None = None) -> tuple[grpc.Server, str]:

@@ -214,7 +214,8 @@ def test_auth_off_is_todays_behaviour():
 def test_the_real_node_servicer_grant_and_node_rules(tmp_path, token_files):
     from kvpool.store.config import NodeConfig
     from kvpool.store.node import StorageNode
-    from kvpool.store.node_server import NodeDataHandler, NodeServicer
+    from kvpool.store.node_data import NodeDataHandler
+    from kvpool.store.node_server import NodeServicer
 
     node = StorageNode(NodeConfig(node_id="n1", dram_bytes=1 << 20, shm_dir=str(tmp_path)))
     handler = NodeDataHandler(node)

@@ -182,7 +182,7 @@ def test_connections_past_the_bound_are_refused_at_accept():
 def _real_node(tmp_path):
     from kvpool.store.config import NodeConfig
     from kvpool.store.node import StorageNode
-    from kvpool.store.node_server import NodeDataHandler
+    from kvpool.store.node_data import NodeDataHandler
 
     node = StorageNode(NodeConfig(node_id="n1", dram_bytes=1 << 20, ssd_path=str(tmp_path / "ssd"),
                                   ssd_bytes=4 << 20))

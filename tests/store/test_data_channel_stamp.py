@@ -28,7 +28,7 @@ from kvpool.store.data_channel import (
     Extent,
 )
 from kvpool.store.node import StorageNode
-from kvpool.store.node_server import NodeDataHandler
+from kvpool.store.node_data import NodeDataHandler
 from kvpool.tiers.types import Tier
 
 SECRET = b"s" * 32

@@ -22,7 +22,7 @@ from kvpool.store.config import (
 from kvpool.store.data_channel import Extent
 from kvpool.store.master import Master
 from kvpool.store.node import Move, StorageNode
-from kvpool.store.node_server import NodeDataHandler
+from kvpool.store.node_data import NodeDataHandler
 from kvpool.store.records import NodeInfo, PutStatus
 from kvpool.tiers.hbm import cuda_available
 from kvpool.tiers.types import Tier

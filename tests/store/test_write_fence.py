@@ -18,7 +18,8 @@ from kvpool.store import tokens
 from kvpool.store.config import NodeConfig
 from kvpool.store.data_channel import DENIED, OK, OP_WRITE, REP, DataClient, DataServer, Extent
 from kvpool.store.node import StorageNode
-from kvpool.store.node_server import NodeDataHandler, NodeServicer
+from kvpool.store.node_data import NodeDataHandler
+from kvpool.store.node_server import NodeServicer
 from kvpool.store.write_fence import LAND_MARGIN_S, WriteFence
 from kvpool.tiers.types import Tier
 from tests.faults.harness import wait_until
