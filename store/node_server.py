@@ -225,7 +225,7 @@ class NodeServer:
         # caches remember from the last one: they must ask again.
         self.node.objects_removed()
         # Writes in flight may hold grants of a master that restarted since: cut before it can place anything here
-        # (store/write_fence.py); writes wait until the registration's keys are in.
+        # (store/write_fence.py); writes are refused until the registration's keys are in.
         if cut := self.handler.write_fence.close():
             log.warning("node %s: %d write(s) in flight cut before registering", self.config.node_id, cut)
         try:
