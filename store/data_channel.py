@@ -288,7 +288,7 @@ class DataServer(ThreadedServer):
         with landing.lock:  # each piece after a look at the clock (and `receive`'s at the cut flag: a cut waits
             # for this lock): a payload that is all in landed in time, and `write_done` (a staged write's landing)
             # needs no check of its own
-            got = inbox.take_into(view, size) if landing.deadline > time.time() else 0
+            got = inbox.take_into(view, size) if landing.deadline > time.time() and not landing.cut else 0
             if got < size:
                 got += receive(conn, view[got:], landing, inbox.timeout)
             if got == size:

@@ -240,3 +240,30 @@ def test_a_receive_timeout_lowered_near_a_deadline_does_not_shorten_the_connecti
             assert time.monotonic() - started >= 2.9
     finally:
         server.close()
+
+
+def test_a_write_cut_between_its_token_check_and_its_first_byte_lands_nothing(node):
+    """The cut comes while the write's header is being checked (here: from inside `write_view`), its whole payload
+    already read with the header. `close` returns at once (the landing's lock is free); the bytes must not land
+    after it, and the write must not count."""
+    node, handler, server = node
+    real = handler.write_view
+    cut = []
+
+    def write_view(e):
+        view = real(e)
+        cut.append(handler.write_fence.close())
+        return view
+
+    handler.write_view = write_view
+    with connect(server) as sock:
+        sock.sendall(grant(1, handler.write_key, ttl_ms=60_000).header(OP_WRITE) + STALE)
+        try:
+            answer = sock.recv(REP.size)
+        except OSError:     # ConnectionResetError; ssl.SSLError over TLS
+            answer = b""
+        assert answer == b""
+        wait_until(lambda: server.connections() == 0, 5, "the node to end the cut write's connection")
+    assert cut == [1]
+    assert dram(node) == bytes(SIZE)
+    handler.write_fence.reopen()
