@@ -64,6 +64,8 @@ class Landing:
 
 
 class WriteFence:
+    """A node's writes in flight (`begin` / `end`): `close` cuts them and refuses new ones until `reopen`."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._open = True
@@ -98,8 +100,8 @@ class WriteFence:
                 except OSError:
                     pass
         for landing in landings:
-            with landing.lock:  # a piece landing now finishes; `check` stops the next
-                pass
+            with landing.lock:  # what is landing now finishes (its receive ended by the shutdown); the cut flag
+                pass            # stops anything after
         self.cut_writes += len(landings)
         return len(landings)
 
