@@ -243,9 +243,10 @@ def test_a_receive_timeout_lowered_near_a_deadline_does_not_shorten_the_connecti
 
 
 def test_a_write_cut_between_its_token_check_and_its_first_byte_lands_nothing(node):
-    """The cut comes while the write's header is being checked (here: from inside `write_view`), its whole payload
-    already read with the header. `close` returns at once (the landing's lock is free); the bytes must not land
-    after it, and the write must not count."""
+    """The cut comes while the write's header is being checked (here: from inside `write_view`), with the first 8 KiB
+    of its payload already read along with the header (sent as one segment, one TLS record: the node's bulk read
+    of the header takes them). `close` returns at once (the landing's lock is free); those bytes must not land after
+    it, and the write must not count."""
     node, handler, server = node
     real = handler.write_view
     cut = []
@@ -257,7 +258,7 @@ def test_a_write_cut_between_its_token_check_and_its_first_byte_lands_nothing(no
 
     handler.write_view = write_view
     with connect(server) as sock:
-        sock.sendall(grant(1, handler.write_key, ttl_ms=60_000).header(OP_WRITE) + STALE)
+        sock.sendall(grant(1, handler.write_key, ttl_ms=60_000).header(OP_WRITE) + STALE[:8 << 10])
         try:
             answer = sock.recv(REP.size)
         except OSError:     # ConnectionResetError; ssl.SSLError over TLS
