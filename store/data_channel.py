@@ -127,10 +127,9 @@ def _discard(sock: socket.socket, size: int, scratch: memoryview, timeout: RecvT
         try:
             k = sock.recv_into(scratch, min(size, len(scratch)))
         except (BlockingIOError, TimeoutError):
-            if timeout is None or not timeout.lowered():
-                raise
-            timeout.reset()     # a write lowered it (store/write_fence.py): the idle timeout holds here
-            continue
+            if timeout is not None and timeout.timed_out():     # a write had lowered it (store/write_fence.py)
+                continue
+            raise
         if k == 0:
             raise ConnectionError("peer closed the connection mid-frame")
         size -= k
@@ -177,10 +176,9 @@ class _Inbox:
             try:
                 k = self.conn.recv_into(self.view[self.end:])
             except (BlockingIOError, TimeoutError):
-                if not self.timeout.lowered():
-                    raise
-                self.timeout.reset()    # lowered by a write (store/write_fence.py): wait on under the idle timeout
-                continue
+                if self.timeout.timed_out():    # a write had lowered it (store/write_fence.py): wait on
+                    continue
+                raise
             if k == 0:
                 raise ConnectionError("peer closed the connection" + (" mid-frame" if self.end else ""))
             self.end += k

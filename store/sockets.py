@@ -38,6 +38,11 @@ def tune_socket(sock: socket.socket) -> None:
 _TIMEVAL = struct.Struct("@ll")  # struct timeval: seconds, microseconds
 
 
+def _timeval(seconds: float) -> bytes:
+    """SO_RCVTIMEO / SO_SNDTIMEO's value: at least 1 us (0 / 0 would mean "never time out")."""
+    return _TIMEVAL.pack(*divmod(max(round(seconds * 1e6), 1), 1_000_000))
+
+
 def kernel_timeouts(sock: socket.socket, seconds: float | None) -> None:
     """Put a plaintext socket in blocking mode and let the kernel keep its timeout (SO_RCVTIMEO / SO_SNDTIMEO): a
     send or receive that makes no progress for `seconds` fails with BlockingIOError (EAGAIN), an OSError, as a
@@ -52,7 +57,7 @@ def kernel_timeouts(sock: socket.socket, seconds: float | None) -> None:
     if seconds is None or isinstance(sock, ssl.SSLSocket):
         sock.settimeout(seconds)
         return
-    timeval = _TIMEVAL.pack(*divmod(max(round(seconds * 1e6), 1), 1_000_000))  # 0 / 0 would mean "never time out"
+    timeval = _timeval(seconds)
     sock.settimeout(None)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
@@ -60,9 +65,9 @@ def kernel_timeouts(sock: socket.socket, seconds: float | None) -> None:
 
 class RecvTimeout:
     """A served connection's receive timeout as last set: `idle_s` (kernel_timeouts) until `at_most` lowers it (a
-    write near its grant's deadline, store/write_fence.py), back by `reset` (a wait that timed out under a lowered
-    timeout goes on under the idle one). Each sets the socket only when the value changes: SO_RCVTIMEO alone on a
-    plaintext socket, the Python timeout (send and receive) on a TLS one."""
+    write near its grant's deadline, store/write_fence.py), back by `timed_out` (a wait that timed out under a
+    lowered timeout goes on under the idle one). Each sets the socket only when the value changes: SO_RCVTIMEO
+    alone on a plaintext socket, the Python timeout (send and receive) on a TLS one."""
 
     def __init__(self, sock: socket.socket, idle_s: float) -> None:
         self.sock = sock
@@ -76,17 +81,20 @@ class RecvTimeout:
         if seconds < self.seconds:
             self._set(seconds)
 
-    def reset(self) -> None:
-        if self.seconds != self.idle_s:
-            self._set(self.idle_s)
+    def timed_out(self) -> bool:
+        """After a receive timed out: True when the timeout had been lowered (it is put back to `idle_s`: receive
+        again), False when the connection really was idle that long (the caller gives up)."""
+        if not self.lowered():
+            return False
+        self._set(self.idle_s)
+        return True
 
     def _set(self, seconds: float) -> None:
         self.seconds = seconds
         if isinstance(self.sock, ssl.SSLSocket):
             self.sock.settimeout(seconds)
         else:
-            timeval = _TIMEVAL.pack(*divmod(max(round(seconds * 1e6), 1), 1_000_000))
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(seconds))
 
 
 # No recv_into asks for more than this. Smaller receives kept loopback streams faster here; our reading of why: a
