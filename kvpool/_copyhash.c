@@ -14,7 +14,18 @@ destination, and the last stripe is read back from the destination. A peer that 
 copy therefore makes a mismatch, never a match over bytes other than those returned.
 
 AVX2 where the CPU has it (checked at run time), portable C elsewhere; the GIL is released during the copy.
+
+The SSD tier's verified record reads live here too (read_records), because they are XXH3 work: tiers/ssd.py owns
+the record format and its Python reader; this is that reader's native twin, used where every payload is over 240
+bytes (the short-input formulas are not here), and tests run both over the same good and damaged records. The
+Python reader spent ~4 us of interpreter time per 64 KiB record (iovecs built, header unpacked and hashed, the
+arguments checked), a fifth of an SSD get's time from the page cache; here a whole call is one C loop with the
+GIL released: arguments checked, records sorted by offset, adjacent ones read with one preadv per run, each header
+(its XXH3 over 56 or 72 bytes) and payload verified.
 */
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/uio.h>
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -86,6 +97,15 @@ static inline void stripe_portable(uint64_t acc[8], const uint8_t *in, const uin
     }
 }
 
+static inline void scramble_portable(uint64_t acc[8]) {
+    for (int i = 0; i < 8; i++) {
+        uint64_t a = acc[i];
+        a ^= a >> 47;
+        a ^= rd64(SECRET + SCRAMBLE_AT + 8 * i);
+        acc[i] = a * P32_1;
+    }
+}
+
 static uint64_t copy_hash_portable(uint8_t *dst, const uint8_t *src, size_t n) {
     uint64_t acc[8];
     memcpy(acc, INIT_ACC, sizeof acc);
@@ -95,12 +115,7 @@ static uint64_t copy_hash_portable(uint8_t *dst, const uint8_t *src, size_t n) {
             memcpy(dst + off, src + off, STRIPE);
             stripe_portable(acc, dst + off, SECRET + 8 * s);
         }
-        for (int i = 0; i < 8; i++) {
-            uint64_t a = acc[i];
-            a ^= a >> 47;
-            a ^= rd64(SECRET + SCRAMBLE_AT + 8 * i);
-            acc[i] = a * P32_1;
-        }
+        scramble_portable(acc);
     }
     size_t stripes = ((n - 1) - off) / STRIPE;
     for (size_t s = 0; s < stripes; s++, off += STRIPE) {
@@ -276,6 +291,201 @@ static uint64_t copy_hash(uint8_t *dst, const uint8_t *src, size_t n, int portab
     (void)portable;
     (void)stream;
     return copy_hash_portable(dst, src, n);
+}
+
+/* ---- hash only (no copy): a record's payload, already read into its buffer by preadv ---- */
+
+static uint64_t hash_portable(const uint8_t *src, size_t n) {
+    uint64_t acc[8];
+    memcpy(acc, INIT_ACC, sizeof acc);
+    size_t off = 0, blocks = (n - 1) / BLOCK;
+    for (size_t b = 0; b < blocks; b++) {
+        for (int s = 0; s < 16; s++, off += STRIPE) stripe_portable(acc, src + off, SECRET + 8 * s);
+        scramble_portable(acc);
+    }
+    size_t stripes = ((n - 1) - off) / STRIPE;
+    for (size_t s = 0; s < stripes; s++, off += STRIPE) stripe_portable(acc, src + off, SECRET + 8 * s);
+    stripe_portable(acc, src + n - STRIPE, SECRET + LAST_STRIPE_AT);
+    return finish(acc, n);
+}
+
+#if KV_X86
+static AVX2 uint64_t hash_avx2(const uint8_t *src, size_t n) {
+    __m256i a0 = _mm256_loadu_si256((const __m256i *)INIT_ACC);
+    __m256i a1 = _mm256_loadu_si256((const __m256i *)(INIT_ACC + 4));
+    size_t off = 0, blocks = (n - 1) / BLOCK;
+    for (size_t b = 0; b < blocks; b++) {
+        for (int s = 0; s < 16; s++, off += STRIPE) {
+            _mm_prefetch((const char *)(src + off + PREFETCH), _MM_HINT_T0);
+            a0 = fold_avx2(a0, _mm256_loadu_si256((const __m256i *)(src + off)), SECRET + 8 * s);
+            a1 = fold_avx2(a1, _mm256_loadu_si256((const __m256i *)(src + off + 32)), SECRET + 8 * s + 32);
+        }
+        a0 = scramble_avx2(a0, SECRET + SCRAMBLE_AT);
+        a1 = scramble_avx2(a1, SECRET + SCRAMBLE_AT + 32);
+    }
+    size_t stripes = ((n - 1) - off) / STRIPE;
+    for (size_t s = 0; s < stripes; s++, off += STRIPE) {
+        a0 = fold_avx2(a0, _mm256_loadu_si256((const __m256i *)(src + off)), SECRET + 8 * s);
+        a1 = fold_avx2(a1, _mm256_loadu_si256((const __m256i *)(src + off + 32)), SECRET + 8 * s + 32);
+    }
+    a0 = fold_avx2(a0, _mm256_loadu_si256((const __m256i *)(src + n - STRIPE)), SECRET + LAST_STRIPE_AT);
+    a1 = fold_avx2(a1, _mm256_loadu_si256((const __m256i *)(src + n - 32)), SECRET + LAST_STRIPE_AT + 32);
+    uint64_t acc[8];
+    _mm256_storeu_si256((__m256i *)acc, a0);
+    _mm256_storeu_si256((__m256i *)(acc + 4), a1);
+    return finish(acc, n);
+}
+#endif
+
+static uint64_t hash_long(const uint8_t *src, size_t n, int portable) {
+#if KV_X86
+    if (use_avx2 && !portable) return hash_avx2(src, n);
+#endif
+    (void)portable;
+    return hash_portable(src, n);
+}
+
+/* XXH3-64 of 17 to 128 bytes (a record header's 56 or 72): pairs of 16-byte lanes from both ends, each mixed with
+ * its 16 bytes of secret, summed and avalanched */
+static inline uint64_t mix16(const uint8_t *in, const uint8_t *sec) {
+    return mul_fold(rd64(in) ^ rd64(sec), rd64(in + 8) ^ rd64(sec + 8));
+}
+
+static uint64_t hash_mid(const uint8_t *in, size_t n) {
+    uint64_t acc = (uint64_t)n * P64_1;
+    if (n > 32) {
+        if (n > 64) {
+            if (n > 96) {
+                acc += mix16(in + 48, SECRET + 96);
+                acc += mix16(in + n - 64, SECRET + 112);
+            }
+            acc += mix16(in + 32, SECRET + 64);
+            acc += mix16(in + n - 48, SECRET + 80);
+        }
+        acc += mix16(in + 16, SECRET + 32);
+        acc += mix16(in + n - 32, SECRET + 48);
+    }
+    acc += mix16(in, SECRET);
+    acc += mix16(in + n - 16, SECRET + 16);
+    acc ^= acc >> 37;
+    acc *= 0x165667919E3779F9ULL;
+    return acc ^ (acc >> 32);
+}
+
+/* ---- SSD records (tiers/ssd.py owns the format; the layout below is its header, tested against it) ---- */
+
+#define REC_HEADER 4096             /* a record's header page; the payload follows it */
+#define REC_HEAD_LEN 80             /* the header's bytes: magic .. time_sum */
+#define REC_KEY 16
+#define REC_VERSION 1
+#define REC_WRITTEN 1               /* flags bit: written_us and time_sum follow hdr_sum */
+#define REC_IOV_CAP 1024            /* Linux's IOV_MAX */
+#define REC_MAX_GAP (64 * 1024)     /* unallocated bytes between two records read along (into a scratch) */
+#define REC_MAX_RUN (1 << 20)       /* bytes one preadv reads (unless one record is larger) */
+
+static uint8_t rec_gap[REC_MAX_GAP];                    /* written by the kernel, never read */
+static uint8_t rec_pad[REC_HEADER - REC_HEAD_LEN];
+
+typedef struct {
+    uint64_t offset;
+    uint8_t *payload;
+    size_t len;
+    uint8_t key[REC_KEY];
+    uint8_t head[REC_HEAD_LEN];
+    uint64_t digest;
+    int ok;
+    int err;                        /* errno of a failed read of this record alone, else 0 */
+} rec_t;
+
+static int rec_by_offset(const void *a, const void *b) {
+    uint64_t x = (*(rec_t *const *)a)->offset, y = (*(rec_t *const *)b)->offset;
+    return x < y ? -1 : x > y;
+}
+
+static uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+static void rec_verify(rec_t *r, const uint8_t *ns, int portable) {
+    const uint8_t *h = r->head;
+    uint16_t flags = rd16(h + 6);
+    if (memcmp(h, "KVPR", 4)) return;
+    if (flags & REC_WRITTEN) {      /* time_sum covers bytes 0..72, hdr_sum and the flag included */
+        if (hash_mid(h, 72) != rd64(h + 72)) return;
+    } else if (hash_mid(h, 56) != rd64(h + 56)) {
+        return;                     /* a record of a node from before: hdr_sum */
+    }
+    if (rd16(h + 4) != REC_VERSION || memcmp(h + 8, r->key, REC_KEY) || (ns && memcmp(h + 24, ns, REC_KEY)) ||
+        rd64(h + 40) != (uint64_t)r->len)
+        return;
+    uint64_t digest = hash_long(r->payload, r->len, portable);
+    if (digest == rd64(h + 48)) {
+        r->digest = digest;
+        r->ok = 1;
+    }
+}
+
+typedef struct {                    /* the preadv calls one read_records made, when the caller asks (tests) */
+    uint64_t *at;
+    int *count;
+    size_t len;
+} rec_trace_t;
+
+static ssize_t rec_preadv(int fd, struct iovec *iov, int count, uint64_t at, rec_trace_t *trace) {
+    ssize_t got;
+    if (trace) {
+        trace->at[trace->len] = at;
+        trace->count[trace->len++] = count;
+    }
+    do got = preadv(fd, iov, count, (off_t)at); while (got < 0 && errno == EINTR);
+    return got;
+}
+
+static void rec_read_one(int fd, rec_t *r, const uint8_t *ns, int portable, rec_trace_t *trace) {
+    struct iovec iov[3] = {{r->head, REC_HEAD_LEN}, {rec_pad, sizeof rec_pad}, {r->payload, r->len}};
+    ssize_t got = rec_preadv(fd, iov, 3, r->offset, trace);
+    if (got < 0)
+        r->err = errno ? errno : EIO;
+    else if ((uint64_t)got >= REC_HEADER + (uint64_t)r->len)
+        rec_verify(r, ns, portable);
+}
+
+/* every record read and verified, runs of adjacent records with one preadv each (the Python reader's plan) */
+static void rec_read_all(int fd, rec_t **order, size_t n, const uint8_t *ns, int portable, struct iovec *iov,
+                         rec_trace_t *trace) {
+    size_t at = 0;
+    while (at < n) {
+        rec_t *first = order[at];
+        uint64_t start = first->offset, end = start + REC_HEADER + first->len;
+        int count = 0;
+        iov[count++] = (struct iovec){first->head, REC_HEAD_LEN};
+        iov[count++] = (struct iovec){rec_pad, sizeof rec_pad};
+        iov[count++] = (struct iovec){first->payload, first->len};
+        size_t stop = at + 1;
+        while (stop < n && count + 4 <= REC_IOV_CAP) {
+            rec_t *r = order[stop];
+            if (r->offset < end || r->offset - end > REC_MAX_GAP ||
+                r->offset + REC_HEADER + r->len - start > REC_MAX_RUN)
+                break;
+            if (r->offset > end) iov[count++] = (struct iovec){rec_gap, (size_t)(r->offset - end)};
+            iov[count++] = (struct iovec){r->head, REC_HEAD_LEN};
+            iov[count++] = (struct iovec){rec_pad, sizeof rec_pad};
+            iov[count++] = (struct iovec){r->payload, r->len};
+            end = r->offset + REC_HEADER + r->len;
+            stop++;
+        }
+        if (stop - at == 1) {
+            rec_read_one(fd, first, ns, portable, trace);
+        } else {
+            ssize_t got = rec_preadv(fd, iov, count, start, trace);
+            for (size_t k = at; k < stop; k++) {
+                rec_t *r = order[k];
+                if (got >= 0 && (uint64_t)got >= r->offset + REC_HEADER + r->len - start)
+                    rec_verify(r, ns, portable);
+                else        /* the run failed or came up short: this record alone decides */
+                    rec_read_one(fd, r, ns, portable, trace);
+            }
+        }
+        at = stop;
+    }
 }
 
 /* ---- Python ---- */
@@ -491,6 +701,151 @@ done:
     return out;
 }
 
+/* read_records(fd, offsets, keys, payloads, sizes, ns_digest, limit): None where an argument is outside what this
+ * reader takes (tiers/ssd.py then reads with its Python path, which names the argument that is wrong), else
+ * (results, failures): results[i] the payload's verified XXH3-64 or None (a miss), failures the (offset, errno) of
+ * each record whose own read failed. Nothing is read before every argument has been checked. */
+static PyObject *py_read_records(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kw[] = {"fd", "offsets", "keys", "payloads", "sizes", "ns_digest", "limit", "portable", "trace",
+                         NULL};
+    int fd, portable = 0;
+    PyObject *oseq, *kseq, *pseq, *sseq = Py_None, *nsobj = Py_None, *traced = Py_None;
+    unsigned long long limit = ~0ULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "iOOO|OOK$pO", kw, &fd, &oseq, &kseq, &pseq, &sseq, &nsobj, &limit,
+                                     &portable, &traced))
+        return NULL;
+    if (traced != Py_None && !PyList_Check(traced)) {
+        PyErr_SetString(PyExc_TypeError, "trace must be a list or None");
+        return NULL;
+    }
+    rec_trace_t trace = {NULL, NULL, 0};
+    PyObject *ofast = NULL, *kfast = NULL, *pfast = NULL, *sfast = NULL, *out = NULL, *result = NULL;
+    Py_buffer *bufs = NULL;
+    rec_t *recs = NULL, **order = NULL;
+    struct iovec *iov = NULL;
+    Py_ssize_t n = 0, held = 0;
+    uint8_t ns[REC_KEY];
+    int refuse = 1;
+    if (!(ofast = PySequence_Fast(oseq, "offsets")) || !(kfast = PySequence_Fast(kseq, "keys")) ||
+        !(pfast = PySequence_Fast(pseq, "payloads")) || (sseq != Py_None && !(sfast = PySequence_Fast(sseq, "sizes")))) {
+        PyErr_Clear();
+        goto done;
+    }
+    n = PySequence_Fast_GET_SIZE(ofast);
+    if (PySequence_Fast_GET_SIZE(kfast) != n || PySequence_Fast_GET_SIZE(pfast) != n ||
+        (sfast && PySequence_Fast_GET_SIZE(sfast) != n))
+        goto done;
+    if (nsobj != Py_None) {
+        if (!PyBytes_CheckExact(nsobj) || PyBytes_GET_SIZE(nsobj) != REC_KEY) goto done;
+        memcpy(ns, PyBytes_AS_STRING(nsobj), REC_KEY);
+    }
+    bufs = PyMem_Calloc((size_t)n + 1, sizeof(Py_buffer));
+    recs = PyMem_Calloc((size_t)n + 1, sizeof(rec_t));
+    order = PyMem_Calloc((size_t)n + 1, sizeof(rec_t *));
+    iov = PyMem_Malloc(REC_IOV_CAP * sizeof(struct iovec));
+    if (traced != Py_None) {        /* a run per record at most, and each record of a failed run again alone */
+        trace.at = PyMem_Calloc(2 * (size_t)n + 1, sizeof(uint64_t));
+        trace.count = PyMem_Calloc(2 * (size_t)n + 1, sizeof(int));
+    }
+    if (!bufs || !recs || !order || !iov || (traced != Py_None && (!trace.at || !trace.count))) {
+        refuse = 0;
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (; held < n; held++) {
+        rec_t *r = &recs[held];
+        PyObject *o = PySequence_Fast_GET_ITEM(ofast, held), *k = PySequence_Fast_GET_ITEM(kfast, held);
+        if (!PyLong_CheckExact(o) || !PyBytes_CheckExact(k) || PyBytes_GET_SIZE(k) != REC_KEY) goto done;
+        r->offset = PyLong_AsUnsignedLongLong(o);
+        if (PyErr_Occurred() || r->offset % REC_HEADER) {
+            PyErr_Clear();
+            goto done;
+        }
+        memcpy(r->key, PyBytes_AS_STRING(k), REC_KEY);
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(pfast, held), &bufs[held],
+                               PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+            PyErr_Clear();
+            goto done;
+        }
+        r->payload = bufs[held].buf;
+        r->len = (size_t)bufs[held].len;
+        if (sfast) {
+            PyObject *z = PySequence_Fast_GET_ITEM(sfast, held);
+            Py_ssize_t size = PyLong_CheckExact(z) ? PyLong_AsSsize_t(z) : -1;
+            if (size < 0 || size > bufs[held].len) {
+                PyErr_Clear();
+                held++;
+                goto done;
+            }
+            r->len = (size_t)size;
+        }
+        if (r->len < MIN_LEN || r->offset > limit || limit - r->offset < REC_HEADER + (unsigned long long)r->len) {
+            held++;
+            goto done;
+        }
+        order[held] = r;
+    }
+    refuse = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (n > 1) qsort(order, (size_t)n, sizeof(rec_t *), rec_by_offset);
+    rec_read_all(fd, order, (size_t)n, nsobj != Py_None ? ns : NULL, portable, iov, trace.at ? &trace : NULL);
+    Py_END_ALLOW_THREADS
+    for (size_t t = 0; t < trace.len; t++) {
+        PyObject *call = Py_BuildValue("(Ki)", (unsigned long long)trace.at[t], trace.count[t]);
+        if (!call || PyList_Append(traced, call) < 0) {
+            Py_XDECREF(call);
+            goto done;
+        }
+        Py_DECREF(call);
+    }
+    out = PyList_New(n);
+    PyObject *failures = out ? PyList_New(0) : NULL;
+    if (!failures) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = recs[i].ok ? PyLong_FromUnsignedLongLong(recs[i].digest) : Py_NewRef(Py_None);
+        if (!v) { Py_DECREF(failures); goto done; }
+        PyList_SET_ITEM(out, i, v);
+        if (recs[i].err) {
+            PyObject *f = Py_BuildValue("(Ki)", (unsigned long long)recs[i].offset, recs[i].err);
+            if (!f || PyList_Append(failures, f) < 0) { Py_XDECREF(f); Py_DECREF(failures); goto done; }
+            Py_DECREF(f);
+        }
+    }
+    result = PyTuple_Pack(2, out, failures);
+    Py_DECREF(failures);
+done:
+    for (Py_ssize_t i = 0; i < held && i < n; i++)
+        if (bufs[i].obj) PyBuffer_Release(&bufs[i]);
+    PyMem_Free(bufs);
+    PyMem_Free(recs);
+    PyMem_Free(order);
+    PyMem_Free(iov);
+    PyMem_Free(trace.at);
+    PyMem_Free(trace.count);
+    Py_XDECREF(out);
+    Py_XDECREF(ofast);
+    Py_XDECREF(kfast);
+    Py_XDECREF(pfast);
+    Py_XDECREF(sfast);
+    if (result) return result;
+    if (refuse && !PyErr_Occurred()) Py_RETURN_NONE;
+    return NULL;
+}
+
+static PyObject *py_xxh3_64(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *kw[] = {"data", "portable", NULL};
+    Py_buffer b;
+    int portable = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "y*|$p", kw, &b, &portable)) return NULL;
+    uint64_t h = 0;
+    int ok = (b.len >= 17 && b.len <= 128) || b.len >= MIN_LEN;
+    if (ok) h = b.len >= MIN_LEN ? hash_long(b.buf, (size_t)b.len, portable) : hash_mid(b.buf, (size_t)b.len);
+    PyBuffer_Release(&b);
+    if (!ok) return PyErr_Format(PyExc_ValueError, "data has %zd bytes: xxh3_64 hashes 17 to 128, or %d and more",
+                                 b.len, MIN_LEN);
+    return PyLong_FromUnsignedLongLong(h);
+}
+
 static PyMethodDef methods[] = {
     {"copy_xxh3", (PyCFunction)(void (*)(void))py_copy_xxh3, METH_VARARGS | METH_KEYWORDS,
      "copy_xxh3(dst, src, *, portable=False, stream=False) -> int: copy src into dst (equal lengths, over 240 "
@@ -508,6 +863,15 @@ static PyMethodDef methods[] = {
      "copy_xxh3_into(dsts, src, *, portable=False) -> int: copy src into the destinations in turn (each a multiple "
      "of 64 bytes, together len(src)) and return the XXH3-64 of the bytes stored, in src's order; every "
      "destination is checked first."},
+    {"read_records", (PyCFunction)(void (*)(void))py_read_records, METH_VARARGS | METH_KEYWORDS,
+     "read_records(fd, offsets, keys, payloads, sizes=None, ns_digest=None, limit=2**64-1, *, portable=False, "
+     "trace=None) -> "
+     "(results, failures) | None: tiers/ssd.py read_records in one C call (see there); None when an argument is "
+     "outside what it takes (every payload over 240 bytes, exact ints and 16-byte keys, records inside limit). "
+     "trace: a list that gets (offset, buffers) of each preadv made (tests)."},
+    {"xxh3_64", (PyCFunction)(void (*)(void))py_xxh3_64, METH_VARARGS | METH_KEYWORDS,
+     "xxh3_64(data, *, portable=False) -> int: the XXH3-64 the record reader computes (17 to 128 bytes: a header; "
+     "over 240: a payload); for tests."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -15,6 +15,11 @@ runs, tests of both paths).
     copy_many(dsts, srcs)              -> [digest, ...], every pair checked before any copy, the GIL released once
     scatter(dst, src, starts, run, at) -> digest of src's bytes after dst[at + starts[k]:][:run] = src[k * run:][:run]
     copy_into(dsts, src)               -> digest of src's bytes after src is copied into dsts[0], dsts[1], ... in turn
+
+The same extension holds the SSD tier's verified record read in C (tiers/ssd.py `read_records`, which owns the
+record format and keeps its Python reader for what this one refuses):
+
+    read_records(fd, offsets, keys, payloads, sizes, ns_digest, limit) -> ([digest | None, ...], [(offset, errno)])
 """
 
 from __future__ import annotations
@@ -93,9 +98,24 @@ def copy_into(dsts: Sequence, src, *, total: int = 0) -> int | None:
     return _native.copy_xxh3_into(dsts, src, stream=max(total, n) >= STREAM_MIN)
 
 
+def read_records(fd: int, offsets: Sequence, keys: Sequence, payloads: Sequence, sizes: Sequence | None = None,
+                 ns_digest: bytes | None = None, limit: int = (1 << 64) - 1, *, trace: list | None = None):
+    """The SSD records at `offsets` (a multiple of 4096, each record inside `limit` bytes of the file) of `keys`
+    (16 bytes each) into `payloads` (writable buffers, `sizes[i]` bytes of each, or all of it), read and verified in
+    one C call with the GIL released: ([payload digest or None (a miss), ...], [(offset, errno) of each record whose
+    own read failed]). None where the one-pass copy is off or not built, or an argument is outside what the C reader
+    takes (a payload of 240 bytes or fewer, an int that is not exactly int, a key that is not 16 bytes of bytes);
+    the caller then reads with its Python reader, which names a bad argument. `trace`: a list that gets (offset,
+    buffers) of each preadv made (tests check the plan by it)."""
+    if not _on:
+        return None
+    return _native.read_records(fd, offsets, keys, payloads, sizes, ns_digest, limit, trace=trace)
+
+
 def _nbytes(buf) -> int:
     nbytes = getattr(buf, "nbytes", None)    # numpy arrays, memoryviews: bytes, whatever their shape
     return len(buf) if nbytes is None else nbytes
 
 
-__all__ = ["REASON", "MIN_LEN", "STREAM_MIN", "simd", "use", "copy", "copy_many", "scatter", "copy_into"]
+__all__ = ["REASON", "MIN_LEN", "STREAM_MIN", "simd", "use", "copy", "copy_many", "scatter", "copy_into",
+           "read_records"]

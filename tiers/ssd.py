@@ -39,7 +39,9 @@ Crash rules (the file is the only state that survives a kill):
 
 One module over 400 lines on purpose: the record format has one owner. SsdFile (the node's writer, reader and
 scan) and SsdReader (a same-host client's read-only handle) share its header layout and its checks
-(`read_records`); split, the format would be spelled out in two places.
+(`read_records`); split, the format would be spelled out in two places. Its reads have a native twin for speed
+(kvpool/_copyhash.c `read_records`, which spells out the header's layout once more in C); this module stays the
+format's owner, and tests/tiers/test_ssd_native.py holds the twin to this module's reader, case by case.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ from typing import Any
 
 import numpy as np
 import xxhash
+
+from kvpool import copyhash
 
 from .dram import as_byte_view
 
@@ -153,6 +157,23 @@ def read_record(fd: int, offset: int, key: bytes, payload: memoryview, ns_digest
 def read_records(fd: int, offsets, keys, payloads, ns_digest: bytes | None = None) -> list[int | None]:
     """`read_record` of each (offset, key, payload), one list of results in the callers' order.
 
+    Read in C (kvpool/_copyhash.c `read_records`, the same plan and checks in one call with the GIL released) where
+    it takes the arguments, with this function's Python reader (`_read_records`) otherwise: a payload of 240 bytes
+    or fewer, the one-pass copy off (KVPOOL_NATIVE_COPY=0) or not built. At 64 KiB the Python reader spent ~4 us of
+    interpreter time per record. tests/tiers/test_ssd_native.py runs both over the same good and damaged records.
+    """
+    native = copyhash.read_records(fd, offsets, keys, payloads, None, ns_digest)
+    if native is None:
+        return _read_records(fd, offsets, keys, payloads, ns_digest)
+    results, failures = native
+    for offset, err in failures:
+        log.warning("SSD read failed at offset %d: %s", offset, os.strerror(err))
+    return results
+
+
+def _read_records(fd: int, offsets, keys, payloads, ns_digest: bytes | None = None) -> list[int | None]:
+    """The Python reader of `read_records`.
+
     Records that lie one after the other in the file (a chain's blocks written together, the common case) are read
     with one preadv per run: header, the rest of its page, payload, header..., each payload straight into its
     caller's buffer, a header page's unused bytes and a gap of up to `_MAX_GAP` bytes between two records into
@@ -198,7 +219,7 @@ def read_records(fd: int, offsets, keys, payloads, ns_digest: bytes | None = Non
             if got >= offsets[i] + HEADER_BYTES + payloads[i].nbytes - start:
                 out[i] = _verified_at(heads, i * _HDR_LEN, payloads[i], keys[i], ns_digest)
             elif len(run) > 1:   # the run failed or came up short: this record alone decides
-                out[i] = read_records(fd, (offsets[i],), (keys[i],), (payloads[i],), ns_digest)[0]
+                out[i] = _read_records(fd, (offsets[i],), (keys[i],), (payloads[i],), ns_digest)[0]
         at = stop
     return out
 
@@ -377,10 +398,16 @@ class SsdFile:
         if not len(offsets) == len(keys) == len(sizes) == len(outs):
             raise ValueError(f"offsets, keys, sizes and outs must be as long, got {len(offsets)}, {len(keys)}, "
                              f"{len(sizes)}, {len(outs)}")
-        views, checked = [], []
         if self._fd < 0 and len(offsets):
             raise ValueError("SSD file is closed")
         capacity = self._capacity
+        native = copyhash.read_records(self._fd, offsets, keys, outs, sizes, None, capacity)
+        if native is not None:      # every argument as a get passes it, checked in C (else the loop below names it)
+            digests, failures = native
+            for offset, err in failures:
+                log.warning("SSD read failed at offset %d: %s", offset, os.strerror(err))
+            return self._count_misses([d is not None for d in digests])
+        views, checked = [], []
         for i, (offset, key, size, out) in enumerate(zip(offsets, keys, sizes, outs, strict=True)):
             # what a get passes (a flat writable byte memoryview, int offset and size, a 16-byte key): the checks
             # below in one expression, no argument names built (~1 us per record of a 64 KiB get's CPU time)
@@ -400,7 +427,9 @@ class SsdFile:
             self._check_key(key, f"keys[{i}]")
             checked.append(self._check_extent(offset, record_size(size)))
             views.append(dst[:size])
-        results = [r is not None for r in read_records(self._fd, checked, keys, views)]
+        return self._count_misses([r is not None for r in read_records(self._fd, checked, keys, views)])
+
+    def _count_misses(self, results: list[bool]) -> list[bool]:
         bad = results.count(False)
         if bad:
             with self._lock:

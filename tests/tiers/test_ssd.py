@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import xxhash
 
+from kvpool import copyhash
 from kvpool.tiers.ssd import DATA_FILE, HEADER_BYTES, SsdFile, SsdReader, SsdRecord, _pack_header, record_size
 
 CAP = 1 << 20
@@ -25,6 +26,17 @@ def key(i: int) -> bytes:
 
 def payload(i: int, n: int) -> bytes:
     return np.random.default_rng(i).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def reader(request):
+    """Every test with each record reader: the C one (kvpool/_copyhash.c, where it takes the arguments: payloads
+    over 240 bytes) and the Python one (tiers/ssd.py _read_records, the one-pass copy's switch off)."""
+    if request.param == "c" and copyhash.REASON:
+        pytest.skip(f"the C reader is not built: {copyhash.REASON}")
+    previous = copyhash.use(request.param == "c")
+    yield request.param
+    copyhash.use(previous)
 
 
 @pytest.fixture
@@ -272,14 +284,19 @@ def test_reader_in_another_process_reads_and_checks_records_like_the_owner(ssd):
 
 @pytest.fixture
 def preadv_calls(monkeypatch):
-    """Every os.preadv the reads make, as (offset, number of buffers): what the coalescing is checked by."""
-    calls, real = [], os.preadv
+    """Every preadv the reads make, as (offset, number of buffers): what the coalescing is checked by. The Python
+    reader's os.preadv calls, and the C reader's as its trace reports them."""
+    calls, real, native = [], os.preadv, copyhash.read_records
 
     def counting(fd, buffers, offset):
         calls.append((offset, len(buffers)))
         return real(fd, buffers, offset)
 
+    def traced(*args, **kwargs):
+        return native(*args, **kwargs, trace=calls)
+
     monkeypatch.setattr(os, "preadv", counting)
+    monkeypatch.setattr(copyhash, "read_records", traced)
     return calls
 
 
