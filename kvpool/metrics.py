@@ -9,6 +9,8 @@ Two kinds of metric, on purpose:
     labelled Gauge would keep reporting its last value forever).
   * Events only the caller sees (op latency, RPC errors, TTFT, connector fallbacks) are ordinary prometheus_client
     objects in `PoolMetrics` / `EngineMetrics` / `ConnectorMetrics`, incremented where they happen.
+  * A storage node's write fence counts (writes cut by a re-registration, writes refused at their deadline) are
+    the fence's own (store/write_fence.py), read at scrape time by `NodeFenceCollector` as the master's stats are.
 
 Every class takes a `registry` so tests use a fresh `CollectorRegistry`; processes pass `prometheus_client.REGISTRY`
 or their own. Serve with `render_metrics(registry)` from an existing HTTP server (the dashboard does) or with
@@ -166,6 +168,40 @@ def fill_families(fams: dict, snap: PoolStats) -> None:
         fams["kvpool_tenant_prefill_seconds_saved"].add_metric([name], t.prefill_seconds_saved)
 
 
+# name -> (counts key, help): a storage node's write fence (store/write_fence.py), read at scrape time from
+# `WriteFence.counts()` by NodeFenceCollector on the node's own /metrics.
+NODE_FENCE_FAMILIES: dict[str, tuple[str, str]] = {
+    "kvpool_node_writes_cut": ("cut_writes", "Writes in flight cut because the node registered with its master "
+                               "again: nothing of them lands after the cut, their writers' puts fail and retry."),
+    "kvpool_node_writes_late": ("late_writes", "Writes whose grant ran out with bytes still to come: refused, "
+                                "nothing of them counts (a stalled writer)."),
+}
+
+
+class NodeFenceCollector(Collector):
+    """Exports a node's write-fence counters at scrape time; `counts` returns `WriteFence.counts()`. A provider
+    that raises leaves the families empty for that scrape (as PoolStatsCollector)."""
+
+    def __init__(self, counts: Callable[[], Mapping[str, int]]):
+        self._counts = counts
+
+    def describe(self) -> Iterator:
+        for name, (_key, doc) in NODE_FENCE_FAMILIES.items():
+            yield CounterMetricFamily(name, doc)
+
+    def collect(self) -> Iterator:
+        try:
+            counts = self._counts()
+        except Exception:  # noqa: BLE001 - a broken provider must not take the other metrics down
+            log.warning("metrics: write fence counts failed; its families are empty", exc_info=True)
+            counts = None
+        for name, (key, doc) in NODE_FENCE_FAMILIES.items():
+            fam = CounterMetricFamily(name, doc)
+            if counts is not None:
+                fam.add_metric([], counts[key])
+            yield fam
+
+
 @dataclass(slots=True, frozen=True)
 class PoolMetrics:
     """Metrics of the pool's servers and clients that are events, not stats (master, nodes, PoolClient)."""
@@ -176,10 +212,14 @@ class PoolMetrics:
 
     @classmethod
     def create(cls, registry: CollectorRegistry,
-               stats_provider: Callable[[], Mapping[str, Any]] | None = None) -> PoolMetrics:
-        """Register the event metrics, plus the stats collector when this process owns stats (the master)."""
+               stats_provider: Callable[[], Mapping[str, Any]] | None = None,
+               fence_counts: Callable[[], Mapping[str, int]] | None = None) -> PoolMetrics:
+        """Register the event metrics, plus the stats collector when this process owns stats (the master), plus
+        the write fence's counters when it is a storage node (`fence_counts`: its `WriteFence.counts`)."""
         if stats_provider is not None:
             registry.register(PoolStatsCollector(stats_provider))
+        if fence_counts is not None:
+            registry.register(NodeFenceCollector(fence_counts))
         return cls(
             registry=registry,
             op_seconds=Histogram("kvpool_op_seconds", "Latency of pool operations (one batch call).", ["op"],

@@ -198,6 +198,10 @@ class NodeServer:
         self.registered = threading.Event()
         self._thread = threading.Thread(target=self._liveness_loop, name="kvpool-heartbeat", daemon=True)
 
+    def write_counts(self) -> dict[str, int]:
+        """The write fence's counters (store/write_fence.py `WriteFence.counts`): the node's /metrics."""
+        return self.handler.write_fence.counts()
+
     def endpoint(self) -> pb.NodeEndpoint:
         info = dataclasses.replace(self.node.info(), address=self.address, incarnation=self.incarnation,
                                    reports_ssd=self.node.ssd is not None, write_keys=True)

@@ -102,12 +102,20 @@ class WriteFence:
         for landing in landings:
             with landing.lock:  # what is landing now finishes (its receive ended by the shutdown); the cut flag
                 pass            # stops anything after
-        self.cut_writes += len(landings)
+        with self._lock:
+            self.cut_writes += len(landings)
         return len(landings)
 
     def count_late(self) -> None:
         """A write refused at its deadline with bytes still to come (the data channel's `_land`)."""
-        self.late_writes += 1
+        with self._lock:
+            self.late_writes += 1
+
+    def counts(self) -> dict[str, int]:
+        """{"cut_writes": .., "late_writes": ..} since the node started: its /metrics (kvpool/metrics.py
+        NodeFenceCollector) reads them at scrape time."""
+        with self._lock:
+            return {"cut_writes": self.cut_writes, "late_writes": self.late_writes}
 
     def reopen(self) -> None:
         with self._lock:

@@ -56,7 +56,10 @@ def test_up_serves_clients_and_the_admin_commands_then_stops_cleanly(up):
     with urllib.request.urlopen(url.rstrip("/") + "/api/stats", timeout=10) as r:
         assert json.load(r)["objects"] == 3
     with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as r:
-        assert 'kvpool_tier_objects{node="local",tier="dram"} 3.0' in r.read().decode()
+        lines = r.read().decode().splitlines()
+    assert 'kvpool_tier_objects{node="local",tier="dram"} 3.0' in lines
+    assert [line for line in lines if line.startswith("kvpool_node_writes_")] == [   # its node's write fence
+        "kvpool_node_writes_cut_total 0.0", "kvpool_node_writes_late_total 0.0"]
     status = _cli("status", "--master", address)
     assert status.returncode == 0 and f"master {address}: 3 objects, 1 node(s) alive" in status.stdout
     ls = _cli("ls", "--master", address)

@@ -33,9 +33,14 @@ STATS = {  # the shape kvpool.store.stats.snapshot() returns (+ keys this module
 }
 
 
-def full_registry(provider=lambda: STATS) -> tuple[CollectorRegistry, PoolMetrics, EngineMetrics, ConnectorMetrics]:
+FENCE = {"cut_writes": 2, "late_writes": 3}     # what a node's WriteFence.counts() returns
+
+
+def full_registry(provider=lambda: STATS, fence=lambda: FENCE) -> tuple[CollectorRegistry, PoolMetrics,
+                                                                         EngineMetrics, ConnectorMetrics]:
     reg = CollectorRegistry()
-    return reg, PoolMetrics.create(reg, provider), EngineMetrics.create(reg), ConnectorMetrics.create(reg)
+    return (reg, PoolMetrics.create(reg, provider, fence_counts=fence), EngineMetrics.create(reg),
+            ConnectorMetrics.create(reg))
 
 
 def documented_names(path: Path, heading: str) -> set[str]:
@@ -104,6 +109,27 @@ def test_node_that_leaves_drops_its_series_and_broken_provider_empties_only_stat
     assert reg.get_sample_value("kvpool_nodes_alive") is None
     assert reg.get_sample_value("kvpool_rpc_errors_total", {"method": "Lookup", "code": "UNAVAILABLE"}) == 1
     assert "kvpool_nodes_alive" in exported_names(reg)  # families still announced, so Grafana queries resolve
+
+
+def test_a_node_s_write_fence_counts_are_read_at_scrape_time_and_a_broken_provider_empties_only_them():
+    state = {"counts": dict(FENCE)}
+
+    def fence():
+        if state["counts"] is None:
+            raise RuntimeError("fence gone")
+        return state["counts"]
+
+    reg, *_ = full_registry(fence=fence)
+    v = reg.get_sample_value
+    assert (v("kvpool_node_writes_cut_total"), v("kvpool_node_writes_late_total")) == (2, 3)
+    state["counts"] = {"cut_writes": 5, "late_writes": 3}
+    assert v("kvpool_node_writes_cut_total") == 5
+    state["counts"] = None
+    assert v("kvpool_node_writes_cut_total") is None and v("kvpool_nodes_alive") == 2
+    assert {"kvpool_node_writes_cut_total", "kvpool_node_writes_late_total"} <= exported_names(reg)
+    bare = CollectorRegistry()
+    PoolMetrics.create(bare)                    # a client's or an engine's: no fence families
+    assert "kvpool_node_writes_cut_total" not in exported_names(bare)
 
 
 def test_event_metrics_count_exactly_and_reject_undocumented_labels():

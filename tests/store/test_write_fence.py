@@ -102,7 +102,7 @@ def test_a_dram_write_stalled_past_its_grant_lands_nothing_after_the_deadline_an
         sock.sendall(STALE[HALF:])
         assert reply(sock) == (DENIED, EXPIRED)
         assert dram(node) == FRESH
-        assert handler.write_fence.late_writes == 1
+        assert handler.write_fence.counts() == {"cut_writes": 0, "late_writes": 1}
         again = grant(3, handler.write_key, ttl_ms=60_000)
         sock.sendall(again.header(OP_WRITE) + STALE)
         assert reply(sock) == (OK, "")
@@ -132,7 +132,7 @@ def test_registering_again_cuts_the_writes_in_flight_and_refuses_new_ones_until_
             closed = True
         assert closed
     assert dram(node) == FRESH
-    assert fence.cut_writes == 1 and fence.close() == 0
+    assert fence.counts() == {"cut_writes": 1, "late_writes": 0} and fence.close() == 0
     fence.reopen()
 
 
@@ -268,3 +268,39 @@ def test_a_write_cut_between_its_token_check_and_its_first_byte_lands_nothing(no
     assert cut == [1]
     assert dram(node) == bytes(SIZE)
     handler.write_fence.reopen()
+
+
+def test_a_node_process_s_metrics_count_the_write_its_registration_cut(tmp_path):
+    """`kvpool node --metrics-listen`: a real node registered with a real master, a write stalled halfway on its
+    data channel, the node registering again (what it does after its master restarts): the node's /metrics, read
+    over HTTP, says one write was cut and none was late."""
+    import urllib.request
+
+    from kvpool.services import NodeProcess
+    from kvpool.store.config import NodeServerConfig
+    from kvpool.store.master_server import MasterServer, MasterServerConfig
+    from kvpool.launcher import free_port
+
+    master = MasterServer(MasterServerConfig(listen="127.0.0.1:0")).start()
+    port = free_port()
+    process = NodeProcess(NodeServerConfig(node_id="n1", master=master.address, listen="127.0.0.1:0",
+                                           dram_bytes=1 << 20, metrics_listen=f"127.0.0.1:{port}")).start()
+
+    def scrape() -> list[str]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            return [line for line in r.read().decode().splitlines() if line.startswith("kvpool_node_writes_")]
+
+    try:
+        server = process.server
+        assert server.registered.wait(10)
+        assert scrape() == ["kvpool_node_writes_cut_total 0.0", "kvpool_node_writes_late_total 0.0"]
+        stale = grant(1, server.handler.write_key, ttl_ms=60_000)
+        host, data_port = server.data_address.rsplit(":", 1)
+        with socket.create_connection((host, int(data_port)), timeout=10) as sock:
+            sock.sendall(stale.header(OP_WRITE) + STALE[:HALF])
+            wait_until(lambda: bytes(server.node.dram.view(0, HALF)) == STALE[:HALF], 5, "the first half to land")
+            server.register()
+        assert scrape() == ["kvpool_node_writes_cut_total 1.0", "kvpool_node_writes_late_total 0.0"]
+    finally:
+        process.stop()
+        master.stop()
