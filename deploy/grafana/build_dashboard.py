@@ -105,9 +105,13 @@ def build() -> dict:
               [(f"histogram_quantile(0.5, sum by (le, op) (rate(kvpool_op_seconds_bucket[{RI}])))", "{{op}} p50"),
                (f"histogram_quantile(0.99, sum by (le, op) (rate(kvpool_op_seconds_bucket[{RI}])))", "{{op}} p99")],
               "s", "One batch call of put, get or lookup."),
-        panel(13, "RPC errors by method and code", "timeseries", (12, 34, 12, 8),
-              [(f"sum by (method, code) (rate(kvpool_rpc_errors_total[{RI}]))", "{{method}} {{code}}")], "ops",
-              "RPCs that ended with a non-OK gRPC status."),
+        panel(13, "RPC errors by method and code, refused writes", "timeseries", (12, 34, 12, 8),
+              [(f"sum by (method, code) (rate(kvpool_rpc_errors_total[{RI}]))", "{{method}} {{code}}"),
+               (f"sum by (instance) (rate(kvpool_node_writes_cut_total[{RI}]))", "{{instance}} writes cut"),
+               (f"sum by (instance) (rate(kvpool_node_writes_late_total[{RI}]))", "{{instance}} writes late")], "ops",
+              "RPCs that ended with a non-OK gRPC status; writes a node cut when it registered again (its master "
+              "restarted or it lost it a while) or refused at their grant's end (a stalled writer). Both fail the "
+              "put, never land a byte late."),
         row(103, "Engines and connector", 42),
         panel(14, "Time to first token p50 / p99", "timeseries", (0, 43, 12, 8),
               [(f"histogram_quantile(0.5, sum by (le, engine) (rate(kvpool_engine_ttft_seconds_bucket[{RI}])))",

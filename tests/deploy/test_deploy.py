@@ -228,7 +228,7 @@ def test_grafana_json_is_what_its_builder_writes():
 
 def test_every_grafana_metric_is_defined_in_kvpool_metrics():
     reg = CollectorRegistry()
-    PoolMetrics.create(reg, lambda: {})
+    PoolMetrics.create(reg, lambda: {}, fence_counts=lambda: {"cut_writes": 0, "late_writes": 0})
     EngineMetrics.create(reg)
     ConnectorMetrics.create(reg)
     used = grafana_metric_names()
@@ -262,8 +262,9 @@ def test_pool_metrics_grafana_queries_are_exported_by_a_running_pool(tmp_path):
     sampled = {re.sub(r"_(bucket|sum|count|created)$", "", line.split("{")[0].split(" ")[0])
                for line in text.splitlines() if line and not line.startswith("#")}
     # (per-tenant metrics need tenants: an authenticated pool's /metrics is scraped in tests/kvpool/test_cli_security)
+    # (a node's write fence counters: on its own /metrics, scraped from a node process in tests/store/test_write_fence)
     pool_side = {n for n in grafana_metric_names()
-                 if not n.startswith(("kvpool_engine_", "kvpool_connector_", "kvpool_tenant_"))}
+                 if not n.startswith(("kvpool_engine_", "kvpool_connector_", "kvpool_tenant_", "kvpool_node_"))}
     assert pool_side <= sampled, f"queried but not exported with samples: {sorted(pool_side - sampled)}"
     assert 'kvpool_requested_tokens_total{namespace="tiny/default"} 64.0' in text.splitlines()
 
