@@ -10,6 +10,7 @@ import tracemalloc
 import pytest
 import xxhash
 
+from kvpool import copyhash
 from kvpool.store import tokens
 from kvpool.store.data_channel import (
     BAD_REQUEST,
@@ -230,8 +231,13 @@ def test_a_window_of_reads_is_answered_in_one_sendmsg_each_read_with_its_own_out
             preadvs.append((offset, len(buffers)))
             return real_preadv(fd, buffers, offset)
 
+        def traced_records(*args, **kwargs):     # the C record reader's preadv calls (tiers/ssd.py reads with it)
+            return real_records(*args, **kwargs, trace=preadvs)
+
+        real_records = copyhash.read_records
         monkeypatch.setattr(socket.socket, "sendmsg", counting_sendmsg)
         monkeypatch.setattr(__import__("os"), "preadv", counting_preadv)
+        monkeypatch.setattr(copyhash, "read_records", traced_records)
         results = client.read_many_into(reads, [memoryview(o) for o in outs], digests=digests)
         statuses = [r.status if r else None for r in results]
         assert statuses == [None] * 3 + [DENIED] + [None] * 10 + [NOT_FOUND] + [None] * 2
