@@ -162,9 +162,16 @@ def read_records(fd: int, offsets, keys, payloads, ns_digest: bytes | None = Non
     or fewer, the one-pass copy off (KVPOOL_NATIVE_COPY=0) or not built. At 64 KiB the Python reader spent ~4 us of
     interpreter time per record. tests/tiers/test_ssd_native.py runs both over the same good and damaged records.
     """
-    native = copyhash.read_records(fd, offsets, keys, payloads, None, ns_digest)
+    results = _read_native(fd, offsets, keys, payloads, None, ns_digest)
+    return _read_records(fd, offsets, keys, payloads, ns_digest) if results is None else results
+
+
+def _read_native(fd: int, offsets, keys, payloads, sizes, ns_digest: bytes | None,
+                 limit: int = (1 << 64) - 1) -> list[int | None] | None:
+    """`copyhash.read_records` (the C reader), each record whose read failed logged; None where it refuses."""
+    native = copyhash.read_records(fd, offsets, keys, payloads, sizes, ns_digest, limit)
     if native is None:
-        return _read_records(fd, offsets, keys, payloads, ns_digest)
+        return None
     results, failures = native
     for offset, err in failures:
         log.warning("SSD read failed at offset %d: %s", offset, os.strerror(err))
@@ -401,11 +408,8 @@ class SsdFile:
         if self._fd < 0 and len(offsets):
             raise ValueError("SSD file is closed")
         capacity = self._capacity
-        native = copyhash.read_records(self._fd, offsets, keys, outs, sizes, None, capacity)
-        if native is not None:      # every argument as a get passes it, checked in C (else the loop below names it)
-            digests, failures = native
-            for offset, err in failures:
-                log.warning("SSD read failed at offset %d: %s", offset, os.strerror(err))
+        digests = _read_native(self._fd, offsets, keys, outs, sizes, None, capacity)
+        if digests is not None:     # every argument as a get passes it, checked in C (else the loop below names it)
             return self._count_misses([d is not None for d in digests])
         views, checked = [], []
         for i, (offset, key, size, out) in enumerate(zip(offsets, keys, sizes, outs, strict=True)):
