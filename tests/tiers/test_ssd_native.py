@@ -64,7 +64,7 @@ def flip(path: str, at: int) -> None:
 @pytest.fixture
 def file_of_cases(tmp_path):
     """Records side by side (runs), one far away (its own preadv), and every kind of damage the checks catch.
-    Returns (SsdFile, [(offset, key, size, expected digest or None when the read must miss)], truncated path)."""
+    Yields (SsdFile, [(offset, key, size, expected digest or None when the read must miss)]), closed after."""
     f = SsdFile.open(str(tmp_path / "ssd"), CAP)
     cases, at = [], 0
 
@@ -113,7 +113,8 @@ def file_of_cases(tmp_path):
     at += 70_000 // 4096 * 4096                                 # a gap over 64 KiB: a new run
     for i in range(13, 13 + 140):                               # 140 x 8 KiB: more than one 1 MiB run
         cases.append(good(i, 4096))
-    return f, cases
+    yield f, cases
+    f.close()
 
 
 def both(fd, offsets, keys, sizes, ns_digest=None):
@@ -164,7 +165,6 @@ def test_c_and_python_readers_agree_on_every_case_and_plan(file_of_cases):
     (py, _, _), (c, _, _) = both(fd, offsets, keys, sizes, ns_digest=NS)
     assert py == c == expected
     os.close(fd)
-    f.close()
 
 
 def test_portable_and_simd_readers_agree(file_of_cases):
@@ -176,22 +176,20 @@ def test_portable_and_simd_readers_agree(file_of_cases):
         results.append(native().read_records(fd, offsets, keys, bufs, None, None, portable=portable)[0])
     assert results[0] == results[1] == [c[3] for c in cases]
     os.close(fd)
-    f.close()
 
 
 def test_a_run_cut_by_truncation_keeps_what_came_before_it(tmp_path):
-    f = SsdFile.open(str(tmp_path / "ssd"), CAP)
-    for i in range(4):
-        f.write(i * 8192, key(i), NS, payload(i, 4096))
-    os.truncate(f.path, 2 * 8192 + HEADER_BYTES + 100)          # record 2's payload cut, record 3 gone
-    offsets, keys, fd = [0, 8192, 16384, 24576], [key(i) for i in range(4)], os.open(f.path, os.O_RDONLY)
-    (py, py_plan, _), (c, c_plan, c_bytes) = both(fd, offsets, keys, [4096] * 4)
-    os.close(fd)
+    with SsdFile.open(str(tmp_path / "ssd"), CAP) as f:
+        for i in range(4):
+            f.write(i * 8192, key(i), NS, payload(i, 4096))
+        os.truncate(f.path, 2 * 8192 + HEADER_BYTES + 100)      # record 2's payload cut, record 3 gone
+        offsets, keys, fd = [0, 8192, 16384, 24576], [key(i) for i in range(4)], os.open(f.path, os.O_RDONLY)
+        (py, py_plan, _), (c, c_plan, c_bytes) = both(fd, offsets, keys, [4096] * 4)
+        os.close(fd)
     assert c == py == [xxhash.xxh3_64_intdigest(payload(0, 4096)), xxhash.xxh3_64_intdigest(payload(1, 4096)),
                        None, None]
     assert c_plan == py_plan == [(0, 12), (16384, 3), (24576, 3)]  # the run, then each record past the cut alone
     assert c_bytes[:2] == [payload(0, 4096), payload(1, 4096)]
-    f.close()
 
 
 def test_a_failed_read_is_a_miss_per_record_named_with_its_errno(tmp_path, caplog):
