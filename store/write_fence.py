@@ -70,8 +70,8 @@ class WriteFence:
         self._lock = threading.Lock()
         self._open = True
         self._landings: set[Landing] = set()
-        self.cut_writes = 0         # cut by `close`
-        self.late_writes = 0        # refused at their deadline with bytes still to come (`count_late`)
+        self._cut_writes = 0        # cut by `close`
+        self._late_writes = 0       # refused at their deadline with bytes still to come (`count_late`)
 
     def begin(self, expires_ms: int, conn: socket.socket | None = None) -> Landing:
         """A write to land by its grant's `expires_ms` (unix ms); `conn` is shut down if the write is cut. Raises
@@ -103,19 +103,19 @@ class WriteFence:
             with landing.lock:  # what is landing now finishes (its receive ended by the shutdown); the cut flag
                 pass            # stops anything after
         with self._lock:
-            self.cut_writes += len(landings)
+            self._cut_writes += len(landings)
         return len(landings)
 
     def count_late(self) -> None:
         """A write refused at its deadline with bytes still to come (the data channel's `_land`)."""
         with self._lock:
-            self.late_writes += 1
+            self._late_writes += 1
 
     def counts(self) -> dict[str, int]:
         """{"cut_writes": .., "late_writes": ..} since the node started: its /metrics (kvpool/metrics.py
         NodeFenceCollector) reads them at scrape time."""
         with self._lock:
-            return {"cut_writes": self.cut_writes, "late_writes": self.late_writes}
+            return {"cut_writes": self._cut_writes, "late_writes": self._late_writes}
 
     def reopen(self) -> None:
         with self._lock:

@@ -258,13 +258,17 @@ class SsdReader:
         return self.read_many_into((offset,), (key,), (out,))[0]
 
     def read_many_into(self, offsets, keys, outs) -> list[int | None]:
-        """`read_into` of each (offset, key, out) in turn, in one loop."""
+        """`read_into` of each (offset, key, out) in turn, in one loop (the C reader checks the offsets itself;
+        what it refuses is checked here, by name, before the Python reader runs)."""
         if self._fd < 0:
             raise ValueError(f"SsdReader of {self.path} is closed")
+        results = _read_native(self._fd, offsets, keys, outs, None, None)
+        if results is not None:
+            return results
         for offset in offsets:
             if offset < 0 or offset % ALIGN:
                 raise ValueError(f"offset must be an int >= 0 and a multiple of {ALIGN}, got {offset!r}")
-        return read_records(self._fd, offsets, keys, outs)
+        return _read_records(self._fd, offsets, keys, outs)
 
     def replaced(self) -> bool:
         """Whether `path` names another file now (or none) than the one this reader has open."""

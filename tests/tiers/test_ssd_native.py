@@ -263,3 +263,19 @@ def test_the_one_pass_switch_turns_the_c_reader_off(tmp_path):
             assert f.read_many_into([0], [key(1)], [4096], [out]) == [True] and bytes(out) == payload(1, 4096)
         finally:
             copyhash.use(previous)
+
+
+def test_a_same_host_reader_names_an_offset_the_c_reader_refuses(tmp_path):
+    """SsdReader leaves the offset checks to the C reader; one it refuses is named by the Python path, nothing read."""
+    with SsdFile.open(str(tmp_path / "ssd"), CAP) as f:
+        f.write(0, key(1), NS, payload(1, 4096))
+        reader = SsdReader(f.path)
+        try:
+            out = memoryview(bytearray(4096))
+            for bad in (100, -4096):
+                with pytest.raises(ValueError, match=f"^offset must be an int >= 0 and a multiple of 4096, got {bad}$"):
+                    reader.read_many_into([0, bad], [key(1), key(1)], [out, memoryview(bytearray(4096))])
+                assert bytes(out) == bytes(4096)
+            assert reader.read_many_into([0], [key(1)], [out]) == [xxhash.xxh3_64_intdigest(payload(1, 4096))]
+        finally:
+            reader.close()
