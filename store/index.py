@@ -3,8 +3,9 @@
 Goal: <= 200 bytes per indexed object at 1M objects (measured in tests/store/test_index.py and bench/pool_remote.py).
 A dataclass per object costs ~150 B on its own, so fields live in parallel numpy columns addressed by a slot number:
 
-    _slot_of: dict[bytes(16) -> int]   key -> slot         (~56 B key object + ~32 B int + ~40 B dict entry)
-    _keys:    list[bytes | None]       slot -> key          (8 B pointer, shares the dict's key object)
+    _keys:    key table, 16-byte key <-> slot (store/keytable.py): in C, each slot's key in a 16 B column and an
+              open-addressing table of int32 slots at most half full, ~25-33 B per object; where the extension is
+              not built, a dict and a list, ~126 B (a bytes and an int object per key, the dict's entry, a pointer)
     _rows:    numpy structured array, one packed 46 B row per slot, columns exposed as views (index.offset[slot]):
               node u16 | tier u8 | state u8 | ns u16 | leases u16 | offset i64 | size u32 | checksum u64 | atime u32
               | parent i32 | child i32 | copy u32 | tenant u16
@@ -37,9 +38,9 @@ whole seconds since the master started. A side dict, not a column: only pinned s
 pinned bytes are capped per tenant, so an index without pins costs nothing more per object (a u32 column would cost
 every object 4 B). Pinned payload bytes and slots are counted per tenant like `_usage`; `free` unpins.
 
-Invariants: a slot is FREE iff it is on the free list and its `_keys` entry is None; every key in `_slot_of` maps to
-a non-FREE slot whose `_keys` entry is that key. Namespace digests and node ids are interned into small tables.
-Not thread-safe: the master serialises access under its lock.
+Invariants: a slot is FREE iff it is on the free list and holds no key (`_keys.key_at` is None); every linked key
+(`_keys.linked()`) is held by a non-FREE slot, and `find` gives that slot. Namespace digests and node ids are
+interned into small tables. Not thread-safe: the master serialises access under its lock.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvpool.store.keytable import KEY_BYTES, new_key_table
 from kvpool.tiers.types import Tier
 
 
@@ -118,10 +120,9 @@ class Index:
     tenant: np.ndarray
 
     def __init__(self, initial_slots: int = 1024) -> None:
-        self._slot_of: dict[bytes, int] = {}
-        # `find(key, -1)`: the dict's own get, bound once (the dict is never replaced), for per-key loops.
-        self.find = self._slot_of.get
-        self._keys: list[bytes | None] = []
+        self._keys = new_key_table()    # key <-> slot (store/keytable.py)
+        # `find(key, -1)`: the table's own get, bound once (the table is never replaced), for per-key loops.
+        self.find = self._keys.get
         self._free: list[int] = []
         self._capacity = 0
         self._rows = np.zeros(0, dtype=ROW)
@@ -142,29 +143,29 @@ class Index:
         # Column views (`index.offset[slot]`): rebound on every growth, so callers must not keep them.
         for name in _COLUMNS:
             setattr(self, name, rows[name])
-        self._keys.extend([None] * (capacity - self._capacity))
+        self._keys.reserve(capacity)
         # Pop order: lowest slot first, so a fresh index fills slots 0, 1, 2, ...
         self._free.extend(range(capacity - 1, self._capacity - 1, -1))
         self._capacity = capacity
 
     def __len__(self) -> int:
-        return len(self._slot_of)
+        return len(self._keys)
 
     def __contains__(self, key: bytes) -> bool:
-        return key in self._slot_of
+        return key in self._keys
 
     def slot_of(self, key: bytes) -> int:
         """Slot of `key`, or -1."""
-        return self._slot_of.get(key, -1)
+        return self._keys.get(key, -1)
 
     def key_at(self, slot: int) -> bytes:
-        key = self._keys[slot]
+        key = self._keys.key_at(slot)
         assert key is not None, f"slot {slot} is free"
         return key
 
     def keys_of(self, slots: np.ndarray) -> Iterator[bytes]:
-        """The keys of `slots` (none free), lazily, in their order."""
-        return map(self._keys.__getitem__, slots.tolist())
+        """The keys of `slots` (none free), in their order."""
+        return iter(self._keys.keys_of(slots.tolist()))
 
     def intern_ns(self, digest: bytes) -> int:
         ns_id = self._ns_ids.get(digest)
@@ -185,7 +186,7 @@ class Index:
 
     def committed_prefix(self, keys) -> list[int]:
         """Slots of the leading keys that are committed objects (a prefix lookup stops at the first miss)."""
-        find, state = self._slot_of.get, self.state
+        find, state = self._keys.get, self.state
         found: list[int] = []
         for key in keys:
             slot = find(key, -1)
@@ -195,20 +196,20 @@ class Index:
         return found
 
     def committed(self, keys) -> list[bool]:
-        find, state = self._slot_of.get, self.state
+        find, state = self._keys.get, self.state
         return [(s := find(k, -1)) >= 0 and state[s] == COMMITTED for k in keys]
 
     def add(self, key: bytes, *, node: int, tier: Tier, state: State, offset: int, size: int, ns: int,
             checksum: int = 0, atime: int = 0, tenant: int = 0) -> int:
         """Index a new object; the key must not be present."""
-        if key in self._slot_of:
-            raise KeyError(f"key {key.hex()} already indexed")
+        if key in self._keys:
+            raise KeyError(f"key {bytes(key).hex()} already indexed")
+        if len(key) != KEY_BYTES:
+            raise ValueError(f"key: must be {KEY_BYTES} bytes, got {len(key)}")
         if not self._free:
             self._grow(self._capacity * 2)
         slot = self._free.pop()
-        key = bytes(key)
-        self._slot_of[key] = slot
-        self._keys[slot] = key
+        self._keys.link(key, slot)
         self._rows[slot] = (node, tier, state, ns, 0, offset, size, checksum, atime, -1, -1, NO_COPY, tenant)
         if tenant >= len(self._count):
             self._count.extend([0] * (tenant + 1 - len(self._count)))
@@ -297,19 +298,17 @@ class Index:
 
     def unlink_key(self, slot: int) -> None:
         """Make the key unfindable while the slot stays reserved (DOOMED objects still leased)."""
-        key = self.key_at(slot)
-        del self._slot_of[key]
+        unlinked = self._keys.unlink(slot)
+        assert unlinked, f"slot {slot} has no linked key"
         if self.retained:
             self.unretain(slot)   # nobody can find it: nothing left to keep
 
     def free(self, slot: int) -> None:
         """Release the slot; the key (if still linked) disappears."""
-        key = self.key_at(slot)
-        if self._slot_of.get(key) == slot:
-            del self._slot_of[key]
+        self.key_at(slot)           # (asserts the slot is not free already)
+        self._keys.clear(slot)
         if self.retained:
             self.unretain(slot)
-        self._keys[slot] = None
         if self.state[slot] != LEAVING and self.state[slot] != DOOMED:  # stopped counting then (`leave`, `doom`)
             tenant = int(self.tenant[slot])
             self._usage[tenant * _NT + int(self.tier[slot])] -= int(self.size[slot])
@@ -335,13 +334,15 @@ class Index:
         return np.flatnonzero(self.state[first:end] != State.FREE) + first
 
     def check_invariants(self) -> None:
-        for key, slot in self._slot_of.items():
-            assert self._keys[slot] == key, f"slot {slot} holds {self._keys[slot]!r}, dict says {key.hex()}"
+        linked = self._keys.linked()
+        assert len(linked) == len(self._keys), f"{len(linked)} keys linked, the table counts {len(self._keys)}"
+        for key, slot in linked:
+            assert self._keys.get(key) == slot, f"slot {slot} holds {key.hex()}, found at {self._keys.get(key)}"
             assert self.state[slot] != State.FREE, f"linked key {key.hex()} on a free slot"
         free = set(self._free)
         assert len(free) == len(self._free), "slot on the free list twice"
         for slot in range(self._capacity):
-            assert (slot in free) == (self._keys[slot] is None), f"slot {slot}: free list and key table disagree"
+            assert (slot in free) == (self._keys.key_at(slot) is None), f"slot {slot}: free list and key table disagree"
             assert (slot in free) == (self.state[slot] == State.FREE), f"slot {slot}: free list and state disagree"
         states = self.state[: self._capacity]
         used = np.flatnonzero((states == State.PENDING) | (states == State.COMMITTED))   # counted: see `leave`, `doom`
@@ -352,7 +353,7 @@ class Index:
                 held = int(self.size[mine[self.tier[mine] == tier]].sum())
                 assert self.tenant_bytes(t, tier) == held, f"tenant {t} {tier.label}: usage disagrees with the rows"
         for slot in self.retained:
-            assert self._keys[slot] is not None, f"pinned slot {slot} is free"
+            assert self._keys.key_at(slot) is not None, f"pinned slot {slot} is free"
             assert self.state[slot] != LEAVING, f"pinned slot {slot} is LEAVING (`leave` unpins)"
         pinned = np.fromiter(self.retained, dtype=np.int64, count=len(self.retained))
         for t in range(len(self._count)):
