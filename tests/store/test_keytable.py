@@ -36,6 +36,23 @@ def test_new_key_table_follows_the_switch(monkeypatch):
         new_key_table()
 
 
+def test_without_the_extension_the_index_gets_the_dict(monkeypatch):
+    import sys
+
+    from kvpool.store.index import Index
+
+    monkeypatch.setitem(sys.modules, "kvpool.store._keytable", None)    # as where no C compiler built it
+    monkeypatch.delenv("KVPOOL_NATIVE_KEYS", raising=False)
+    assert not native_available() and isinstance(new_key_table(), DictKeyTable)
+    from kvpool.store.index import State
+    from kvpool.tiers.types import Tier
+
+    idx = Index()
+    slot = idx.add(key(1), node=0, tier=Tier.DRAM, state=State.COMMITTED, offset=0, size=1, ns=0)
+    assert idx.find(key(1), -1) == slot and idx.key_at(slot) == key(1)
+    assert isinstance(idx.find.__self__, dict)      # the dict's own get, bound as `find`
+
+
 def test_link_find_unlink_clear(impl):
     t = make(impl)
     t.link(key(1), 5)
