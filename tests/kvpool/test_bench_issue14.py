@@ -28,7 +28,7 @@ def has(lines: list[str], pattern: str) -> bool:
 
 def test_pool_remote_prints_every_ratio_line():
     lines = run("pool_remote.py", "--total", "8MiB", "--rounds", "1", "--lookups", "5", "--chain", "50",
-                "--index-objects", "0")
+                "--index-objects", "3000")
     out = "\n".join(lines)
     assert has(lines, r"^batch 32 keys per call, .*; arenas in /dev/shm: (base pages|2 MiB pages, .+)$"), out
     for size in ("64KiB", "512KiB", "2048KiB"):
@@ -51,7 +51,8 @@ def test_pool_remote_prints_every_ratio_line():
                       rf"distinct buffers, which itself reaches {X} the zero-page one \(its sender reads the pass's "
                       r"bytes from DRAM, as a node must\)$"), out
     assert has(lines, r"auth on, 2 MiB get: same-host \d\.\d{3}x, tcp \d\.\d{3}x of auth off"), out
-    assert has(lines, r"master memory per indexed object: not measured \(--index-objects 0\)"), out
+    assert has(lines, rf"master memory per indexed object at 3,000 objects: \d+ bytes \(goal <= 200\) (met|MISSED); of "
+                      rf"which the index alone \d+ bytes .*; objects of a tenant with a quota .*: \d+ bytes (met|MISSED)$"), out
 
 
 def test_ssd_read_prints_a_ratio_per_size_and_path(tmp_path):
