@@ -51,8 +51,9 @@ def test_pool_remote_prints_every_ratio_line():
                       rf"distinct buffers, which itself reaches {X} the zero-page one \(its sender reads the pass's "
                       r"bytes from DRAM, as a node must\)$"), out
     assert has(lines, r"auth on, 2 MiB get: same-host \d\.\d{3}x, tcp \d\.\d{3}x of auth off"), out
-    assert has(lines, rf"master memory per indexed object at 3,000 objects: \d+ bytes \(goal <= 200\) (met|MISSED); of "
-                      rf"which the index alone \d+ bytes .*; objects of a tenant with a quota .*: \d+ bytes (met|MISSED)$"), out
+    assert has(lines, r"master memory per indexed object at 3,000 objects: \d+ bytes \(goal <= 200\) (met|MISSED); of "
+                      r"which the index alone \d+ bytes .*; objects of a tenant with a quota .*: \d+ bytes "
+                      r"(met|MISSED)$"), out
 
 
 def test_ssd_read_prints_a_ratio_per_size_and_path(tmp_path):
