@@ -43,8 +43,8 @@ static inline uint64_t hash16(const uint8_t *key) {
 #endif
 }
 
-/* The 16 bytes of `obj` (bytes, or any contiguous buffer) into out; 0 if it is not a 16-byte key (wrong length),
-   -1 with an exception set if it has no buffer. */
+/* The 16 bytes of `obj` (bytes, or any contiguous buffer) into out; 0 if it is not a 16-byte key (no buffer, or
+   another length): a lookup of it finds nothing, as a dict's of a key of another type. */
 static int key_bytes(PyObject *obj, uint8_t out[KEY_BYTES]) {
     if (PyBytes_Check(obj)) {
         if (PyBytes_GET_SIZE(obj) != KEY_BYTES) return 0;
@@ -52,7 +52,10 @@ static int key_bytes(PyObject *obj, uint8_t out[KEY_BYTES]) {
         return 1;
     }
     Py_buffer view;
-    if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0) return -1;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
     int ok = view.len == KEY_BYTES;
     if (ok) memcpy(out, view.buf, KEY_BYTES);
     PyBuffer_Release(&view);
@@ -181,7 +184,6 @@ static PyObject *kt_get(KeyTable *t, PyObject *const *args, Py_ssize_t nargs) {
     PyObject *fallback = nargs == 2 ? args[1] : Py_None;
     uint8_t key[KEY_BYTES];
     int ok = key_bytes(args[0], key);
-    if (ok < 0) return NULL;
     Py_ssize_t i = ok ? find_entry(t, key, hash16(key)) : -1;
     if (i < 0) {
         Py_INCREF(fallback);
@@ -192,8 +194,7 @@ static PyObject *kt_get(KeyTable *t, PyObject *const *args, Py_ssize_t nargs) {
 
 static int kt_contains(KeyTable *t, PyObject *obj) {
     uint8_t key[KEY_BYTES];
-    int ok = key_bytes(obj, key);
-    if (ok <= 0) return ok;
+    if (!key_bytes(obj, key)) return 0;
     return find_entry(t, key, hash16(key)) >= 0;
 }
 
@@ -208,9 +209,7 @@ static PyObject *kt_link(KeyTable *t, PyObject *const *args, Py_ssize_t nargs) {
     }
     uint8_t key[KEY_BYTES];
     Py_ssize_t slot;
-    int ok = key_bytes(args[0], key);
-    if (ok < 0) return NULL;
-    if (!ok) {
+    if (!key_bytes(args[0], key)) {
         PyErr_Format(PyExc_ValueError, "key: must be %d bytes", KEY_BYTES);
         return NULL;
     }

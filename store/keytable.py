@@ -81,11 +81,11 @@ class DictKeyTable:
             self._keys.extend([None] * (slots - len(self._keys)))
 
     def link(self, key, slot: int) -> None:
-        key = bytes(key)
-        if len(key) != KEY_BYTES:
+        if not isinstance(key, (bytes, bytearray, memoryview)) or len(key) != KEY_BYTES:
             raise ValueError(f"key: must be {KEY_BYTES} bytes")
         if slot < 0:
             raise ValueError(f"slot: must be >= 0, got {slot}")
+        key = bytes(key)
         if key in self._slot_of:
             raise KeyError(f"key {key!r} already linked")
         if slot < len(self._keys) and self._keys[slot] is not None:

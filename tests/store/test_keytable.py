@@ -101,6 +101,10 @@ def test_lookups_take_any_key_like_a_dict(impl):
     assert t.get(memoryview(key(1)), -1) == 2           # a buffer of the same 16 bytes
     assert t.get(b"x" * 15, -1) == -1 and t.get(b"", -1) == -1 and t.get(key(1) + b"\0", -1) == -1
     assert b"x" not in t
+    for other in (None, 7, "0123456789abcdef"):         # no buffer, or not 16 bytes: found nowhere, as in a dict
+        assert t.get(other, -1) == -1 and other not in t
+    with pytest.raises(ValueError, match="key: must be 16 bytes"):
+        t.link(None, 4)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
