@@ -173,6 +173,8 @@ def fill_families(fams: dict, snap: PoolStats) -> None:
 NODE_FENCE_FAMILIES: dict[str, tuple[str, str]] = {
     "kvpool_node_writes_cut": ("cut_writes", "Writes in flight cut because the node registered with its master "
                                "again: nothing of them lands after the cut, their writers' puts fail and retry."),
+    "kvpool_node_writes_drained": ("drained_writes", "Writes in flight when the node registered with its master "
+                                   "again that finished within its register_drain_s instead of being cut."),
     "kvpool_node_writes_late": ("late_writes", "Writes whose grant ran out with bytes still to come: refused, "
                                 "nothing of them counts (a stalled writer)."),
 }

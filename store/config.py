@@ -15,6 +15,7 @@ exactly once.
     NodeServerFields          data_listen advertise_host rpc_timeout_s             the node process
                               metrics_listen data_idle_timeout_s
                               data_max_connections stop_flush_s
+                              register_drain_s
     Liveness                  heartbeat_s                                          both (the node beats, the master
                                                                                    tells nodes the interval)
     PeerAuthFields            auth_node_tokens auth_cert_roles                     both: what nodes and the master
@@ -102,6 +103,14 @@ def _check_positive(obj, *names: str) -> None:
         value = getattr(obj, name)
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"{name} must be a number > 0, got {value!r}")
+
+
+def _check_seconds(obj, *names: str) -> None:
+    """A duration that may be 0 (finite, not negative)."""
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < float("inf"):
+            raise ValueError(f"{name} must be a number of seconds >= 0, got {value!r}")
 
 
 def _check_positive_int(obj, *names: str) -> None:
@@ -288,11 +297,13 @@ class NodeServerFields(_Group):
     data_idle_timeout_s: float = 60.0  # a data connection silent this long (half-open, stalled peer) is closed
     data_max_connections: int = 256   # data connections served at once (a thread each); more are refused
     stop_flush_s: float = 60.0        # a clean stop first has the master copy this node's DRAM to its SSD, this long
+    register_drain_s: float = 1.0     # registering again, writes in flight may finish this long; the rest are cut
 
     def __post_init__(self) -> None:
         _check_address(self, "data_listen", "metrics_listen", optional=True)
         _check_positive(self, "rpc_timeout_s", "data_idle_timeout_s", "stop_flush_s")
         _check_positive_int(self, "data_max_connections")
+        _check_seconds(self, "register_drain_s")
         super().__post_init__()
 
 

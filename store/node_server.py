@@ -228,10 +228,12 @@ class NodeServer:
         # A master that lost its index (a restart on the memory backend) no longer has what same-host location
         # caches remember from the last one: they must ask again.
         self.node.objects_removed()
-        # Writes in flight may hold grants of a master that restarted since: cut before it can place anything here
-        # (store/write_fence.py); writes are refused until the registration's keys are in.
-        if cut := self.handler.write_fence.close():
-            log.warning("node %s: %d write(s) in flight cut before registering", self.config.node_id, cut)
+        # Writes in flight may hold grants of a master that restarted since: they may finish for register_drain_s,
+        # the rest are cut before it can place anything here (store/write_fence.py); new writes are refused until
+        # the registration's keys are in.
+        if cut := self.handler.write_fence.close(self.config.register_drain_s):
+            log.warning("node %s: %d write(s) still in flight after %.1f s cut before registering",
+                        self.config.node_id, cut, self.config.register_drain_s)
         try:
             reply = self._master.RegisterNode(pb.RegisterNodeRequest(node=self.endpoint()), timeout=timeout)
             self.handler.write_key = bytes(reply.write_key)

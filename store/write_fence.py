@@ -12,11 +12,15 @@ and its payload lands holding the landing's lock, each piece after two checks:
              payload has not all arrived by then is refused (its remaining bytes are read and dropped, the stream
              goes on). The master reclaims a grant at its expiry, so a clock skew between hosts below the margin
              keeps the two apart, as it already must for the token's own expiry check (store/tokens.py).
-  cut        `close()`, called by the node before it registers again (a new registration may come with a new write
-             key: the master then places this node's extents from scratch), refuses new writes and cuts those in
-             flight: their sockets are shut down, and `close` returns only once none can land another byte. A
-             registration that turns out to keep its key (the same master re-attached) costs the writes it cut;
-             they fail, and nothing of them counts.
+  cut        `close(drain_s)`, called by the node before it registers again (a new registration may come with a
+             new write key: the master then places this node's extents from scratch), refuses new writes, lets
+             those in flight finish for up to `drain_s` (the node's `register_drain_s`), and cuts the rest: their
+             sockets are shut down, and `close` returns only once none can land another byte. Letting them finish
+             is safe: no master places anything on this node before the registration that follows, so a write that
+             ends before it lands on its own extent, and the master it reaches with its commit decides whether it
+             counts (one that restarted since refuses it). A registration after a transient heartbeat failure, which
+             keeps its key (the same master re-attached), cost every write in flight before 2026-12-07 (evening); now
+             it costs only those still in flight after the drain (a writer stalled mid-payload, say).
 
 A staged write (SSD, HBM) lands in the handler's `write_done`, called holding the same lock after the same checks.
 """
@@ -64,13 +68,16 @@ class Landing:
 
 
 class WriteFence:
-    """A node's writes in flight (`begin` / `end`): `close` cuts them and refuses new ones until `reopen`."""
+    """A node's writes in flight (`begin` / `end`): `close` lets them finish for a while, cuts the rest and refuses
+    new ones until `reopen`."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)    # notified when the last write in flight ends
         self._open = True
         self._landings: set[Landing] = set()
         self._cut_writes = 0        # cut by `close`
+        self._drained_writes = 0    # in flight at a `close` and ended during its drain (not cut)
         self._late_writes = 0       # refused at their deadline with bytes still to come (`count_late`)
 
     def begin(self, expires_ms: int, conn: socket.socket | None = None) -> Landing:
@@ -86,11 +93,18 @@ class WriteFence:
     def end(self, landing: Landing) -> None:
         with self._lock:
             self._landings.discard(landing)
+            if not self._landings:
+                self._idle.notify_all()
 
-    def close(self) -> int:
-        """Refuse writes until `reopen` and cut those in flight; returns how many were cut, once none can land."""
+    def close(self, drain_s: float = 0.0) -> int:
+        """Refuse writes until `reopen`, wait up to `drain_s` seconds for those in flight to end, and cut the ones
+        still in flight then; returns how many were cut, once none can land."""
         with self._lock:
             self._open = False
+            if drain_s > 0 and self._landings:
+                drained = len(self._landings)
+                self._idle.wait_for(lambda: not self._landings, timeout=drain_s)
+                self._drained_writes += drained - len(self._landings)
             landings = list(self._landings)
         for landing in landings:
             landing.cut = True
@@ -112,10 +126,17 @@ class WriteFence:
             self._late_writes += 1
 
     def counts(self) -> dict[str, int]:
-        """{"cut_writes": .., "late_writes": ..} since the node started: its /metrics (kvpool/metrics.py
-        NodeFenceCollector) reads them at scrape time."""
+        """{"cut_writes": .., "drained_writes": .., "late_writes": ..} since the node started: its /metrics
+        (kvpool/metrics.py NodeFenceCollector) reads them at scrape time."""
         with self._lock:
-            return {"cut_writes": self._cut_writes, "late_writes": self._late_writes}
+            return {"cut_writes": self._cut_writes, "drained_writes": self._drained_writes,
+                    "late_writes": self._late_writes}
+
+    @property
+    def closed(self) -> bool:
+        """True from `close` (its drain included) until `reopen`: new writes are refused."""
+        with self._lock:
+            return not self._open
 
     def reopen(self) -> None:
         with self._lock:

@@ -59,7 +59,7 @@ def test_up_serves_clients_and_the_admin_commands_then_stops_cleanly(up):
         lines = r.read().decode().splitlines()
     assert 'kvpool_tier_objects{node="local",tier="dram"} 3.0' in lines
     assert [line for line in lines if line.startswith("kvpool_node_writes_")] == [   # its node's write fence
-        "kvpool_node_writes_cut_total 0.0", "kvpool_node_writes_late_total 0.0"]
+        "kvpool_node_writes_cut_total 0.0", "kvpool_node_writes_drained_total 0.0", "kvpool_node_writes_late_total 0.0"]
     status = _cli("status", "--master", address)
     assert status.returncode == 0 and f"master {address}: 3 objects, 1 node(s) alive" in status.stdout
     ls = _cli("ls", "--master", address)

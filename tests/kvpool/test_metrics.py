@@ -33,7 +33,7 @@ STATS = {  # the shape kvpool.store.stats.snapshot() returns (+ keys this module
 }
 
 
-FENCE = {"cut_writes": 2, "late_writes": 3}     # what a node's WriteFence.counts() returns
+FENCE = {"cut_writes": 2, "drained_writes": 4, "late_writes": 3}     # what a node's WriteFence.counts() returns
 
 
 def full_registry(provider=lambda: STATS, fence=lambda: FENCE) -> tuple[CollectorRegistry, PoolMetrics,
@@ -121,12 +121,14 @@ def test_a_node_s_write_fence_counts_are_read_at_scrape_time_and_a_broken_provid
 
     reg, *_ = full_registry(fence=fence)
     v = reg.get_sample_value
-    assert (v("kvpool_node_writes_cut_total"), v("kvpool_node_writes_late_total")) == (2, 3)
-    state["counts"] = {"cut_writes": 5, "late_writes": 3}
-    assert v("kvpool_node_writes_cut_total") == 5
+    assert (v("kvpool_node_writes_cut_total"), v("kvpool_node_writes_drained_total"),
+            v("kvpool_node_writes_late_total")) == (2, 4, 3)
+    state["counts"] = {"cut_writes": 5, "drained_writes": 6, "late_writes": 3}
+    assert (v("kvpool_node_writes_cut_total"), v("kvpool_node_writes_drained_total")) == (5, 6)
     state["counts"] = None
     assert v("kvpool_node_writes_cut_total") is None and v("kvpool_nodes_alive") == 2
-    assert {"kvpool_node_writes_cut_total", "kvpool_node_writes_late_total"} <= exported_names(reg)
+    assert {"kvpool_node_writes_cut_total", "kvpool_node_writes_drained_total",
+            "kvpool_node_writes_late_total"} <= exported_names(reg)
     bare = CollectorRegistry()
     PoolMetrics.create(bare)                    # a client's or an engine's: no fence families
     assert "kvpool_node_writes_cut_total" not in exported_names(bare)

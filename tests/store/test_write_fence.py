@@ -102,7 +102,7 @@ def test_a_dram_write_stalled_past_its_grant_lands_nothing_after_the_deadline_an
         sock.sendall(STALE[HALF:])
         assert reply(sock) == (DENIED, EXPIRED)
         assert dram(node) == FRESH
-        assert handler.write_fence.counts() == {"cut_writes": 0, "late_writes": 1}
+        assert handler.write_fence.counts() == {"cut_writes": 0, "drained_writes": 0, "late_writes": 1}
         again = grant(3, handler.write_key, ttl_ms=60_000)
         sock.sendall(again.header(OP_WRITE) + STALE)
         assert reply(sock) == (OK, "")
@@ -132,7 +132,56 @@ def test_registering_again_cuts_the_writes_in_flight_and_refuses_new_ones_until_
             closed = True
         assert closed
     assert dram(node) == FRESH
-    assert fence.counts() == {"cut_writes": 1, "late_writes": 0} and fence.close() == 0
+    assert fence.counts() == {"cut_writes": 1, "drained_writes": 0, "late_writes": 0} and fence.close() == 0
+    fence.reopen()
+
+
+def test_registering_again_lets_a_write_in_flight_finish_within_the_drain_and_refuses_new_ones_meanwhile(node):
+    """`close(drain_s)`: the write in flight may finish (no master places anything on this node before the
+    registration that follows, so its own extent is still its own); a write arriving during the drain is refused;
+    `close` returns as soon as the last one in flight ends, long before the drain is out, having cut nothing."""
+    node, handler, server = node
+    fence = handler.write_fence
+    stale = grant(1, handler.write_key, ttl_ms=60_000)
+    closed = []
+    with connect(server) as sock:
+        sock.sendall(stale.header(OP_WRITE) + STALE[:HALF])
+        wait_until(lambda: dram(node)[:HALF] == STALE[:HALF], 5, "the first half to land")
+        closer = threading.Thread(target=lambda: closed.append((fence.close(drain_s=60.0), time.monotonic())))
+        closer.start()
+        wait_until(lambda: fence.closed, 5, "the fence to close")
+        assert write(server, grant(2, handler.write_key, ttl_ms=60_000), FRESH) == [REGISTERING]
+        assert closer.is_alive()            # still draining: the first write has not ended
+        sock.sendall(STALE[HALF:])
+        assert reply(sock) == (OK, "")
+        closer.join(10)
+    assert not closer.is_alive() and closed[0][0] == 0
+    assert dram(node) == STALE
+    assert fence.counts() == {"cut_writes": 0, "drained_writes": 1, "late_writes": 0}
+    fence.reopen()
+    assert not fence.closed and write(server, grant(3, handler.write_key, ttl_ms=60_000), FRESH) == [None]
+
+
+def test_a_write_still_in_flight_when_the_drain_runs_out_is_cut(node):
+    """A writer stalled halfway through the whole drain is cut as without one: `close` returns 1 no sooner than
+    `drain_s`, the stalled writer finds its connection gone, and nothing of its second half lands."""
+    node, handler, server = node
+    fence = handler.write_fence
+    stale = grant(1, handler.write_key, ttl_ms=60_000)
+    with connect(server) as sock:
+        sock.sendall(stale.header(OP_WRITE) + STALE[:HALF])
+        wait_until(lambda: dram(node)[:HALF] == STALE[:HALF], 5, "the first half to land")
+        started = time.monotonic()
+        assert fence.close(drain_s=0.3) == 1
+        assert time.monotonic() - started >= 0.3
+        try:
+            sock.sendall(STALE[HALF:])
+            closed = sock.recv(REP.size) == b""
+        except OSError:     # BrokenPipeError, ConnectionResetError; ssl.SSLError over TLS
+            closed = True
+        assert closed
+    assert dram(node) == STALE[:HALF] + bytes(SIZE - HALF)
+    assert fence.counts() == {"cut_writes": 1, "drained_writes": 0, "late_writes": 0}
     fence.reopen()
 
 
@@ -270,21 +319,24 @@ def test_a_write_cut_between_its_token_check_and_its_first_byte_lands_nothing(no
     handler.write_fence.reopen()
 
 
-def test_a_node_process_s_metrics_count_the_write_its_registration_cut(tmp_path):
-    """`kvpool node --metrics-listen`: a real node registered with a real master, a write stalled halfway on its
-    data channel, the node registering again (what it does after its master restarts): the node's /metrics, read
-    over HTTP, says one write was cut and none was late."""
+def test_a_node_process_lets_a_write_finish_within_its_register_drain_and_its_metrics_count_what_it_cut(tmp_path):
+    """`kvpool node --metrics-listen --register-drain-s 3`: a real node registered with a real master registers
+    again (what it does after its master restarts, or after a heartbeat failed) twice. The first time a write is
+    halfway on its data channel and its writer sends the rest while the node drains: it lands whole and answers OK.
+    The second time the writer stays silent through the drain: it is cut. The node's /metrics, read over HTTP, count
+    one of each, and no late write."""
     import urllib.request
 
+    from kvpool.launcher import free_port
     from kvpool.services import NodeProcess
     from kvpool.store.config import NodeServerConfig
     from kvpool.store.master_server import MasterServer, MasterServerConfig
-    from kvpool.launcher import free_port
 
     master = MasterServer(MasterServerConfig(listen="127.0.0.1:0")).start()
     port = free_port()
     process = NodeProcess(NodeServerConfig(node_id="n1", master=master.address, listen="127.0.0.1:0",
-                                           dram_bytes=1 << 20, metrics_listen=f"127.0.0.1:{port}")).start()
+                                           dram_bytes=1 << 20, metrics_listen=f"127.0.0.1:{port}",
+                                           register_drain_s=3.0)).start()
 
     def scrape() -> list[str]:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
@@ -293,14 +345,94 @@ def test_a_node_process_s_metrics_count_the_write_its_registration_cut(tmp_path)
     try:
         server = process.server
         assert server.registered.wait(10)
-        assert scrape() == ["kvpool_node_writes_cut_total 0.0", "kvpool_node_writes_late_total 0.0"]
-        stale = grant(1, server.handler.write_key, ttl_ms=60_000)
+        assert scrape() == ["kvpool_node_writes_cut_total 0.0", "kvpool_node_writes_drained_total 0.0",
+                            "kvpool_node_writes_late_total 0.0"]
         host, data_port = server.data_address.rsplit(":", 1)
+        fence = server.handler.write_fence
         with socket.create_connection((host, int(data_port)), timeout=10) as sock:
-            sock.sendall(stale.header(OP_WRITE) + STALE[:HALF])
+            sock.sendall(grant(1, server.handler.write_key, ttl_ms=60_000).header(OP_WRITE) + STALE[:HALF])
             wait_until(lambda: bytes(server.node.dram.view(0, HALF)) == STALE[:HALF], 5, "the first half to land")
+            registering = threading.Thread(target=server.register)
+            registering.start()
+            wait_until(lambda: fence.closed, 5, "the node to start draining")
+            sock.sendall(STALE[HALF:])
+            assert reply(sock) == (OK, "")
+            registering.join(30)
+        assert not registering.is_alive() and bytes(server.node.dram.view(0, SIZE)) == STALE
+        with socket.create_connection((host, int(data_port)), timeout=10) as sock:
+            sock.sendall(grant(2, server.handler.write_key, ttl_ms=60_000).header(OP_WRITE) + FRESH[:HALF])
+            wait_until(lambda: bytes(server.node.dram.view(0, HALF)) == FRESH[:HALF], 5, "the first half to land")
             server.register()
-        assert scrape() == ["kvpool_node_writes_cut_total 1.0", "kvpool_node_writes_late_total 0.0"]
+        assert bytes(server.node.dram.view(0, SIZE)) == FRESH[:HALF] + STALE[HALF:]
+        assert scrape() == ["kvpool_node_writes_cut_total 1.0", "kvpool_node_writes_drained_total 1.0",
+                            "kvpool_node_writes_late_total 0.0"]
+    finally:
+        process.stop()
+        master.stop()
+
+
+@pytest.mark.parametrize("drain_s", [0.0, 5.0])
+def test_a_tcp_put_in_flight_when_its_node_registers_again_with_the_same_master(tmp_path, drain_s):
+    """A real master, a real node and a PoolClient over TCP, all in this process. The node's handler holds the put's
+    write after the fence took it (the write is in flight) while the node registers again with the same master (as
+    after a transient heartbeat failure: same incarnation, so the master keeps the node's objects, grants and key).
+    With `register_drain_s` the write lands once let go, the registration follows, the commit finds its grant, and
+    the put is stored and read back byte for byte. Without a drain (0, the behaviour before) the write is cut and
+    the put fails (PoolUnavailable: its only node failed it): the object is a miss."""
+    from kvpool import PoolClient
+    from kvpool.errors import PoolUnavailable
+    from kvpool.services import NodeProcess
+    from kvpool.store.config import NodeServerConfig
+    from kvpool.store.master_server import MasterServer, MasterServerConfig
+
+    master = MasterServer(MasterServerConfig(listen="127.0.0.1:0")).start()
+    process = NodeProcess(NodeServerConfig(node_id="n1", master=master.address, listen="127.0.0.1:0",
+                                           dram_bytes=1 << 20, register_drain_s=drain_s)).start()
+    key, payload = b"d" * 16, bytes(range(256)) * (SIZE // 256)
+    try:
+        server = process.server
+        assert server.registered.wait(10)
+        handler, fence = server.handler, server.handler.write_fence
+        in_flight, let_go = threading.Event(), threading.Event()
+        real = handler.write_view
+
+        def held_write_view(e):
+            in_flight.set()
+            assert let_go.wait(10)
+            return real(e)
+
+        handler.write_view = held_write_view
+        with PoolClient(master.address, transport="tcp", timeout=10, retries=0) as client:
+            answers = []
+
+            def put():
+                try:
+                    answers.append(client.put_many([key], [payload]))
+                except PoolUnavailable as exc:
+                    answers.append(exc)
+
+            putter = threading.Thread(target=put)
+            putter.start()
+            assert in_flight.wait(10)
+            registering = threading.Thread(target=server.register)
+            registering.start()
+            wait_until(lambda: fence.closed, 5, "the node to close its fence")
+            let_go.set()
+            registering.join(30)
+            putter.join(30)
+            handler.write_view = real
+            assert not registering.is_alive() and not putter.is_alive()
+            buf = bytearray(SIZE)
+            got = client.get_many_into([key], [buf])
+        counts = fence.counts()
+        if drain_s:
+            assert answers == [["stored"]] and got == 1 and bytes(buf) == payload
+            assert (counts["drained_writes"], counts["cut_writes"]) == (1, 0)
+        else:
+            # the only node failed the write: nothing could be written (kvpool.errors.PoolUnavailable)
+            assert isinstance(answers[0], PoolUnavailable) and "peer closed the connection" in str(answers[0])
+            assert got == 0
+            assert (counts["drained_writes"], counts["cut_writes"]) == (0, 1)
     finally:
         process.stop()
         master.stop()
