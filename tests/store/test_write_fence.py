@@ -79,6 +79,24 @@ def reply(sock: socket.socket) -> tuple[int, str]:
     return status, msg.decode()
 
 
+def half_written(server: DataServer, node: StorageNode, e: Extent) -> socket.socket:
+    """A connection that sent `e`'s WRITE header and the first half of STALE, once that half has landed."""
+    sock = connect(server)
+    sock.sendall(e.header(OP_WRITE) + STALE[:HALF])
+    wait_until(lambda: dram(node)[:HALF] == STALE[:HALF], 5, "the first half to land")
+    return sock
+
+
+def assert_cut(sock: socket.socket) -> None:
+    """The rest of STALE finds the connection shut: the node cut the write."""
+    try:
+        sock.sendall(STALE[HALF:])
+        closed = sock.recv(REP.size) == b""
+    except OSError:     # BrokenPipeError, ConnectionResetError; ssl.SSLError over TLS
+        closed = True
+    assert closed
+
+
 def write(server: DataServer, e: Extent, payload: bytes) -> list:
     client = DataClient(server.address, timeout=5, ssl_context=server.client_ssl)
     try:
@@ -116,21 +134,13 @@ def test_registering_again_cuts_the_writes_in_flight_and_refuses_new_ones_until_
     holds the next object exactly."""
     node, handler, server = node
     fence = handler.write_fence
-    stale = grant(1, handler.write_key, ttl_ms=60_000)
-    with connect(server) as sock:
-        sock.sendall(stale.header(OP_WRITE) + STALE[:HALF])
-        wait_until(lambda: dram(node)[:HALF] == STALE[:HALF], 5, "the first half to land")
+    with half_written(server, node, grant(1, handler.write_key, ttl_ms=60_000)) as sock:
         assert fence.close() == 1
         assert write(server, grant(2, handler.write_key, ttl_ms=60_000), FRESH) == [REGISTERING]
         handler.write_key = b"n" * 32
         fence.reopen()
         assert write(server, grant(3, b"n" * 32, ttl_ms=60_000), FRESH) == [None]
-        try:
-            sock.sendall(STALE[HALF:])
-            closed = sock.recv(REP.size) == b""
-        except OSError:     # BrokenPipeError, ConnectionResetError; ssl.SSLError over TLS
-            closed = True
-        assert closed
+        assert_cut(sock)
     assert dram(node) == FRESH
     assert fence.counts() == {"cut_writes": 1, "drained_writes": 0, "late_writes": 0} and fence.close() == 0
     fence.reopen()
@@ -167,19 +177,11 @@ def test_a_write_still_in_flight_when_the_drain_runs_out_is_cut(node):
     `drain_s`, the stalled writer finds its connection gone, and nothing of its second half lands."""
     node, handler, server = node
     fence = handler.write_fence
-    stale = grant(1, handler.write_key, ttl_ms=60_000)
-    with connect(server) as sock:
-        sock.sendall(stale.header(OP_WRITE) + STALE[:HALF])
-        wait_until(lambda: dram(node)[:HALF] == STALE[:HALF], 5, "the first half to land")
+    with half_written(server, node, grant(1, handler.write_key, ttl_ms=60_000)) as sock:
         started = time.monotonic()
         assert fence.close(drain_s=0.3) == 1
         assert time.monotonic() - started >= 0.3
-        try:
-            sock.sendall(STALE[HALF:])
-            closed = sock.recv(REP.size) == b""
-        except OSError:     # BrokenPipeError, ConnectionResetError; ssl.SSLError over TLS
-            closed = True
-        assert closed
+        assert_cut(sock)
     assert dram(node) == STALE[:HALF] + bytes(SIZE - HALF)
     assert fence.counts() == {"cut_writes": 1, "drained_writes": 0, "late_writes": 0}
     fence.reopen()
@@ -416,7 +418,10 @@ def test_a_tcp_put_in_flight_when_its_node_registers_again_with_the_same_master(
             assert in_flight.wait(10)
             registering = threading.Thread(target=server.register)
             registering.start()
-            wait_until(lambda: fence.closed, 5, "the node to close its fence")
+            if drain_s:     # the registration waits for the write in flight
+                wait_until(lambda: fence.closed, 5, "the node to close its fence")
+            else:           # the registration cuts it and goes on (its fence may be open again before a poll)
+                registering.join(30)
             let_go.set()
             registering.join(30)
             putter.join(30)
