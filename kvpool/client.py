@@ -430,14 +430,22 @@ class PoolClient(PoolFront):
         statuses = [wire.PUT_STATUS_NAME.get(s, "no_space") for s in reply.statuses]
         granted = [i for i, s in enumerate(reply.statuses) if s == pb.STORED]
         grants = wire.grants_of(reply)
+        release = None
         try:
-            mapped = self.transfers.mapped_views(grants, granted)
+            # claimed until commit or abort: their node gives none of them out again meanwhile, whatever the
+            # deadline (tiers/writer_claims.py); claimed past the deadline, they are staged instead
+            mapped, release = self.transfers.claim_mapped(grants, granted)
+            if mapped and fence.now() >= deadline:
+                release()
+                mapped = {}
             buffers: list = [None] * len(keys)
             for i in granted:
                 buffers[i] = mapped.get(i)
                 if buffers[i] is None:
                     buffers[i] = as_writable_bytes(staging(sizes[i]), f"staging({sizes[i]})")
         except BaseException:
+            if release is not None:
+                release()
             self._abort([reply.grant_ids[i] for i in granted])
             raise
         for i in granted:
@@ -447,6 +455,7 @@ class PoolClient(PoolFront):
         def commit() -> list[str]:
             out = [s if s != "granted" else "no_space" for s in statuses]
             failed: set[int] = set()
+            release()       # the caller's copies are over
             if mapped and fence.now() >= deadline:
                 # The caller's copies may have landed after the grant lapsed: never commit them.
                 self.transfers.late_writes_skipped += len(mapped)
@@ -465,6 +474,7 @@ class PoolClient(PoolFront):
             return out
 
         def abort() -> None:
+            release()
             self._abort([reply.grant_ids[i] for i in granted])
 
         return ExtentWrite(keys, statuses, buffers, [i in mapped for i in range(len(keys))], commit, abort)

@@ -19,12 +19,14 @@
 
 The same-host fence (kvpool/fence.py says why it is this one): every read is checked against the committed xxh3_64
 by default (`verify="all"`; same-host copies are hashed chunk by chunk as they land), so a stalled peer can never
-make a read return another object's bytes; a same-host write starts no copy past its grant's `deadline`, and is
-failed (never committed) when the arena's owner died meanwhile. `verify="remote"` checks only bytes that crossed
+make a read return another object's bytes; a same-host write claims the range it copies into before it checks its
+grant's `deadline` and starts no copy past it (tiers/writer_claims.py: the node's heartbeats show the claim, and
+the master gives no claimed extent out again, so a copy that began in time and stalled lands on its own extent), and
+is failed (never committed) when the arena's owner died meanwhile. `verify="remote"` checks only bytes that crossed
 the data channel, `"none"` nothing: both give up that guarantee (benchmarks, trusted single-tenant setups).
 Zero-staging callers (kvpool/extents.py) use the pieces: `mapped_views` (same-host DRAM extents themselves, for the
-caller's own copy), `check_mapped` (the read fence on them), `fenced` + `check_landed` (the same fence on the
-caller's own hash of its copy), `owners_gone` (the write-side owner check), and `read`/`write` for the staged rest.
+caller's own copy; a put's through `claim_mapped`, claimed until its commit), `check_mapped` (the read fence on
+them), `fenced` + `check_landed` (the same fence on the caller's own hash of its copy), `owners_gone` (the write-side owner check), and `read`/`write` for the staged rest.
 The location cache (kvpool/locations.py) takes `mapped_extents` and `ssd_locations` (the SSD records this client
 reads itself, each with the node's arena that dates it) from a reply, and reads its SSD entries with
 `read_located` (the record's checks and the committed checksum; a failure is stale, neither retried nor reported).
@@ -52,7 +54,7 @@ import os
 import ssl
 import threading
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 from kvpool import fence
 from kvpool.errors import PoolTimeout, PoolUnavailable
@@ -67,6 +69,7 @@ from kvpool.tiers.types import Tier
 log = logging.getLogger(__name__)
 
 VERIFY_MODES = ("remote", "all", "none")
+_CLAIMS_RETRY_S = 5.0     # a process that found every block of an arena's writer claims held asks again after this
 _DRAM = int(Tier.DRAM)
 _SSD = int(Tier.SSD)
 STAMP_RETRY_S = 30.0    # a node that did not answer STAMP (an older node) is asked again this much later
@@ -98,7 +101,8 @@ class NodeStamp:
 class Route:
     """How to reach one node: its arena mapped here (same host) and/or its data channel."""
 
-    __slots__ = ("node_id", "arena", "ssd", "data", "data_address", "owner_gone", "index", "stamp")
+    __slots__ = ("node_id", "arena", "ssd", "data", "data_address", "owner_gone", "index", "stamp", "_claims",
+                 "_claims_retry")
 
     def __init__(self, node_id: str, arena, data: DataClient | None, data_address: str, ssd=None) -> None:
         self.node_id, self.arena, self.data, self.data_address = node_id, arena, data, data_address
@@ -107,16 +111,34 @@ class Route:
         region = arena.index_region if arena is not None else None
         self.index = HostIndex(region) if region is not None else None    # the node's published objects
         self.stamp = NodeStamp(node_id, data) if data is not None else None   # dates what was read over TCP
+        self._claims = None      # tiers.writer_claims.WriterClaims of the arena: taken at this route's first write
+        self._claims_retry = 0.0
 
     def path(self, tier: int, *, write: bool = False) -> str:
         """Where an access to an extent on `tier` of this node goes: "ssd" (its data file, read here; reads only),
         "arena" (its DRAM arena, mapped here) or "channel" (its data channel): the one rule that `_move` follows and
-        that `ssd_locations` and `tcp_locations` remember by."""
+        that `ssd_locations` and `tcp_locations` remember by. A write goes into the arena only while this process
+        holds a block of its writers' claims (`claims`)."""
         if not write and self.ssd is not None and tier == _SSD:
             return "ssd"
-        if self.arena is not None and tier == _DRAM:
+        if self.arena is not None and tier == _DRAM and (not write or self.claims() is not None):
             return "arena"
         return "channel"
+
+    def claims(self):
+        """This process's block of writer claims on the arena (tiers/writer_claims.py), taken at the first write;
+        None while every block is held (asked again after _CLAIMS_RETRY_S): such writes take the data channel."""
+        claims = self._claims
+        if claims is None and self.arena is not None and time.monotonic() >= self._claims_retry:
+            try:
+                claims = self._claims = self.arena.writer_claims()
+            except ValueError:      # closed meanwhile
+                claims = None
+            if claims is None:
+                self._claims_retry = time.monotonic() + _CLAIMS_RETRY_S
+                log.info("node %s: no free block of writer claims in its arena; writing over its data channel",
+                         self.node_id)
+        return claims
 
 
 class Transfers:
@@ -194,6 +216,37 @@ class Transfers:
             views = arena.views([offsets[i] for i in picked], [sizes[i] for i in picked])
             out.update((i, (arena, view)) for i, view in zip(picked, views))
         return out
+
+    def claim_mapped(self, batch: ExtentBatch, positions: Sequence[int]) -> tuple[dict[int, memoryview], Callable]:
+        """`mapped_views` for a caller that copies into the extents itself (a zero-staging put, kvpool/extents.py):
+        each arena's extents under one writer claim (tiers/writer_claims.py: the range from the first to the end of
+        the last) from now until the returned `release()` (the put's commit or abort, after the caller's copies), so
+        that their node keeps them from being given out again while they may still be written. The caller checks
+        its grants' deadline after this call, as a copy's deadline check follows its claim. An arena whose claims
+        this process cannot take (every block or cell held) is left out: those entries go through `write`."""
+        extents = self.mapped_extents(batch, positions)
+        by_node: dict[int, list[int]] = {}
+        node_index, offsets, sizes = batch.node_index, batch.offsets, batch.sizes
+        for i in extents:
+            by_node.setdefault(int(node_index[i]), []).append(i)
+        held: list[tuple] = []
+        out: dict[int, memoryview] = {}
+        for n, picked in by_node.items():
+            claims = self._route(batch.nodes[n]).claims()
+            cell = claims.take() if claims is not None else None
+            if cell is None:
+                continue
+            claims.hold(cell, min(int(offsets[i]) for i in picked), max(int(offsets[i]) + int(sizes[i])
+                                                                         for i in picked))
+            held.append((claims, cell))
+            out.update((i, extents[i][1]) for i in picked)
+
+        def release() -> None:
+            while held:
+                claims, cell = held.pop()
+                claims.give(cell)
+
+        return out, release
 
     def ssd_locations(self, batch: ExtentBatch, positions: Sequence[int],
                       keys: Sequence[bytes]) -> dict[int, tuple[object, SsdLocation]]:
@@ -417,37 +470,59 @@ class Transfers:
         verify_local = not write and self.verify == "all"
         stored = batch.keys if len(batch.keys) else keys  # a tenant's objects: the keys the master stores
         direct_ssd: dict[int, list[int]] = {}
+        cells: dict[int, tuple] = {}    # node position -> (its route's WriterClaims, the cell this call copies under)
         verified: list[int] = []    # same-host reads to copy and check in one call (fence.copy_verified_many)
         extents: list[memoryview] = []
-        for i in positions:
-            n = node_index[i]
-            route = routes[n]
-            path = route.path(tiers[i], write=write)
-            if path == "ssd":
-                direct_ssd.setdefault(n, []).append(i)
-            elif path == "arena":
-                if write:
-                    if fence.now() >= deadline:  # the grant may be gone: the extent may be someone else's
-                        self.late_writes_skipped += 1
-                        failed.add(i)
-                        continue
-                    before = dated.get(id(route.arena)) if dated else None
-                    if before is not None and before != route.arena.generation:
-                        self.stale_writes_skipped += 1      # (`write`)
-                        failed.add(i)
-                        continue
-                    if landed is None:
-                        route.arena.view(offsets[i], sizes[i])[:] = views[i]
+        try:
+            for i in positions:
+                n = node_index[i]
+                route = routes[n]
+                path = route.path(tiers[i], write=write)
+                if path == "ssd":
+                    direct_ssd.setdefault(n, []).append(i)
+                elif path == "arena":
+                    if write:
+                        entry = cells.get(n)
+                        if entry is None:       # path() said "arena": this route holds a block of claims
+                            claims = route.claims()
+                            entry = cells[n] = (claims, claims.take())
+                        claims, cell = entry
+                        if cell is None:        # CELLS copies of this process in flight: over the channel
+                            remote.setdefault(n, []).append(i)
+                            continue
+                        # the claim first, then the deadline: a node scanning after the grant's expiry sees the claim
+                        # of any copy that passed this check until it is over (tiers/writer_claims.py)
+                        claims.hold(cell, int(offsets[i]), int(offsets[i]) + int(sizes[i]))
+                        if fence.now() >= deadline:  # the grant may be gone: the extent may be someone else's
+                            claims.drop(cell)
+                            self.late_writes_skipped += 1
+                            failed.add(i)
+                            continue
+                        before = dated.get(id(route.arena)) if dated else None
+                        if before is not None and before != route.arena.generation:
+                            claims.drop(cell)
+                            self.stale_writes_skipped += 1      # (`write`)
+                            failed.add(i)
+                            continue
+                        try:
+                            if landed is None:
+                                route.arena.view(offsets[i], sizes[i])[:] = views[i]
+                            else:
+                                landed[i] = fence.copy_hashed(route.arena.view(offsets[i], sizes[i]), views[i])
+                        finally:
+                            claims.drop(cell)
+                        local_writes.setdefault(n, []).append(i)
+                    elif verify_local:
+                        verified.append(i)
+                        extents.append(route.arena.view(offsets[i], sizes[i]))
                     else:
-                        landed[i] = fence.copy_hashed(route.arena.view(offsets[i], sizes[i]), views[i])
-                    local_writes.setdefault(n, []).append(i)
-                elif verify_local:
-                    verified.append(i)
-                    extents.append(route.arena.view(offsets[i], sizes[i]))
+                        views[i][:] = route.arena.view(offsets[i], sizes[i])
                 else:
-                    views[i][:] = route.arena.view(offsets[i], sizes[i])
-            else:
-                remote.setdefault(n, []).append(i)
+                    remote.setdefault(n, []).append(i)
+        finally:
+            for claims, cell in cells.values():
+                if cell is not None:
+                    claims.give(cell)
         if verified:
             oks = fence.copy_verified_many([views[i] for i in verified], extents,
                                            [batch.checksums[i] for i in verified], pipeline=self.verify_threads > 0)

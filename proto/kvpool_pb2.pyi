@@ -60,7 +60,7 @@ class TierCapacity(_message.Message):
     def __init__(self, tier: _Optional[_Union[Tier, str]] = ..., capacity_bytes: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
 
 class NodeEndpoint(_message.Message):
-    __slots__ = ("node_id", "host_id", "data_address", "control_address", "tiers", "ssd_record_overhead", "alignment", "incarnation", "data_tls", "ssd_index_rows", "dram_pages", "move_drops", "removes_keys", "reports_ssd", "write_keys")
+    __slots__ = ("node_id", "host_id", "data_address", "control_address", "tiers", "ssd_record_overhead", "alignment", "incarnation", "data_tls", "ssd_index_rows", "dram_pages", "move_drops", "removes_keys", "reports_ssd", "write_keys", "writer_claims")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_ID_FIELD_NUMBER: _ClassVar[int]
     DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -76,6 +76,7 @@ class NodeEndpoint(_message.Message):
     REMOVES_KEYS_FIELD_NUMBER: _ClassVar[int]
     REPORTS_SSD_FIELD_NUMBER: _ClassVar[int]
     WRITE_KEYS_FIELD_NUMBER: _ClassVar[int]
+    WRITER_CLAIMS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     host_id: str
     data_address: str
@@ -91,7 +92,8 @@ class NodeEndpoint(_message.Message):
     removes_keys: bool
     reports_ssd: bool
     write_keys: bool
-    def __init__(self, node_id: _Optional[str] = ..., host_id: _Optional[str] = ..., data_address: _Optional[str] = ..., control_address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., ssd_record_overhead: _Optional[int] = ..., alignment: _Optional[int] = ..., incarnation: _Optional[str] = ..., data_tls: _Optional[bool] = ..., ssd_index_rows: _Optional[bool] = ..., dram_pages: _Optional[str] = ..., move_drops: _Optional[bool] = ..., removes_keys: _Optional[bool] = ..., reports_ssd: _Optional[bool] = ..., write_keys: _Optional[bool] = ...) -> None: ...
+    writer_claims: bool
+    def __init__(self, node_id: _Optional[str] = ..., host_id: _Optional[str] = ..., data_address: _Optional[str] = ..., control_address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., ssd_record_overhead: _Optional[int] = ..., alignment: _Optional[int] = ..., incarnation: _Optional[str] = ..., data_tls: _Optional[bool] = ..., ssd_index_rows: _Optional[bool] = ..., dram_pages: _Optional[str] = ..., move_drops: _Optional[bool] = ..., removes_keys: _Optional[bool] = ..., reports_ssd: _Optional[bool] = ..., write_keys: _Optional[bool] = ..., writer_claims: _Optional[bool] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
     __slots__ = ("node",)
@@ -116,12 +118,16 @@ class RegisterNodeResponse(_message.Message):
     def __init__(self, token_secret: _Optional[bytes] = ..., heartbeat_interval_s: _Optional[float] = ..., node_ttl_s: _Optional[float] = ..., epoch: _Optional[int] = ..., master_time_us: _Optional[int] = ..., write_key: _Optional[bytes] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "epoch")
+    __slots__ = ("node_id", "epoch", "claimed_starts", "claimed_ends")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CLAIMED_STARTS_FIELD_NUMBER: _ClassVar[int]
+    CLAIMED_ENDS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     epoch: int
-    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+    claimed_starts: _containers.RepeatedScalarFieldContainer[int]
+    claimed_ends: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node_id: _Optional[str] = ..., epoch: _Optional[int] = ..., claimed_starts: _Optional[_Iterable[int]] = ..., claimed_ends: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("reregister", "master_time_us")

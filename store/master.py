@@ -57,6 +57,7 @@ from kvpool.store import checks, queries, tokens
 from kvpool.store import stats as stats_mod
 from kvpool.store.checks import BatchTooLarge
 from kvpool.store.config import MasterConfig
+from kvpool.store.held_extents import HeldExtents
 from kvpool.store.host_feed import HostIndexFeed
 from kvpool.store.index import COMMITTED, NO_COPY, PENDING, Index, State
 from kvpool.store.journal import Journal
@@ -154,6 +155,7 @@ class Master:
         self.retention = self.placement.retention
         self.retention.max_fraction = self.config.pin_max_fraction
         self.leases = Leases(self.index, token_secret)
+        self.held = HeldExtents()   # expired DRAM grants' extents a same-host writer may still fill (heartbeats free)
         # removed keys a node that was away must not bring back (store/tombstones.py); persisted with the journal
         self.tombstones = Tombstones(self.config.max_tombstones, scope_limit=self.config.max_tenant_tombstones,
                                      track=self.journal.persistent)
@@ -239,11 +241,20 @@ class Master:
         """Returns True when the node must register again (unknown to this master, or a stale epoch)."""
         return self.heartbeat_stamped(node_id, epoch)[0]
 
-    def heartbeat_stamped(self, node_id: str, epoch: int = 0) -> tuple[bool, int]:
+    def heartbeat_stamped(self, node_id: str, epoch: int = 0,
+                          claimed: Sequence[tuple[int, int]] = ()) -> tuple[bool, int]:
         """`heartbeat` and `time_us` under one hold of the lock (the Heartbeat reply carries both): (reregister,
-        the master time the node stamps its next SSD records with)."""
+        the master time the node stamps its next SSD records with). `claimed`: the [start, end) DRAM ranges the
+        node's scan found same-host writers claiming right before the call (NodeInfo.writer_claims): the expired
+        grants' extents it held that none covers are freed from the second heartbeat after their expiry on
+        (store/held_extents.py)."""
         with self._lock:
-            return self.registry.heartbeat(node_id, epoch, self.clock()), self.tombstones.now_us()
+            reregister = self.registry.heartbeat(node_id, epoch, self.clock())
+            node = self.placement.nodes.get(node_id)
+            if not reregister and node is not None:
+                if offsets := self.held.beat(node.number, list(claimed)):
+                    self.placement.free_held(node.number, offsets)
+            return reregister, self.tombstones.now_us()
 
     def time_us(self) -> int:
         """The master's time for a node's SSD record stamps (registration and heartbeat replies): wall-clock µs,
@@ -1120,6 +1131,9 @@ class Master:
             record.pinned_objects, record.pinned_bytes = index.retained_slots(), index.retained_bytes()
             record.pins_clipped, record.pinned_evictions = rc.clipped, rc.yielded
             record.extra = {"grants_open": self.leases.open_grants, "leases_open": self.leases.open_leases,
+                            "grants_held": self.held.count(),
+                            "heartbeats": {node_id: self.held.beats(node.number)
+                                           for node_id, node in self.placement.nodes.items()},
                             "draining": sorted(self.drains.draining), "moves_open": self.drains.pinned(),
                             "write_behind": self.write_behind.counters.as_dict(self.write_behind.pending),
                             "orphaned": self.placement.counters.orphaned, "stopping": sorted(self._stopping),
@@ -1218,7 +1232,7 @@ class Master:
         self._next_reap = now + min(cfg.lease_ttl_s, cfg.grant_ttl_s, cfg.node_ttl_s) / 4
         grants = self.leases.expired_grants(now)
         leases = self.leases.expired_leases(now)
-        free = list(grants)
+        free = self._expire_grants(grants)
         for lease_id in leases:
             self._release(lease_id, None, free)
         self._free(free)                        # the erases their freed SSD extents need: one call per node
@@ -1236,9 +1250,26 @@ class Master:
             self.retention.sweep()
         return {"grants": len(grants), "leases": len(leases), "nodes": len(silent)}
 
+    def _expire_grants(self, slots: list[int]) -> list[int]:
+        """Expired grants' slots: those to free now. One in the DRAM of a node whose same-host writers claim what
+        they copy into (NodeInfo.writer_claims) is forgotten now (its key free for a new put) while its extent is
+        held until that node's heartbeats show it unclaimed (store/held_extents.py)."""
+        free = []
+        index, by_number = self.index, self.placement.by_number
+        for slot in slots:
+            node = by_number[int(index.node[slot])]
+            if node is not None and node.info.writer_claims and int(index.tier[slot]) == Tier.DRAM \
+                    and int(index.offset[slot]) >= 0:
+                self.held.hold(node.number, int(index.offset[slot]), int(index.size[slot]))
+                self.placement.forget(slot, keep_extent=True)
+            else:
+                free.append(slot)
+        return free
+
     def _node_leaves(self, number: int, node_id: str, *, leaving: bool) -> None:
         """A node is dropped (`leaving`) or restarted: end its moves and its uncommitted grants (their slots are
         freed with the node, so a late commit must find no grant rather than a reused slot)."""
+        self.held.forget_node(number)           # its held extents go with its allocators
         self.drains.forget_node(number, node_id, leaving=leaving)
         node_col = self.index.node
         self.leases.drop_grants_where(lambda slot: int(node_col[slot]) == number)

@@ -167,7 +167,11 @@ class MasterServicer(pbg.MasterServiceServicer):
 
     @_rpc
     def Heartbeat(self, request, context):
-        reregister, time_us = self.master.heartbeat_stamped(request.node_id, request.epoch)
+        if len(request.claimed_starts) != len(request.claimed_ends):
+            raise ValueError(f"claimed_ends: {len(request.claimed_ends)} entries for {len(request.claimed_starts)} "
+                             f"claimed_starts")
+        reregister, time_us = self.master.heartbeat_stamped(
+            request.node_id, request.epoch, claimed=list(zip(request.claimed_starts, request.claimed_ends)))
         return pb.HeartbeatResponse(reregister=reregister, master_time_us=time_us)
 
     @_rpc

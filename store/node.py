@@ -206,7 +206,15 @@ class StorageNode:
                         ssd_record_overhead=overhead,
                         dram_path=str(self.shared_arena.path) if self.shared_arena is not None else "",
                         hbm_bytes=self.hbm.capacity if self.hbm is not None else 0, ssd_index_rows=True,
-                        dram_pages=self._dram_pages, move_drops=True, removes_keys=True)
+                        dram_pages=self._dram_pages, move_drops=True, removes_keys=True,
+                        writer_claims=self.dram is not None and self.config.share_dram)
+
+    def claimed_ranges(self) -> list[tuple[int, int]]:
+        """The DRAM ranges same-host writers alive may be copying into now (tiers/writer_claims.py): what each
+        heartbeat tells the master (NodeInfo.writer_claims). [] where the arena is not shared."""
+        if self.dram is None or not self.config.share_dram:
+            return []
+        return self.dram.claimed_ranges()
 
     @property
     def shared_arena(self):

@@ -272,8 +272,13 @@ class NodeServer:
                     self.register()
                     registered = True
                 else:
-                    reply = self._master.Heartbeat(pb.HeartbeatRequest(node_id=self.config.node_id, epoch=self._epoch),
-                                                   timeout=self.config.rpc_timeout_s)
+                    # scanned right before the call: the master counts on the scan following its last reply
+                    claimed = self.node.claimed_ranges()
+                    reply = self._master.Heartbeat(
+                        pb.HeartbeatRequest(node_id=self.config.node_id, epoch=self._epoch,
+                                            claimed_starts=[start for start, _ in claimed],
+                                            claimed_ends=[end for _, end in claimed]),
+                        timeout=self.config.rpc_timeout_s)
                     self.node.heard_master_time(reply.master_time_us)
                     if reply.reregister:
                         log.warning("master asked node %s to register again", self.config.node_id)

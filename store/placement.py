@@ -475,7 +475,8 @@ class Placement:
 
     # ---- object lifecycle ----
 
-    def forget(self, slot: int, *, free_extent: bool = True, drops: list[Drop] | None = None) -> None:
+    def forget(self, slot: int, *, free_extent: bool = True, drops: list[Drop] | None = None,
+               keep_extent: bool = False) -> None:
         """Remove an object from the index, its policy, its chain and (optionally) its allocators. A leased object is
         only unlinked (DOOMED); `release` frees it when the last lease ends. Freeing an SSD extent (the object's, or
         its copy's) tells the node to erase the record: appended to `drops` (the caller sends them before reusing
@@ -505,7 +506,8 @@ class Placement:
         if free_extent and node is not None and not node.leaving:
             own: list[Drop] = []
             offset = int(index.offset[slot])
-            if space is not None and offset >= 0:   # < 0: its extent went on to another slot (`relocate`)
+            if space is not None and offset >= 0 and not keep_extent:   # < 0: its extent went on (`relocate`);
+                # keep_extent: the caller frees it later (`free_held`: an expired grant a writer may still fill)
                 if space.tier is _SSD:
                     self.copies.free_ssd(node, key, offset, int(index.size[slot]), own)
                 else:
@@ -519,6 +521,16 @@ class Placement:
                 else:
                     drops.extend(own)
         index.free(slot)
+
+    def free_held(self, number: int, offsets: list[int]) -> None:
+        """Free DRAM extents of node `number` that `forget(..., keep_extent=True)` kept allocated (store/
+        held_extents.py). Nothing to do for a node that left: its allocators went with it."""
+        node = self.by_number[number] if number < len(self.by_number) else None
+        if node is None or node.leaving:
+            return
+        allocator = node.spaces[Tier.DRAM].allocator
+        for offset in offsets:
+            allocator.free(offset)
 
     # ---- allocation with eviction ----
 

@@ -140,6 +140,9 @@ class NodeInfo:
     # it checks write grants with the key its registration hands it (RegisterNodeResponse.write_key; nodes since
     # 2026-12-07, store/tokens.py; else they are signed with the master's secret); said at each registration
     write_keys: bool = field(default=False, metadata={"persist": False})
+    # its heartbeats name the DRAM ranges same-host writers may be copying into (tiers/writer_claims.py; nodes since
+    # 2026-12-07 evening that share their arena): the master frees an expired DRAM grant there only once unclaimed
+    writer_claims: bool = field(default=False, metadata={"persist": False})
 
     def persisted(self) -> dict:
         """The fields a metadata store keeps (JSON-able), without what a node says anew each time it registers."""

@@ -86,7 +86,8 @@ def endpoint_from_info(info: NodeInfo, *, host_id: str, data_address: str, ssd_p
                            alignment=info.alignment, incarnation=info.incarnation, data_tls=data_tls,
                            ssd_index_rows=info.ssd_index_rows, dram_pages=info.dram_pages,
                            move_drops=info.move_drops, removes_keys=info.removes_keys,
-                           reports_ssd=info.reports_ssd, write_keys=info.write_keys)
+                           reports_ssd=info.reports_ssd, write_keys=info.write_keys,
+                           writer_claims=info.writer_claims)
 
 
 def info_from_endpoint(ep: pb.NodeEndpoint) -> NodeInfo:
@@ -105,7 +106,7 @@ def info_from_endpoint(ep: pb.NodeEndpoint) -> NodeInfo:
                     dram_path=dram.path if dram else "", incarnation=ep.incarnation,
                     hbm_bytes=hbm.capacity_bytes if hbm else 0, ssd_index_rows=ep.ssd_index_rows,
                     dram_pages=ep.dram_pages, move_drops=ep.move_drops, removes_keys=ep.removes_keys,
-                    reports_ssd=ep.reports_ssd, write_keys=ep.write_keys)
+                    reports_ssd=ep.reports_ssd, write_keys=ep.write_keys, writer_claims=ep.writer_claims)
 
 
 def dram_path(ep: pb.NodeEndpoint) -> str:

@@ -30,7 +30,8 @@ page-table memory (~2 MiB per GiB mapped) and CPU, no RAM for data; a same-host 
 The tail page: the file is `capacity` rounded up to a page, then the host index region (`index_slots` x 64 bytes,
 none by default; the node's published index of its objects, tiers/host_index.py, which this module only maps),
 then one page that holds no objects: a magic, the capacity, the arena's *removal generation*, a 64-bit counter
-only the owner writes (`bump_generation`), and the number of index slots. The node
+only the owner writes (`bump_generation`), the number of index slots, and (from byte 256) same-host writers' claims
+on the extents they are copying into (tiers/writer_claims.py: `writer_claims`, `claimed_ranges`). The node
 bumps it when the master tells it objects were removed (`kvpool rm`, an admin evict) and when it registers with a
 master, so a same-host client's location cache (kvpool/locations.py) can tell, with one load from its own mapping and
 no round trip, that something it remembers may have been removed since the master last told it where that object
@@ -66,6 +67,7 @@ from typing import Any
 import numpy as np
 
 from . import gpu
+from .writer_claims import BLOCKS, CELLS, CLAIMS_AT, WriterClaims, claimed
 
 log = logging.getLogger(__name__)
 
@@ -290,6 +292,29 @@ class DramArena:
         if self._tail is None or not self._index_bytes:
             return None
         return memoryview(self._tail)[:self._index_bytes]
+
+    def writer_claims(self) -> "WriterClaims | None":
+        """A same-host writer's block of claims on this arena (tiers/writer_claims.py), held while this arena is
+        open here; None when every block is held or the filesystem has no OFD locks (write over the data channel
+        then). Not for the owner."""
+        if self._owner:
+            raise ValueError("the arena's owner scans writers' claims (`claimed_ranges`), it holds none")
+        table = self._claims_table()
+        return None if table is None else WriterClaims.open(self._fd, table)
+
+    def claimed_ranges(self) -> list[tuple[int, int]]:
+        """Owner only (the node's heartbeat): the [start, end) arena ranges that same-host writers alive may be
+        copying into now (tiers/writer_claims.py `claimed`)."""
+        if not self._owner:
+            raise ValueError("only the arena's owner scans writers' claims")
+        table = self._claims_table()
+        return [] if table is None else claimed(self._fd, table)
+
+    def _claims_table(self) -> np.ndarray | None:
+        if self._tail is None:
+            return None
+        return np.frombuffer(self._tail, dtype="<u8", count=BLOCKS * CELLS * 2,
+                             offset=self._index_bytes + CLAIMS_AT)
 
     @property
     def pinned(self) -> bool:

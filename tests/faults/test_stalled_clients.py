@@ -5,8 +5,9 @@ Each child client stops itself at an exact point of the data path (harness.Child
 the stalled client's extent belong to another committed object meanwhile, then SIGCONTs it:
   reader   stopped after its leased lookup, before the copy out of the arena
   writer   stopped before the write (the deadline check must keep it from writing at all), or after the check, right
-           before the memcpy (the write lands on the other object: its next reads are misses, counted and reported,
-           and the master forgets it so a new put restores it)
+           before the memcpy: its claim on the extent (tiers/writer_claims.py) keeps the master from giving that
+           extent to the other object while it is stopped (before 2026-12-07, evening, the write landed on the other
+           object: its next reads were misses, an acknowledged object lost)
 """
 
 from __future__ import annotations
@@ -103,10 +104,21 @@ def test_writer_stalled_past_its_grant_never_turns_a_committed_object_into_a_wro
         wait_stopped(child.pid)
         assert stats(address)["grants_open"] == 1
         wait_until(lambda: stats(address)["grants_open"] == 0, 10 * TTL, "the stalled writer's grant to expire")
+        beats = stats(address)["heartbeats"]["n1"]
+        if stall == "before_deadline_check":
+            # stopped before it claimed the extent: the node's scans find no claim, and the master frees the extent
+            # on the second heartbeat after the expiry
+            wait_until(lambda: stats(address)["grants_held"] == 0, 10 * TTL, "the expired grant's extent to be freed")
+        else:
+            # stopped inside its copy, its claim on the extent stored before its deadline check: heartbeat after
+            # heartbeat, the node's scan names it, and the master keeps the extent from every other put
+            wait_until(lambda: stats(address)["heartbeats"]["n1"] >= beats + 3, 10 * TTL, "three more heartbeats")
+            assert stats(address)["grants_held"] == 1
         with PoolClient(address, timeout=5) as parent:
             assert parent.put_many([b], [payload_of(b, SIZE)]) == ["stored"]
             figures.acked += 1
-            assert inspect(address, [b])[0].offset == 0  # the extent the stalled writer was granted
+            # before_deadline_check: b takes the stalled writer's extent; inside_copy: that one is held, b goes on
+            assert (inspect(address, [b])[0].offset == 0) == (stall == "before_deadline_check")
             cont(child.pid)
             assert child.recv() == ["no_space"]  # the late writer is told its put did not happen
             reads = []
@@ -118,15 +130,45 @@ def test_writer_stalled_past_its_grant_never_turns_a_committed_object_into_a_wro
             after = stats(address)
             figures.extra["late write corrupted"] = int(reads[0] == 0)
             figures.extra["dram_corrupt"] = after.get("dram_corrupt", 0)
-            if stall == "before_deadline_check":
-                assert reads == [1, 1] and after.get("dram_corrupt", 0) == 0  # the late writer wrote nothing
-            else:
-                # The late write landed on b: a miss for every reader, counted and reported, and b forgotten...
-                assert reads == [0, 0] and after["dram_corrupt"] == 1 and parent.contains_many([b]) == [False]
-                # ...so the next put of b restores it.
-                assert parent.put_many([b], [payload_of(b, SIZE)]) == ["stored"]
-                n, got = _read(parent, b)
-                assert n == 1 and got == payload_of(b, SIZE)
+            # Either way b is read back byte for byte, and nothing was found corrupt. Before 2026-12-07 (evening)
+            # the copy stopped inside landed on b: a miss for every reader, an acknowledged object lost.
+            assert reads == [1, 1] and after.get("dram_corrupt", 0) == 0
+            # the late copy is over and its claim dropped: the extent it held is freed
+            wait_until(lambda: stats(address)["grants_held"] == 0, 10 * TTL, "the held extent to be freed")
+            assert parent.put_many([a], [payload_of(a, SIZE)]) == ["stored"]
+            n, got = _read(parent, a)
+            assert n == 1 and got == payload_of(a, SIZE)
+    finally:
+        child.close()
+    figures.report(capsys)
+    figures.check()
+
+
+def test_a_writer_killed_inside_its_copy_gives_its_held_extent_back(pool, capsys):
+    """A same-host writer stopped inside its copy past its grant, then SIGKILLed: its claim's block lock goes with
+    it, the node's next scan clears the block, and the master frees the extent it held; the pool then fills it."""
+    cluster, address = pool
+    a = _key(21)
+    figures = Figures("writer killed inside its copy")
+    child = ChildClient(address, timeout=5)
+    try:
+        child.pause_at("kvpool.tiers.dram:DramArena.view")
+        child.send("put", ([a], SIZE, 0))
+        wait_stopped(child.pid)
+        wait_until(lambda: stats(address)["grants_open"] == 0, 10 * TTL, "the stalled writer's grant to expire")
+        beats = stats(address)["heartbeats"]["n1"]
+        wait_until(lambda: stats(address)["heartbeats"]["n1"] >= beats + 3, 10 * TTL, "three more heartbeats")
+        assert stats(address)["grants_held"] == 1
+        child.proc.kill()
+        child.proc.join(10)
+        wait_until(lambda: stats(address)["grants_held"] == 0, 10 * TTL, "the dead writer's extent to be freed")
+        with PoolClient(address, timeout=5) as parent:
+            assert parent.put_many([a], [payload_of(a, SIZE)]) == ["stored"]
+            figures.acked += 1
+            assert inspect(address, [a])[0].offset == 0      # the extent the dead writer held
+            n, got = _read(parent, a)
+            assert n == 1 and got == payload_of(a, SIZE)
+            figures.wrong_bytes += got != payload_of(a, SIZE)
     finally:
         child.close()
     figures.report(capsys)
