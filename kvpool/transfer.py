@@ -102,7 +102,7 @@ class Route:
     """How to reach one node: its arena mapped here (same host) and/or its data channel."""
 
     __slots__ = ("node_id", "arena", "ssd", "data", "data_address", "owner_gone", "index", "stamp", "_claims",
-                 "_claims_retry")
+                 "_claims_retry", "_claims_lock")
 
     def __init__(self, node_id: str, arena, data: DataClient | None, data_address: str, ssd=None) -> None:
         self.node_id, self.arena, self.data, self.data_address = node_id, arena, data, data_address
@@ -113,6 +113,7 @@ class Route:
         self.stamp = NodeStamp(node_id, data) if data is not None else None   # dates what was read over TCP
         self._claims = None      # tiers.writer_claims.WriterClaims of the arena: taken at this route's first write
         self._claims_retry = 0.0
+        self._claims_lock = threading.Lock()   # one block per mapping: the same description may re-lock a taken one
 
     def path(self, tier: int, *, write: bool = False) -> str:
         """Where an access to an extent on `tier` of this node goes: "ssd" (its data file, read here; reads only),
@@ -130,15 +131,33 @@ class Route:
         None while every block is held (asked again after _CLAIMS_RETRY_S): such writes take the data channel."""
         claims = self._claims
         if claims is None and self.arena is not None and time.monotonic() >= self._claims_retry:
-            try:
-                claims = self._claims = self.arena.writer_claims()
-            except ValueError:      # closed meanwhile
-                claims = None
-            if claims is None:
-                self._claims_retry = time.monotonic() + _CLAIMS_RETRY_S
-                log.info("node %s: no free block of writer claims in its arena; writing over its data channel",
-                         self.node_id)
+            with self._claims_lock:
+                claims = self._claims
+                if claims is None and time.monotonic() >= self._claims_retry:
+                    try:
+                        claims = self._claims = self.arena.writer_claims()
+                    except ValueError:      # closed meanwhile
+                        claims = None
+                    if claims is None:
+                        self._claims_retry = time.monotonic() + _CLAIMS_RETRY_S
+                        log.info("node %s: no free block of writer claims in its arena; writing over its data "
+                                 "channel", self.node_id)
         return claims
+
+    def close(self) -> None:
+        """Let go of this process's block of claims (before the arena closes the descriptor its lock is on), then
+        of the arena, the data file and the channel."""
+        with self._claims_lock:
+            claims, self._claims = self._claims, None
+            self._claims_retry = math.inf
+        if claims is not None:
+            claims.close()
+        if self.data is not None:
+            self.data.close()
+        if self.arena is not None:
+            self.arena.close()
+        if self.ssd is not None:
+            self.ssd.close()
 
 
 class Transfers:
@@ -448,12 +467,7 @@ class Transfers:
         with self._lock:
             routes, self._routes, self._mapped = list(self._routes.values()), {}, ()
         for route in routes:
-            if route.data is not None:
-                route.data.close()
-            if route.arena is not None:
-                route.arena.close()
-            if route.ssd is not None:
-                route.ssd.close()
+            route.close()
 
     # ------------------------------------------------------------------ internals
 

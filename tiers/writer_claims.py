@@ -70,10 +70,11 @@ class WriterClaims:
     """This process's block of claims on one arena (`DramArena.writer_claims`). Thread-safe: `take` a cell (None
     while all CELLS are taken), `hold` / `drop` it around each copy, `give` it back."""
 
-    def __init__(self, table: np.ndarray, block: int) -> None:
+    def __init__(self, table: np.ndarray, block: int, fd: int = -1) -> None:
         # two words per cell, as a memoryview of native u64 (stores ~4x cheaper than numpy's element assignment)
         self._words = memoryview(table[block * CELLS * 2:(block + 1) * CELLS * 2]).cast("B").cast("Q")
         self.block = block
+        self._fd = fd               # the mapping's descriptor the block's lock is on
         self._free = list(range(CELLS))
         self._lock = threading.Lock()
 
@@ -88,8 +89,22 @@ class WriterClaims:
                 return None
             if got:
                 table[block * CELLS * 2:(block + 1) * CELLS * 2] = 0   # a writer before died holding it
-                return cls(table, block)
+                return cls(table, block, fd)
         return None
+
+    def close(self) -> None:
+        """Clear the block and let its lock go (before the mapping closes `fd`; no copy may be in flight). Copies
+        after this find no cell."""
+        with self._lock:
+            self._free = []
+            words, self._words = self._words, None
+        if words is None:
+            return
+        for i in range(len(words)):
+            words[i] = 0
+        words.release()
+        if self._fd >= 0:
+            _lock(self._fd, self.block, fcntl.F_UNLCK)
 
     def take(self) -> int | None:
         with self._lock:
@@ -98,7 +113,8 @@ class WriterClaims:
     def give(self, cell: int) -> None:
         self.drop(cell)
         with self._lock:
-            self._free.append(cell)
+            if self._words is not None:     # (closed: the cell is gone with the block)
+                self._free.append(cell)
 
     def hold(self, cell: int, start: int, end: int) -> None:
         """Claim arena bytes [start, end): call before the deadline check that precedes a copy into them."""
@@ -108,7 +124,9 @@ class WriterClaims:
 
     def drop(self, cell: int) -> None:
         """The copies into the claimed range are over (or were never started)."""
-        self._words[2 * cell] = 0
+        words = self._words
+        if words is not None:
+            words[2 * cell] = 0
 
 
 def claimed(fd: int, table: np.ndarray) -> list[tuple[int, int]]:

@@ -111,9 +111,10 @@ def test_a_node_that_does_not_share_its_arena_frees_an_expired_grant_at_once(tmp
 
 
 def test_a_same_host_writer_that_finds_every_block_of_claims_held_writes_over_the_data_channel(tmp_path):
-    """A real master and node (in this process) and a same-host PoolClient, with all BLOCKS blocks of the node's
-    arena held by other mappings: the client's put goes over the node's data channel (where the node's own write
-    fence applies) instead of copying into the arena unclaimed; it is stored and read back byte for byte."""
+    """A real master and node (in this process) and same-host PoolClients. The first writer takes block 0 and gives
+    it back as it closes. With all BLOCKS blocks of the node's arena then held by other mappings, a client's put goes
+    over the node's data channel (where the node's own write fence applies) instead of copying into the arena
+    unclaimed; it is stored and read back byte for byte."""
     from kvpool import PoolClient
     from kvpool.services import NodeProcess
     from kvpool.store.config import NodeServerConfig
@@ -123,22 +124,32 @@ def test_a_same_host_writer_that_finds_every_block_of_claims_held_writes_over_th
     master = MasterServer(MasterServerConfig(listen="127.0.0.1:0")).start()
     process = NodeProcess(NodeServerConfig(node_id="n1", master=master.address, listen="127.0.0.1:0",
                                            dram_bytes=1 << 20, shm_dir=str(tmp_path))).start()
-    others = []
+    others, held = [], []
+    payload = bytes(range(256)) * 256
     try:
         server = process.server
         assert server.registered.wait(10)
-        others = [DramArena.attach(server.node.dram.path) for _ in range(BLOCKS)]
-        held = [o.writer_claims() for o in others]
-        assert all(c is not None for c in held)
-        payload = bytes(range(256)) * 256
+
+        def holder():
+            others.append(DramArena.attach(server.node.dram.path))
+            return others[-1].writer_claims()
+
+        with PoolClient(master.address, timeout=10) as writer:
+            assert writer.put_many([key(6)], [payload]) == ["stored"]     # copied in: block 0 is its
+            held = [holder() for _ in range(BLOCKS - 1)]
+            assert [c.block for c in held] == list(range(1, BLOCKS)) and holder() is None
+        held.append(holder())       # the writer closed: its block is free again
+        assert held[-1].block == 0
         with PoolClient(master.address, timeout=10) as client:
             assert server.data_server.connections() == 0
             assert client.put_many([key(7)], [payload]) == ["stored"]
             assert server.data_server.connections() == 1        # the write went over the channel
             buf = bytearray(len(payload))
             assert client.get_many_into([key(7)], [buf]) == 1 and bytes(buf) == payload
-        del held
     finally:
+        for c in held:
+            if c is not None:
+                c.close()
         for o in others:
             o.close()
         process.stop()

@@ -108,3 +108,19 @@ def test_only_writers_claim_and_only_the_owner_scans(arena):
 def test_overlaps_is_exact_at_the_edges():
     assert overlaps([(0, 4096)], 4095, 1) and not overlaps([(0, 4096)], 4096, 10)
     assert not overlaps([(100, 200)], 0, 100) and overlaps([(100, 200)], 0, 101) and not overlaps([], 0, 1)
+
+
+def test_closing_claims_clears_the_block_and_lets_its_lock_go_at_once(arena):
+    """`WriterClaims.close` (a client closing): its claims end and another writer may take the block, with no
+    garbage collection and the mapping still open."""
+    one, two = DramArena.attach(arena.path), DramArena.attach(arena.path)
+    c = one.writer_claims()
+    cell = c.take()
+    c.hold(cell, 0, 4096)
+    c.close()
+    assert arena.claimed_ranges() == [] and c.take() is None
+    c.give(cell)                # a copy ending after the close changes nothing
+    assert c.take() is None
+    assert two.writer_claims().block == 0
+    one.close()
+    two.close()
