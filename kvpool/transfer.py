@@ -26,7 +26,8 @@ is failed (never committed) when the arena's owner died meanwhile. `verify="remo
 the data channel, `"none"` nothing: both give up that guarantee (benchmarks, trusted single-tenant setups).
 Zero-staging callers (kvpool/extents.py) use the pieces: `mapped_views` (same-host DRAM extents themselves, for the
 caller's own copy; a put's through `claim_mapped`, claimed until its commit), `check_mapped` (the read fence on
-them), `fenced` + `check_landed` (the same fence on the caller's own hash of its copy), `owners_gone` (the write-side owner check), and `read`/`write` for the staged rest.
+them), `fenced` + `check_landed` (the same fence on the caller's own hash of its copy), `owners_gone` (the
+write-side owner check), and `read`/`write` for the staged rest.
 The location cache (kvpool/locations.py) takes `mapped_extents` and `ssd_locations` (the SSD records this client
 reads itself, each with the node's arena that dates it) from a reply, and reads its SSD entries with
 `read_located` (the record's checks and the committed checksum; a failure is stale, neither retried nor reported).
