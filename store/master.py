@@ -1254,16 +1254,20 @@ class Master:
         """Expired grants' slots: those to free now. One in the DRAM of a node whose same-host writers claim what
         they copy into (NodeInfo.writer_claims) is forgotten now (its key free for a new put) while its extent is
         held until that node's heartbeats show it unclaimed (store/held_extents.py)."""
-        free = []
+        free, held = [], []
         index, by_number = self.index, self.placement.by_number
         for slot in slots:
             node = by_number[int(index.node[slot])]
             if node is not None and node.info.writer_claims and int(index.tier[slot]) == Tier.DRAM \
                     and int(index.offset[slot]) >= 0:
                 self.held.hold(node.number, int(index.offset[slot]), int(index.size[slot]))
-                self.placement.forget(slot, keep_extent=True)
+                held.append(slot)
             else:
                 free.append(slot)
+        if held:
+            with self.placement.batched_ops():      # a write-behind copy's SSD reservation: its erase, batched
+                for slot in held:
+                    self.placement.forget(slot, keep_extent=True)
         return free
 
     def _node_leaves(self, number: int, node_id: str, *, leaving: bool) -> None:
