@@ -424,6 +424,7 @@ class PoolClient(PoolFront):
         req.keys.extend(bytes(k) for k in keys)
         req.sizes.extend(sizes)
         self._releaser.flush_uses(self.timeout)
+        gens = self.transfers.generations()     # dates the same-host copies, as put_many's do
         sent_at = fence.now()
         reply = self.rpc.call("PutStart", req, what="put_start")
         deadline = fence.write_deadline(sent_at, reply.ttl_ms)
@@ -434,7 +435,7 @@ class PoolClient(PoolFront):
         try:
             # claimed until commit or abort: their node gives none of them out again meanwhile, whatever the
             # deadline (tiers/writer_claims.py); claimed past the deadline, they are staged instead
-            mapped, release = self.transfers.claim_mapped(grants, granted)
+            mapped, release = self.transfers.claim_mapped(grants, granted, gens)
             if mapped and fence.now() >= deadline:
                 release()
                 mapped = {}
@@ -463,7 +464,8 @@ class PoolClient(PoolFront):
             try:
                 failed |= self.transfers.owners_gone(grants, [i for i in mapped if i not in failed])
                 if staged:
-                    failed |= self.transfers.write(grants, staged, keys, buffers, digest, deadline=deadline)
+                    failed |= self.transfers.write(grants, staged, keys, buffers, digest, deadline=deadline,
+                                                   dated=gens)
             except BaseException:
                 self._abort([reply.grant_ids[i] for i in granted])
                 raise

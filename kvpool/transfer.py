@@ -237,13 +237,16 @@ class Transfers:
             out.update((i, (arena, view)) for i, view in zip(picked, views))
         return out
 
-    def claim_mapped(self, batch: ExtentBatch, positions: Sequence[int]) -> tuple[dict[int, memoryview], Callable]:
+    def claim_mapped(self, batch: ExtentBatch, positions: Sequence[int],
+                     dated: dict[int, int | bytes] | None = None) -> tuple[dict[int, memoryview], Callable]:
         """`mapped_views` for a caller that copies into the extents itself (a zero-staging put, kvpool/extents.py):
         each arena's extents under one writer claim (tiers/writer_claims.py: the range from the first to the end of
         the last) from now until the returned `release()` (the put's commit or abort, after the caller's copies), so
         that their node keeps them from being given out again while they may still be written. The caller checks
         its grants' deadline after this call, as a copy's deadline check follows its claim. An arena whose claims
-        this process cannot take (every block or cell held) is left out: those entries go through `write`."""
+        this process cannot take (every block or cell held), or whose removal generation has moved since `dated`
+        (`generations()` before the PutStart: its node registered again, maybe with a master that does not know
+        these grants), is left out: those entries go through `write`."""
         extents = self.mapped_extents(batch, positions)
         by_node: dict[int, list[int]] = {}
         node_index, offsets, sizes = batch.node_index, batch.offsets, batch.sizes
@@ -258,6 +261,11 @@ class Transfers:
                 continue
             claims.hold(cell, min(int(offsets[i]) for i in picked), max(int(offsets[i]) + int(sizes[i])
                                                                          for i in picked))
+            arena = extents[picked[0]][0]
+            before = dated.get(id(arena)) if dated else None
+            if before is not None and before != arena.generation:      # checked after the claim, as `_move` does
+                claims.give(cell)
+                continue
             held.append((claims, cell))
             out.update((i, extents[i][1]) for i in picked)
 

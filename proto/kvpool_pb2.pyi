@@ -96,10 +96,14 @@ class NodeEndpoint(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., host_id: _Optional[str] = ..., data_address: _Optional[str] = ..., control_address: _Optional[str] = ..., tiers: _Optional[_Iterable[_Union[TierCapacity, _Mapping]]] = ..., ssd_record_overhead: _Optional[int] = ..., alignment: _Optional[int] = ..., incarnation: _Optional[str] = ..., data_tls: _Optional[bool] = ..., ssd_index_rows: _Optional[bool] = ..., dram_pages: _Optional[str] = ..., move_drops: _Optional[bool] = ..., removes_keys: _Optional[bool] = ..., reports_ssd: _Optional[bool] = ..., write_keys: _Optional[bool] = ..., writer_claims: _Optional[bool] = ...) -> None: ...
 
 class RegisterNodeRequest(_message.Message):
-    __slots__ = ("node",)
+    __slots__ = ("node", "claimed_starts", "claimed_ends")
     NODE_FIELD_NUMBER: _ClassVar[int]
+    CLAIMED_STARTS_FIELD_NUMBER: _ClassVar[int]
+    CLAIMED_ENDS_FIELD_NUMBER: _ClassVar[int]
     node: NodeEndpoint
-    def __init__(self, node: _Optional[_Union[NodeEndpoint, _Mapping]] = ...) -> None: ...
+    claimed_starts: _containers.RepeatedScalarFieldContainer[int]
+    claimed_ends: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node: _Optional[_Union[NodeEndpoint, _Mapping]] = ..., claimed_starts: _Optional[_Iterable[int]] = ..., claimed_ends: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RegisterNodeResponse(_message.Message):
     __slots__ = ("token_secret", "heartbeat_interval_s", "node_ttl_s", "epoch", "master_time_us", "write_key")

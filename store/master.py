@@ -66,7 +66,7 @@ from kvpool.store.metadata import MemoryMetadata, MetadataBackend
 from kvpool.store.migration import Drains, MigrateStartResult
 from kvpool.store.node import NodeOps, PublishOps
 from kvpool.store.node_calls import Deferred
-from kvpool.store.placement import Placement
+from kvpool.store.placement import NodeState, Placement
 from kvpool.store.promotion import Promotions
 from kvpool.store.quota import ANY_TIER, Quotas
 from kvpool.store.recorder import DEFAULT_MAX_FILE_BYTES, Recorder, RecordingStatus
@@ -206,7 +206,8 @@ class Master:
         """`register`, returning the node's epoch."""
         return self.register(info, ops, expires=expires).epoch
 
-    def register(self, info: NodeInfo, ops: NodeOps, *, expires: bool = True) -> Registered:
+    def register(self, info: NodeInfo, ops: NodeOps, *, expires: bool = True,
+                 claimed: Sequence[tuple[int, int]] = ()) -> Registered:
         """Add (or re-attach) a node; returns its epoch and the key of its write grants. A node re-registering
         with the same `incarnation` kept its memory (the master restarted, or it was told to register again): its
         objects stay, and so does its key while this master process knows it. A new incarnation means the node
@@ -225,6 +226,8 @@ class Master:
             self._stopping.discard(info.node_id)
             self.journal.put_node(info)  # addresses may have changed
             self._flush()
+            if claimed and info.writer_claims:
+                self._hold_claimed(reg.node, claimed)
             holds = self.placement.holds_shared(reg.node)
         if restarted:
             self._forget_leaving()  # before the answer: the node reports its SSD records after it
@@ -1249,6 +1252,28 @@ class Master:
         if self.index.retained:
             self.retention.sweep()
         return {"grants": len(grants), "leases": len(leases), "nodes": len(silent)}
+
+    def _hold_claimed(self, node: NodeState, claimed: Sequence[tuple[int, int]]) -> None:
+        """A registering node's writers' claims (its scan, after it bumped its arena's removal generation): a writer
+        may be copying there under a grant this master does not know (it restarted meanwhile), so the free parts of
+        those ranges are reserved and held like expired grants' extents (store/held_extents.py) until a heartbeat
+        shows them unclaimed. Writers that claim after that scan see the new generation and copy nothing."""
+        space = node.spaces.get(Tier.DRAM)
+        if space is None:
+            return
+        merged: list[list[int]] = []
+        for start, end in sorted((int(s), int(e)) for s, e in claimed if int(e) > int(s)):
+            if merged and start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        pieces = [p for start, end in merged for p in space.allocator.free_within(start, end)]
+        if pieces:
+            space.allocator.reserve_many(pieces)
+            for offset, size in pieces:
+                self.held.hold(node.number, offset, size)
+            log.info("node %s registered with %d claimed range(s): %d free piece(s) held until unclaimed",
+                     node.node_id, len(merged), len(pieces))
 
     def _expire_grants(self, slots: list[int]) -> list[int]:
         """Expired grants' slots: those to free now. One in the DRAM of a node whose same-host writers claim what

@@ -131,6 +131,9 @@ class MasterServicer(pbg.MasterServiceServicer):
     @_rpc
     def RegisterNode(self, request, context):
         ep = request.node
+        if len(request.claimed_starts) != len(request.claimed_ends):
+            raise ValueError(f"claimed_ends: {len(request.claimed_ends)} entries for {len(request.claimed_starts)} "
+                             f"claimed_starts")
         if not ep.node_id:
             raise ValueError("node.node_id: must be a non-empty string")
         if not ep.control_address or not ep.data_address:
@@ -138,9 +141,9 @@ class MasterServicer(pbg.MasterServiceServicer):
         info = wire.info_from_endpoint(ep)
         checks.node_info(info)  # before the channel or endpoint tables change (register_node checks it again)
         with self._member(ep.node_id):
-            return self._register(ep, info, context)
+            return self._register(ep, info, context, list(zip(request.claimed_starts, request.claimed_ends)))
 
-    def _register(self, ep, info, context):
+    def _register(self, ep, info, context, claimed):
         with self._lock:
             if self._drained.get(ep.node_id) == ep.incarnation:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION,
@@ -155,7 +158,7 @@ class MasterServicer(pbg.MasterServiceServicer):
         if old is not None:
             old.close()
         # the calls for this process name it: one made for the process before it at this address is refused there
-        registered = self.master.register(info, ops.bound(ep.incarnation))
+        registered = self.master.register(info, ops.bound(ep.incarnation), claimed=claimed)
         epoch = registered.epoch
         if self._metadata is not None and hasattr(self._metadata, "put_node_endpoint"):
             self._metadata.put_node_endpoint(ep.node_id, ep.SerializeToString())

@@ -228,6 +228,8 @@ class NodeServer:
         # A master that lost its index (a restart on the memory backend) no longer has what same-host location
         # caches remember from the last one: they must ask again.
         self.node.objects_removed()
+        # after that bump: a writer claiming later sees the new generation and copies nothing (tiers/writer_claims.py)
+        claimed = self.node.claimed_ranges()
         # Writes in flight may hold grants of a master that restarted since: they may finish for register_drain_s,
         # the rest are cut before it can place anything here (store/write_fence.py); new writes are refused until
         # the registration's keys are in.
@@ -235,7 +237,9 @@ class NodeServer:
             log.warning("node %s: %d write(s) still in flight after %.1f s cut before registering",
                         self.config.node_id, cut, self.config.register_drain_s)
         try:
-            reply = self._master.RegisterNode(pb.RegisterNodeRequest(node=self.endpoint()), timeout=timeout)
+            reply = self._master.RegisterNode(
+                pb.RegisterNodeRequest(node=self.endpoint(), claimed_starts=[start for start, _ in claimed],
+                                       claimed_ends=[end for _, end in claimed]), timeout=timeout)
             self.handler.write_key = bytes(reply.write_key)
             self.handler.secret = bytes(reply.token_secret)
         finally:

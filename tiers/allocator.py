@@ -177,6 +177,18 @@ class OffsetAllocator:
         return size
 
     # ---------------------------------------------------------------- recovery
+    def free_within(self, start: int, end: int) -> list[tuple[int, int]]:
+        """The free parts of [start, end) widened to `alignment`: (offset, size) pieces, in order, that
+        `reserve_many` takes as they are."""
+        a = self._alignment
+        lo, hi = max(start // a * a, 0), min(-(-end // a) * a, self._capacity)
+        out = []
+        for off, size in sorted(self._free_start.items()):
+            s, e = max(off, lo), min(off + size, hi)
+            if s < e:
+                out.append((s, e - s))
+        return out
+
     def reserve(self, offset: int, size: int) -> None:
         """Mark [offset, offset + rounded(size)) used. ValueError if it is not wholly free. For many extents use
         `reserve_many`, which is one sorted pass instead of one pass per extent."""

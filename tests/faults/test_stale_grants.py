@@ -103,3 +103,54 @@ def test_a_writer_stalled_across_a_restart_never_overwrites_the_object_placed_th
         print(cluster.logs())
     figures.report(capsys)
     figures.check()
+
+
+def test_a_same_host_writer_inside_its_copy_across_a_master_restart_keeps_its_extent_from_the_next_object(
+        tmp_path, capsys):
+    """The master is SIGKILLed and started again on the same Redis while a same-host writer is stopped inside its
+    copy into n1's arena (past every check: nothing can stop that copy any more). The new master does not know the
+    grant (a pending object is not journalled), but n1 registers with its scan of the writers' claims, and the new
+    master holds the free part of the claimed range: the next put (b) goes elsewhere. Let go, the writer finishes its
+    copy on its own extent and is told "no_space"; b reads back exact over TCP and same-host; the extent is freed once
+    a heartbeat shows the claim gone. Before 2026-12-07 (evening) b was placed on that extent and the copy landed on
+    it: an acknowledged object lost."""
+    redis = start_redis(tmp_path / "redis")
+    cluster = Cluster(workdir=tmp_path)
+    a, b, z = _key(11), _key(12), _key(10)
+    figures = Figures("same-host writer inside its copy across a master restart")
+    child = None
+    try:
+        master_port = free_port()
+        master = cluster.start_master(port=master_port, node_ttl_s=30.0, redis_url=redis.url,
+                                      extra=["--heartbeat-s", "0.3"])
+        cluster.start_node("n1", dram="1MiB")
+        child = ChildClient(master.address, timeout=5, retries=0)
+        assert child.call("put", ([z], SIZE, 0)) == ["stored"]     # maps n1's arena in the child
+        with PoolClient(master.address, timeout=5) as parent:
+            assert parent.remove_many([z]) == 1                     # so that a's grant takes offset 0 again
+        child.pause_at("kvpool.tiers.dram:DramArena.view")          # its claim stored, its checks passed
+        child.send("put", ([a], SIZE, 0))
+        wait_stopped(child.pid)
+        master.kill()
+        master = cluster.start_master(port=master_port, node_ttl_s=30.0, redis_url=redis.url,
+                                      extra=["--heartbeat-s", "0.3"])
+        wait_until(lambda: connected_nodes(master.address) == {"n1"}, 20, "n1 to register again")
+        assert stats(master.address)["grants_held"] == 1
+        with PoolClient(master.address, timeout=5) as parent:
+            assert parent.put_many([b], [payload_of(b, SIZE)]) == ["stored"]
+            figures.acked += 1
+            assert inspect(master.address, [b])[0].offset != 0     # not the stopped writer's extent
+            cont(child.pid)
+            assert child.recv() == ["no_space"]         # its copy landed on its own extent; the commit was refused
+            read_back_exact(master.address, b, SIZE, figures)
+            assert parent.contains_many([a]) == [False]
+            wait_until(lambda: stats(master.address)["grants_held"] == 0, 20, "the claimed extent to be freed")
+            assert stats(master.address).get("dram_corrupt", 0) == 0
+    finally:
+        if child is not None:
+            child.close()
+        cluster.close()
+        redis.kill()
+        print(cluster.logs())
+    figures.report(capsys)
+    figures.check()

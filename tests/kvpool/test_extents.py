@@ -428,3 +428,32 @@ def test_a_same_host_copy_is_not_made_once_the_arena_s_generation_moved_since_th
         out = bytearray(SIZE)
         assert client.get_many_into([key(2)], [out]) == 1 and bytes(out) == data(2).tobytes()
         assert transfers.stale_writes_skipped == 1
+
+
+def test_a_zero_staging_put_does_not_map_an_arena_whose_generation_moved_since_its_put_start(up):
+    """The same for `reserve_many`: the node bumps its generation between the PutStart and the claim of the
+    mapped extents (`Transfers.claim_mapped(dated=)`): the caller gets a staging buffer instead of the extent, whose
+    later write is dated too and copies nothing; the key answers no_space and the arena keeps its bytes."""
+    with PoolClient(up.address) as client:
+        assert client.put_many([key(1)], [data(1)]) == ["stored"]       # maps the arena
+        assert client.remove_many([key(1)]) == 1
+        node, transfers = up.node.node, client.transfers
+        arena = node.dram
+        before = bytes(arena.view(0, 4 * SIZE))
+        real_claim = transfers.claim_mapped
+
+        def claim_mapped(*args, **kwargs):
+            node.objects_removed()          # the node registers again between the PutStart and the claim
+            return real_claim(*args, **kwargs)
+
+        transfers.claim_mapped = claim_mapped
+        w = client.reserve_many([key(2)], [SIZE])
+        del transfers.claim_mapped
+        assert w.direct == [False]          # staged, not the extent itself
+        fill(w, [2])
+        assert w.commit() == ["no_space"] and transfers.stale_writes_skipped == 1
+        assert bytes(arena.view(0, 4 * SIZE)) == before
+        w = client.reserve_many([key(2)], [SIZE])
+        assert w.direct == [True]
+        fill(w, [2])
+        assert w.commit() == ["stored"]

@@ -94,6 +94,51 @@ def test_a_node_that_leaves_takes_its_held_extents_with_it(pool):
     master.index.check_invariants()
 
 
+def test_a_restarted_master_holds_the_free_parts_of_the_ranges_a_registering_node_finds_claimed(tmp_path):
+    """The master restarts (a new Master over the same persistent metadata) while a same-host writer is inside its
+    copy into the extent of a grant the old master gave (never committed, so the new master does not know it). The
+    node registers again with its scan of the claims: the new master reserves the free part of the claimed range
+    (the extent at OBJ) and holds it like an expired grant's, so a new put goes elsewhere; once a heartbeat shows the
+    claim gone (the second after the registration), the extent is given out again."""
+    from kvpool.store.metadata import MemoryMetadata
+    import numpy as np
+    import xxhash
+
+    clock = Clock()
+    meta = MemoryMetadata(persistent=True)
+    node = StorageNode(NodeConfig(node_id="n1", dram_bytes=4 * OBJ, shm_dir=str(tmp_path), share_dram=True))
+    client = DramArena.attach(node.dram.path)
+    try:
+        m1 = Master(MasterConfig(), meta, clock=clock)
+        m1.register(node.info(), node, expires=False)
+        (done,) = m1.put_start([key(1)], [OBJ])
+        data = np.full(OBJ, 1, np.uint8)
+        node.write(done.grant.location.tier, done.grant.location.offset, key(1), b"\0" * 16, data,
+                   xxhash.xxh3_64_intdigest(data))
+        assert m1.put_commit([done.grant.grant_id], [xxhash.xxh3_64_intdigest(data)]) == [True]
+        (pending,) = m1.put_start([key(2)], [OBJ])
+        assert (done.grant.location.offset, pending.grant.location.offset) == (0, OBJ)
+        claims = client.writer_claims()
+        cell = claims.take()
+        claims.hold(cell, OBJ, 2 * OBJ)         # the writer of key 2, inside its copy
+        m2 = Master(MasterConfig(), meta, clock=clock)      # m1 died
+        node.objects_removed()                  # what the node does first as it registers again, then it scans
+        epoch = m2.register(node.info(), node, expires=False, claimed=node.claimed_ranges()).epoch
+        assert m2.stats()["grants_held"] == 1 and m2.contains([key(1), key(2)]) == [True, False]
+        assert [r.grant.location.offset for r in m2.put_start([key(3)], [OBJ])] == [2 * OBJ]
+        assert m2.heartbeat_stamped("n1", epoch, claimed=node.claimed_ranges())[0] is False
+        assert m2.heartbeat_stamped("n1", epoch, claimed=node.claimed_ranges())[0] is False
+        assert m2.stats()["grants_held"] == 1   # claimed still, two heartbeats on
+        claims.drop(cell)
+        m2.heartbeat_stamped("n1", epoch, claimed=node.claimed_ranges())
+        assert m2.stats()["grants_held"] == 0
+        assert sorted(r.grant.location.offset for r in m2.put_start([key(4), key(5)], [OBJ, OBJ])) == [OBJ, 3 * OBJ]
+        m2.index.check_invariants()
+    finally:
+        client.close()
+        node.close()
+
+
 def test_a_node_that_does_not_share_its_arena_frees_an_expired_grant_at_once(tmp_path):
     clock = Clock()
     node = StorageNode(NodeConfig(node_id="n1", dram_bytes=OBJ, shm_dir=str(tmp_path)))

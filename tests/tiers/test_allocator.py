@@ -227,3 +227,15 @@ def test_allocate_many_bad_size_names_the_argument_and_changes_nothing():
     assert a.allocate_many(K, 0) == [] and a.free_bytes == 8 * K
     assert a.allocate_many(3 * K, 5) == [0, 3 * K]      # the third does not fit
     assert free_extents(a) == [(6 * K, 2 * K)]
+
+
+def test_free_within_lists_the_free_parts_of_a_range_widened_to_the_alignment():
+    a = OffsetAllocator(16 * 4096, alignment=4096)
+    offs = [a.allocate(4096) for _ in range(4)]         # [0, 16K) used
+    a.free(offs[1])                                     # [4K, 8K) free
+    assert a.free_within(0, 16 * 4096) == [(4096, 4096), (4 * 4096, 12 * 4096)]
+    assert a.free_within(4097, 5000) == [(4096, 4096)]  # widened to [4K, 8K)
+    assert a.free_within(0, 4096) == [] and a.free_within(15 * 4096 + 1, 99 * 4096) == [(15 * 4096, 4096)]
+    a.reserve_many(a.free_within(4096, 6 * 4096))
+    assert a.free_within(0, 16 * 4096) == [(6 * 4096, 10 * 4096)]
+    a.check_invariants()
