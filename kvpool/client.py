@@ -24,7 +24,7 @@ The layers it is built from, each usable on its own:
   kvpool/releaser.py   Releaser: the background thread that ends read leases and sends the location cache's reports
   kvpool/locations.py  LocationCache: where same-host gets and puts found their objects (`location_cache_s`)
 `kvpool drain` moves objects with the same `rpc` and `transfers` (public attributes).
-One module of ~800 lines because it is one concept, the pool API over RPC: a backend method per PoolFront call,
+One module of ~870 lines because it is one concept, the pool API over RPC: a backend method per PoolFront call,
 each a few lines over the layers above, but for acquire_many's ExtentRead builders (leased, and from the host index:
 ~150 lines of closures over this client's transfers, releaser and lookups; a module of their own would need all
 three handed over).

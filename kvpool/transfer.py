@@ -43,7 +43,7 @@ Thread-safe: routes are shared read-mostly, data connections are pooled per call
 TLS: a node that advertises `data_tls` is reached over TLS (`ssl_context`, else the system's CAs; `server_name`
 overrides the name checked in its certificate). Shared memory needs none: it never leaves the machine.
 
-One module of ~570 lines because it is one concept, the client's data movement with its read fence; the channels,
+One module of ~690 lines because it is one concept, the client's data movement with its read fence; the channels,
 the arenas and the fence itself live in their own modules.
 """
 

@@ -26,7 +26,7 @@ the tokens of grants and reads, and telling nodes of a removal. A removal (`remo
 1,024 objects at a time (`_in_chunks`), and so does forgetting a removed node's objects (`_forget_leaving`), so a
 lookup never waits out a removal of any size.
 
-Why one module of ~1,330 lines: the Master IS the RPC surface, one method per MasterService call (put, lookup,
+Why one module of ~1,390 lines: the Master IS the RPC surface, one method per MasterService call (put, lookup,
 release, nodes, drain moves, admin queries, recording), each a few lines of argument checks (store/checks.py) and
 a call to the owner of the state, under the one lock. The state and its logic live in the owners above; splitting
 the surface across classes would split the lock or make them reach into each other again.

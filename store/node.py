@@ -19,7 +19,7 @@ thread fdatasyncs the file at that period while it has unsynced writes (0: at th
 `close` syncs; `ssd_syncs` counts them. A node with DRAM prefaults its own arena's page tables at start, on a
 thread of its own (`prefaulted` is set when done), so the pool's first fill takes no page fault per page.
 
-One module of ~420 lines because it is one concept, the node's tiers: the records the master sends (Move, Drop,
+One module of ~440 lines because it is one concept, the node's tiers: the records the master sends (Move, Drop,
 Publication), the protocol it calls, and the one implementation that owns the arena, the SSD file and their threads.
 """
 

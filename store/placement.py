@@ -32,7 +32,7 @@ With tenant quotas (store/quota.py) every policy is wrapped so each tenant's own
 and `shed` take a tenant's own victims out (`shed` one tier down, without evicting anyone else's objects there),
 inside the put's batch like any other room made.
 
-Why one module of ~1,010 lines: placement, the eviction rounds, demotion and promotion moves (and their batched node
+Why one module of ~1,020 lines: placement, the eviction rounds, demotion and promotion moves (and their batched node
 calls' settling, a put's deferred calls' too), drain targets, a node's removal (its objects LEAVING, then forgotten
 a chunk at a time) and the adoption of a restarted node's records all change the same per-node allocators and
 policies, in one order, under the master's lock; the inclusive copies' bookkeeping and the queued node calls are

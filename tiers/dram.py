@@ -46,7 +46,7 @@ get huge ones), and the arena is reserved up front so that running out of RAM sh
 without `huge=` on common distributions, so this is the operator's choice: `shm_dir` on such a mount (README
 "Huge pages for the arena").
 
-One module of ~570 lines because it is one concept, the arena: its file, its mapping, and views into it.
+One module of ~600 lines because it is one concept, the arena: its file, its mapping, and views into it.
 """
 
 from __future__ import annotations

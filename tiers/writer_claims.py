@@ -53,10 +53,6 @@ _FLOCK = struct.Struct("hh4xqqi4x")     # struct flock on Linux x86-64 / aarch64
 _F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)
 
 
-def table_words() -> int:
-    return BLOCKS * CELLS * 2
-
-
 def _lock(fd: int, block: int, kind: int) -> bool:
     """An OFD lock (F_WRLCK) or unlock (F_UNLCK) of the block's byte; False when another description holds it."""
     try:
@@ -152,4 +148,4 @@ def overlaps(ranges: list[tuple[int, int]], offset: int, size: int) -> bool:
     return any(start < offset + size and offset < end for start, end in ranges)
 
 
-__all__ = ["BLOCKS", "CELLS", "CLAIMS_AT", "WriterClaims", "claimed", "overlaps", "table_words"]
+__all__ = ["BLOCKS", "CELLS", "CLAIMS_AT", "WriterClaims", "claimed", "overlaps"]
