@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from kvpool.store.config import EmbeddedConfig, MasterConfig, NodeConfig
+from kvpool.store.config import EmbeddedConfig, MasterConfig, NodeConfig, NodeServerConfig
 
 
 @pytest.mark.parametrize("cls, field, value, message", [
@@ -14,6 +14,9 @@ from kvpool.store.config import EmbeddedConfig, MasterConfig, NodeConfig
     (MasterConfig, "max_object_bytes", 0, "max_object_bytes must be > 0"),
     (MasterConfig, "max_object_bytes", -5, "max_object_bytes must be an integer >= 0"),
     (MasterConfig, "lease_ttl_s", 0, "lease_ttl_s must be a number > 0"),
+    (NodeServerConfig, "register_drain_s", -1, "register_drain_s must be a number of seconds >= 0, got -1"),
+    (NodeServerConfig, "register_drain_s", float("nan"), "register_drain_s must be a number of seconds >= 0"),
+    (NodeServerConfig, "register_drain_s", True, "register_drain_s must be a number of seconds >= 0, got True"),
     (MasterConfig, "grant_ttl_s", -1.0, "grant_ttl_s must be a number > 0"),
     (MasterConfig, "node_ttl_s", "x", "node_ttl_s must be a number > 0"),
     (MasterConfig, "policy", "mru", r"policy must be one of \['lru', 's3fifo', 'wlru', 'clru', 'bclru', 'lclru'\]"),
