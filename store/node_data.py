@@ -3,14 +3,16 @@ that the raw TCP data channel (store/data_channel.py) and NodeService's gRPC Wri
 serve. A write must carry a grant signed with the registration's write key (or the pool's secret, from a master
 before 2026-12-07) and lands only while its grant holds (`write_fence`, store/write_fence.py); a read carries a
 lease signed with the pool's secret. DRAM extents are views of the arena; SSD records and HBM extents are staged in
-a per-thread buffer."""
+a per-thread buffer, SSD records verified there; an SSD record for a client that checks the payload itself
+(FLAG_CHECKED) has only its header checked and is sent from the data file (FileSpan, os.sendfile)."""
 
 from __future__ import annotations
 
 import threading
+from typing import Sequence
 
 from kvpool.store import tokens
-from kvpool.store.data_channel import Extent
+from kvpool.store.data_channel import Extent, FileSpan
 from kvpool.store.node import StorageNode
 from kvpool.store.tokens import TokenError
 from kvpool.store.write_fence import WriteFence
@@ -28,6 +30,8 @@ class NodeDataHandler:
         self.write_key = b""    # write grants' key (RegisterNodeResponse.write_key, store/tokens.py); b"": `secret`
         self.write_fence = WriteFence()  # writes in flight: cut at their deadline and before a registration
         self._scratch = threading.local()  # per serving thread: the buffer SSD/HBM reads are staged in
+        self._lock = threading.Lock()       # _file_reads
+        self._file_reads = 0
 
     def _verify(self, kind: bytes, e: Extent) -> None:
         secret = self.secret
@@ -65,11 +69,13 @@ class NodeDataHandler:
             raise view
         return view
 
-    def read_views(self, extents: list[Extent]) -> list:
+    def read_views(self, extents: list[Extent], checked: Sequence[int] = ()) -> list:
         """`read_view` of each extent (the exception it would raise in its place), all valid together until this
         thread's next read_views or read_view: the data channel answers a window of READs with one sendmsg. SSD
         records are read in one `read_ssd_many` (records side by side: one preadv, tiers/ssd.py) into slices of
-        this thread's staging buffer."""
+        this thread's staging buffer, except those at the positions in `checked` (their client checks the payload
+        against the committed checksum, store/data_channel.py FLAG_CHECKED): their headers are checked and their
+        payloads answered as FileSpans of the data file, sent by the channel with os.sendfile, never read here."""
         out: list = [None] * len(extents)
         staged: list[int] = []          # SSD records and HBM extents: read into this thread's staging buffer
         node = self.node
@@ -84,6 +90,8 @@ class NodeDataHandler:
                     raise ValueError(f"tier: {e.tier} is not a tier of node {node.node_id}")
             except Exception as exc:  # noqa: BLE001 - each refusal is its own extent's reply
                 out[i] = exc
+        if staged and checked:
+            staged = self._file_spans(extents, staged, set(checked), out)
         if staged:
             bufs = self._staging_many([extents[i].size for i in staged])
             records = [(i, b) for i, b in zip(staged, bufs) if extents[i].tier == Tier.SSD]
@@ -111,6 +119,33 @@ class NodeDataHandler:
                     out[i] = ok if isinstance(ok, Exception) else buf if ok else KeyError(
                         "checksum: SSD record failed verification (served as a miss)")
         return out
+
+    def _file_spans(self, extents: list[Extent], staged: list[int], checked: set[int], out: list) -> list[int]:
+        """FileSpans into `out` for the SSD records of `staged` in `checked` (their headers checked by
+        `SsdFile.payload_offsets`; a bad one NOT_FOUND, as a failed verification); returns the rest of `staged`."""
+        ssd = self.node.ssd
+        spans = [i for i in staged if i in checked and extents[i].tier == Tier.SSD]
+        if not spans:
+            return staged
+        try:
+            found = ssd.payload_offsets([extents[i].offset for i in spans], [extents[i].key for i in spans],
+                                        [extents[i].size for i in spans])
+        except ValueError:      # one extent is out of the file: the staged path names each record's own error
+            return staged
+        fd = ssd.fileno()
+        for i, at in zip(spans, found):
+            out[i] = FileSpan(fd, at, extents[i].size) if at is not None else KeyError(
+                "checksum: SSD record header failed verification (served as a miss)")
+        with self._lock:
+            self._file_reads += len(found) - found.count(None)
+        sent = set(spans)
+        return [i for i in staged if i not in sent]
+
+    @property
+    def file_reads(self) -> int:
+        """SSD records answered from the data file (FileSpans: a checked read's header checked, the payload sent
+        with os.sendfile) since the node started."""
+        return self._file_reads
 
     def _staging_many(self, sizes: list[int]) -> list[memoryview]:
         """A buffer per size, slices of this thread's staging buffer (grown to fit them, up to _SCRATCH_MAX) while

@@ -437,6 +437,38 @@ class SsdFile:
             views.append(dst[:size])
         return self._count_misses([r is not None for r in read_records(self._fd, checked, keys, views)])
 
+    def payload_offsets(self, offsets, keys, sizes) -> list[int | None]:
+        """For each record at offsets[i]: the file offset of its payload when its header is valid for keys[i] and
+        exactly sizes[i] payload bytes (magic, version, header sum), else None (a miss, counted in
+        `corrupt_reads`). The payload itself is neither read nor hashed: this is for a reader that hashes it as it
+        lands and checks it against the committed checksum (the data channel sends it to such a client with
+        os.sendfile from `fileno()`, store/data_channel.py FLAG_CHECKED). Every argument is checked before anything
+        is read (ValueError naming it)."""
+        if not len(offsets) == len(keys) == len(sizes):
+            raise ValueError(f"offsets, keys and sizes must be as long, got {len(offsets)}, {len(keys)}, "
+                             f"{len(sizes)}")
+        checked = []
+        for i, (offset, key, size) in enumerate(zip(offsets, keys, sizes)):
+            self._check_key(key, f"keys[{i}]")
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise ValueError(f"sizes[{i}] must be an int >= 0, got {size!r}")
+            checked.append(self._check_extent(offset, record_size(size)))
+        out: list[int | None] = []
+        for offset, key, size in zip(checked, keys, sizes):
+            try:
+                parsed = _unpack_header(os.pread(self._fd, _HDR_LEN, offset))
+            except OSError:
+                log.warning("SSD header read failed at offset %d", offset, exc_info=True)
+                parsed = None
+            out.append(offset + HEADER_BYTES if parsed is not None and parsed[0] == key and parsed[2] == size
+                       else None)
+        self._count_misses([o is not None for o in out])
+        return out
+
+    def fileno(self) -> int:
+        """The data file's descriptor (-1 once closed), for `payload_offsets`' reader: read it, never write it."""
+        return self._fd
+
     def _count_misses(self, results: list[bool]) -> list[bool]:
         bad = results.count(False)
         if bad:

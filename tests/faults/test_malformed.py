@@ -373,7 +373,7 @@ def test_data_channel_forged_headers_allocate_nothing_and_idle_connections_are_c
     # refused on the token before any byte is allocated; the payload is drained through one bounded buffer.
     for _ in range(4):
         with socket.create_connection((host, int(port)), timeout=10) as s:
-            s.sendall(REQ.pack(MAGIC, OP_WRITE, pb.SSD, 1, 0, 64 << 20, int(time.time() * 1000) + 60_000,
+            s.sendall(REQ.pack(MAGIC, OP_WRITE, pb.SSD, 0, 1, 0, 64 << 20, int(time.time() * 1000) + 60_000,
                                bytes(16), K, bytes(16)))
             zeros = bytes(1 << 20)
             for _ in range(64):  # the announced payload: the node drains it through one small buffer

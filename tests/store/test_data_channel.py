@@ -23,6 +23,7 @@ from kvpool.store.data_channel import (
     DataClient,
     DataServer,
     Extent,
+    FileSpan,
 )
 from tests.faults.harness import wait_until
 
@@ -200,8 +201,10 @@ def tiered(kind, ident, tier, offset, size, key=b"k" * 16, secret=SECRET):
 
 def test_a_window_of_reads_is_answered_in_one_sendmsg_each_read_with_its_own_outcome(tmp_path, monkeypatch):
     """A real node's handler (read_views): 8 DRAM extents and 8 SSD records side by side, one record corrupted, one
-    read with a forged token and one past the SSD file's end, all in one window. The node answers them with one
-    sendmsg and reads the records with one preadv per run; every reply is the one its read would get alone."""
+    read with a forged token and one past the SSD file's end, all in one window of reads whose client does not check
+    the payload (no digests: no FLAG_CHECKED, as `verify="none"` or a client from before). The node answers them with
+    one sendmsg and reads the records with one preadv per run, verifying each; every reply is the one its read would
+    get alone."""
     from kvpool.tiers.types import Tier
 
     node, handler = _real_node(tmp_path)
@@ -221,7 +224,6 @@ def test_a_window_of_reads_is_answered_in_one_sendmsg_each_read_with_its_own_out
         reads += [tiered(tokens.READ, 1, Tier.SSD, i * 8192, 4096, key=bytes([i]) * 16) for i in range(8)]
         reads.insert(3, tiered(tokens.READ, 1, Tier.DRAM, 0, 4096, secret=b"x" * 32))
         outs = [bytearray(4096) for _ in reads]
-        digests = [None] * len(reads)
 
         def counting_sendmsg(sock, buffers, *args):
             sendmsgs.append(len(buffers))
@@ -238,14 +240,14 @@ def test_a_window_of_reads_is_answered_in_one_sendmsg_each_read_with_its_own_out
         monkeypatch.setattr(socket.socket, "sendmsg", counting_sendmsg)
         monkeypatch.setattr(__import__("os"), "preadv", counting_preadv)
         monkeypatch.setattr(copyhash, "read_records", traced_records)
-        results = client.read_many_into(reads, [memoryview(o) for o in outs], digests=digests)
+        results = client.read_many_into(reads, [memoryview(o) for o in outs])
         statuses = [r.status if r else None for r in results]
         assert statuses == [None] * 3 + [DENIED] + [None] * 10 + [NOT_FOUND] + [None] * 2
         assert results[14].message == "checksum: SSD record failed verification (served as a miss)"
         good = [i for i, s in enumerate(statuses) if s is None]
         assert [bytes(outs[i]) for i in good] == [data[j] for j in range(16) if j != 13]
-        assert [digests[i] for i in good] == [xxhash.xxh3_64_intdigest(data[j]) for j in range(16) if j != 13]
         assert sendmsgs == [17 + 15]            # 17 replies, 15 with a payload: one sendmsg
+        assert handler.file_reads == 0 and node.ssd.corrupt_reads == 1
         assert preadvs == [(0, 24)]             # 8 records side by side: one preadv (3 buffers each)
         # a record past the file's end (the master never signs one) fails the batch's checks: each record is then
         # read alone, for its own outcome
@@ -262,6 +264,109 @@ def test_a_window_of_reads_is_answered_in_one_sendmsg_each_read_with_its_own_out
         client.close()
         server.close()
         node.close()
+
+
+def test_checked_reads_get_ssd_payloads_from_the_file_and_the_client_hash_catches_damage(tmp_path, monkeypatch):
+    """The same window with digests (FLAG_CHECKED: the client checks each payload against its committed checksum).
+    The node checks each SSD record's header only and sends its payload with os.sendfile: no preadv, no hash of its
+    own. A payload damaged at rest arrives as it is on disk and its digest is not the committed one (the client's
+    miss); a header that does not name the key read is the node's NOT_FOUND, as before; everything else is exact."""
+    from kvpool.tiers.types import Tier
+
+    node, handler = _real_node(tmp_path)
+    server = DataServer(handler).start()
+    client = DataClient(server.address, timeout=5)
+    sendfiles, preadvs = [], []
+    os_mod = __import__("os")
+    real_sendfile, real_preadv = os_mod.sendfile, os_mod.preadv
+    try:
+        data = [bytes([i + 1]) * 4096 for i in range(16)]
+        for i in range(8):
+            node.write(Tier.DRAM, i * 4096, b"", b"", data[i], None)
+            node.write(Tier.SSD, i * 8192, bytes([i]) * 16, bytes(16), data[8 + i], None)
+        with open(node.ssd.path, "r+b") as raw:          # record 5's payload: one byte flipped
+            raw.seek(5 * 8192 + 4096 + 10)
+            raw.write(b"\xff")
+        damaged = bytearray(data[13])
+        damaged[10] = 0xFF
+        reads = [tiered(tokens.READ, 1, Tier.DRAM, i * 4096, 4096) for i in range(8)]
+        reads += [tiered(tokens.READ, 1, Tier.SSD, i * 8192, 4096, key=bytes([i]) * 16) for i in range(8)]
+        reads[8 + 6] = tiered(tokens.READ, 1, Tier.SSD, 6 * 8192, 4096, key=b"w" * 16)   # not record 6's key
+        reads.insert(3, tiered(tokens.READ, 1, Tier.DRAM, 0, 4096, secret=b"x" * 32))
+        outs = [bytearray(4096) for _ in reads]
+        digests = [None] * len(reads)
+
+        def counting_sendfile(out_fd, in_fd, offset, count):
+            sendfiles.append((offset, count))
+            return real_sendfile(out_fd, in_fd, offset, count)
+
+        def counting_preadv(fd, buffers, offset):
+            preadvs.append((offset, len(buffers)))
+            return real_preadv(fd, buffers, offset)
+
+        monkeypatch.setattr(os_mod, "sendfile", counting_sendfile)
+        monkeypatch.setattr(os_mod, "preadv", counting_preadv)
+        monkeypatch.setattr(copyhash, "read_records", lambda *a, **k: pytest.fail("the node read a payload"))
+        results = client.read_many_into(reads, [memoryview(o) for o in outs], digests=digests)
+        statuses = [r.status if r else None for r in results]
+        assert statuses == [None] * 3 + [DENIED] + [None] * 11 + [NOT_FOUND] + [None]
+        assert results[15].message == "checksum: SSD record header failed verification (served as a miss)"
+        good = [i for i, s in enumerate(statuses) if s is None and i != 14]
+        want = [data[j] for j in range(16) if j not in (13, 14)]
+        assert [bytes(outs[i]) for i in good] == want
+        assert [digests[i] for i in good] == [xxhash.xxh3_64_intdigest(w) for w in want]
+        assert bytes(outs[14]) == bytes(damaged)           # sent as it is on disk; the client's hash says so
+        assert digests[14] == xxhash.xxh3_64_intdigest(bytes(damaged)) != xxhash.xxh3_64_intdigest(data[13])
+        assert sendfiles == [(i * 8192 + 4096, 4096) for i in (0, 1, 2, 3, 4, 5, 7)]
+        assert preadvs == []
+        assert handler.file_reads == 7 and node.ssd.corrupt_reads == 1      # the header that named another key
+    finally:
+        client.close()
+        server.close()
+        node.close()
+
+
+def test_a_file_span_that_cannot_be_sent_whole_closes_its_connection_and_the_next_is_served(tmp_path):
+    """A FileSpan's reply header promises its size before os.sendfile runs: a file that ends early (or fails) can
+    only close the connection, which the client sees mid-frame (OSError), never as short or padded bytes. The
+    server goes on serving; a read without FLAG_CHECKED is never answered from the file."""
+    import os
+
+    path = tmp_path / "short"
+    path.write_bytes(b"s" * 1000)
+    fd = os.open(path, os.O_RDONLY)
+
+    class Spans:
+        def write_view(self, e):
+            raise ValueError("no writes here")
+
+        def write_done(self, e, view):
+            pass
+
+        def read_view(self, e):
+            return self.read_views([e])[0]
+
+        def read_views(self, extents, checked=()):
+            return [FileSpan(fd, 0, e.size) if k in checked else memoryview(b"v" * e.size)
+                    for k, e in enumerate(extents)]
+
+    server = DataServer(Spans()).start()
+    client = DataClient(server.address, timeout=5)
+    try:
+        out, digests = bytearray(1000), [None]
+        assert client.read_many_into([Extent(1, 1, 0, 1000, 0, bytes(16))], [memoryview(out)], digests=digests) \
+            == [None]
+        assert bytes(out) == b"s" * 1000 and digests == [xxhash.xxh3_64_intdigest(b"s" * 1000)]
+        with pytest.raises(OSError):
+            client.read_many_into([Extent(1, 1, 0, 4096, 0, bytes(16))], [memoryview(bytearray(4096))],
+                                  digests=[None])
+        out = bytearray(10)
+        assert client.read_many_into([Extent(1, 1, 0, 10, 0, bytes(16))], [memoryview(out)]) == [None]
+        assert bytes(out) == b"v" * 10
+    finally:
+        client.close()
+        server.close()
+        os.close(fd)
 
 
 def test_frames_that_arrive_together_are_each_parsed_whole(node):

@@ -181,6 +181,41 @@ def test_data_channel_over_tls_is_byte_exact_and_checks_tokens(pki, data_server)
         client.close()
 
 
+def test_checked_ssd_reads_over_tls_are_read_and_verified_by_the_node(pki, tmp_path, monkeypatch):  # noqa: F811
+    """FLAG_CHECKED over TLS: an SSLSocket cannot sendfile, so the node reads and verifies each SSD record as for any
+    read (a damaged payload is its NOT_FOUND), and the client's digests still come back."""
+    import os
+
+    import xxhash
+
+    from kvpool.tiers.types import Tier
+    from tests.store.test_data_channel import _real_node, tiered
+
+    node, handler = _real_node(tmp_path)
+    server = DataServer(handler, ssl_context=server_tls(pki).server_ssl_context(), handshake_timeout_s=5).start()
+    client = DataClient(server.address, timeout=5, ssl_context=client_tls(pki).client_ssl_context())
+    monkeypatch.setattr(os, "sendfile", lambda *a: pytest.fail("sendfile on a TLS connection"))
+    try:
+        data = [bytes([i + 1]) * 4096 for i in range(3)]
+        for i in range(3):
+            node.write(Tier.SSD, i * 8192, bytes([i]) * 16, bytes(16), data[i], None)
+        with open(node.ssd.path, "r+b") as raw:          # record 1's payload: one byte flipped
+            raw.seek(8192 + 4096)
+            raw.write(b"\xff")
+        reads = [tiered(tokens.READ, 1, Tier.SSD, i * 8192, 4096, key=bytes([i]) * 16) for i in range(3)]
+        outs, digests = [bytearray(4096) for _ in reads], [None] * 3
+        results = client.read_many_into(reads, [memoryview(o) for o in outs], digests=digests)
+        assert [r.status if r else None for r in results] == [None, 3, None]
+        assert results[1].message == "checksum: SSD record failed verification (served as a miss)"
+        assert [bytes(outs[0]), bytes(outs[2])] == [data[0], data[2]]
+        assert [digests[0], digests[2]] == [xxhash.xxh3_64_intdigest(data[0]), xxhash.xxh3_64_intdigest(data[2])]
+        assert handler.file_reads == 0 and node.ssd.corrupt_reads == 1
+    finally:
+        client.close()
+        server.close()
+        node.close()
+
+
 def test_data_channel_tls_refuses_plaintext_and_untrusted_peers_and_keeps_serving(pki, data_server):  # noqa: F811
     arena, server = data_server
     host, port = server.address.rsplit(":", 1)

@@ -528,3 +528,28 @@ def test_a_bad_written_us_is_refused_before_anything_is_written(ssd):
     with open(ssd.path, "rb") as raw:
         assert raw.read() == before
     assert list(ssd.scan()) == [SsdRecord(key(1), NS, 0, 5000, xxhash.xxh3_64_intdigest(payload(1, 5000)), 7)]
+
+
+def test_payload_offsets_check_headers_only_and_refuse_bad_arguments_before_reading(ssd):
+    """`payload_offsets` (the data channel's sendfile of a checked read): where each payload lies when the header
+    names the key and size asked for, None for any other header (counted, as a failed read is); a payload damaged at
+    rest is NOT caught here (its reader's hash against the committed checksum does). Bad arguments name the argument
+    and read nothing."""
+    for i in range(4):
+        ssd.write(i * 8192, key(i), NS, payload(i, 4096))
+    ssd.erase(3 * 8192)
+    with open(ssd.path, "r+b") as raw:
+        raw.seek(2 * 8192 + HEADER_BYTES + 7)                                    # record 2's payload
+        raw.write(b"\x00" if payload(2, 4096)[7] else b"\x01")
+    got = ssd.payload_offsets([0, 8192, 8192, 2 * 8192, 3 * 8192], [key(0), key(5), key(1), key(2), key(3)],
+                              [4096, 4096, 4095, 4096, 4096])
+    assert got == [HEADER_BYTES, None, None, 2 * 8192 + HEADER_BYTES, None]     # wrong key, wrong size, erased
+    assert ssd.corrupt_reads == 3
+    assert ssd.fileno() >= 0 and os.pread(ssd.fileno(), 4096, got[0]) == payload(0, 4096)
+    for args, name in [(([100], [key(0)], [10]), "offset"), (([0], [b"short"], [10]), "keys[0]"),
+                       (([0], [key(0)], [-1]), "sizes[0]"), (([0], [key(0)], [True]), "sizes[0]"),
+                       (([0, 0], [key(0)], [10]), "offsets, keys and sizes"), (([CAP - 4096], [key(0)], [10]),
+                                                                                "offset + record size")]:
+        with pytest.raises(ValueError, match=name.replace("[", r"\[").replace("+", r"\+")):
+            ssd.payload_offsets(*args)
+    assert ssd.corrupt_reads == 3
