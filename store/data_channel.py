@@ -41,11 +41,13 @@ Checked reads (2026-12-07): a client that hashes a READ's payload as it lands an
 committed xxh3_64 (kvpool/transfer.py, `verify` other than "none") sets FLAG_CHECKED. The node may then answer an SSD
 record from the file itself: it checks the record's header (key, size, header sum) and sends the payload with
 `os.sendfile` (a `FileSpan` from the handler's `read_views`), with no staging copy and no hash of its own; a
-payload damaged at rest is the client's checksum miss, reported to the master as the node's would be. Measured on
-the 2-core box (bench/ssd_read.py's TCP column, 2 MiB records): 1.6-1.9 GB/s read, hashed and sent from a staging
-buffer against 1.7-2.2 GB/s sent from the file with the page cache dropped, and 2.1-2.8 against 3.4-4.3 GB/s with
-the records in the page cache. Without the flag (an old client, `verify="none"`), or over TLS (an SSLSocket has no
-sendfile), the node reads and verifies the record as before.
+payload damaged at rest is the client's checksum miss, reported to the master as the node's would be. Measured
+2026-12-07 on the 2-core box (`bench/ab.py --rounds 3` of `bench/ssd_read.py --rounds 3`, its TCP column against
+the disk's sequential read, page cache dropped), before / after: 512 KiB 0.62x, 0.73x, 0.65x / 1.08x, 0.82x, 0.90x;
+2 MiB 0.75x, 0.78x, 0.64x / 1.31x, 0.83x, 0.92x; 64 KiB 0.50-0.52x / 0.40-0.55x (no change: per-record costs on
+both ends bound it, not the copy). From the page cache, 2 MiB reads went 2.1-2.8 -> 5.0-6.2 GB/s (a scratch run).
+Without the flag (an old client, `verify="none"`), or over TLS (an SSLSocket has no sendfile), the node reads and
+verifies the record as before.
 
 Bounds: at most `max_connections` connections are served at once (one thread each; more are closed at accept), and a
 connection that sends nothing for `idle_timeout_s` (between requests or mid-frame: a half-open or stalled peer) is
