@@ -306,6 +306,7 @@ def test_checked_reads_get_ssd_payloads_from_the_file_and_the_client_hash_catche
 
         monkeypatch.setattr(os_mod, "sendfile", counting_sendfile)
         monkeypatch.setattr(os_mod, "preadv", counting_preadv)
+        real_records = copyhash.read_records
         monkeypatch.setattr(copyhash, "read_records", lambda *a, **k: pytest.fail("the node read a payload"))
         results = client.read_many_into(reads, [memoryview(o) for o in outs], digests=digests)
         statuses = [r.status if r else None for r in results]
@@ -320,6 +321,17 @@ def test_checked_reads_get_ssd_payloads_from_the_file_and_the_client_hash_catche
         assert sendfiles == [(i * 8192 + 4096, 4096) for i in (0, 1, 2, 3, 4, 5, 7)]
         assert preadvs == []
         assert handler.file_reads == 7 and node.ssd.corrupt_reads == 1      # the header that named another key
+        # a record past the file's end (the master never signs one) in a checked window: the batch is read staged,
+        # as an unchecked one is, so each record gets its own outcome
+        monkeypatch.setattr(copyhash, "read_records", real_records)
+        sendfiles.clear()
+        reads = [reads[9], tiered(tokens.READ, 1, Tier.SSD, 4 << 20, 4096, key=b"z" * 16), reads[10]]
+        outs = [bytearray(4096) for _ in reads]
+        results = client.read_many_into(reads, [memoryview(o) for o in outs], digests=[None] * 3)
+        assert [r.status if r else None for r in results] == [None, BAD_REQUEST, None]
+        assert results[1].message.startswith("offset")
+        assert [bytes(outs[0]), bytes(outs[2])] == [data[8], data[9]]
+        assert sendfiles == [] and handler.file_reads == 7
     finally:
         client.close()
         server.close()
