@@ -9,8 +9,9 @@ Two kinds of metric, on purpose:
     labelled Gauge would keep reporting its last value forever).
   * Events only the caller sees (op latency, RPC errors, TTFT, connector fallbacks) are ordinary prometheus_client
     objects in `PoolMetrics` / `EngineMetrics` / `ConnectorMetrics`, incremented where they happen.
-  * A storage node's write fence counts (writes cut by a re-registration, writes refused at their deadline) are
-    the fence's own (store/write_fence.py), read at scrape time by `NodeFenceCollector` as the master's stats are.
+  * A storage node's own counts (its write fence's writes cut by a re-registration, drained, refused at their
+    deadline: store/write_fence.py; SSD records sent from its data file: store/node_data.py) are read at scrape
+    time from `NodeServer.node_counts()` by `NodeCountsCollector`, as the master's stats are.
 
 Every class takes a `registry` so tests use a fresh `CollectorRegistry`; processes pass `prometheus_client.REGISTRY`
 or their own. Serve with `render_metrics(registry)` from an existing HTTP server (the dashboard does) or with
@@ -168,36 +169,40 @@ def fill_families(fams: dict, snap: PoolStats) -> None:
         fams["kvpool_tenant_prefill_seconds_saved"].add_metric([name], t.prefill_seconds_saved)
 
 
-# name -> (counts key, help): a storage node's write fence (store/write_fence.py), read at scrape time from
-# `WriteFence.counts()` by NodeFenceCollector on the node's own /metrics.
-NODE_FENCE_FAMILIES: dict[str, tuple[str, str]] = {
+# name -> (counts key, help): a storage node's own counters, read at scrape time from `NodeServer.node_counts()`
+# (its write fence's `WriteFence.counts()` and its data handler's `file_reads`) by NodeCountsCollector on the
+# node's own /metrics.
+NODE_FAMILIES: dict[str, tuple[str, str]] = {
     "kvpool_node_writes_cut": ("cut_writes", "Writes in flight cut because the node registered with its master "
                                "again: nothing of them lands after the cut, their writers' puts fail and retry."),
     "kvpool_node_writes_drained": ("drained_writes", "Writes in flight when the node registered with its master "
                                    "again that finished within its register_drain_s instead of being cut."),
     "kvpool_node_writes_late": ("late_writes", "Writes whose grant ran out with bytes still to come: refused, "
                                 "nothing of them counts (a stalled writer)."),
+    "kvpool_node_ssd_reads_from_file": ("ssd_reads_from_file", "SSD records sent straight from the node's data "
+                                        "file (sendfile) to TCP clients that check the payload themselves: the "
+                                        "node checked their headers and neither copied nor hashed them."),
 }
 
 
-class NodeFenceCollector(Collector):
-    """Exports a node's write-fence counters at scrape time; `counts` returns `WriteFence.counts()`. A provider
-    that raises leaves the families empty for that scrape (as PoolStatsCollector)."""
+class NodeCountsCollector(Collector):
+    """Exports a storage node's own counters at scrape time; `counts` returns `NodeServer.node_counts()` (a key per
+    NODE_FAMILIES entry). A provider that raises leaves the families empty for that scrape (as PoolStatsCollector)."""
 
     def __init__(self, counts: Callable[[], Mapping[str, int]]):
         self._counts = counts
 
     def describe(self) -> Iterator:
-        for name, (_key, doc) in NODE_FENCE_FAMILIES.items():
+        for name, (_key, doc) in NODE_FAMILIES.items():
             yield CounterMetricFamily(name, doc)
 
     def collect(self) -> Iterator:
         try:
             counts = self._counts()
         except Exception:  # noqa: BLE001 - a broken provider must not take the other metrics down
-            log.warning("metrics: write fence counts failed; its families are empty", exc_info=True)
+            log.warning("metrics: the node's counts failed; their families are empty", exc_info=True)
             counts = None
-        for name, (key, doc) in NODE_FENCE_FAMILIES.items():
+        for name, (key, doc) in NODE_FAMILIES.items():
             fam = CounterMetricFamily(name, doc)
             if counts is not None:
                 fam.add_metric([], counts[key])
@@ -215,13 +220,13 @@ class PoolMetrics:
     @classmethod
     def create(cls, registry: CollectorRegistry,
                stats_provider: Callable[[], Mapping[str, Any]] | None = None,
-               fence_counts: Callable[[], Mapping[str, int]] | None = None) -> PoolMetrics:
+               node_counts: Callable[[], Mapping[str, int]] | None = None) -> PoolMetrics:
         """Register the event metrics, plus the stats collector when this process owns stats (the master), plus
-        the write fence's counters when it is a storage node (`fence_counts`: its `WriteFence.counts`)."""
+        the node's own counters when it is a storage node (`node_counts`: its `NodeServer.node_counts`)."""
         if stats_provider is not None:
             registry.register(PoolStatsCollector(stats_provider))
-        if fence_counts is not None:
-            registry.register(NodeFenceCollector(fence_counts))
+        if node_counts is not None:
+            registry.register(NodeCountsCollector(node_counts))
         return cls(
             registry=registry,
             op_seconds=Histogram("kvpool_op_seconds", "Latency of pool operations (one batch call).", ["op"],

@@ -31,11 +31,11 @@ log = logging.getLogger(__name__)
 
 
 def attach_dashboard(server: MasterServer, listen: str,
-                     fence_counts: Callable[[], Mapping[str, int]] | None = None) -> DashboardServer:
+                     node_counts: Callable[[], Mapping[str, int]] | None = None) -> DashboardServer:
     """Dashboard page + /metrics fed by this master's stats, and its refused RPCs counted by method and code; with
-    `fence_counts` (`kvpool up`: its node's `NodeServer.write_counts`) the node's write fence counters too."""
+    `node_counts` (`kvpool up`: its node's `NodeServer.node_counts`) the node's own counters too."""
     registry = CollectorRegistry()
-    metrics = PoolMetrics.create(registry, stats_provider=server.stats, fence_counts=fence_counts)
+    metrics = PoolMetrics.create(registry, stats_provider=server.stats, node_counts=node_counts)
     server.servicer.on_rpc_error = lambda method, code: metrics.rpc_errors.labels(method=method, code=code).inc()
     host, port = listen.rsplit(":", 1)
     authorize = dashboard_access(server) if server.config.auth_config().enabled else None
@@ -117,7 +117,7 @@ class NodeProcess:
     def start(self) -> "NodeProcess":
         if self.server.config.metrics_listen:
             registry = CollectorRegistry()
-            PoolMetrics.create(registry, fence_counts=self.server.write_counts)
+            PoolMetrics.create(registry, node_counts=self.server.node_counts)
             host, port = self.server.config.metrics_listen.rsplit(":", 1)
             self.metrics_server = start_metrics_server(int(port), registry, host)
         self.server.start()
@@ -145,7 +145,7 @@ class UpProcess:
         if self.config.http_listen:
             try:
                 self.dashboard = attach_dashboard(self.cluster.master, self.config.http_listen,
-                                                  self.cluster.node.write_counts)
+                                                  self.cluster.node.node_counts)
                 self.dashboard_url = self.dashboard.url
             except OSError as exc:  # a taken port costs the page, not the pool
                 log.warning("no dashboard: cannot listen on %s (%s)", self.config.http_listen, exc)

@@ -198,9 +198,10 @@ class NodeServer:
         self.registered = threading.Event()
         self._thread = threading.Thread(target=self._liveness_loop, name="kvpool-heartbeat", daemon=True)
 
-    def write_counts(self) -> dict[str, int]:
-        """The write fence's counters (store/write_fence.py `WriteFence.counts`): the node's /metrics."""
-        return self.handler.write_fence.counts()
+    def node_counts(self) -> dict[str, int]:
+        """The node's own counters, its /metrics (kvpool/metrics.py NODE_FAMILIES): the write fence's
+        (store/write_fence.py `WriteFence.counts`) and the SSD records its data channel sent from the data file."""
+        return {**self.handler.write_fence.counts(), "ssd_reads_from_file": self.handler.file_reads}
 
     def endpoint(self) -> pb.NodeEndpoint:
         info = dataclasses.replace(self.node.info(), address=self.address, incarnation=self.incarnation,

@@ -127,7 +127,7 @@ class WriteFence:
 
     def counts(self) -> dict[str, int]:
         """{"cut_writes": .., "drained_writes": .., "late_writes": ..} since the node started: its /metrics
-        (kvpool/metrics.py NodeFenceCollector) reads them at scrape time."""
+        (kvpool/metrics.py NodeCountsCollector) reads them at scrape time."""
         with self._lock:
             return {"cut_writes": self._cut_writes, "drained_writes": self._drained_writes,
                     "late_writes": self._late_writes}

@@ -33,13 +33,13 @@ STATS = {  # the shape kvpool.store.stats.snapshot() returns (+ keys this module
 }
 
 
-FENCE = {"cut_writes": 2, "drained_writes": 4, "late_writes": 3}     # what a node's WriteFence.counts() returns
+FENCE = {"cut_writes": 2, "drained_writes": 4, "late_writes": 3, "ssd_reads_from_file": 7}  # NodeServer.node_counts()
 
 
 def full_registry(provider=lambda: STATS, fence=lambda: FENCE) -> tuple[CollectorRegistry, PoolMetrics,
                                                                          EngineMetrics, ConnectorMetrics]:
     reg = CollectorRegistry()
-    return (reg, PoolMetrics.create(reg, provider, fence_counts=fence), EngineMetrics.create(reg),
+    return (reg, PoolMetrics.create(reg, provider, node_counts=fence), EngineMetrics.create(reg),
             ConnectorMetrics.create(reg))
 
 
@@ -111,7 +111,7 @@ def test_node_that_leaves_drops_its_series_and_broken_provider_empties_only_stat
     assert "kvpool_nodes_alive" in exported_names(reg)  # families still announced, so Grafana queries resolve
 
 
-def test_a_node_s_write_fence_counts_are_read_at_scrape_time_and_a_broken_provider_empties_only_them():
+def test_a_node_s_own_counts_are_read_at_scrape_time_and_a_broken_provider_empties_only_them():
     state = {"counts": dict(FENCE)}
 
     def fence():
@@ -122,15 +122,17 @@ def test_a_node_s_write_fence_counts_are_read_at_scrape_time_and_a_broken_provid
     reg, *_ = full_registry(fence=fence)
     v = reg.get_sample_value
     assert (v("kvpool_node_writes_cut_total"), v("kvpool_node_writes_drained_total"),
-            v("kvpool_node_writes_late_total")) == (2, 4, 3)
-    state["counts"] = {"cut_writes": 5, "drained_writes": 6, "late_writes": 3}
-    assert (v("kvpool_node_writes_cut_total"), v("kvpool_node_writes_drained_total")) == (5, 6)
+            v("kvpool_node_writes_late_total"), v("kvpool_node_ssd_reads_from_file_total")) == (2, 4, 3, 7)
+    state["counts"] = {"cut_writes": 5, "drained_writes": 6, "late_writes": 3, "ssd_reads_from_file": 9}
+    assert (v("kvpool_node_writes_cut_total"), v("kvpool_node_writes_drained_total"),
+            v("kvpool_node_ssd_reads_from_file_total")) == (5, 6, 9)
     state["counts"] = None
-    assert v("kvpool_node_writes_cut_total") is None and v("kvpool_nodes_alive") == 2
-    assert {"kvpool_node_writes_cut_total", "kvpool_node_writes_drained_total",
-            "kvpool_node_writes_late_total"} <= exported_names(reg)
+    assert v("kvpool_node_writes_cut_total") is None and v("kvpool_node_ssd_reads_from_file_total") is None
+    assert v("kvpool_nodes_alive") == 2
+    assert {"kvpool_node_writes_cut_total", "kvpool_node_writes_drained_total", "kvpool_node_writes_late_total",
+            "kvpool_node_ssd_reads_from_file_total"} <= exported_names(reg)
     bare = CollectorRegistry()
-    PoolMetrics.create(bare)                    # a client's or an engine's: no fence families
+    PoolMetrics.create(bare)                    # a client's or an engine's: no node families
     assert "kvpool_node_writes_cut_total" not in exported_names(bare)
 
 

@@ -98,10 +98,19 @@ def test_a_damaged_record_read_over_tcp_is_a_miss_reported_whoever_checks_its_pa
     """Over the data channel a checking client (`verify="all"`: FLAG_CHECKED) gets the record's payload straight
     from the node's file and its own hash finds the damage; a client that checks nothing (`verify="none"`) has the
     node read and verify the record, which answers NOT_FOUND. Either way: a miss, the bytes before it exact, the
-    object forgotten and counted once in ssd_corrupt."""
+    object forgotten and counted once in ssd_corrupt. The node's /metrics count the records it sent from its file."""
+    import urllib.request
+
     master = cluster.start_master(extra=MASTER_ARGS)
-    cluster.start_node("n1", dram="0", ssd="4MiB")
+    metrics_port = free_port()
+    cluster.start_node("n1", dram="0", ssd="4MiB", extra=["--metrics-listen", f"127.0.0.1:{metrics_port}"])
     keys = [key_of(i, salt=5) for i in range(N)]
+
+    def from_file() -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+            [line] = [x for x in r.read().decode().splitlines() if x.startswith("kvpool_node_ssd_reads_from_file_total")]
+        return float(line.split()[1])
+
     with PoolClient(master.address, timeout=5) as c:
         assert c.put_many(keys, [pattern(i, SIZE) for i in range(N)]) == ["stored"] * N
     bad = 3
@@ -116,6 +125,7 @@ def test_a_damaged_record_read_over_tcp_is_a_miss_reported_whoever_checks_its_pa
     with PoolClient(master.address, transport="tcp", verify=verify, timeout=5) as c:
         hits, got, direct, failures = _get_with(c, keys)
     assert (hits, got[:bad], direct, failures) == (bad, [pattern(i, SIZE) for i in range(bad)], 0, 1)
+    assert from_file() == (N if verify == "all" else 0)     # one batch: every record read, the damaged one too
     with PoolClient(master.address, timeout=5) as c:
         for _ in range(100):   # the report rides on the release, which is not awaited
             if not c.contains_many([keys[bad]])[0]:
