@@ -199,6 +199,24 @@ def tiered(kind, ident, tier, offset, size, key=b"k" * 16, secret=SECRET):
                   key)
 
 
+def _window(node) -> tuple[list[bytes], list[Extent]]:
+    """8 DRAM extents and 8 SSD records side by side on a real node, record 5's payload damaged at rest (one byte
+    flipped), and a window reading them all with a forged-token read inserted at position 3."""
+    from kvpool.tiers.types import Tier
+
+    data = [bytes([i + 1]) * 4096 for i in range(16)]
+    for i in range(8):
+        node.write(Tier.DRAM, i * 4096, b"", b"", data[i], None)
+        node.write(Tier.SSD, i * 8192, bytes([i]) * 16, bytes(16), data[8 + i], None)
+    with open(node.ssd.path, "r+b") as raw:
+        raw.seek(5 * 8192 + 4096 + 10)
+        raw.write(b"\xff")
+    reads = [tiered(tokens.READ, 1, Tier.DRAM, i * 4096, 4096) for i in range(8)]
+    reads += [tiered(tokens.READ, 1, Tier.SSD, i * 8192, 4096, key=bytes([i]) * 16) for i in range(8)]
+    reads.insert(3, tiered(tokens.READ, 1, Tier.DRAM, 0, 4096, secret=b"x" * 32))
+    return data, reads
+
+
 def test_a_window_of_reads_is_answered_in_one_sendmsg_each_read_with_its_own_outcome(tmp_path, monkeypatch):
     """A real node's handler (read_views): 8 DRAM extents and 8 SSD records side by side, one record corrupted, one
     read with a forged token and one past the SSD file's end, all in one window of reads whose client does not check
@@ -213,16 +231,7 @@ def test_a_window_of_reads_is_answered_in_one_sendmsg_each_read_with_its_own_out
     sendmsgs, preadvs = [], []
     real_sendmsg, real_preadv = socket.socket.sendmsg, __import__("os").preadv
     try:
-        data = [bytes([i + 1]) * 4096 for i in range(16)]
-        for i in range(8):
-            node.write(Tier.DRAM, i * 4096, b"", b"", data[i], None)
-            node.write(Tier.SSD, i * 8192, bytes([i]) * 16, bytes(16), data[8 + i], None)
-        with open(node.ssd.path, "r+b") as raw:          # record 5's payload: one byte flipped
-            raw.seek(5 * 8192 + 4096 + 10)
-            raw.write(b"\xff")
-        reads = [tiered(tokens.READ, 1, Tier.DRAM, i * 4096, 4096) for i in range(8)]
-        reads += [tiered(tokens.READ, 1, Tier.SSD, i * 8192, 4096, key=bytes([i]) * 16) for i in range(8)]
-        reads.insert(3, tiered(tokens.READ, 1, Tier.DRAM, 0, 4096, secret=b"x" * 32))
+        data, reads = _window(node)
         outs = [bytearray(4096) for _ in reads]
 
         def counting_sendmsg(sock, buffers, *args):
@@ -280,19 +289,10 @@ def test_checked_reads_get_ssd_payloads_from_the_file_and_the_client_hash_catche
     os_mod = __import__("os")
     real_sendfile, real_preadv = os_mod.sendfile, os_mod.preadv
     try:
-        data = [bytes([i + 1]) * 4096 for i in range(16)]
-        for i in range(8):
-            node.write(Tier.DRAM, i * 4096, b"", b"", data[i], None)
-            node.write(Tier.SSD, i * 8192, bytes([i]) * 16, bytes(16), data[8 + i], None)
-        with open(node.ssd.path, "r+b") as raw:          # record 5's payload: one byte flipped
-            raw.seek(5 * 8192 + 4096 + 10)
-            raw.write(b"\xff")
+        data, reads = _window(node)
         damaged = bytearray(data[13])
         damaged[10] = 0xFF
-        reads = [tiered(tokens.READ, 1, Tier.DRAM, i * 4096, 4096) for i in range(8)]
-        reads += [tiered(tokens.READ, 1, Tier.SSD, i * 8192, 4096, key=bytes([i]) * 16) for i in range(8)]
-        reads[8 + 6] = tiered(tokens.READ, 1, Tier.SSD, 6 * 8192, 4096, key=b"w" * 16)   # not record 6's key
-        reads.insert(3, tiered(tokens.READ, 1, Tier.DRAM, 0, 4096, secret=b"x" * 32))
+        reads[1 + 8 + 6] = tiered(tokens.READ, 1, Tier.SSD, 6 * 8192, 4096, key=b"w" * 16)  # record 6, another key
         outs = [bytearray(4096) for _ in reads]
         digests = [None] * len(reads)
 
