@@ -28,8 +28,11 @@ round run back to back, their order rotated each round; each line is the MEDIAN 
                        reads the records with no Lookup (the pass fails unless every call did)
   service lookup       the same with `host_index_reads=False` too: a Lookup with lease per 32-key call, what a get
                        costs when the host index does not name the records (a publication not sent yet, or lost)
-  service TCP          the same objects through a PoolClient with transport="tcp": the node reads and verifies the
-                       record, then sends it on its loopback data channel (what a client on another host gets).
+  service TCP          the same objects through a PoolClient with transport="tcp" (what a client on another host
+                       gets): since 2026-12-07 the node checks each record's header and sends its payload straight
+                       from the file (sendfile) on its loopback data channel, and the client checks the payload
+                       against the committed checksum as it lands (before: the node read and verified the record
+                       into a staging buffer, then sent it).
                        `--no-service` skips both; a pool that cannot start is skipped with the reason printed.
 
 Bandwidth counts payload bytes (a kvpool record also reads its 4 KiB header page). The disk limit of a size is the
