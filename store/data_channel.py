@@ -382,7 +382,7 @@ class DataServer(ThreadedServer):
             extents = [frames[j][2] for j in reads]
             checked = () if tls else [k for k, j in enumerate(reads) if frames[j][1] & FLAG_CHECKED]
             if read_views is not None:
-                got = read_views(extents, checked=checked) if checked else read_views(extents)
+                got = read_views(extents, checked=checked)
             else:
                 got = []
                 for e in extents:
@@ -393,18 +393,25 @@ class DataServer(ThreadedServer):
             for j, view in zip(reads, got):
                 views[j] = view
         parts: list = []
+        spans = False
         for view in views:
             if isinstance(view, Exception):
                 msg = (view.args[0] if isinstance(view, KeyError) and view.args else str(view)).encode()
                 parts.append(REP.pack(_status_of(view), len(msg), 0) + msg)
+            elif type(view) is FileSpan:
+                spans = True
+                parts.append(REP.pack(OK, 0, view.size))
+                parts.append(view)
             else:
-                parts.append(REP.pack(OK, 0, view.size if type(view) is FileSpan else len(view)))
+                parts.append(REP.pack(OK, 0, len(view)))
                 parts.append(view)
         if tls:         # an SSLSocket has no sendmsg (and no FileSpan was asked for)
             for part in parts:
                 conn.sendall(part)
-        else:
+        elif spans:
             _send_replies(conn, parts)
+        else:
+            _send_parts(conn, parts)
 
     @staticmethod
     def _reply(conn: socket.socket, status: int, message: str, size: int = 0) -> None:
