@@ -7,15 +7,21 @@
             of a pinned object only unlinks its key (DOOMED), and the last unpin hands the slot back to be freed.
 
 One counter hands out every id (grants, leases, moves, the read ids of a move batch), so an id never means two
-things to a node checking a token. Tokens are HMACs over (kind, id, tier, offset, size, expiry) (store/tokens.py):
-read tokens signed with the master's secret, write grants with the key of the node's registration
-(`NodeState.write_key`, handed to the node with the secret) where the node says `write_keys`; a master with no
-secret (an in-process pool) signs nothing, its tokens are empty.
+things to a node checking a token. It starts where no earlier master process's ids reach (`first_id`: the process's
+start time in microseconds times ID_STRIDE), so an id a client got from a master that has since restarted (a
+PutCommit or PutAbort of a stalled writer, a Release queued before the restart) is unknown to the new one, never one
+of its own: before 2026-12-07 every master numbered from 1, and such a commit ended the new master's grant of the
+same number (an acknowledged object lost, tests/faults/test_stale_grants.py).
+Tokens are HMACs over (kind, id, tier, offset, size, expiry) (store/tokens.py): read tokens signed with the master's
+secret, write grants with the key of the node's registration (`NodeState.write_key`, handed to the node with the
+secret) where the node says `write_keys`; a master with no secret (an in-process pool) signs nothing, its tokens are
+empty.
 Owned by the Master and called under its lock; not thread-safe by itself.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -24,14 +30,28 @@ from kvpool.store import tokens
 from kvpool.store.index import COMMITTED, DOOMED, LEASE_CAP, Index
 
 
+ID_STRIDE = 1 << 11    # ids a master may hand out per microsecond of its life before reaching a later one's first
+
+
+def first_id(now_ns: int | None = None) -> int:
+    """The first id of a master process started at `now_ns` (unix ns, now by default): its start in microseconds
+    times ID_STRIDE. A process started later begins above every id an earlier one handed out unless that one handed
+    out more than ID_STRIDE ids per microsecond it lived (~2e9 a second), or the wall clock stepped back between the
+    two by more than the earlier one's ids / ID_STRIDE microseconds. Below 2**63 until the year 2112."""
+    now_ns = time.time_ns() if now_ns is None else now_ns
+    return max(now_ns // 1000, 1) * ID_STRIDE
+
+
 class Leases:
-    def __init__(self, index: Index, token_secret: bytes | None) -> None:
+    def __init__(self, index: Index, token_secret: bytes | None, *, first: int | None = None) -> None:
         self.index = index
         self.signs = token_secret is not None
         self.read_key = token_secret or b""     # what read tokens are signed with
         self._grants: dict[int, tuple[int, float]] = {}         # grant_id -> (slot, expires_at)
         self._leases: dict[int, tuple[np.ndarray, float]] = {}  # lease_id -> (slots, expires_at)
-        self._next_id = 1
+        if first is not None and (isinstance(first, bool) or not isinstance(first, int) or not 0 < first < 1 << 63):
+            raise ValueError(f"first must be an int in [1, 2**63), got {first!r}")
+        self._next_id = first_id() if first is None else first
 
     def new_id(self) -> int:
         self._next_id += 1

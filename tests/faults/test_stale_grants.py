@@ -24,9 +24,11 @@ import pytest
 
 from kvpool import PoolClient
 from kvpool.launcher import free_port
+from kvpool.proto import kvpool_pb2 as pb
+from kvpool.store.wire import PUT_STATUS_NAME
 from kvpool.tiers.types import Tier
-from tests.faults.harness import (ChildClient, Cluster, Figures, connected_nodes, cont, inspect, payload_of,
-                                  read_back_exact, start_redis, stats, wait_stopped, wait_until)
+from tests.faults.harness import (ChildClient, Cluster, Figures, connected_nodes, cont, inspect, master_stub,
+                                  payload_of, read_back_exact, start_redis, stats, wait_stopped, wait_until)
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]
 
@@ -147,6 +149,55 @@ def test_a_same_host_writer_inside_its_copy_across_a_master_restart_keeps_its_ex
             assert parent.contains_many([a]) == [False]
             wait_until(lambda: stats(master.address)["grants_held"] == 0, 20, "the claimed extent to be freed")
             assert stats(master.address).get("dram_corrupt", 0) == 0
+    finally:
+        if child is not None:
+            child.close()
+        cluster.close()
+        redis.kill()
+        print(cluster.logs())
+    figures.report(capsys)
+    figures.check()
+
+
+def test_a_commit_sent_across_a_master_restart_never_ends_a_grant_of_the_new_master(tmp_path, capsys):
+    """A same-host writer is stopped inside its copy; the master is SIGKILLed and started again on the same Redis,
+    and grants twelve objects to another writer, which has not committed them when the stopped writer is let go and
+    sends its PutCommit to the new master. Grant ids never meet across master processes (store/leases.py), so the new
+    master does not know the stale id: the writer is told "no_space", and the twelve grants stay open, uncommitted.
+    Before 2026-12-07 (night) every master process numbered its grants and leases from 1: the stale commit ended the
+    new master's grant of the same number, making another writer's object visible before its bytes were written,
+    with the stale writer's checksum, and told the stale writer "stored" for a key the pool does not hold."""
+    redis = start_redis(tmp_path / "redis")
+    cluster = Cluster(workdir=tmp_path)
+    a, z = _key(21), _key(20)
+    others = [_key(100 + i) for i in range(12)]
+    figures = Figures("same-host writer's commit across a master restart")
+    child = None
+    try:
+        master_port = free_port()
+        master = cluster.start_master(port=master_port, node_ttl_s=30.0, redis_url=redis.url,
+                                      extra=["--heartbeat-s", "0.3"])
+        cluster.start_node("n1", dram="1MiB")        # 16 extents of SIZE: the child's, held, and the twelve fit
+        child = ChildClient(master.address, timeout=5)
+        assert child.call("put", ([z], SIZE, 0)) == ["stored"]     # maps n1's arena in the child
+        with PoolClient(master.address, timeout=5) as parent:
+            assert parent.remove_many([z]) == 1
+        child.pause_at("kvpool.tiers.dram:DramArena.view")          # granted by the first master, copying
+        child.send("put", ([a], SIZE, 0))
+        wait_stopped(child.pid)
+        master.kill()
+        master = cluster.start_master(port=master_port, node_ttl_s=30.0, redis_url=redis.url,
+                                      extra=["--heartbeat-s", "0.3"])
+        wait_until(lambda: connected_nodes(master.address) == {"n1"}, 20, "n1 to register again")
+        reply = master_stub(master.address).PutStart(pb.PutStartRequest(keys=others, sizes=[SIZE] * len(others)),
+                                                     timeout=5)
+        assert [PUT_STATUS_NAME[s] for s in reply.statuses] == ["stored"] * len(others)   # granted, not written
+        assert stats(master.address)["grants_open"] == len(others)
+        cont(child.pid)
+        assert child.recv() == ["no_space"]          # the new master never granted what it commits
+        assert stats(master.address)["grants_open"] == len(others)      # every one of the twelve still open
+        with PoolClient(master.address, timeout=5) as parent:
+            assert parent.contains_many([a, *others]) == [False] * (1 + len(others))
     finally:
         if child is not None:
             child.close()

@@ -694,3 +694,24 @@ def test_a_continued_lookup_is_answered_with_a_lease_and_counted_nowhere(make):
         with pytest.raises(ValueError, match=r"continued: only a leased read's lookup continues"):
             master.lookup([key(1)], continued=True, **kwargs)
     assert master.stats()["lookups"] == after["lookups"] and master.stats()["leases_open"] == 0
+
+
+def test_a_master_started_later_knows_none_of_an_earlier_ones_ids(make):
+    """Grant and lease ids of a master process begin above every id an earlier one handed out (store/leases.py
+    first_id), so a stale client's commit, abort or release, sent to the master that replaced the one it spoke to,
+    refers to nothing there: it ends none of the new master's grants or leases (before 2026-12-07 both numbered
+    from 1, and the stale commit of grant 1 committed the new master's grant 1)."""
+    old, old_node = make(dram_objects=4, node_id="n1")
+    put(old, old_node, [key(1)])
+    stale_grants = [r.grant.grant_id for r in old.put_start([key(2), key(3)], [OBJ, OBJ])]
+    stale_lease = old.lookup([key(1)]).lease_id
+    new, new_node = make(dram_objects=4, node_id="n2")
+    put(new, new_node, [key(1)])
+    lease = new.lookup([key(1)]).lease_id
+    fresh = [r.grant.grant_id for r in new.put_start([key(2), key(3)], [OBJ, OBJ])]
+    assert min(fresh + [lease]) > max(stale_grants + [stale_lease])
+    assert new.put_commit(stale_grants, [0, 0]) == [False, False]
+    assert new.put_abort(stale_grants) == 0
+    assert new.release([stale_lease]) == 0
+    assert new.stats()["grants_open"] == 2 and new.stats()["leases_open"] == 1
+    assert new.release([lease]) == 1
