@@ -32,6 +32,9 @@ three handed over).
 Faults: what is left after retries raises PoolUnavailable / PoolTimeout / PoolError (PoolAuthError: the master
 refused the credential); caller mistakes raise ValueError before anything is sent. A node failing mid-put fails
 only its keys ("no_space"); a get whose transfer fails stops at that key (a miss), like a get that hits a missing key.
+A PutCommit is retried like the reads: a retry after a try that landed answers "no_space" for an object that is
+stored (told less than happened, never more), and a retry reaching a restarted master names grant ids it never gave
+out (store/leases.py), so it commits nothing there.
 
 Credentials (kvpool/credentials.py): `token` (file:PATH / env:NAME or a TokenSource) and `tls` (a TlsConfig), else
 KVPOOL_AUTH_TOKEN / KVPOOL_TLS_*: the master channel is TLS when configured and every call presents the token; a
@@ -845,7 +848,11 @@ class PoolClient(PoolFront):
             request = pb.PutCommitRequest()
             request.grant_ids.extend(grant_ids[i] for i in ok)
             request.checksums.extend(sums[i] for i in ok)
-            for i, status in zip(ok, self.rpc.call("PutCommit", request, what="put_commit").statuses):
+            # retried: a commit whose first try did land is then answered "no_space" (the grant is gone), which
+            # under-reports a stored object and loses none; grant ids never repeat across master processes
+            # (store/leases.py first_id), so a retry sent to a restarted master ends none of its grants
+            reply = self.rpc.call("PutCommit", request, retry=True, what="put_commit")
+            for i, status in zip(ok, reply.statuses):
                 out[i] = "stored" if status == pb.COMMITTED else "no_space"
         return sums
 

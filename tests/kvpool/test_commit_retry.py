@@ -1,0 +1,82 @@
+"""A put's PutCommit is retried on UNAVAILABLE like the reads (kvpool/client.py `_commit`): a real `kvpool up`
+(LocalCluster on loopback, gRPC only: control_channel=False), and the one fault a network can do to the call, put
+into the client's stub: the first PutCommit fails UNAVAILABLE either before it reaches the master (the request
+lost: the retry commits, "stored") or after the master ran it (the reply lost: the retry finds the grant ended,
+"no_space", and the object is stored all the same: told less than happened, never more)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import grpc
+import pytest
+
+from kvpool import PoolClient
+from kvpool.errors import PoolUnavailable
+from kvpool.launcher import free_port
+from kvpool.store.config import UpConfig
+from kvpool.store.local_cluster import LocalCluster
+
+OBJ = 8 << 10
+KEY = (0xC3 << 120 | 1).to_bytes(16, "big")
+DATA = bytes(range(256)) * (OBJ // 256)
+
+
+class _Unavailable(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.UNAVAILABLE
+
+    def details(self):
+        return "connection reset (injected)"
+
+
+class _OneLostCommit:
+    """The client's stub, but its first PutCommit fails UNAVAILABLE: `ran` says whether the master ran it first."""
+
+    def __init__(self, stub, ran: bool) -> None:
+        self._stub, self._ran, self.commits = stub, ran, 0
+
+    def __getattr__(self, name):
+        return getattr(self._stub, name)
+
+    def PutCommit(self, request, **kw):  # noqa: N802 - the gRPC method's name
+        self.commits += 1
+        if self.commits == 1:
+            if self._ran:
+                self._stub.PutCommit(request, **kw)
+            raise _Unavailable()
+        return self._stub.PutCommit(request, **kw)
+
+
+@pytest.fixture
+def pool():
+    shm = os.path.join("/dev/shm", f"kvpool-commit-{os.getpid()}-{free_port()}")
+    os.makedirs(shm)
+    cluster = LocalCluster(UpConfig(listen=f"127.0.0.1:{free_port()}", http_listen="", shm_dir=shm,
+                                    dram_bytes=1 << 20, ssd_path=None)).start()
+    try:
+        yield cluster.address
+    finally:
+        cluster.stop()
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+@pytest.mark.parametrize("ran, status", [(False, "stored"), (True, "no_space")])
+def test_a_put_commit_that_failed_unavailable_is_sent_again(pool, ran, status):
+    with PoolClient(pool, timeout=5, control_channel=False) as c:
+        stub = c.rpc.stub = _OneLostCommit(c.rpc.stub, ran)
+        assert c.put_many([KEY], [DATA]) == [status]
+        assert stub.commits == 2
+        assert c.contains_many([KEY]) == [True]             # stored either way: one commit reached the master
+        buf = bytearray(OBJ)
+        assert c.get_many_into([KEY], [buf]) == 1 and bytes(buf) == DATA
+
+
+def test_without_retries_the_lost_commit_is_the_callers_error(pool):
+    with PoolClient(pool, timeout=5, control_channel=False, retries=0) as c:
+        stub = c.rpc.stub = _OneLostCommit(c.rpc.stub, ran=False)
+        with pytest.raises(PoolUnavailable, match="no kvpool master answering"):
+            c.put_many([KEY], [DATA])
+        assert stub.commits == 1
+        assert c.contains_many([KEY]) == [False]
