@@ -20,6 +20,8 @@ and same-host. Run for a DRAM-only and an SSD-only n1."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from kvpool import PoolClient
@@ -107,26 +109,21 @@ def test_a_writer_stalled_across_a_restart_never_overwrites_the_object_placed_th
     figures.check()
 
 
-def test_a_same_host_writer_inside_its_copy_across_a_master_restart_keeps_its_extent_from_the_next_object(
-        tmp_path, capsys):
-    """The master is SIGKILLed and started again on the same Redis while a same-host writer is stopped inside its
-    copy into n1's arena (past every check: nothing can stop that copy any more). The new master does not know the
-    grant (a pending object is not journalled), but n1 registers with its scan of the writers' claims, and the new
-    master holds the free part of the claimed range: the next put (b) goes elsewhere. Let go, the writer finishes its
-    copy on its own extent and is told "no_space"; b reads back exact over TCP and same-host; the extent is freed once
-    a heartbeat shows the claim gone. Before 2026-12-07 (evening) b was placed on that extent and the copy landed on
-    it: an acknowledged object lost."""
+@contextlib.contextmanager
+def _copy_stopped_across_a_master_restart(tmp_path, a: bytes, z: bytes):
+    """A master on Redis and node n1 (1 MiB of DRAM: 16 extents of SIZE); a same-host writer in a child process whose
+    put of `a` is stopped inside its copy into n1's arena (its first put, of `z`, mapped the arena and was removed,
+    so a's grant takes offset 0 again); then the master SIGKILLed and started again on the same port and Redis, and
+    n1 registered with it. Yields (the new master, the child); kills everything and prints the logs after."""
     redis = start_redis(tmp_path / "redis")
     cluster = Cluster(workdir=tmp_path)
-    a, b, z = _key(11), _key(12), _key(10)
-    figures = Figures("same-host writer inside its copy across a master restart")
     child = None
     try:
         master_port = free_port()
         master = cluster.start_master(port=master_port, node_ttl_s=30.0, redis_url=redis.url,
                                       extra=["--heartbeat-s", "0.3"])
         cluster.start_node("n1", dram="1MiB")
-        # retries: its commit, let go, may find the new master's address still reconnecting
+        # retries (the default 2): its commit, let go, may find the new master's address still reconnecting
         child = ChildClient(master.address, timeout=5)
         assert child.call("put", ([z], SIZE, 0)) == ["stored"]     # maps n1's arena in the child
         with PoolClient(master.address, timeout=5) as parent:
@@ -138,6 +135,27 @@ def test_a_same_host_writer_inside_its_copy_across_a_master_restart_keeps_its_ex
         master = cluster.start_master(port=master_port, node_ttl_s=30.0, redis_url=redis.url,
                                       extra=["--heartbeat-s", "0.3"])
         wait_until(lambda: connected_nodes(master.address) == {"n1"}, 20, "n1 to register again")
+        yield master, child
+    finally:
+        if child is not None:
+            child.close()
+        cluster.close()
+        redis.kill()
+        print(cluster.logs())
+
+
+def test_a_same_host_writer_inside_its_copy_across_a_master_restart_keeps_its_extent_from_the_next_object(
+        tmp_path, capsys):
+    """The master is SIGKILLed and started again on the same Redis while a same-host writer is stopped inside its
+    copy into n1's arena (past every check: nothing can stop that copy any more). The new master does not know the
+    grant (a pending object is not journalled), but n1 registers with its scan of the writers' claims, and the new
+    master holds the free part of the claimed range: the next put (b) goes elsewhere. Let go, the writer finishes its
+    copy on its own extent and is told "no_space"; b reads back exact over TCP and same-host; the extent is freed once
+    a heartbeat shows the claim gone. Before 2026-12-07 (evening) b was placed on that extent and the copy landed on
+    it: an acknowledged object lost."""
+    a, b, z = _key(11), _key(12), _key(10)
+    figures = Figures("same-host writer inside its copy across a master restart")
+    with _copy_stopped_across_a_master_restart(tmp_path, a, z) as (master, child):
         assert stats(master.address)["grants_held"] == 1
         with PoolClient(master.address, timeout=5) as parent:
             assert parent.put_many([b], [payload_of(b, SIZE)]) == ["stored"]
@@ -149,12 +167,6 @@ def test_a_same_host_writer_inside_its_copy_across_a_master_restart_keeps_its_ex
             assert parent.contains_many([a]) == [False]
             wait_until(lambda: stats(master.address)["grants_held"] == 0, 20, "the claimed extent to be freed")
             assert stats(master.address).get("dram_corrupt", 0) == 0
-    finally:
-        if child is not None:
-            child.close()
-        cluster.close()
-        redis.kill()
-        print(cluster.logs())
     figures.report(capsys)
     figures.check()
 
@@ -167,28 +179,10 @@ def test_a_commit_sent_across_a_master_restart_never_ends_a_grant_of_the_new_mas
     Before 2026-12-07 (night) every master process numbered its grants and leases from 1: the stale commit ended the
     new master's grant of the same number, making another writer's object visible before its bytes were written,
     with the stale writer's checksum, and told the stale writer "stored" for a key the pool does not hold."""
-    redis = start_redis(tmp_path / "redis")
-    cluster = Cluster(workdir=tmp_path)
     a, z = _key(21), _key(20)
-    others = [_key(100 + i) for i in range(12)]
+    others = [_key(100 + i) for i in range(12)]         # with the child's held extent, 13 of n1's 16 extents
     figures = Figures("same-host writer's commit across a master restart")
-    child = None
-    try:
-        master_port = free_port()
-        master = cluster.start_master(port=master_port, node_ttl_s=30.0, redis_url=redis.url,
-                                      extra=["--heartbeat-s", "0.3"])
-        cluster.start_node("n1", dram="1MiB")        # 16 extents of SIZE: the child's, held, and the twelve fit
-        child = ChildClient(master.address, timeout=5)
-        assert child.call("put", ([z], SIZE, 0)) == ["stored"]     # maps n1's arena in the child
-        with PoolClient(master.address, timeout=5) as parent:
-            assert parent.remove_many([z]) == 1
-        child.pause_at("kvpool.tiers.dram:DramArena.view")          # granted by the first master, copying
-        child.send("put", ([a], SIZE, 0))
-        wait_stopped(child.pid)
-        master.kill()
-        master = cluster.start_master(port=master_port, node_ttl_s=30.0, redis_url=redis.url,
-                                      extra=["--heartbeat-s", "0.3"])
-        wait_until(lambda: connected_nodes(master.address) == {"n1"}, 20, "n1 to register again")
+    with _copy_stopped_across_a_master_restart(tmp_path, a, z) as (master, child):
         reply = master_stub(master.address).PutStart(pb.PutStartRequest(keys=others, sizes=[SIZE] * len(others)),
                                                      timeout=5)
         assert [PUT_STATUS_NAME[s] for s in reply.statuses] == ["stored"] * len(others)   # granted, not written
@@ -198,11 +192,5 @@ def test_a_commit_sent_across_a_master_restart_never_ends_a_grant_of_the_new_mas
         assert stats(master.address)["grants_open"] == len(others)      # every one of the twelve still open
         with PoolClient(master.address, timeout=5) as parent:
             assert parent.contains_many([a, *others]) == [False] * (1 + len(others))
-    finally:
-        if child is not None:
-            child.close()
-        cluster.close()
-        redis.kill()
-        print(cluster.logs())
     figures.report(capsys)
     figures.check()
