@@ -36,8 +36,9 @@ ID_STRIDE = 1 << 11    # ids a master may hand out per microsecond of its life b
 def first_id(now_ns: int | None = None) -> int:
     """The first id of a master process started at `now_ns` (unix ns, now by default): its start in microseconds
     times ID_STRIDE. A process started later begins above every id an earlier one handed out unless that one handed
-    out more than ID_STRIDE ids per microsecond it lived (~2e9 a second), or the wall clock stepped back between the
-    two by more than the earlier one's ids / ID_STRIDE microseconds. Below 2**63 until the year 2112."""
+    out more than ID_STRIDE ids (~2e9 a second) per microsecond between the two starts as the wall clock reads them:
+    only a clock stepped back by about the earlier process's whole life brings them that close. Below 2**63 until the
+    year 2112."""
     now_ns = time.time_ns() if now_ns is None else now_ns
     return max(now_ns // 1000, 1) * ID_STRIDE
 
