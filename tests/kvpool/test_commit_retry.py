@@ -1,24 +1,19 @@
 """A put's PutCommit is retried on UNAVAILABLE like the reads (kvpool/client.py `_commit`): a real `kvpool up`
-(LocalCluster on loopback, gRPC only: control_channel=False), and the one fault a network can do to the call, put
-into the client's stub: the first PutCommit fails UNAVAILABLE either before it reaches the master (the request
-lost: the retry commits, "stored") or after the master ran it (the reply lost: the retry finds the grant ended,
-"no_space", and the object is stored all the same: told less than happened, never more)."""
+(conftest's `small_up`: LocalCluster on loopback; the clients use gRPC only, control_channel=False), and the one
+fault a network can do to the call, put into the client's stub: the first PutCommit fails UNAVAILABLE either before
+it reaches the master (the request lost: the retry commits, "stored") or after the master ran it (the reply lost:
+the retry finds the grant ended, "no_space", and the object is stored all the same: told less than happened, never
+more)."""
 
 from __future__ import annotations
-
-import os
-import shutil
 
 import grpc
 import pytest
 
 from kvpool import PoolClient
 from kvpool.errors import PoolUnavailable
-from kvpool.launcher import free_port
-from kvpool.store.config import UpConfig
-from kvpool.store.local_cluster import LocalCluster
+from tests.conftest import SMALL_UP_OBJ as OBJ
 
-OBJ = 8 << 10
 KEY = (0xC3 << 120 | 1).to_bytes(16, "big")
 DATA = bytes(range(256)) * (OBJ // 256)
 
@@ -49,22 +44,9 @@ class _OneLostCommit:
         return self._stub.PutCommit(request, **kw)
 
 
-@pytest.fixture
-def pool():
-    shm = os.path.join("/dev/shm", f"kvpool-commit-{os.getpid()}-{free_port()}")
-    os.makedirs(shm)
-    cluster = LocalCluster(UpConfig(listen=f"127.0.0.1:{free_port()}", http_listen="", shm_dir=shm,
-                                    dram_bytes=1 << 20, ssd_path=None)).start()
-    try:
-        yield cluster.address
-    finally:
-        cluster.stop()
-        shutil.rmtree(shm, ignore_errors=True)
-
-
 @pytest.mark.parametrize("ran, status", [(False, "stored"), (True, "no_space")])
-def test_a_put_commit_that_failed_unavailable_is_sent_again(pool, ran, status):
-    with PoolClient(pool, timeout=5, control_channel=False) as c:
+def test_a_put_commit_that_failed_unavailable_is_sent_again(small_up, ran, status):
+    with PoolClient(small_up.address, timeout=5, control_channel=False) as c:
         stub = c.rpc.stub = _OneLostCommit(c.rpc.stub, ran)
         assert c.put_many([KEY], [DATA]) == [status]
         assert stub.commits == 2
@@ -73,8 +55,8 @@ def test_a_put_commit_that_failed_unavailable_is_sent_again(pool, ran, status):
         assert c.get_many_into([KEY], [buf]) == 1 and bytes(buf) == DATA
 
 
-def test_without_retries_the_lost_commit_is_the_callers_error(pool):
-    with PoolClient(pool, timeout=5, control_channel=False, retries=0) as c:
+def test_without_retries_the_lost_commit_is_the_callers_error(small_up):
+    with PoolClient(small_up.address, timeout=5, control_channel=False, retries=0) as c:
         stub = c.rpc.stub = _OneLostCommit(c.rpc.stub, ran=False)
         with pytest.raises(PoolUnavailable, match="no kvpool master answering"):
             c.put_many([KEY], [DATA])
