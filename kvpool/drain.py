@@ -122,7 +122,10 @@ def _move_batch(client: PoolClient, reply, result: DrainResult, no_room: set[byt
     if ok:
         commit = pb.MigrateCommitRequest(move_ids=[reply.move_ids[i] for i in ok],
                                          checksums=[xxhash.xxh3_64_intdigest(views[i]) for i in ok])
-        moved = client.rpc.call("MigrateCommit", commit, what="migrate_commit").moved
+        # Sent again on UNAVAILABLE: move ids are never reused (store/leases.py first_id), so a second try of a
+        # commit that did land finds its moves ended and answers False for them (counted failed, although the
+        # objects moved: told less than happened, and the next pass finds them gone from the node).
+        moved = client.rpc.call("MigrateCommit", commit, retry=True, what="migrate_commit").moved
         result.moved += sum(moved)
         result.failed += len(ok) - sum(moved)
         no_room.difference_update(keys[i] for i, done in zip(ok, moved) if done)

@@ -14,8 +14,9 @@ Credentials (kvpool/credentials.py): the channel is TLS when they carry TLS sett
 their token as `authorization` metadata passed with the call (not a client interceptor: gRPC's Python interceptor
 path costs ~45 us per call, 1-2% of a 32 x 2 MiB get on its own).
 
-Retries: only calls marked `retry=True` (idempotent reads and removals, and the grant-ending PutAbort / PutCommit,
-whose repeat ends nothing: a grant ends once, and its id is never another master process's), on UNAVAILABLE /
+Retries: only calls marked `retry=True` (idempotent reads and removals, and the grant- or move-ending PutAbort /
+PutCommit / MigrateAbort / MigrateCommit, whose repeat ends nothing: a grant or a move ends once, and its id is
+never another master process's), on UNAVAILABLE /
 DEADLINE_EXCEEDED, with a short exponential back-off. Thread-safe (gRPC stubs are).
 
 Control channel (store/control_channel.py): the hot client calls (PutStart, PutCommit, PutAbort, Lookup, Release,
