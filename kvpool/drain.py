@@ -6,8 +6,9 @@
     repeat until the node holds nothing and has no pending grant (bounded: passes and a deadline)
     DrainNode(node)                       the node leaves; whatever is still on it is dropped (counted)
 
-Bytes travel through PoolClient's data path (`client.transfers`, kvpool/transfer.py; RPCs through `client.rpc`) (same-host arena memcpy, else the node's TCP data channel; SSD extents
-always through the node), so a drain is exactly as fast and as checked as gets and puts are. The master only
+Bytes travel through PoolClient's data path (`client.transfers`, kvpool/transfer.py; RPCs through `client.rpc`):
+same-host arena memcpy, else the node's TCP data channel; SSD extents always through the node. So a drain is
+exactly as fast and as checked as gets and puts are. The master only
 switches an object whose copied bytes hash to its committed checksum, so a drain never makes wrong bytes visible:
 every object ends either moved byte-exact or dropped (a miss). Objects that do not fit anywhere (`NO_ROOM`) stay
 and are dropped with the node: a drain never evicts objects on the other nodes that were used more recently.
