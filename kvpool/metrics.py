@@ -170,8 +170,8 @@ def fill_families(fams: dict, snap: PoolStats) -> None:
 
 
 # name -> (counts key, help): a storage node's own counters, read at scrape time from `NodeServer.node_counts()`
-# (its write fence's `WriteFence.counts()` and its data handler's `file_reads`) by NodeCountsCollector on the
-# node's own /metrics.
+# (its write fence's `WriteFence.counts()`, its data handler's `file_reads` and its SSD file's `corrupt_reads`) by
+# NodeCountsCollector on the node's own /metrics.
 NODE_FAMILIES: dict[str, tuple[str, str]] = {
     "kvpool_node_writes_cut": ("cut_writes", "Writes in flight cut because the node registered with its master "
                                "again: nothing of them lands after the cut, their writers' puts fail and retry."),
@@ -182,6 +182,10 @@ NODE_FAMILIES: dict[str, tuple[str, str]] = {
     "kvpool_node_ssd_reads_from_file": ("ssd_reads_from_file", "SSD records sent straight from the node's data "
                                         "file (sendfile) to TCP clients that check the payload themselves: the "
                                         "node checked their headers and neither copied nor hashed them."),
+    "kvpool_node_ssd_corrupt_reads": ("ssd_corrupt_reads", "SSD records this node found damaged when it read them "
+                                      "(header or payload checksum, a short read, an I/O error): misses. Damage that "
+                                      "a checking TCP client finds in a record sent from the file is counted by the "
+                                      "master only (kvpool_ssd_corrupt_total counts every case once)."),
 }
 
 

@@ -200,8 +200,10 @@ class NodeServer:
 
     def node_counts(self) -> dict[str, int]:
         """The node's own counters, its /metrics (kvpool/metrics.py NODE_FAMILIES): the write fence's
-        (store/write_fence.py `WriteFence.counts`) and the SSD records its data channel sent from the data file."""
-        return {**self.handler.write_fence.counts(), "ssd_reads_from_file": self.handler.file_reads}
+        (store/write_fence.py `WriteFence.counts`), the SSD records its data channel sent from the data file and
+        the SSD records it found damaged when it read them (0 without an SSD tier)."""
+        return {**self.handler.write_fence.counts(), "ssd_reads_from_file": self.handler.file_reads,
+                "ssd_corrupt_reads": self.node.ssd_corrupt_reads}
 
     def endpoint(self) -> pb.NodeEndpoint:
         info = dataclasses.replace(self.node.info(), address=self.address, incarnation=self.incarnation,

@@ -229,7 +229,7 @@ def test_grafana_json_is_what_its_builder_writes():
 def test_every_grafana_metric_is_defined_in_kvpool_metrics():
     reg = CollectorRegistry()
     PoolMetrics.create(reg, lambda: {}, node_counts=lambda: {"cut_writes": 0, "drained_writes": 0, "late_writes": 0,
-                                                            "ssd_reads_from_file": 0})
+                                                            "ssd_reads_from_file": 0, "ssd_corrupt_reads": 0})
     EngineMetrics.create(reg)
     ConnectorMetrics.create(reg)
     used = grafana_metric_names()

@@ -33,7 +33,8 @@ STATS = {  # the shape kvpool.store.stats.snapshot() returns (+ keys this module
 }
 
 
-FENCE = {"cut_writes": 2, "drained_writes": 4, "late_writes": 3, "ssd_reads_from_file": 7}  # NodeServer.node_counts()
+# NodeServer.node_counts()
+FENCE = {"cut_writes": 2, "drained_writes": 4, "late_writes": 3, "ssd_reads_from_file": 7, "ssd_corrupt_reads": 1}
 
 
 def full_registry(provider=lambda: STATS, fence=lambda: FENCE) -> tuple[CollectorRegistry, PoolMetrics,
@@ -122,15 +123,17 @@ def test_a_node_s_own_counts_are_read_at_scrape_time_and_a_broken_provider_empti
     reg, *_ = full_registry(fence=fence)
     v = reg.get_sample_value
     assert (v("kvpool_node_writes_cut_total"), v("kvpool_node_writes_drained_total"),
-            v("kvpool_node_writes_late_total"), v("kvpool_node_ssd_reads_from_file_total")) == (2, 4, 3, 7)
-    state["counts"] = {"cut_writes": 5, "drained_writes": 6, "late_writes": 3, "ssd_reads_from_file": 9}
+            v("kvpool_node_writes_late_total"), v("kvpool_node_ssd_reads_from_file_total"),
+            v("kvpool_node_ssd_corrupt_reads_total")) == (2, 4, 3, 7, 1)
+    state["counts"] = {"cut_writes": 5, "drained_writes": 6, "late_writes": 3, "ssd_reads_from_file": 9,
+                       "ssd_corrupt_reads": 2}
     assert (v("kvpool_node_writes_cut_total"), v("kvpool_node_writes_drained_total"),
-            v("kvpool_node_ssd_reads_from_file_total")) == (5, 6, 9)
+            v("kvpool_node_ssd_reads_from_file_total"), v("kvpool_node_ssd_corrupt_reads_total")) == (5, 6, 9, 2)
     state["counts"] = None
     assert v("kvpool_node_writes_cut_total") is None and v("kvpool_node_ssd_reads_from_file_total") is None
     assert v("kvpool_nodes_alive") == 2
     assert {"kvpool_node_writes_cut_total", "kvpool_node_writes_drained_total", "kvpool_node_writes_late_total",
-            "kvpool_node_ssd_reads_from_file_total"} <= exported_names(reg)
+            "kvpool_node_ssd_reads_from_file_total", "kvpool_node_ssd_corrupt_reads_total"} <= exported_names(reg)
     bare = CollectorRegistry()
     PoolMetrics.create(bare)                    # a client's or an engine's: no node families
     assert "kvpool_node_writes_cut_total" not in exported_names(bare)

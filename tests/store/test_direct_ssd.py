@@ -106,7 +106,8 @@ def test_a_damaged_record_read_over_tcp_is_a_miss_reported_whoever_checks_its_pa
     """Over the data channel a checking client (`verify="all"`: FLAG_CHECKED) gets the record's payload straight
     from the node's file and its own hash finds the damage; a client that checks nothing (`verify="none"`) has the
     node read and verify the record, which answers NOT_FOUND. Either way: a miss, the bytes before it exact, the
-    object forgotten and counted once in ssd_corrupt. The node's /metrics count the records it sent from its file."""
+    object forgotten and counted once in ssd_corrupt. The node's /metrics count the records it sent from its file,
+    and the damaged records it found itself (only the ones it verified: the client's own finds are the master's)."""
     import urllib.request
 
     master = cluster.start_master(extra=MASTER_ARGS)
@@ -114,10 +115,10 @@ def test_a_damaged_record_read_over_tcp_is_a_miss_reported_whoever_checks_its_pa
     cluster.start_node("n1", dram="0", ssd="4MiB", extra=["--metrics-listen", f"127.0.0.1:{metrics_port}"])
     keys = [key_of(i, salt=5) for i in range(N)]
 
-    def from_file() -> float:
+    def node_metric(name: str) -> float:
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
             lines = r.read().decode().splitlines()
-        [line] = [x for x in lines if x.startswith("kvpool_node_ssd_reads_from_file_total")]
+        [line] = [x for x in lines if x.startswith(f"{name}_total ")]
         return float(line.split()[1])
 
     with PoolClient(master.address, timeout=5) as c:
@@ -128,7 +129,8 @@ def test_a_damaged_record_read_over_tcp_is_a_miss_reported_whoever_checks_its_pa
     with PoolClient(master.address, transport="tcp", verify=verify, timeout=5) as c:
         hits, got, direct, failures = _get_with(c, keys)
     assert (hits, got[:bad], direct, failures) == (bad, [pattern(i, SIZE) for i in range(bad)], 0, 1)
-    assert from_file() == (N if verify == "all" else 0)     # one batch: every record read, the damaged one too
+    assert node_metric("kvpool_node_ssd_reads_from_file") == (N if verify == "all" else 0)  # one batch, all read
+    assert node_metric("kvpool_node_ssd_corrupt_reads") == (0 if verify == "all" else 1)
     _assert_forgotten_once(master.address, keys, bad, before)
 
 
