@@ -5,9 +5,16 @@ object (28 B), the dict's entry and index (~41 B), and the slot -> key list's po
 
     keys   16 B per slot   the key stored at each slot (the slot -> key direction; kept while a DOOMED slot waits)
     flags   1 B per slot   HAS_KEY (the slot holds a key), LINKED (the key is findable: the table points at it)
-    table   4 B per entry  open addressing, linear probing, int32 slot or EMPTY, at most half full
+    table   4 B per entry  open addressing, linear probing, slot + 1 or EMPTY (0), at most half full
 
-so ~25-33 B per object. A key's home entry is its hash, `_Py_HashBytes` (the hash of an equal bytes object: SipHash
+so ~25-33 B per object.
+
+Growth without a pause: when the table would pass half full, a table twice the size is allocated (calloc: zero
+pages, nothing written) and the old one is moved into it a little at every link / unlink (MOVE_STEP entries), not
+all at once (a rehash of 2M keys held the master's lock ~0.36 s). While both exist a key is in exactly one of them
+and lookups probe the new one, then the old. The move goes round the old table from just after an empty entry and
+stops only just after an empty entry, so it takes whole clusters: a key still in the old table has its whole probe
+path there, and removing one shifts entries within its own cluster only. The old table never gets an insert. A key's home entry is its hash, `_Py_HashBytes` (the hash of an equal bytes object: SipHash
 with this process's random seed, so a client cannot choose keys that collide), masked to the table's size. Removal
 shifts the entries after it back (no tombstones), so a miss stops at the first empty entry. A lookup compares the
 probed slot's stored key with the query's 16 bytes. Memory comes from PyMem_Raw* (tracemalloc sees it). The GIL is
@@ -19,10 +26,11 @@ held throughout: the master calls under its lock, each call a few loads.
 #include <string.h>
 
 #define KEY_BYTES 16
-#define EMPTY (-1)
+#define EMPTY 0          /* a table entry holds slot + 1 */
 #define HAS_KEY 1
 #define LINKED 2
 #define MIN_TABLE 64
+#define MOVE_STEP 64      /* old-table entries visited per link / unlink while the table grows */
 #define MAX_SLOTS ((Py_ssize_t)1 << 31)
 
 typedef struct {
@@ -30,9 +38,13 @@ typedef struct {
     uint8_t *keys;        /* cap * KEY_BYTES */
     uint8_t *flags;       /* cap */
     Py_ssize_t cap;       /* slots with room for a key */
-    int32_t *table;       /* size entries */
+    uint32_t *table;      /* size entries: slot + 1, or EMPTY */
     Py_ssize_t size;      /* a power of two */
-    Py_ssize_t linked;    /* entries in use */
+    Py_ssize_t linked;    /* keys findable (in table or old) */
+    uint32_t *old;        /* the table being moved into `table` while it grows, else NULL */
+    Py_ssize_t old_size;
+    Py_ssize_t old_start; /* the first old entry the move visits: just after an empty one */
+    Py_ssize_t old_done;  /* old entries visited so far, from old_start on */
 } KeyTable;
 
 static inline uint64_t hash16(const uint8_t *key) {
@@ -62,39 +74,79 @@ static int key_bytes(PyObject *obj, uint8_t out[KEY_BYTES]) {
     return ok;
 }
 
-/* The table entry holding the slot whose key is `key`, or -1. */
-static Py_ssize_t find_entry(const KeyTable *t, const uint8_t *key, uint64_t h) {
-    Py_ssize_t mask = t->size - 1, i = (Py_ssize_t)(h & (uint64_t)mask);
+static inline const uint8_t *key_of(const KeyTable *t, uint32_t entry) {
+    return t->keys + (Py_ssize_t)(entry - 1) * KEY_BYTES;
+}
+
+/* The entry of `table` (of `size` entries) holding the slot whose key is `key`, or -1. */
+static Py_ssize_t probe(const KeyTable *t, const uint32_t *table, Py_ssize_t size, const uint8_t *key, uint64_t h) {
+    Py_ssize_t mask = size - 1, i = (Py_ssize_t)(h & (uint64_t)mask);
     for (;;) {
-        int32_t slot = t->table[i];
-        if (slot == EMPTY) return -1;
-        if (memcmp(t->keys + (Py_ssize_t)slot * KEY_BYTES, key, KEY_BYTES) == 0) return i;
+        uint32_t entry = table[i];
+        if (entry == EMPTY) return -1;
+        if (memcmp(key_of(t, entry), key, KEY_BYTES) == 0) return i;
         i = (i + 1) & mask;
     }
 }
 
-static void insert_entry(KeyTable *t, int32_t slot, uint64_t h) {
-    Py_ssize_t mask = t->size - 1, i = (Py_ssize_t)(h & (uint64_t)mask);
-    while (t->table[i] != EMPTY) i = (i + 1) & mask;
-    t->table[i] = slot;
+/* Where the slot of `key` is: its entry, in the new table (*in_old 0) or the old one (*in_old 1); -1 if nowhere. */
+static Py_ssize_t find_entry(const KeyTable *t, const uint8_t *key, uint64_t h, int *in_old) {
+    Py_ssize_t i = probe(t, t->table, t->size, key, h);
+    *in_old = 0;
+    if (i < 0 && t->old) {
+        i = probe(t, t->old, t->old_size, key, h);
+        *in_old = i >= 0;
+    }
+    return i;
 }
 
-static int resize_table(KeyTable *t, Py_ssize_t size) {
-    int32_t *table = PyMem_RawMalloc((size_t)size * sizeof(int32_t));
+static void insert_entry(uint32_t *table, Py_ssize_t size, uint32_t entry, uint64_t h) {
+    Py_ssize_t mask = size - 1, i = (Py_ssize_t)(h & (uint64_t)mask);
+    while (table[i] != EMPTY) i = (i + 1) & mask;
+    table[i] = entry;
+}
+
+/* Visit up to `budget` more old entries (going on past the budget to the end of a cluster), moving each key into
+   the new table; the old table is freed once every entry was visited. */
+static void move_some(KeyTable *t, Py_ssize_t budget) {
+    if (!t->old) return;
+    Py_ssize_t mask = t->old_size - 1;
+    int in_cluster = 0;
+    while (t->old_done < t->old_size && (budget > 0 || in_cluster)) {
+        Py_ssize_t i = (t->old_start + t->old_done) & mask;
+        uint32_t entry = t->old[i];
+        in_cluster = entry != EMPTY;
+        if (in_cluster) {
+            insert_entry(t->table, t->size, entry, hash16(key_of(t, entry)));
+            t->old[i] = EMPTY;
+        }
+        t->old_done++;
+        budget--;
+    }
+    if (t->old_done == t->old_size) {
+        PyMem_RawFree(t->old);
+        t->old = NULL;
+        t->old_size = t->old_start = t->old_done = 0;
+    }
+}
+
+/* Start moving into a table twice the size (a move still going is finished first: never so at MOVE_STEP). */
+static int grow_table(KeyTable *t) {
+    move_some(t, PY_SSIZE_T_MAX);
+    Py_ssize_t size = t->size * 2;
+    uint32_t *table = PyMem_RawCalloc((size_t)size, sizeof(uint32_t));    /* every entry EMPTY */
     if (!table) {
         PyErr_NoMemory();
         return -1;
     }
-    memset(table, 0xff, (size_t)size * sizeof(int32_t));     /* every entry EMPTY (-1) */
-    int32_t *old = t->table;
-    Py_ssize_t old_size = t->size;
+    Py_ssize_t start = 0;
+    while (t->table[start] != EMPTY) start++;      /* at most half full: there is one */
+    t->old = t->table;
+    t->old_size = t->size;
+    t->old_start = (start + 1) & (t->size - 1);
+    t->old_done = 0;
     t->table = table;
     t->size = size;
-    for (Py_ssize_t i = 0; i < old_size; i++) {
-        int32_t slot = old[i];
-        if (slot != EMPTY) insert_entry(t, slot, hash16(t->keys + (Py_ssize_t)slot * KEY_BYTES));
-    }
-    PyMem_RawFree(old);
     return 0;
 }
 
@@ -121,20 +173,20 @@ static int reserve_slots(KeyTable *t, Py_ssize_t cap) {
     return 0;
 }
 
-/* Remove entry i, shifting back the entries of its cluster that may move (backward-shift deletion). */
-static void remove_entry(KeyTable *t, Py_ssize_t i) {
-    Py_ssize_t mask = t->size - 1, j = i;
+/* Remove entry i of `table`, shifting back the entries of its cluster that may move (backward-shift deletion). */
+static void remove_entry(const KeyTable *t, uint32_t *table, Py_ssize_t size, Py_ssize_t i) {
+    Py_ssize_t mask = size - 1, j = i;
     for (;;) {
         j = (j + 1) & mask;
-        int32_t slot = t->table[j];
-        if (slot == EMPTY) break;
-        Py_ssize_t home = (Py_ssize_t)(hash16(t->keys + (Py_ssize_t)slot * KEY_BYTES) & (uint64_t)mask);
+        uint32_t entry = table[j];
+        if (entry == EMPTY) break;
+        Py_ssize_t home = (Py_ssize_t)(hash16(key_of(t, entry)) & (uint64_t)mask);
         if (((j - home) & mask) >= ((j - i) & mask)) {    /* i lies on the probe path from its home to j */
-            t->table[i] = slot;
+            table[i] = entry;
             i = j;
         }
     }
-    t->table[i] = EMPTY;
+    table[i] = EMPTY;
 }
 
 static int slot_arg(PyObject *obj, Py_ssize_t *slot) {
@@ -153,12 +205,11 @@ static PyObject *kt_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "|n", kwlist, &slots)) return NULL;
     KeyTable *t = (KeyTable *)type->tp_alloc(type, 0);
     if (!t) return NULL;
-    t->table = PyMem_RawMalloc(MIN_TABLE * sizeof(int32_t));
+    t->table = PyMem_RawCalloc(MIN_TABLE, sizeof(uint32_t));
     if (!t->table) {
         Py_DECREF(t);
         return PyErr_NoMemory();
     }
-    memset(t->table, 0xff, MIN_TABLE * sizeof(int32_t));
     t->size = MIN_TABLE;
     if (slots < 0 || reserve_slots(t, slots) < 0) {
         if (!PyErr_Occurred()) PyErr_Format(PyExc_ValueError, "slots: must be >= 0, got %zd", slots);
@@ -172,6 +223,7 @@ static void kt_dealloc(KeyTable *t) {
     PyMem_RawFree(t->keys);
     PyMem_RawFree(t->flags);
     PyMem_RawFree(t->table);
+    PyMem_RawFree(t->old);
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
 
@@ -183,19 +235,20 @@ static PyObject *kt_get(KeyTable *t, PyObject *const *args, Py_ssize_t nargs) {
     }
     PyObject *fallback = nargs == 2 ? args[1] : Py_None;
     uint8_t key[KEY_BYTES];
-    int ok = key_bytes(args[0], key);
-    Py_ssize_t i = ok ? find_entry(t, key, hash16(key)) : -1;
+    int in_old = 0;
+    Py_ssize_t i = key_bytes(args[0], key) ? find_entry(t, key, hash16(key), &in_old) : -1;
     if (i < 0) {
         Py_INCREF(fallback);
         return fallback;
     }
-    return PyLong_FromLong(t->table[i]);
+    return PyLong_FromLong((long)(in_old ? t->old : t->table)[i] - 1);
 }
 
 static int kt_contains(KeyTable *t, PyObject *obj) {
     uint8_t key[KEY_BYTES];
+    int in_old;
     if (!key_bytes(obj, key)) return 0;
-    return find_entry(t, key, hash16(key)) >= 0;
+    return find_entry(t, key, hash16(key), &in_old) >= 0;
 }
 
 static Py_ssize_t kt_len(KeyTable *t) { return t->linked; }
@@ -215,7 +268,8 @@ static PyObject *kt_link(KeyTable *t, PyObject *const *args, Py_ssize_t nargs) {
     }
     if (slot_arg(args[1], &slot) < 0) return NULL;
     uint64_t h = hash16(key);
-    if (find_entry(t, key, h) >= 0) {
+    int in_old;
+    if (find_entry(t, key, h, &in_old) >= 0) {
         PyErr_Format(PyExc_KeyError, "key %R already linked", args[0]);
         return NULL;
     }
@@ -224,23 +278,27 @@ static PyObject *kt_link(KeyTable *t, PyObject *const *args, Py_ssize_t nargs) {
         return NULL;
     }
     if (slot >= t->cap && reserve_slots(t, slot + 1 > 2 * t->cap ? slot + 1 : 2 * t->cap) < 0) return NULL;
-    if ((t->linked + 1) * 2 > t->size && resize_table(t, t->size * 2) < 0) return NULL;
+    if ((t->linked + 1) * 2 > t->size && grow_table(t) < 0) return NULL;
     memcpy(t->keys + slot * KEY_BYTES, key, KEY_BYTES);
     t->flags[slot] = HAS_KEY | LINKED;
-    insert_entry(t, (int32_t)slot, h);
+    insert_entry(t->table, t->size, (uint32_t)slot + 1, h);
     t->linked++;
+    move_some(t, MOVE_STEP);
     Py_RETURN_NONE;
 }
 
 static int unlink_slot(KeyTable *t, Py_ssize_t slot) {
     if (slot >= t->cap || !(t->flags[slot] & LINKED)) return 0;
     const uint8_t *key = t->keys + slot * KEY_BYTES;
-    Py_ssize_t i = find_entry(t, key, hash16(key));
-    if (i >= 0 && t->table[i] == (int32_t)slot) {    /* always so: a linked slot's key is linked to it */
-        remove_entry(t, i);
+    int in_old;
+    Py_ssize_t i = find_entry(t, key, hash16(key), &in_old);
+    uint32_t *table = in_old ? t->old : t->table;
+    if (i >= 0 && table[i] == (uint32_t)slot + 1) {    /* always so: a linked slot's key is linked to it */
+        remove_entry(t, table, in_old ? t->old_size : t->size, i);
         t->linked--;
     }
     t->flags[slot] &= (uint8_t)~LINKED;
+    move_some(t, MOVE_STEP);
     return 1;
 }
 
@@ -309,10 +367,17 @@ static PyObject *kt_reserve(KeyTable *t, PyObject *obj) {
     Py_RETURN_NONE;
 }
 
-/* stats(): (slots with room, table entries, linked keys, bytes held) for tests and the memory figure. */
+/* stats(): (slots with room, table entries, linked keys, bytes held, old-table entries still to visit: 0 when the
+   table is not growing) for tests and the memory figure. */
 static PyObject *kt_stats(KeyTable *t, PyObject *Py_UNUSED(ignored)) {
-    Py_ssize_t held = t->cap * (KEY_BYTES + 1) + t->size * (Py_ssize_t)sizeof(int32_t);
-    return Py_BuildValue("(nnnn)", t->cap, t->size, t->linked, held);
+    Py_ssize_t held = t->cap * (KEY_BYTES + 1) + (t->size + t->old_size) * (Py_ssize_t)sizeof(uint32_t);
+    return Py_BuildValue("(nnnnn)", t->cap, t->size, t->linked, held, t->old_size - t->old_done);
+}
+
+/* settle(): finish a growth still under way now (tests; a bench's one-pause reference). */
+static PyObject *kt_settle(KeyTable *t, PyObject *Py_UNUSED(ignored)) {
+    move_some(t, PY_SSIZE_T_MAX);
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef kt_methods[] = {
@@ -324,7 +389,9 @@ static PyMethodDef kt_methods[] = {
     {"keys_of", (PyCFunction)kt_keys_of, METH_O, "keys_of(slots): [key_at(s) for s in slots]"},
     {"linked", (PyCFunction)kt_linked, METH_NOARGS, "linked(): [(key, slot)] of findable keys, in slot order"},
     {"reserve", (PyCFunction)kt_reserve, METH_O, "reserve(slots): room for keys at slots below `slots`"},
-    {"stats", (PyCFunction)kt_stats, METH_NOARGS, "stats(): (slots, table entries, linked, bytes held)"},
+    {"stats", (PyCFunction)kt_stats, METH_NOARGS,
+     "stats(): (slots, table entries, linked, bytes held, old entries still to move)"},
+    {"settle", (PyCFunction)kt_settle, METH_NOARGS, "settle(): finish a growth under way now"},
     {NULL, NULL, 0, NULL},
 };
 

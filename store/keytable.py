@@ -3,8 +3,9 @@
 Two implementations with one interface, chosen by `new_key_table()`:
 
 - `kvpool.store._keytable.KeyTable` (store/_keytable.c, built by `pip install` where a C compiler is found): the keys
-  in one 16-byte column by slot, an open-addressing table of int32 slots at most half full, hashed with Python's
-  own (seeded) bytes hash. ~25-33 B per object, no Python object per key.
+  in one 16-byte column by slot, an open-addressing table of slot numbers at most half full, hashed with Python's
+  own (seeded) bytes hash, grown a little at every call instead of all at once. ~25-33 B per object, no Python
+  object per key. Besides the interface below: `stats()` and `settle()` (finish a growth under way now).
 - `DictKeyTable` here: a dict key -> slot and a list slot -> key, ~126 B per object (the key's bytes object, the
   slot's int object, the dict's entry, the list's pointer). Where the extension is not built, or with
   `KVPOOL_NATIVE_KEYS=0` in the environment.

@@ -168,8 +168,8 @@ def test_the_c_table_costs_under_34_bytes_a_key_at_one_million_and_tracemalloc_s
         used = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    slots, entries, linked, held = t.stats()
-    assert (slots, entries, linked) == (1 << 20, 1 << 21, n)
+    slots, entries, linked, held, moving = t.stats()
+    assert (slots, entries, linked, moving) == (1 << 20, 1 << 21, n, 0)
     assert held == slots * 17 + entries * 4
     assert held <= used <= held + 1024      # every byte it holds is traced (the rest: the loop's last objects)
     assert used / n < 34
@@ -216,3 +216,79 @@ def test_keys_sharing_fifteen_bytes_in_a_half_full_table(impl, varying):
     assert [t.get(near(b), -1) for b in range(64)] == [b if b % 2 == 0 else -1 for b in range(64)]
     if impl == "c":
         assert t.stats()[1] == 64       # still the first table: half full
+
+
+def test_the_c_table_grows_a_little_at_every_call_and_finds_every_key_meanwhile():
+    """Growth moves the old table into the new one MOVE_STEP (64) entries per link / unlink, not all at once (a
+    2M-key rehash held the master's lock ~0.36 s). Through eleven growths (64 -> 131,072 entries), with links,
+    unlinks and clears interleaved while both tables exist, every key is found exactly where the model says, and
+    each growth ends within old entries / 64 calls."""
+    t = make("c")
+    rng = random.Random(11)
+    slot_of: dict[bytes, int] = {}
+    held: dict[int, bytes] = {}
+    next_slot = 0
+    growths = 0
+
+    def link() -> None:
+        nonlocal next_slot
+        k = key(rng.getrandbits(128))
+        t.link(k, next_slot)
+        slot_of[k], held[next_slot] = next_slot, k
+        next_slot += 1
+
+    def check(sample: int) -> None:
+        for k in rng.sample(list(slot_of), min(sample, len(slot_of))):
+            assert t.get(k, -1) == slot_of[k]
+        for s in rng.sample(list(held), min(sample, len(held))):
+            if slot_of.get(held[s]) != s:
+                assert t.get(held[s], -1) == -1 and held[s] not in t
+
+    while t.stats()[1] < 1 << 17:
+        size = t.stats()[1]
+        while t.stats()[1] == size:
+            link()
+        growths += 1
+        old_entries = size
+        assert t.stats()[4] > 0 or old_entries <= 64           # the old table is still being moved
+        calls = 0
+        while t.stats()[4]:
+            before = t.stats()[4]
+            op = rng.random()
+            if op < 0.5:
+                link()
+                changed = True
+            elif op < 0.8:
+                s = rng.choice(list(held))
+                changed = slot_of.get(held[s]) == s
+                assert t.unlink(s) is changed
+                if changed:
+                    del slot_of[held[s]]
+            else:
+                s = rng.choice(list(held))
+                changed = slot_of.get(held[s]) == s
+                t.clear(s)
+                if changed:
+                    del slot_of[held[s]]
+                del held[s]
+            if changed:     # a call that links or unlinks a key moves; one that finds nothing to do does not
+                calls += 1
+                assert t.stats()[4] <= max(0, before - 64)
+            check(len(held) if old_entries <= 8192 else 64)    # every key after every call while that is cheap
+        assert calls <= old_entries // 64
+        assert len(t) == len(slot_of)
+        check(len(held))
+    assert growths == 11
+    assert t.linked() == sorted(slot_of.items(), key=lambda item: item[1])
+
+
+def test_settle_finishes_a_growth_at_once():
+    t = make("c")
+    i = 0
+    while t.stats()[1] < 1 << 12:
+        t.link(key(i), i)
+        i += 1
+    assert t.stats()[4] > 0
+    t.settle()
+    assert t.stats()[4] == 0 and t.stats()[1] == 1 << 12
+    assert [t.get(key(j), -1) for j in range(i)] == list(range(i))
