@@ -5,9 +5,11 @@ and bench/pool_remote.py; 88.8 B for the whole master since the C key table, 202
 costs ~150 B on its own, so fields live in parallel numpy columns addressed by a slot number:
 
     _keys:    key table, 16-byte key <-> slot (store/keytable.py): in C, each slot's key in a 16 B column and an
-              open-addressing table of int32 slots at most half full, ~25-33 B per object; where the extension is
-              not built, a dict and a list, ~126 B (a bytes and an int object per key, the dict's entry, a pointer)
-    _rows:    numpy structured array, one packed 46 B row per slot, columns exposed as views (index.offset[slot]):
+              open-addressing table of slot numbers at most half full, ~25-33 B per object, grown a little at every
+              call; where the extension is not built, a dict and a list, ~126 B (a bytes and an int object per key,
+              the dict's entry, a pointer)
+    _rows:    numpy structured array, one packed 46 B row per slot, columns exposed as views (index.offset[slot]),
+              in a reservation that grows in place (store/rows.py: no copy when the index doubles):
               node u16 | tier u8 | state u8 | ns u16 | leases u16 | offset i64 | size u32 | checksum u64 | atime u32
               | parent i32 | child i32 | copy u32 | tenant u16
 
@@ -53,6 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvpool.store.keytable import KEY_BYTES, new_key_table
+from kvpool.store.rows import GrowingRows
 from kvpool.tiers.types import Tier
 
 
@@ -124,9 +127,11 @@ class Index:
         self._keys = new_key_table()    # key <-> slot (store/keytable.py)
         # `find(key, -1)`: the table's own get, bound once (the table is never replaced), for per-key loops.
         self.find = self._keys.get
-        self._free: list[int] = []
+        self._free: list[int] = []      # freed slots, reused last-freed first
+        self._next = 0                  # slots from here to the capacity were never used (lowest first)
         self._capacity = 0
-        self._rows = np.zeros(0, dtype=ROW)
+        self._store = GrowingRows(ROW)  # grows in place: no copy, no pause under the master's lock
+        self._rows = self._store.rows
         self._grow(max(1, initial_slots))
         self._ns_digests: list[bytes] = []
         self._ns_ids: dict[bytes, int] = {}
@@ -138,15 +143,11 @@ class Index:
         self._retained_count: list[int] = [0]
 
     def _grow(self, capacity: int) -> None:
-        rows = np.zeros(capacity, dtype=ROW)
-        rows[: self._capacity] = self._rows
-        self._rows = rows
+        rows = self._rows = self._store.grow(capacity)
         # Column views (`index.offset[slot]`): rebound on every growth, so callers must not keep them.
         for name in _COLUMNS:
             setattr(self, name, rows[name])
         self._keys.reserve(capacity)
-        # Pop order: lowest slot first, so a fresh index fills slots 0, 1, 2, ...
-        self._free.extend(range(capacity - 1, self._capacity - 1, -1))
         self._capacity = capacity
 
     def __len__(self) -> int:
@@ -207,9 +208,13 @@ class Index:
             raise KeyError(f"key {bytes(key).hex()} already indexed")
         if len(key) != KEY_BYTES:
             raise ValueError(f"key: must be {KEY_BYTES} bytes, got {len(key)}")
-        if not self._free:
-            self._grow(self._capacity * 2)
-        slot = self._free.pop()
+        if self._free:
+            slot = self._free.pop()
+        else:   # a fresh index fills slots 0, 1, 2, ...
+            if self._next == self._capacity:
+                self._grow(self._capacity * 2)
+            slot = self._next
+            self._next += 1
         self._keys.link(key, slot)
         self._rows[slot] = (node, tier, state, ns, 0, offset, size, checksum, atime, -1, -1, NO_COPY, tenant)
         if tenant >= len(self._count):
@@ -325,6 +330,11 @@ class Index:
                           tenant=int(self.tenant[slot]))
 
     @property
+    def rows_reserved(self) -> bool:
+        """Whether the rows grow in place (store/rows.py), not by copying (the reservation was refused here)."""
+        return self._store.reserved
+
+    @property
     def capacity(self) -> int:
         """Slots the index has now (it grows; slots never move)."""
         return self._capacity
@@ -342,6 +352,8 @@ class Index:
             assert self.state[slot] != State.FREE, f"linked key {key.hex()} on a free slot"
         free = set(self._free)
         assert len(free) == len(self._free), "slot on the free list twice"
+        assert all(slot < self._next for slot in free), "a never-used slot on the free list"
+        free.update(range(self._next, self._capacity))
         for slot in range(self._capacity):
             assert (slot in free) == (self._keys.key_at(slot) is None), f"slot {slot}: free list and key table disagree"
             assert (slot in free) == (self.state[slot] == State.FREE), f"slot {slot}: free list and state disagree"
