@@ -1,8 +1,8 @@
 """The master's object index: key -> where the object lives and what state it is in. Compact by construction.
 
 Goal: <= 200 bytes per indexed object at 1M objects (measured in tests/store/test_index.py, bench/master_memory.py
-and bench/pool_remote.py; 86.5 B for the whole master since the C key table and the in-place rows, 2026-12-07). A dataclass per object
-costs ~150 B on its own, so fields live in parallel numpy columns addressed by a slot number:
+and bench/pool_remote.py; 86.5 B for the whole master since the C key table and the in-place rows, 2026-12-07).
+A dataclass per object costs ~150 B on its own, so fields live in parallel numpy columns addressed by a slot number:
 
     _keys:    key table, 16-byte key <-> slot (store/keytable.py): in C, each slot's key in a 16 B column and an
               open-addressing table of slot numbers at most half full, ~25-33 B per object, grown a little at every
