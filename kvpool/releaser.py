@@ -164,8 +164,10 @@ class Releaser:
                 reports, self._reports = self._reports, []
             self._send([pb.ReleaseRequest(lease_ids=[lease_id], corrupt_keys=keys) for lease_id, keys in reports])
             with self._cond:
-                if (self._pending or self._uses) and not (self._closing or self._reports):
-                    # a lookup may take them meanwhile; only close() or a corrupt report wakes this
+                if (self._pending or self._uses) and not (self._closing or self._reports or reports):
+                    # a lookup may take them meanwhile; only close() or a corrupt report wakes this. Not after
+                    # corrupt reports just sent: the rest goes with them (a report queued while this thread was
+                    # busy, and taken at the top, used to leave the rest lingering the whole linger time)
                     self._cond.wait(self._linger_s)
                 uses, self._uses, self._open, self._lookups = self._uses, [], {}, 0
                 self._sending = bool(uses)
