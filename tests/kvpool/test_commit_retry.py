@@ -7,49 +7,23 @@ more)."""
 
 from __future__ import annotations
 
-import grpc
 import pytest
 
 from kvpool import PoolClient
 from kvpool.errors import PoolUnavailable
 from tests.conftest import SMALL_UP_OBJ as OBJ
+from tests.lost_calls import OneLostCall
 
 KEY = (0xC3 << 120 | 1).to_bytes(16, "big")
 DATA = bytes(range(256)) * (OBJ // 256)
 
 
-class _Unavailable(grpc.RpcError):
-    def code(self):
-        return grpc.StatusCode.UNAVAILABLE
-
-    def details(self):
-        return "connection reset (injected)"
-
-
-class _OneLostCommit:
-    """The client's stub, but its first PutCommit fails UNAVAILABLE: `ran` says whether the master ran it first."""
-
-    def __init__(self, stub, ran: bool) -> None:
-        self._stub, self._ran, self.commits = stub, ran, 0
-
-    def __getattr__(self, name):
-        return getattr(self._stub, name)
-
-    def PutCommit(self, request, **kw):  # noqa: N802 - the gRPC method's name
-        self.commits += 1
-        if self.commits == 1:
-            if self._ran:
-                self._stub.PutCommit(request, **kw)
-            raise _Unavailable()
-        return self._stub.PutCommit(request, **kw)
-
-
 @pytest.mark.parametrize("ran, status", [(False, "stored"), (True, "no_space")])
 def test_a_put_commit_that_failed_unavailable_is_sent_again(small_up, ran, status):
     with PoolClient(small_up.address, timeout=5, control_channel=False) as c:
-        stub = c.rpc.stub = _OneLostCommit(c.rpc.stub, ran)
+        stub = c.rpc.stub = OneLostCall(c.rpc.stub, "PutCommit", ran)
         assert c.put_many([KEY], [DATA]) == [status]
-        assert stub.commits == 2
+        assert stub.calls == 2
         assert c.contains_many([KEY]) == [True]             # stored either way: one commit reached the master
         buf = bytearray(OBJ)
         assert c.get_many_into([KEY], [buf]) == 1 and bytes(buf) == DATA
@@ -57,8 +31,8 @@ def test_a_put_commit_that_failed_unavailable_is_sent_again(small_up, ran, statu
 
 def test_without_retries_the_lost_commit_is_the_callers_error(small_up):
     with PoolClient(small_up.address, timeout=5, control_channel=False, retries=0) as c:
-        stub = c.rpc.stub = _OneLostCommit(c.rpc.stub, ran=False)
+        stub = c.rpc.stub = OneLostCall(c.rpc.stub, "PutCommit", ran=False)
         with pytest.raises(PoolUnavailable, match="no kvpool master answering"):
             c.put_many([KEY], [DATA])
-        assert stub.commits == 1
+        assert stub.calls == 1
         assert c.contains_many([KEY]) == [False]

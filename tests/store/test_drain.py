@@ -16,6 +16,7 @@ from kvpool import PoolClient
 from kvpool.drain import drain
 from kvpool.proto import kvpool_pb2 as pb
 from kvpool.proto import kvpool_pb2_grpc as pbg
+from tests.lost_calls import OneLostCall
 from tests.store.cluster import check_pattern, cluster, key_of, pattern  # noqa: F401
 
 SIZE = 16 << 10
@@ -212,33 +213,6 @@ def test_drain_moves_ssd_objects_and_writes_ssd_records_on_the_destination(clust
         assert _read_all(master.address, indices, transport) == [pattern(i, SIZE) for i in indices]
 
 
-class _Unavailable(grpc.RpcError):
-    def code(self):
-        return grpc.StatusCode.UNAVAILABLE
-
-    def details(self):
-        return "connection reset (injected)"
-
-
-class _OneLostMigrateCommit:
-    """A client's stub whose first MigrateCommit fails UNAVAILABLE: `ran` says whether the master ran it first (the
-    reply lost) or not (the request lost)."""
-
-    def __init__(self, stub, ran: bool) -> None:
-        self._stub, self._ran, self.commits = stub, ran, 0
-
-    def __getattr__(self, name):
-        return getattr(self._stub, name)
-
-    def MigrateCommit(self, request, **kw):  # noqa: N802 - the gRPC method's name
-        self.commits += 1
-        if self.commits == 1:
-            if self._ran:
-                self._stub.MigrateCommit(request, **kw)
-            raise _Unavailable()
-        return self._stub.MigrateCommit(request, **kw)
-
-
 @pytest.mark.parametrize("ran, moved, failed", [(False, 8, 0), (True, 0, 8)])
 def test_a_migrate_commit_that_failed_unavailable_is_sent_again(cluster, ran, moved, failed):
     """A drain whose MigrateCommit is lost on the way (the retry commits: all moved) or on the way back (the retry
@@ -251,9 +225,9 @@ def test_a_migrate_commit_that_failed_unavailable_is_sent_again(cluster, ran, mo
         assert c.put_many([key_of(i) for i in old], [pattern(i, SIZE) for i in old]) == ["stored"] * 8
     cluster.start_node("n2", dram=str(16 * SIZE))
     with PoolClient(master.address, timeout=5, control_channel=False) as c:
-        stub = c.rpc.stub = _OneLostMigrateCommit(c.rpc.stub, ran)
+        stub = c.rpc.stub = OneLostCall(c.rpc.stub, "MigrateCommit", ran)
         result = drain(c, "n1")
-    assert stub.commits == 2
+    assert stub.calls == 2
     assert (result.moved, result.failed, result.dropped, result.no_room) == (moved, failed, 0, 0)
     assert _inspect(master.address, old) == ["n2"] * 8
     assert _read_all(master.address, old, "auto") == [pattern(i, SIZE) for i in old]
