@@ -14,7 +14,9 @@ pages, nothing written) and the old one is moved into it a little at every link 
 all at once (a rehash of 2M keys held the master's lock ~0.36 s). While both exist a key is in exactly one of them
 and lookups probe the new one, then the old. The move goes round the old table from just after an empty entry and
 stops only just after an empty entry, so it takes whole clusters: a key still in the old table has its whole probe
-path there, and removing one shifts entries within its own cluster only. The old table never gets an insert. A key's home entry is its hash, `_Py_HashBytes` (the hash of an equal bytes object: SipHash
+path there, and removing one shifts entries within its own cluster only. The old table never gets an insert.
+
+A key's home entry is its hash, `_Py_HashBytes` (the hash of an equal bytes object: SipHash
 with this process's random seed, so a client cannot choose keys that collide), masked to the table's size. Removal
 shifts the entries after it back (no tombstones), so a miss stops at the first empty entry. A lookup compares the
 probed slot's stored key with the query's 16 bytes. Memory comes from PyMem_Raw* (tracemalloc sees it). The GIL is
