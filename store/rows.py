@@ -69,7 +69,7 @@ class GrowingRows:
         self.dtype = np.dtype(dtype)
         self._reserve_rows = reserve_rows
         self._base: np.ndarray | None = None     # the whole reservation, None while the rows are a plain array
-        self._tried = False
+        self._refused = False                    # the kernel refused a reservation: plain arrays from then on
         self.rows = np.zeros(0, dtype=self.dtype)
 
     @property
@@ -85,9 +85,9 @@ class GrowingRows:
             raise ValueError(f"rows must be an int >= {len(self.rows)} (the rows now), got {rows!r}")
         if self._base is None or rows > len(self._base):
             want = self._reserve_rows if self._base is None else 4 * rows
-            base = None if self._base is None and self._tried else _reserve(self.dtype, max(rows, want))
-            self._tried = True
+            base = None if self._refused else _reserve(self.dtype, max(rows, want))
             if base is None:
+                self._refused = True
                 self._base = None
                 grown = np.zeros(rows, dtype=self.dtype)
                 grown[: len(self.rows)] = self.rows
